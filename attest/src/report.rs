@@ -1,0 +1,196 @@
+//! The capability proof of a whole deployment: every plugin verified and inspected, its grants
+//! checked against its declaration, and what the deployment as a whole can and cannot do.
+
+use crate::{
+    deployment::{Deployment, Grants},
+    signing::{check_abi, verify_bytes},
+    surface::{SurfaceReport, inspect_bytes},
+};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use u_sdk::manifest::Capability;
+
+/// One plugin's part of the proof.
+#[derive(Debug, Serialize)]
+pub struct PluginProof {
+    /// Plugin file.
+    pub path: String,
+    /// Manifest name (or the deployment's label when unreadable).
+    pub name: String,
+    /// Signature, trust and ABI check: `None` when it passed, else why not.
+    pub verification_error: Option<String>,
+    /// Declared beside observed surface, when the file could be inspected.
+    pub surface: Option<SurfaceReport>,
+    /// What the deployment grants it, restricted to what it requests.
+    pub granted: Vec<String>,
+    /// Requested capabilities the deployment does not grant.
+    pub ungranted: Vec<String>,
+    /// Whether the host would load it.
+    pub accepted: bool,
+}
+
+/// The proof for a deployment.
+#[derive(Debug, Serialize)]
+pub struct DeploymentProof {
+    /// Deployment name.
+    pub deployment: String,
+    /// Per plugin.
+    pub plugins: Vec<PluginProof>,
+    /// Union of effective grants of accepted plugins, per capability.
+    pub effective: BTreeMap<String, Vec<String>>,
+    /// Statements that hold for the whole deployment.
+    pub guarantees: Vec<String>,
+    /// True when every plugin verifies, stays within its declaration and is granted what it asks.
+    pub ok: bool,
+}
+
+/// Builds the proof for `deployment`.
+pub fn prove(deployment: &Deployment) -> DeploymentProof {
+    let trusted = deployment.trusted_keys();
+    let mut plugins = Vec::new();
+    let mut union = Grants::default();
+    for entry in &deployment.plugins {
+        let path = entry.path.display().to_string();
+        let bytes = match std::fs::read(&entry.path) {
+            Ok(b) => b,
+            Err(e) => {
+                plugins.push(PluginProof {
+                    path: path.clone(),
+                    name: entry.label(),
+                    verification_error: Some(format!("{path}: {e}")),
+                    surface: None,
+                    granted: vec![],
+                    ungranted: vec![],
+                    accepted: false,
+                });
+                continue;
+            }
+        };
+        let verified = verify_bytes(&bytes, &trusted)
+            .and_then(|v| check_abi(&v, u_sdk::ABI_MAJOR, &u_sdk::ABI_HASH).map(|_| v));
+        let surface = inspect_bytes(&bytes).ok();
+        let (granted, ungranted, name_error) = match &verified {
+            Ok(v) => {
+                let eff = entry.grants.restricted_to(&v.manifest);
+                let missing: Vec<String> = entry
+                    .grants
+                    .missing_for(&v.manifest)
+                    .iter()
+                    .map(|c| c.name().to_string())
+                    .collect();
+                let name_error = entry
+                    .name
+                    .as_ref()
+                    .filter(|n| **n != v.manifest.name)
+                    .map(|n| format!("deployment expects plugin `{n}` but the file is `{}`", v.manifest.name));
+                (eff.describe(), missing, name_error)
+            }
+            Err(_) => (vec![], vec![], None),
+        };
+        let verification_error = verified.as_ref().err().map(|e| e.to_string()).or(name_error);
+        let accepted = verification_error.is_none()
+            && ungranted.is_empty()
+            && surface.as_ref().is_some_and(|s| s.ok);
+        if accepted && let Ok(v) = &verified {
+            merge(&mut union, &entry.grants.restricted_to(&v.manifest));
+        }
+        plugins.push(PluginProof {
+            path,
+            name: verified
+                .as_ref()
+                .map(|v| v.manifest.name.clone())
+                .unwrap_or_else(|_| entry.label()),
+            verification_error,
+            surface,
+            granted,
+            ungranted,
+            accepted,
+        });
+    }
+    let ok = plugins.iter().all(|p| p.accepted);
+    let mut effective = BTreeMap::new();
+    for line in union.describe() {
+        if let Some((cap, rest)) = line.split_once(": ") {
+            effective.insert(cap.to_string(), rest.split(", ").map(str::to_string).collect());
+        }
+    }
+    DeploymentProof {
+        deployment: deployment.name.clone(),
+        plugins,
+        effective,
+        guarantees: guarantees(&union),
+        ok,
+    }
+}
+
+fn merge(into: &mut Grants, g: &Grants) {
+    into.fs_read.extend(g.fs_read.iter().cloned());
+    into.fs_write.extend(g.fs_write.iter().cloned());
+    into.net_listen.extend(g.net_listen.iter().cloned());
+    into.net_connect.extend(g.net_connect.iter().cloned());
+    into.gpu |= g.gpu;
+    into.process_fork |= g.process_fork;
+}
+
+fn guarantees(union: &Grants) -> Vec<String> {
+    let mut out = Vec::new();
+    for cap in Capability::ALL {
+        if union.grants(cap) {
+            continue;
+        }
+        out.push(
+            match cap {
+                Capability::NetConnect => "no component can open an outbound network connection: prompts cannot leak over the network (seccomp denies socket() and connect())",
+                Capability::NetListen => "no component listens on the network (seccomp denies socket(), bind() and listen())",
+                Capability::FsWrite => "no component can create or modify files (Landlock grants no write access)",
+                Capability::FsRead => "no component can read files after start-up (Landlock grants no read access beyond the runtime's own needs)",
+                Capability::Gpu => "no component is granted a GPU",
+                Capability::ProcessFork => "no component can start processes (seccomp denies fork, clone without CLONE_THREAD, and execve)",
+            }
+            .to_string(),
+        );
+    }
+    out
+}
+
+impl DeploymentProof {
+    /// Renders the proof for people.
+    pub fn render(&self) -> String {
+        let mut out = format!("deployment `{}`\n\n", self.deployment);
+        for p in &self.plugins {
+            let status = if p.accepted { "ACCEPTED" } else { "REFUSED" };
+            out.push_str(&format!("[{status}] {} ({})\n", p.name, p.path));
+            if let Some(e) = &p.verification_error {
+                out.push_str(&format!("  verification: {e}\n"));
+            } else {
+                out.push_str("  verification: signature valid, publisher trusted, ABI matches\n");
+            }
+            for u in &p.ungranted {
+                out.push_str(&format!("  requests `{u}`, which the deployment does not grant\n"));
+            }
+            if !p.granted.is_empty() {
+                out.push_str(&format!("  granted: {}\n", p.granted.join("; ")));
+            }
+            if let Some(s) = &p.surface {
+                for line in s.render().lines().skip(1) {
+                    out.push_str(line);
+                    out.push('\n');
+                }
+            }
+            out.push('\n');
+        }
+        out.push_str("effective capabilities of the deployment:\n");
+        if self.effective.is_empty() {
+            out.push_str("  (none)\n");
+        }
+        for (cap, v) in &self.effective {
+            out.push_str(&format!("  {cap}: {}\n", v.join(", ")));
+        }
+        out.push_str("guarantees:\n");
+        for g in &self.guarantees {
+            out.push_str(&format!("  - {g}\n"));
+        }
+        out.push_str(if self.ok { "verdict: OK\n" } else { "verdict: FAIL\n" });
+        out
+    }
+}

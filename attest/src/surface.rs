@@ -1,0 +1,246 @@
+//! The observed capability surface of a component, compared with its declaration.
+//!
+//! Two observations: the dynamic symbols a component imports (`socket`, `connect`, `fork`,
+//! `execve`, `open`…), each mapped to the capability it needs, and the raw system-call
+//! instructions in its executable sections, found by decoding the code (x86-64 with a real
+//! instruction decoder; on aarch64 every `svc` word). Raw system calls bypass the import surface
+//! entirely, so any is a failure.
+//!
+//! This is a strong lint, not a proof: `dlsym("socket")` or libc's generic `syscall()` evade
+//! import scanning, so those escape hatches are reported as *indirect*. The guarantee comes from
+//! the runtime layers (host services that check grants, Landlock and seccomp).
+
+use crate::elf::{self, ElfError, Machine};
+use iced_x86::{Decoder, DecoderOptions, Mnemonic};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+use u_sdk::{
+    manifest::{Capability, ManifestError, PluginManifest},
+    meta::{MetaError, MetaRecord},
+};
+
+/// What an imported symbol needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Need {
+    /// Exactly this capability.
+    One(Capability),
+    /// A socket: either network capability justifies it.
+    Socket,
+    /// An escape hatch that import scanning cannot see through.
+    Indirect,
+}
+
+/// Maps an imported symbol to what it needs, or `None` for symbols that grant nothing.
+fn need_of(symbol: &str) -> Option<Need> {
+    use Capability::*;
+    let need = match symbol {
+        "connect" => Need::One(NetConnect),
+        "bind" | "listen" | "accept" | "accept4" => Need::One(NetListen),
+        "socket" | "socketpair" => Need::Socket,
+        "fork" | "vfork" | "clone" | "clone3" | "posix_spawn" | "posix_spawnp" | "execve"
+        | "execveat" | "fexecve" | "execv" | "execvp" | "execvpe" | "execl" | "execlp"
+        | "execle" | "system" | "popen" | "daemon" | "pidfd_spawn" | "pidfd_spawnp" => {
+            Need::One(ProcessFork)
+        }
+        "open" | "open64" | "openat" | "openat64" | "__open_2" | "__open64_2" | "fopen"
+        | "fopen64" | "opendir" | "fdopendir" | "statx" | "stat" | "stat64" | "lstat"
+        | "lstat64" | "readlink" | "realpath" => Need::One(FsRead),
+        "creat" | "creat64" | "mkdir" | "mkdirat" | "rename" | "renameat" | "renameat2"
+        | "unlink" | "unlinkat" | "rmdir" | "truncate" | "truncate64" | "link" | "linkat"
+        | "symlink" | "symlinkat" | "chmod" | "fchmodat" | "chown" | "lchown" | "fchownat"
+        | "mkfifo" | "mknod" => Need::One(FsWrite),
+        "syscall" | "dlsym" | "dlvsym" | "dlopen" | "dlmopen" => Need::Indirect,
+        _ => return None,
+    };
+    Some(need)
+}
+
+/// Why a component could not be inspected.
+#[derive(Debug, thiserror::Error)]
+pub enum InspectError {
+    /// Not a well-formed component.
+    #[error(transparent)]
+    Elf(#[from] ElfError),
+    /// Malformed `.u.meta`.
+    #[error(transparent)]
+    Meta(#[from] MetaError),
+    /// Invalid manifest.
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+}
+
+/// The raw observations.
+#[derive(Debug, Clone, Serialize)]
+pub struct Surface {
+    /// Target CPU.
+    pub machine: Machine,
+    /// Imported symbols that bear on capabilities, with what they need.
+    pub relevant_imports: BTreeMap<String, String>,
+    /// Escape-hatch imports (`syscall`, `dlsym`…).
+    pub indirect: Vec<String>,
+    /// Raw system-call instructions in executable sections.
+    pub raw_syscalls: usize,
+    /// Total imported symbols.
+    pub import_count: usize,
+}
+
+/// Declared capabilities beside observed ones, with a verdict.
+#[derive(Debug, Clone, Serialize)]
+pub struct SurfaceReport {
+    /// Component name from its manifest.
+    pub name: String,
+    /// Component kind.
+    pub kind: String,
+    /// Version.
+    pub version: String,
+    /// Whether `.u.meta` is signed (not whether the signature is trusted; see `verify`).
+    pub signed: bool,
+    /// Capabilities the manifest declares.
+    pub declared: Vec<String>,
+    /// Capabilities the import surface shows, each with its evidence.
+    pub observed: BTreeMap<String, Vec<String>>,
+    /// The raw observations.
+    pub surface: Surface,
+    /// Every way the observation exceeds the declaration.
+    pub violations: Vec<String>,
+    /// True when nothing observed exceeds what is declared.
+    pub ok: bool,
+}
+
+/// Inspects the component in `bytes`.
+pub fn inspect_bytes(bytes: &[u8]) -> Result<SurfaceReport, InspectError> {
+    let facts = elf::analyse(bytes)?;
+    let record = MetaRecord::parse(&bytes[facts.meta.clone()])?;
+    let manifest = PluginManifest::parse(&record.manifest)?;
+
+    let mut relevant = BTreeMap::new();
+    let mut indirect = Vec::new();
+    let mut observed: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut violations = Vec::new();
+    for symbol in &facts.imports {
+        let Some(need) = need_of(symbol) else { continue };
+        match need {
+            Need::One(cap) => {
+                relevant.insert(symbol.clone(), cap.name().to_string());
+                observed.entry(cap.name().into()).or_default().push(symbol.clone());
+                if !manifest.requests(cap) {
+                    violations.push(format!(
+                        "imports `{symbol}`, which needs `{cap}`, but the manifest does not declare it"
+                    ));
+                }
+            }
+            Need::Socket => {
+                relevant.insert(symbol.clone(), "net.listen|net.connect".into());
+                observed.entry("net.*".into()).or_default().push(symbol.clone());
+                if !manifest.requests(Capability::NetListen)
+                    && !manifest.requests(Capability::NetConnect)
+                {
+                    violations.push(format!(
+                        "imports `{symbol}`, which needs `net.listen` or `net.connect`, but the manifest declares neither"
+                    ));
+                }
+            }
+            Need::Indirect => indirect.push(symbol.clone()),
+        }
+    }
+    let raw_syscalls = count_raw_syscalls(bytes, &facts);
+    if raw_syscalls > 0 {
+        violations.push(format!(
+            "contains {raw_syscalls} raw system-call instruction(s), which bypass every declared capability"
+        ));
+    }
+    Ok(SurfaceReport {
+        name: manifest.name.clone(),
+        kind: manifest.kind.name().into(),
+        version: manifest.version.clone(),
+        signed: record.is_signed(),
+        declared: manifest.capabilities.iter().map(|c| c.name().to_string()).collect(),
+        observed,
+        surface: Surface {
+            machine: facts.machine,
+            relevant_imports: relevant,
+            indirect,
+            raw_syscalls,
+            import_count: facts.imports.len(),
+        },
+        ok: violations.is_empty(),
+        violations,
+    })
+}
+
+/// Counts system-call instructions in every executable section.
+fn count_raw_syscalls(bytes: &[u8], facts: &elf::ElfFacts) -> usize {
+    facts
+        .code
+        .iter()
+        .map(|(_, range)| {
+            let code = &bytes[range.clone()];
+            match facts.machine {
+                Machine::X86_64 => {
+                    let mut decoder = Decoder::new(64, code, DecoderOptions::NONE);
+                    let mut count = 0;
+                    for instruction in &mut decoder {
+                        if matches!(
+                            instruction.mnemonic(),
+                            Mnemonic::Syscall | Mnemonic::Sysenter
+                        ) || (instruction.mnemonic() == Mnemonic::Int
+                            && instruction.immediate8() == 0x80)
+                        {
+                            count += 1;
+                        }
+                    }
+                    count
+                }
+                Machine::Aarch64 => code
+                    .chunks_exact(4)
+                    .filter(|w| {
+                        let word = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                        word & 0xFFE0_001F == 0xD400_0001
+                    })
+                    .count(),
+            }
+        })
+        .sum()
+}
+
+impl SurfaceReport {
+    /// Renders the report for people.
+    pub fn render(&self) -> String {
+        let mut out = format!(
+            "{} {} ({}){}\n  declared: {}\n",
+            self.name,
+            self.version,
+            self.kind,
+            if self.signed { "" } else { " [unsigned]" },
+            if self.declared.is_empty() { "(none)".into() } else { self.declared.join(", ") }
+        );
+        if self.observed.is_empty() {
+            out.push_str("  observed: (no capability-bearing imports)\n");
+        } else {
+            out.push_str("  observed:\n");
+            for (cap, evidence) in &self.observed {
+                out.push_str(&format!("    {cap:<12} via {}\n", evidence.join(", ")));
+            }
+        }
+        if !self.surface.indirect.is_empty() {
+            out.push_str(&format!(
+                "  indirect:  {} (not provable by import scanning; enforced at run time)\n",
+                self.surface.indirect.join(", ")
+            ));
+        }
+        out.push_str(&format!(
+            "  raw syscall instructions: {}\n",
+            self.surface.raw_syscalls
+        ));
+        let names: BTreeSet<_> = self.violations.iter().collect();
+        if names.is_empty() {
+            out.push_str("  verdict: OK — observed surface within declaration\n");
+        } else {
+            out.push_str("  verdict: FAIL\n");
+            for v in names {
+                out.push_str(&format!("    - {v}\n"));
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,21 @@
+//! # u-runner — the U host
+//!
+//! A small host that knows interfaces, never model math. For a deployment manifest it:
+//!
+//! 1. verifies every plugin with `u-attest` **before** `dlopen` — signature, trusted publisher,
+//!    ABI fingerprint, granted capabilities, ELF sanity ([`loading`]);
+//! 2. loads the verified bytes from a sealed memfd, so the file cannot change between check and
+//!    load, and instantiates each plugin with host services bound to its own grants
+//!    ([`services`]);
+//! 3. opens the listeners the deployment grants ([`listeners`]) and then locks the process down
+//!    to the union of all grants — Landlock for files and TCP ports, seccomp for sockets, fork and
+//!    exec — on every thread ([`sandbox`]);
+//! 4. runs the transports ([`serve`]).
+
+pub mod listeners;
+pub mod loading;
+pub mod sandbox;
+pub mod serve;
+pub mod services;
+
+pub use loading::{LoadReport, LoadedPlugin, Refusal, load_deployment};

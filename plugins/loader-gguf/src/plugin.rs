@@ -1,0 +1,227 @@
+//! The ABI side: [`u_sdk::Loader`] and [`u_sdk::WeightSet`] over a memory-mapped GGUF file.
+
+use crate::gguf::{Array, Gguf, MAGIC, Value};
+use abi_stable::{
+    sabi_trait::TD_Opaque,
+    std_types::{ROption, RResult, RSlice, RStr, RString, RVec},
+};
+use memmap2::Mmap;
+use std::{fs::File, os::fd::FromRawFd, path::Path, sync::Arc};
+use u_sdk::{
+    HostBox, Loader, Loader_TO, LoaderBox, MetaValue, TensorInfo, TensorView, UError, WeightSet,
+    WeightSet_TO, WeightSetBox, guard, guard_infallible,
+};
+
+/// The loader: opens files through the host's `open_read`, so the `fs.read` grant applies.
+#[derive(Clone)]
+pub struct GgufLoader {
+    host: HostBox,
+}
+
+impl GgufLoader {
+    /// A loader that opens files through `host`.
+    pub fn new(host: HostBox) -> Self {
+        Self { host }
+    }
+
+    /// This loader as an ABI object.
+    pub fn into_box(self) -> LoaderBox {
+        Loader_TO::from_value(self, TD_Opaque)
+    }
+}
+
+impl Loader for GgufLoader {
+    fn formats(&self) -> RVec<RString> {
+        guard_infallible(|| RVec::from(vec![RString::from("gguf")]), RVec::new)
+    }
+
+    fn can_open(&self, _path: RStr<'_>, head: RSlice<'_, u8>) -> bool {
+        guard_infallible(|| head.as_slice().starts_with(&MAGIC), || false)
+    }
+
+    fn open(&self, path: RStr<'_>) -> RResult<WeightSetBox, UError> {
+        guard("loader-gguf.open", || {
+            let fd = self.host.open_read(path).into_result()?;
+            if fd < 0 {
+                return Err(UError::new(
+                    u_sdk::ErrorKind::Internal,
+                    format!("host returned an invalid file descriptor {fd} for {path}"),
+                ));
+            }
+            // SAFETY: the host hands over an open descriptor that this plugin now owns.
+            let file = unsafe { File::from_raw_fd(fd) };
+            let weights = GgufWeights::from_file(&file, path.as_str())?;
+            Ok(weights.into_box())
+        })
+    }
+}
+
+/// A memory-mapped, parsed GGUF file. Cloning shares the map.
+#[derive(Clone)]
+pub struct GgufWeights(Arc<Inner>);
+
+struct Inner {
+    map: Mmap,
+    gguf: Gguf,
+}
+
+impl GgufWeights {
+    /// Maps and parses an open file; `label` names it in errors.
+    ///
+    /// The file must not be modified while mapped (the usual contract of model files).
+    pub fn from_file(file: &File, label: &str) -> u_sdk::Result<Self> {
+        // SAFETY: read-only private mapping; model files are not modified while served.
+        let map = unsafe { Mmap::map(file) }.map_err(|e| UError::io(format!("mmap {label}"), e))?;
+        let gguf = Gguf::parse(&map).map_err(|e| {
+            let e = UError::from(e);
+            UError::new(e.kind, format!("{label}: {}", e.message))
+        })?;
+        Ok(Self(Arc::new(Inner { map, gguf })))
+    }
+
+    /// Opens a file directly, without a host (tests and tools).
+    pub fn open_path(path: &Path) -> u_sdk::Result<Self> {
+        let label = path.display().to_string();
+        let file = File::open(path).map_err(|e| UError::io(format!("open {label}"), e))?;
+        Self::from_file(&file, &label)
+    }
+
+    /// The parsed file.
+    pub fn gguf(&self) -> &Gguf {
+        &self.0.gguf
+    }
+
+    /// The mapped bytes of the whole file.
+    pub fn bytes(&self) -> &[u8] {
+        &self.0.map
+    }
+
+    /// This weight set as an ABI object.
+    pub fn into_box(self) -> WeightSetBox {
+        WeightSet_TO::from_value(self, TD_Opaque)
+    }
+}
+
+impl WeightSet for GgufWeights {
+    fn format(&self) -> RString {
+        guard_infallible(|| "gguf".into(), || "gguf".into())
+    }
+
+    fn architecture(&self) -> ROption<RString> {
+        guard_infallible(
+            || self.gguf().architecture().map(RString::from).into(),
+            || ROption::RNone,
+        )
+    }
+
+    fn metadata_keys(&self) -> RVec<RString> {
+        guard_infallible(
+            || {
+                self.gguf()
+                    .metadata
+                    .iter()
+                    .map(|(k, _)| RString::from(k.as_str()))
+                    .collect()
+            },
+            RVec::new,
+        )
+    }
+
+    fn metadata(&self, key: RStr<'_>) -> ROption<MetaValue> {
+        guard_infallible(
+            || self.gguf().get(key.as_str()).map(meta_value).into(),
+            || ROption::RNone,
+        )
+    }
+
+    fn tensors(&self) -> RVec<TensorInfo> {
+        guard_infallible(
+            || {
+                self.gguf()
+                    .tensors
+                    .iter()
+                    .map(|t| TensorInfo {
+                        name: t.name.as_str().into(),
+                        dtype: t.dtype,
+                        shape: t.shape().into(),
+                        byte_len: t.byte_len,
+                    })
+                    .collect()
+            },
+            RVec::new,
+        )
+    }
+
+    fn tensor<'a>(&'a self, name: RStr<'_>) -> RResult<TensorView<'a>, UError> {
+        guard("loader-gguf.tensor", || {
+            let gguf = self.gguf();
+            let data = gguf.tensor_data(self.bytes(), name.as_str())?;
+            // `tensor_data` succeeded, so the info exists.
+            let info = gguf
+                .tensor_info(name.as_str())
+                .ok_or_else(|| UError::not_found(format!("no tensor named {name:?}")))?;
+            Ok(TensorView {
+                dtype: info.dtype,
+                shape: info.shape().into(),
+                data: data.into(),
+            })
+        })
+    }
+}
+
+/// Converts a GGUF value to the ABI's metadata value; arrays of arrays become JSON.
+pub fn meta_value(v: &Value) -> MetaValue {
+    match v {
+        Value::U8(x) => MetaValue::UInt((*x).into()),
+        Value::U16(x) => MetaValue::UInt((*x).into()),
+        Value::U32(x) => MetaValue::UInt((*x).into()),
+        Value::U64(x) => MetaValue::UInt(*x),
+        Value::I8(x) => MetaValue::Int((*x).into()),
+        Value::I16(x) => MetaValue::Int((*x).into()),
+        Value::I32(x) => MetaValue::Int((*x).into()),
+        Value::I64(x) => MetaValue::Int(*x),
+        Value::F32(x) => MetaValue::Float((*x).into()),
+        Value::F64(x) => MetaValue::Float(*x),
+        Value::Bool(x) => MetaValue::Bool(*x),
+        Value::Str(s) => MetaValue::Str(s.as_str().into()),
+        Value::Array(a) => match a {
+            Array::U8(v) => MetaValue::UIntArray(v.iter().map(|&x| x.into()).collect()),
+            Array::U16(v) => MetaValue::UIntArray(v.iter().map(|&x| x.into()).collect()),
+            Array::U32(v) => MetaValue::UIntArray(v.iter().map(|&x| x.into()).collect()),
+            Array::U64(v) => MetaValue::UIntArray(v.iter().copied().collect()),
+            Array::I8(v) => MetaValue::IntArray(v.iter().map(|&x| x.into()).collect()),
+            Array::I16(v) => MetaValue::IntArray(v.iter().map(|&x| x.into()).collect()),
+            Array::I32(v) => MetaValue::IntArray(v.iter().map(|&x| x.into()).collect()),
+            Array::I64(v) => MetaValue::IntArray(v.iter().copied().collect()),
+            Array::F32(v) => MetaValue::FloatArray(v.iter().map(|&x| x.into()).collect()),
+            Array::F64(v) => MetaValue::FloatArray(v.iter().copied().collect()),
+            Array::Bool(v) => MetaValue::BoolArray(v.iter().copied().collect()),
+            Array::Str(v) => MetaValue::StrArray(v.iter().map(|s| s.as_str().into()).collect()),
+            Array::Array(_) => MetaValue::Json(array_json(a).to_string().into()),
+        },
+    }
+}
+
+/// An array as JSON; non-finite floats become `null` (JSON has no NaN or infinity).
+pub fn array_json(a: &Array) -> serde_json::Value {
+    use serde_json::Value as J;
+    fn list<T: Copy>(v: &[T], f: impl Fn(T) -> J) -> J {
+        J::Array(v.iter().map(|&x| f(x)).collect())
+    }
+    let float = |x: f64| serde_json::Number::from_f64(x).map_or(J::Null, J::Number);
+    match a {
+        Array::U8(v) => list(v, J::from),
+        Array::I8(v) => list(v, J::from),
+        Array::U16(v) => list(v, J::from),
+        Array::I16(v) => list(v, J::from),
+        Array::U32(v) => list(v, J::from),
+        Array::I32(v) => list(v, J::from),
+        Array::U64(v) => list(v, J::from),
+        Array::I64(v) => list(v, J::from),
+        Array::F32(v) => list(v, |x| float(x.into())),
+        Array::F64(v) => list(v, float),
+        Array::Bool(v) => list(v, J::Bool),
+        Array::Str(v) => J::Array(v.iter().map(|s| J::String(s.clone())).collect()),
+        Array::Array(v) => J::Array(v.iter().map(array_json).collect()),
+    }
+}

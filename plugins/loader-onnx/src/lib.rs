@@ -1,0 +1,196 @@
+//! # loader-onnx — ONNX initializers as a U weight set
+//!
+//! Reads the initializers (weights) of an ONNX `ModelProto`. The protobuf schema subset is
+//! hand-written ([`proto`], `prost` derives, no `protoc`). Files are opened through the host's
+//! `open_read` (so the deployment's `fs.read` grant applies) and memory-mapped:
+//!
+//! - `raw_data` initializers are views into the model file's map (zero-copy);
+//! - external-data initializers (`location`/`offset`/`length`, resolved relative to the model
+//!   file and confined to its directory) are views into the external file's map;
+//! - typed-field initializers (`float_data`, `int32_data`, `int64_data`, `double_data`) are
+//!   converted once into their stored little-endian layout (ONNX writes them only for small
+//!   tensors).
+//!
+//! Dtypes: FLOAT, FLOAT16, BFLOAT16, DOUBLE, INT8, UINT8, INT16, INT32, INT64; anything else is
+//! a clear `Unsupported` error. Sparse initializers and graph nodes are ignored.
+//!
+//! Names go through [`u_sdk::naming`] like the safetensors loader: HF Llama-family names (as
+//! `torch.onnx`/optimum exports keep them) become canonical GGUF names, unknown names (e.g.
+//! `onnx::MatMul_123`, which exporters use for transposed copies) pass through, and HF-named
+//! weights carry `u.rope.pairing = "neox"`. A `config.json` next to the model becomes metadata
+//! as in the safetensors loader; the model's own properties appear as `onnx.*`.
+//!
+//! The parsing core ([`model`]) needs no host, so it is unit-tested and fuzzed (`fuzz/`); the
+//! plugin glue below only adapts it to the ABI, with every exported call run under
+//! [`u_sdk::guard`].
+
+#![deny(missing_docs)]
+
+pub mod error;
+pub mod model;
+pub mod proto;
+
+pub use error::Error;
+pub use model::{FileOpener, OnnxModel, StdFs, Storage, Tensor};
+
+use abi_stable::{
+    sabi_trait::TD_Opaque,
+    std_types::{RNone, ROption, RResult, RSlice, RSome, RStr, RString, RVec},
+};
+use std::{fs::File, os::fd::FromRawFd, path::Path, sync::Arc};
+use u_sdk::{
+    ErrorKind, HostBox, Loader, Loader_TO, MetaValue, PluginInfo, PluginInstance, TensorInfo,
+    TensorView, UError, WeightSet, WeightSet_TO, WeightSetBox, guard, guard_infallible,
+};
+
+u_sdk::export_plugin! {
+    manifest: "plugin.toml",
+    describe: describe,
+    instantiate: instantiate,
+}
+
+/// Run-time self-description.
+pub fn describe() -> PluginInfo {
+    PluginInfo {
+        summary:
+            "ONNX loader: initializers (raw, typed, external data), memory-mapped, canonical names"
+                .into(),
+        details: vec!["formats=onnx".into()].into(),
+    }
+}
+
+/// Creates the loader with its host services.
+pub fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
+    Ok(PluginInstance::Loader(Loader_TO::from_value(
+        OnnxLoader { host },
+        TD_Opaque,
+    )))
+}
+
+/// Whether `path`/`head` look like ONNX: the `.onnx` extension, or a `ModelProto` that starts
+/// with `ir_version` (field 1, varint) followed by another known top-level field.
+pub fn sniff(path: &str, head: &[u8]) -> bool {
+    if path.ends_with(".onnx") {
+        return true;
+    }
+    match head {
+        // 0x08: field 1 varint; a small IR version (1..=15); then field 2..8 length-delimited
+        // (producer name, version, domain, graph, opset import) or field 5 varint.
+        [0x08, v, next, ..] if (1..=15).contains(v) => {
+            matches!(next, 0x12 | 0x1a | 0x22 | 0x28 | 0x32 | 0x3a | 0x42)
+        }
+        _ => false,
+    }
+}
+
+/// Opens files through the host's `open_read`, which checks the plugin's `fs.read` grant.
+struct HostOpener<'h>(&'h HostBox);
+
+impl FileOpener for HostOpener<'_> {
+    fn open(&self, path: &Path) -> error::Result<File> {
+        let text = path.to_str().ok_or_else(|| Error::Io {
+            path: path.to_path_buf(),
+            reason: "path is not UTF-8".to_string(),
+        })?;
+        match self.0.open_read(text.into()) {
+            RResult::ROk(fd) if fd >= 0 => {
+                // SAFETY: the host hands over ownership of a fresh, open descriptor.
+                Ok(unsafe { File::from_raw_fd(fd) })
+            }
+            RResult::ROk(fd) => Err(Error::Io {
+                path: path.to_path_buf(),
+                reason: format!("host returned invalid descriptor {fd}"),
+            }),
+            RResult::RErr(e) => Err(match e.kind {
+                ErrorKind::NotFound => Error::NotFound {
+                    path: path.to_path_buf(),
+                },
+                ErrorKind::PermissionDenied => Error::Denied {
+                    path: path.to_path_buf(),
+                    reason: e.message.into(),
+                },
+                _ => Error::Io {
+                    path: path.to_path_buf(),
+                    reason: e.message.into(),
+                },
+            }),
+        }
+    }
+}
+
+/// The `loader` entry object.
+#[derive(Clone)]
+pub struct OnnxLoader {
+    host: HostBox,
+}
+
+impl Loader for OnnxLoader {
+    fn formats(&self) -> RVec<RString> {
+        guard_infallible(|| vec![RString::from("onnx")].into(), RVec::new)
+    }
+
+    fn can_open(&self, path: RStr<'_>, head: RSlice<'_, u8>) -> bool {
+        guard_infallible(|| sniff(path.as_str(), head.as_slice()), || false)
+    }
+
+    fn open(&self, path: RStr<'_>) -> RResult<WeightSetBox, UError> {
+        guard("loader-onnx.open", || {
+            let model = OnnxModel::open(&HostOpener(&self.host), Path::new(path.as_str()))?;
+            Ok(WeightSet_TO::from_value(
+                OnnxWeights(Arc::new(model)),
+                TD_Opaque,
+            ))
+        })
+    }
+}
+
+/// The weight set handed to the host: a shared, loaded [`OnnxModel`].
+#[derive(Clone)]
+pub struct OnnxWeights(pub Arc<OnnxModel>);
+
+impl WeightSet for OnnxWeights {
+    fn format(&self) -> RString {
+        guard_infallible(|| "onnx".into(), RString::new)
+    }
+
+    fn architecture(&self) -> ROption<RString> {
+        guard_infallible(
+            || match self.0.architecture() {
+                Some(a) => RSome(a.into()),
+                None => RNone,
+            },
+            || RNone,
+        )
+    }
+
+    fn metadata_keys(&self) -> RVec<RString> {
+        guard_infallible(
+            || {
+                self.0
+                    .metadata()
+                    .iter()
+                    .map(|(k, _)| k.as_str().into())
+                    .collect()
+            },
+            RVec::new,
+        )
+    }
+
+    fn metadata(&self, key: RStr<'_>) -> ROption<MetaValue> {
+        guard_infallible(
+            || self.0.metadata_value(key.as_str()).cloned().into(),
+            || RNone,
+        )
+    }
+
+    fn tensors(&self) -> RVec<TensorInfo> {
+        guard_infallible(
+            || self.0.tensors().iter().map(Tensor::info).collect(),
+            RVec::new,
+        )
+    }
+
+    fn tensor<'a>(&'a self, name: RStr<'_>) -> RResult<TensorView<'a>, UError> {
+        guard("loader-onnx.tensor", || Ok(self.0.view(name.as_str())?))
+    }
+}

@@ -1,0 +1,543 @@
+//! A loaded ONNX model's initializers: validated, canonically named, and backed by the memory
+//! map of the model file (raw data), of external data files, or by a small owned buffer
+//! (typed fields, converted to their stored little-endian layout). Usable without a host
+//! through [`StdFs`].
+
+use crate::{
+    error::{Error, Result},
+    proto::{DATA_LOCATION_EXTERNAL, ModelProto, TensorProto, data_type},
+};
+use bytes::Bytes;
+use memmap2::Mmap;
+use prost::Message;
+use std::{
+    collections::HashMap,
+    fs::File,
+    io::Read,
+    path::{Component, Path, PathBuf},
+};
+use u_sdk::{DType, MetaValue, TensorInfo, TensorView, naming};
+
+/// The largest `config.json` accepted (16 MiB).
+pub const MAX_CONFIG_LEN: u64 = 16 * 1024 * 1024;
+
+/// How the loader opens files: through the host's `open_read` in the plugin, through
+/// [`StdFs`] in tests and tools.
+pub trait FileOpener {
+    /// Opens `path` for reading.
+    fn open(&self, path: &Path) -> Result<File>;
+}
+
+/// Opens files directly with `std::fs` (no capability checks: for tests and tools).
+pub struct StdFs;
+
+impl FileOpener for StdFs {
+    fn open(&self, path: &Path) -> Result<File> {
+        File::open(path).map_err(|e| Error::io(path, e))
+    }
+}
+
+/// Where a tensor's bytes live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Storage {
+    /// `raw_data` inside the model file: a slice of its map.
+    Raw,
+    /// Typed fields (`float_data`, `int32_data`…), converted into an owned buffer.
+    Typed,
+    /// An external data file: a slice of its map.
+    External,
+}
+
+/// One initializer of the model.
+#[derive(Debug, Clone)]
+pub struct Tensor {
+    /// Canonical name (see [`u_sdk::naming`]).
+    pub name: String,
+    /// Name as stored in the model.
+    pub source_name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Dimensions, outermost first.
+    pub shape: Vec<u64>,
+    /// Where the bytes live.
+    pub storage: Storage,
+    data: Bytes,
+}
+
+impl Tensor {
+    /// The tensor's description for the ABI.
+    pub fn info(&self) -> TensorInfo {
+        TensorInfo {
+            name: self.name.as_str().into(),
+            dtype: self.dtype,
+            shape: self.shape.clone().into(),
+            byte_len: self.data.len() as u64,
+        }
+    }
+
+    /// The stored bytes (little-endian).
+    pub fn bytes(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+/// A loaded ONNX model (its initializers and metadata).
+#[derive(Debug)]
+pub struct OnnxModel {
+    tensors: Vec<Tensor>,
+    by_name: HashMap<String, usize>,
+    metadata: Vec<(String, MetaValue)>,
+    meta_index: HashMap<String, usize>,
+    architecture: Option<String>,
+}
+
+/// Resolves external data files relative to the model's directory, mapping each once.
+struct Externals<'a> {
+    opener: &'a dyn FileOpener,
+    dir: PathBuf,
+    maps: HashMap<PathBuf, Bytes>,
+}
+
+impl OnnxModel {
+    /// Opens an `.onnx` file; external data files are resolved relative to its directory, and
+    /// a `config.json` there, if present and readable, supplies metadata.
+    pub fn open(opener: &dyn FileOpener, path: &Path) -> Result<Self> {
+        let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let data = map_file(opener, path)?;
+        let config_path = dir.join("config.json");
+        let config = match read_limited(opener, &config_path, MAX_CONFIG_LEN) {
+            Ok(bytes) => Some(parse_config(&config_path, &bytes)?),
+            Err(e) if e.is_absent() => None,
+            Err(e) => return Err(e),
+        };
+        let mut ext = Externals {
+            opener,
+            dir,
+            maps: HashMap::new(),
+        };
+        Self::parse(data, path, Some(&mut ext), config)
+    }
+
+    /// Parses a model held in memory, with an optional `config.json` document. External data
+    /// cannot be resolved (there is no directory): such initializers are an error. For tests
+    /// and fuzzing.
+    pub fn from_bytes(bytes: Vec<u8>, config: Option<&[u8]>) -> Result<Self> {
+        let config = config
+            .map(|c| parse_config(Path::new("config.json"), c))
+            .transpose()?;
+        Self::parse(Bytes::from(bytes), Path::new("<memory>"), None, config)
+    }
+
+    fn parse(
+        data: Bytes,
+        path: &Path,
+        mut ext: Option<&mut Externals<'_>>,
+        config: Option<(PathBuf, serde_json::Value)>,
+    ) -> Result<Self> {
+        let model = ModelProto::decode(data).map_err(|e| Error::Protobuf {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        let graph = model.graph.as_ref().ok_or_else(|| Error::NoGraph {
+            path: path.to_path_buf(),
+        })?;
+
+        let mut metadata = Vec::new();
+        if let Some((cpath, cfg)) = &config {
+            metadata = naming::config_metadata(cfg).map_err(|reason| Error::Config {
+                path: cpath.clone(),
+                reason,
+            })?;
+        }
+        let architecture = metadata
+            .iter()
+            .find(|(k, _)| k == naming::ARCHITECTURE_KEY)
+            .and_then(|(_, v)| v.as_str())
+            .map(str::to_string);
+
+        let mut tensors: Vec<Tensor> = Vec::with_capacity(graph.initializer.len());
+        let mut by_name: HashMap<String, usize> = HashMap::new();
+        let mut stored_names: HashMap<&str, ()> = HashMap::new();
+        let mut hf_named = false;
+        for t in &graph.initializer {
+            if stored_names.insert(t.name.as_str(), ()).is_some() {
+                return Err(Error::NameClash {
+                    first: t.name.clone(),
+                    second: t.name.clone(),
+                    canonical: t.name.clone(),
+                });
+            }
+            let (dtype, shape, storage, data) = resolve(t, ext.as_deref_mut())?;
+            let canonical = match naming::hf_to_canonical(architecture.as_deref(), &t.name) {
+                Some(c) => {
+                    hf_named = true;
+                    c
+                }
+                None => t.name.clone(),
+            };
+            if let Some(&j) = by_name.get(&canonical) {
+                return Err(Error::NameClash {
+                    first: tensors[j].source_name.clone(),
+                    second: t.name.clone(),
+                    canonical,
+                });
+            }
+            by_name.insert(canonical.clone(), tensors.len());
+            tensors.push(Tensor {
+                name: canonical,
+                source_name: t.name.clone(),
+                dtype,
+                shape,
+                storage,
+                data,
+            });
+        }
+
+        if hf_named {
+            metadata.push((
+                naming::ROPE_PAIRING_KEY.to_string(),
+                MetaValue::Str(naming::ROPE_NEOX.into()),
+            ));
+        }
+        metadata.extend(onnx_metadata(&model));
+        let mut meta_index = HashMap::new();
+        metadata.retain(|(k, _)| {
+            !meta_index.contains_key(k) && {
+                meta_index.insert(k.clone(), meta_index.len());
+                true
+            }
+        });
+        Ok(OnnxModel {
+            tensors,
+            by_name,
+            metadata,
+            meta_index,
+            architecture,
+        })
+    }
+
+    /// All initializers, in graph order.
+    pub fn tensors(&self) -> &[Tensor] {
+        &self.tensors
+    }
+
+    /// An initializer by canonical name.
+    pub fn tensor(&self, name: &str) -> Option<&Tensor> {
+        self.by_name.get(name).map(|&i| &self.tensors[i])
+    }
+
+    /// A view of an initializer by canonical name (no copy).
+    pub fn view(&self, name: &str) -> Result<TensorView<'_>> {
+        let t = self
+            .tensor(name)
+            .ok_or_else(|| Error::NoTensor(name.to_string()))?;
+        Ok(TensorView {
+            dtype: t.dtype,
+            shape: t.shape.clone().into(),
+            data: t.bytes().into(),
+        })
+    }
+
+    /// An initializer's values converted to `f32` (a copy).
+    pub fn tensor_f32(&self, name: &str) -> u_sdk::Result<Vec<f32>> {
+        self.view(name)?.to_f32()
+    }
+
+    /// Metadata, in a stable order: canonical keys and `config.*` from `config.json`,
+    /// [`naming::ROPE_PAIRING_KEY`], then `onnx.*` from the model.
+    pub fn metadata(&self) -> &[(String, MetaValue)] {
+        &self.metadata
+    }
+
+    /// One metadata value.
+    pub fn metadata_value(&self, key: &str) -> Option<&MetaValue> {
+        self.meta_index.get(key).map(|&i| &self.metadata[i].1)
+    }
+
+    /// The canonical architecture name from `config.json`'s `model_type`, if known.
+    pub fn architecture(&self) -> Option<&str> {
+        self.architecture.as_deref()
+    }
+}
+
+fn onnx_metadata(model: &ModelProto) -> Vec<(String, MetaValue)> {
+    let s = |v: &str| MetaValue::Str(v.into());
+    let mut out = vec![(
+        "onnx.ir_version".to_string(),
+        MetaValue::Int(model.ir_version),
+    )];
+    for (key, value) in [
+        ("onnx.producer_name", &model.producer_name),
+        ("onnx.producer_version", &model.producer_version),
+        ("onnx.domain", &model.domain),
+    ] {
+        if !value.is_empty() {
+            out.push((key.to_string(), s(value)));
+        }
+    }
+    if model.model_version != 0 {
+        out.push((
+            "onnx.model_version".to_string(),
+            MetaValue::Int(model.model_version),
+        ));
+    }
+    if let Some(g) = model.graph.as_ref().filter(|g| !g.name.is_empty()) {
+        out.push(("onnx.graph_name".to_string(), s(&g.name)));
+    }
+    for op in &model.opset_import {
+        let domain = if op.domain.is_empty() {
+            "ai.onnx"
+        } else {
+            &op.domain
+        };
+        out.push((format!("onnx.opset.{domain}"), MetaValue::Int(op.version)));
+    }
+    for p in &model.metadata_props {
+        out.push((format!("onnx.meta.{}", p.key), s(&p.value)));
+    }
+    out
+}
+
+/// Maps an ONNX data type code to a dtype.
+pub fn dtype_of(code: i32) -> Option<DType> {
+    Some(match code {
+        data_type::FLOAT => DType::F32,
+        data_type::FLOAT16 => DType::F16,
+        data_type::BFLOAT16 => DType::BF16,
+        data_type::DOUBLE => DType::F64,
+        data_type::INT8 => DType::I8,
+        data_type::UINT8 => DType::U8,
+        data_type::INT16 => DType::I16,
+        data_type::INT32 => DType::I32,
+        data_type::INT64 => DType::I64,
+        _ => return None,
+    })
+}
+
+/// Validates one initializer and finds its bytes.
+fn resolve(
+    t: &TensorProto,
+    ext: Option<&mut Externals<'_>>,
+) -> Result<(DType, Vec<u64>, Storage, Bytes)> {
+    let bad = |reason: String| Error::Tensor {
+        name: t.name.clone(),
+        reason,
+    };
+    let dtype = dtype_of(t.data_type).ok_or_else(|| Error::UnsupportedType {
+        name: t.name.clone(),
+        data_type: data_type::name(t.data_type),
+        code: t.data_type,
+    })?;
+    let shape = t
+        .dims
+        .iter()
+        .map(|&d| u64::try_from(d))
+        .collect::<std::result::Result<Vec<u64>, _>>()
+        .map_err(|_| bad(format!("negative dimension in {:?}", t.dims)))?;
+    let elements = shape
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| bad(format!("shape {shape:?} overflows")))?;
+    let need = dtype
+        .bytes_for(elements)
+        .ok_or_else(|| bad(format!("shape {shape:?} overflows")))?;
+
+    if t.data_location == DATA_LOCATION_EXTERNAL {
+        let ext = ext.ok_or_else(|| Error::External {
+            name: t.name.clone(),
+            reason: "the model was not loaded from a file, so external data cannot be resolved"
+                .to_string(),
+        })?;
+        let data = ext.slice(t, need)?;
+        return Ok((dtype, shape, Storage::External, data));
+    }
+    if t.data_location != 0 {
+        return Err(bad(format!("unknown data_location {}", t.data_location)));
+    }
+    if !t.raw_data.is_empty() || need == 0 {
+        if t.raw_data.len() as u64 != need {
+            return Err(bad(format!(
+                "raw_data holds {} bytes but {dtype} {shape:?} needs {need}",
+                t.raw_data.len()
+            )));
+        }
+        return Ok((dtype, shape, Storage::Raw, t.raw_data.clone()));
+    }
+    let data = typed_bytes(t, dtype, elements).map_err(bad)?;
+    Ok((dtype, shape, Storage::Typed, Bytes::from(data)))
+}
+
+/// Converts typed fields to the stored little-endian layout of `dtype`, checking the count and
+/// each value's range.
+fn typed_bytes(
+    t: &TensorProto,
+    dtype: DType,
+    elements: u64,
+) -> std::result::Result<Vec<u8>, String> {
+    let count = |n: usize, field: &str| {
+        if n as u64 == elements {
+            Ok(())
+        } else {
+            Err(format!(
+                "{field} holds {n} values but the shape has {elements} (and raw_data is empty)"
+            ))
+        }
+    };
+    let narrow = |lo: i32, hi: i32| -> std::result::Result<(), String> {
+        count(t.int32_data.len(), "int32_data")?;
+        match t.int32_data.iter().find(|&&v| v < lo || v > hi) {
+            Some(v) => Err(format!("int32_data value {v} does not fit {dtype}")),
+            None => Ok(()),
+        }
+    };
+    Ok(match dtype {
+        DType::F32 => {
+            count(t.float_data.len(), "float_data")?;
+            t.float_data.iter().flat_map(|v| v.to_le_bytes()).collect()
+        }
+        DType::F64 => {
+            count(t.double_data.len(), "double_data")?;
+            t.double_data.iter().flat_map(|v| v.to_le_bytes()).collect()
+        }
+        DType::I64 => {
+            count(t.int64_data.len(), "int64_data")?;
+            t.int64_data.iter().flat_map(|v| v.to_le_bytes()).collect()
+        }
+        DType::I32 => {
+            count(t.int32_data.len(), "int32_data")?;
+            t.int32_data.iter().flat_map(|v| v.to_le_bytes()).collect()
+        }
+        DType::I16 => {
+            narrow(i16::MIN.into(), i16::MAX.into())?;
+            t.int32_data
+                .iter()
+                .flat_map(|&v| (v as i16).to_le_bytes())
+                .collect()
+        }
+        // 16-bit float bit patterns, written by ONNX as unsigned (accept sign-extended too).
+        DType::F16 | DType::BF16 => {
+            narrow(i16::MIN.into(), u16::MAX.into())?;
+            t.int32_data
+                .iter()
+                .flat_map(|&v| (v as u16).to_le_bytes())
+                .collect()
+        }
+        DType::I8 => {
+            narrow(i8::MIN.into(), i8::MAX.into())?;
+            t.int32_data.iter().map(|&v| v as i8 as u8).collect()
+        }
+        DType::U8 => {
+            narrow(0, u8::MAX.into())?;
+            t.int32_data.iter().map(|&v| v as u8).collect()
+        }
+        other => return Err(format!("typed fields of {other} are not supported")),
+    })
+}
+
+impl Externals<'_> {
+    /// The bytes of an external-data initializer: validated `location`, `offset`, `length`.
+    fn slice(&mut self, t: &TensorProto, need: u64) -> Result<Bytes> {
+        let err = |reason: String| Error::External {
+            name: t.name.clone(),
+            reason,
+        };
+        let (mut location, mut offset, mut length) = (None, 0u64, None);
+        for kv in &t.external_data {
+            match kv.key.as_str() {
+                "location" => location = Some(kv.value.as_str()),
+                "offset" => {
+                    offset = kv
+                        .value
+                        .parse()
+                        .map_err(|_| err(format!("offset `{}` is not a number", kv.value)))?
+                }
+                "length" => {
+                    length = Some(
+                        kv.value
+                            .parse::<u64>()
+                            .map_err(|_| err(format!("length `{}` is not a number", kv.value)))?,
+                    )
+                }
+                _ => {} // checksum and future keys
+            }
+        }
+        let location = location.ok_or_else(|| err("no `location` key".to_string()))?;
+        let rel = Path::new(location);
+        if location.is_empty()
+            || location.contains('\0')
+            || !rel.components().all(|c| matches!(c, Component::Normal(_)))
+        {
+            return Err(err(format!(
+                "location `{location}` must be a relative path inside the model's directory"
+            )));
+        }
+        let path = self.dir.join(rel);
+        let data = match self.maps.get(&path) {
+            Some(d) => d.clone(),
+            None => {
+                let d = map_file(self.opener, &path)?;
+                self.maps.insert(path.clone(), d.clone());
+                d
+            }
+        };
+        let file_len = data.len() as u64;
+        let length = length.unwrap_or(need);
+        if length != need {
+            return Err(err(format!(
+                "length {length} but the tensor needs {need} bytes"
+            )));
+        }
+        let end = offset
+            .checked_add(length)
+            .filter(|&e| e <= file_len)
+            .ok_or_else(|| {
+                err(format!(
+                    "bytes {offset}..+{length} run past the end of {} ({file_len} bytes)",
+                    path.display()
+                ))
+            })?;
+        // Both bounds are ≤ the mapped length, so they fit in usize.
+        Ok(data.slice(offset as usize..end as usize))
+    }
+}
+
+fn parse_config(path: &Path, bytes: &[u8]) -> Result<(PathBuf, serde_json::Value)> {
+    serde_json::from_slice(bytes)
+        .map(|v| (path.to_path_buf(), v))
+        .map_err(|e| Error::Config {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })
+}
+
+/// Memory-maps a whole regular file into a [`Bytes`] that owns the map.
+fn map_file(opener: &dyn FileOpener, path: &Path) -> Result<Bytes> {
+    let file = opener.open(path)?;
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(Error::Io {
+            path: path.to_path_buf(),
+            reason: "not a regular file".to_string(),
+        });
+    }
+    // SAFETY: the map is read-only. Like every mmap-based loader, this assumes nobody truncates
+    // or rewrites the model files while they are loaded; the host only grants read access.
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+    Ok(Bytes::from_owner(map))
+}
+
+/// Reads a whole small file, refusing files larger than `limit`.
+fn read_limited(opener: &dyn FileOpener, path: &Path, limit: u64) -> Result<Vec<u8>> {
+    let file = opener.open(path)?;
+    let mut bytes = Vec::new();
+    file.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(path, e))?;
+    if bytes.len() as u64 > limit {
+        return Err(Error::TooLarge {
+            path: path.to_path_buf(),
+            reason: format!("larger than the {limit}-byte limit"),
+        });
+    }
+    Ok(bytes)
+}

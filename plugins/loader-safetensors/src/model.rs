@@ -1,0 +1,393 @@
+//! A loaded safetensors model: one or more memory-mapped files, validated headers, canonical
+//! tensor names and metadata. Usable without a host through [`StdFs`].
+
+use crate::{
+    error::{Error, Result},
+    header::{self, RawTensor},
+    index,
+};
+use memmap2::Mmap;
+use std::{
+    collections::HashMap,
+    fs::File,
+    io::Read,
+    ops::Range,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+use u_sdk::{DType, MetaValue, TensorInfo, TensorView, naming};
+
+/// The largest `config.json` accepted (16 MiB).
+pub const MAX_CONFIG_LEN: u64 = 16 * 1024 * 1024;
+/// File name of a shard index inside a model directory.
+pub const INDEX_NAME: &str = "model.safetensors.index.json";
+/// File name of a single-file model inside a model directory.
+pub const SINGLE_NAME: &str = "model.safetensors";
+
+/// How the loader opens files: through the host's `open_read` in the plugin, through
+/// [`StdFs`] in tests and tools.
+pub trait FileOpener {
+    /// Opens `path` for reading.
+    fn open(&self, path: &Path) -> Result<File>;
+}
+
+/// Opens files directly with `std::fs` (no capability checks: for tests and tools).
+pub struct StdFs;
+
+impl FileOpener for StdFs {
+    fn open(&self, path: &Path) -> Result<File> {
+        File::open(path).map_err(|e| Error::io(path, e))
+    }
+}
+
+/// Bytes a model's tensors point into: a memory map, or a buffer for in-memory use.
+pub type Backing = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+/// One tensor of the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tensor {
+    /// Canonical name (see [`u_sdk::naming`]).
+    pub name: String,
+    /// Name as stored in the file.
+    pub source_name: String,
+    /// Element type as stored.
+    pub dtype: DType,
+    /// Dimensions, outermost first.
+    pub shape: Vec<u64>,
+    shard: usize,
+    range: Range<usize>,
+}
+
+impl Tensor {
+    /// The tensor's description for the ABI.
+    pub fn info(&self) -> TensorInfo {
+        TensorInfo {
+            name: self.name.as_str().into(),
+            dtype: self.dtype,
+            shape: self.shape.clone().into(),
+            byte_len: self.range.len() as u64,
+        }
+    }
+}
+
+struct Shard {
+    path: PathBuf,
+    data: Backing,
+}
+
+/// A loaded safetensors model.
+pub struct SafetensorsModel {
+    shards: Vec<Shard>,
+    tensors: Vec<Tensor>,
+    by_name: HashMap<String, usize>,
+    metadata: Vec<(String, MetaValue)>,
+    meta_index: HashMap<String, usize>,
+    architecture: Option<String>,
+}
+
+impl std::fmt::Debug for SafetensorsModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SafetensorsModel")
+            .field(
+                "shards",
+                &self.shards.iter().map(|s| &s.path).collect::<Vec<_>>(),
+            )
+            .field("tensors", &self.tensors.len())
+            .field("architecture", &self.architecture)
+            .finish()
+    }
+}
+
+impl SafetensorsModel {
+    /// Opens a model: a `.safetensors` file, a `*.index.json` shard index, or a directory
+    /// holding `model.safetensors.index.json` or `model.safetensors`. A `config.json` in the
+    /// same directory, if present and readable, supplies metadata.
+    pub fn open(opener: &dyn FileOpener, path: &Path) -> Result<Self> {
+        let file_name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let (dir, index_path, single_path) = if file_name.ends_with(".json") {
+            (parent(path), Some(path.to_path_buf()), None)
+        } else if file_name.ends_with(".safetensors") {
+            (parent(path), None, Some(path.to_path_buf()))
+        } else {
+            let index = path.join(INDEX_NAME);
+            match opener.open(&index) {
+                Ok(_) => (path.to_path_buf(), Some(index), None),
+                Err(e) if e.is_absent() => (path.to_path_buf(), None, Some(path.join(SINGLE_NAME))),
+                Err(e) => return Err(e),
+            }
+        };
+
+        let config = read_optional(opener, &dir.join("config.json"), MAX_CONFIG_LEN)?
+            .map(|(p, bytes)| {
+                serde_json::from_slice::<serde_json::Value>(&bytes).map_err(|e| Error::Config {
+                    path: p,
+                    reason: e.to_string(),
+                })
+            })
+            .transpose()?;
+
+        let mut shards = Vec::new();
+        let mut extra_meta = Vec::new();
+        let weight_map = if let Some(index_path) = index_path {
+            let bytes = read_limited(opener, &index_path, index::MAX_INDEX_LEN)?;
+            let idx = index::parse(&bytes).map_err(|reason| Error::Index {
+                path: index_path.clone(),
+                reason,
+            })?;
+            for name in &idx.shards {
+                let p = dir.join(name);
+                shards.push(Shard {
+                    data: map_file(opener, &p)?,
+                    path: p,
+                });
+            }
+            for (k, v) in &idx.metadata {
+                extra_meta.push((format!("safetensors.index.{k}"), naming::json_to_meta(v)));
+            }
+            Some((index_path, idx))
+        } else if let Some(p) = single_path {
+            shards.push(Shard {
+                data: map_file(opener, &p)?,
+                path: p,
+            });
+            None
+        } else {
+            None
+        };
+        Self::assemble(shards, weight_map, config, extra_meta)
+    }
+
+    /// Builds a model from one in-memory safetensors file and an optional `config.json`
+    /// document (for tests and fuzzing: no files involved).
+    pub fn from_bytes(file: Vec<u8>, config: Option<&[u8]>) -> Result<Self> {
+        let config = config
+            .map(|c| {
+                serde_json::from_slice(c).map_err(|e| Error::Config {
+                    path: PathBuf::from("config.json"),
+                    reason: e.to_string(),
+                })
+            })
+            .transpose()?;
+        let shard = Shard {
+            path: PathBuf::from("<memory>"),
+            data: Arc::new(file),
+        };
+        Self::assemble(vec![shard], None, config, Vec::new())
+    }
+
+    fn assemble(
+        shards: Vec<Shard>,
+        weight_map: Option<(PathBuf, index::ShardIndex)>,
+        config: Option<serde_json::Value>,
+        extra_meta: Vec<(String, MetaValue)>,
+    ) -> Result<Self> {
+        let mut metadata = Vec::new();
+        if let Some(cfg) = &config {
+            metadata = naming::config_metadata(cfg).map_err(|reason| Error::Config {
+                path: PathBuf::from("config.json"),
+                reason,
+            })?;
+        }
+        let architecture = metadata
+            .iter()
+            .find(|(k, _)| k == naming::ARCHITECTURE_KEY)
+            .and_then(|(_, v)| v.as_str())
+            .map(str::to_string);
+
+        let mut raw: Vec<(usize, RawTensor)> = Vec::new();
+        let mut shard_of: HashMap<String, usize> = HashMap::new();
+        for (i, shard) in shards.iter().enumerate() {
+            let h = header::parse((*shard.data).as_ref()).map_err(|source| Error::Header {
+                path: shard.path.clone(),
+                source,
+            })?;
+            if i == 0 {
+                for (k, v) in &h.metadata {
+                    metadata.push((
+                        format!("safetensors.{k}"),
+                        MetaValue::Str(v.as_str().into()),
+                    ));
+                }
+            }
+            for t in h.tensors {
+                if let Some(other) = shard_of.insert(t.name.clone(), i) {
+                    return Err(Error::Inconsistent {
+                        path: shard.path.clone(),
+                        reason: format!(
+                            "tensor `{}` is also in {}",
+                            t.name,
+                            shards[other].path.display()
+                        ),
+                    });
+                }
+                raw.push((i, t));
+            }
+        }
+        if let Some((index_path, idx)) = &weight_map {
+            for (tensor, file) in &idx.weight_map {
+                let holder = shard_of.get(tensor).map(|&i| &shards[i].path);
+                if holder.and_then(|p| p.file_name()) != Some(std::ffi::OsStr::new(file)) {
+                    return Err(Error::Inconsistent {
+                        path: index_path.clone(),
+                        reason: format!(
+                            "index places `{tensor}` in `{file}`, which does not hold it"
+                        ),
+                    });
+                }
+            }
+        }
+
+        let mut tensors = Vec::with_capacity(raw.len());
+        let mut by_name: HashMap<String, usize> = HashMap::with_capacity(raw.len());
+        let mut hf_named = false;
+        for (shard, t) in raw {
+            let canonical = match naming::hf_to_canonical(architecture.as_deref(), &t.name) {
+                Some(c) => {
+                    hf_named = true;
+                    c
+                }
+                None => t.name.clone(),
+            };
+            if let Some(&j) = by_name.get(&canonical) {
+                let first: &Tensor = &tensors[j];
+                return Err(Error::NameClash {
+                    first: first.source_name.clone(),
+                    second: t.name,
+                    canonical,
+                });
+            }
+            by_name.insert(canonical.clone(), tensors.len());
+            tensors.push(Tensor {
+                name: canonical,
+                source_name: t.name,
+                dtype: t.dtype,
+                shape: t.shape,
+                shard,
+                range: t.range,
+            });
+        }
+        if hf_named {
+            metadata.push((
+                naming::ROPE_PAIRING_KEY.to_string(),
+                MetaValue::Str(naming::ROPE_NEOX.into()),
+            ));
+        }
+        metadata.extend(extra_meta);
+        let mut meta_index = HashMap::new();
+        metadata.retain(|(k, _)| {
+            !meta_index.contains_key(k) && {
+                meta_index.insert(k.clone(), meta_index.len());
+                true
+            }
+        });
+        Ok(SafetensorsModel {
+            shards,
+            tensors,
+            by_name,
+            metadata,
+            meta_index,
+            architecture,
+        })
+    }
+
+    /// All tensors, shard by shard, in file order.
+    pub fn tensors(&self) -> &[Tensor] {
+        &self.tensors
+    }
+
+    /// A tensor by canonical name.
+    pub fn tensor(&self, name: &str) -> Option<&Tensor> {
+        self.by_name.get(name).map(|&i| &self.tensors[i])
+    }
+
+    /// The stored bytes of a tensor of this model (a slice of the map: no copy).
+    pub fn bytes(&self, t: &Tensor) -> &[u8] {
+        let data: &[u8] = (*self.shards[t.shard].data).as_ref();
+        data.get(t.range.clone()).unwrap_or(&[])
+    }
+
+    /// A zero-copy view of a tensor by canonical name.
+    pub fn view(&self, name: &str) -> Result<TensorView<'_>> {
+        let t = self
+            .tensor(name)
+            .ok_or_else(|| Error::NoTensor(name.to_string()))?;
+        Ok(TensorView {
+            dtype: t.dtype,
+            shape: t.shape.clone().into(),
+            data: self.bytes(t).into(),
+        })
+    }
+
+    /// A tensor's values converted to `f32` (a copy; for float and integer dtypes).
+    pub fn tensor_f32(&self, name: &str) -> u_sdk::Result<Vec<f32>> {
+        self.view(name)?.to_f32()
+    }
+
+    /// Metadata, in a stable order: canonical keys and `config.*` from `config.json`,
+    /// [`naming::ROPE_PAIRING_KEY`], then `safetensors.*` from the file header and index.
+    pub fn metadata(&self) -> &[(String, MetaValue)] {
+        &self.metadata
+    }
+
+    /// One metadata value.
+    pub fn metadata_value(&self, key: &str) -> Option<&MetaValue> {
+        self.meta_index.get(key).map(|&i| &self.metadata[i].1)
+    }
+
+    /// The canonical architecture name from `config.json`'s `model_type`, if known.
+    pub fn architecture(&self) -> Option<&str> {
+        self.architecture.as_deref()
+    }
+}
+
+fn parent(path: &Path) -> PathBuf {
+    path.parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+/// Memory-maps a whole regular file.
+fn map_file(opener: &dyn FileOpener, path: &Path) -> Result<Backing> {
+    let file = opener.open(path)?;
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(Error::Io {
+            path: path.to_path_buf(),
+            reason: "not a regular file".to_string(),
+        });
+    }
+    // SAFETY: the map is read-only. Like every mmap-based loader, this assumes nobody truncates
+    // or rewrites the model file while it is loaded; the host only grants read access.
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+    Ok(Arc::new(map))
+}
+
+/// Reads a whole small file, refusing files larger than `limit`.
+fn read_limited(opener: &dyn FileOpener, path: &Path, limit: u64) -> Result<Vec<u8>> {
+    let file = opener.open(path)?;
+    let mut bytes = Vec::new();
+    file.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(path, e))?;
+    if bytes.len() as u64 > limit {
+        return Err(Error::TooLarge {
+            path: path.to_path_buf(),
+            reason: format!("larger than the {limit}-byte limit"),
+        });
+    }
+    Ok(bytes)
+}
+
+/// [`read_limited`] for an optional file: absent or not granted → `None`.
+fn read_optional(
+    opener: &dyn FileOpener,
+    path: &Path,
+    limit: u64,
+) -> Result<Option<(PathBuf, Vec<u8>)>> {
+    match read_limited(opener, path, limit) {
+        Ok(bytes) => Ok(Some((path.to_path_buf(), bytes))),
+        Err(e) if e.is_absent() => Ok(None),
+        Err(e) => Err(e),
+    }
+}

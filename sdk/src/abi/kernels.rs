@@ -1,0 +1,190 @@
+//! Kernels plugins: the compute operations architectures call.
+//!
+//! Shaped like a ggml backend: a plugin reports what it is ([`BackendInfo`]), which operations
+//! and weight dtypes it supports ([`Kernels::supports`]), and runs them on slices the caller owns.
+//! Weights arrive as [`TensorView`]s straight from the loader's map, so quantized weights are
+//! used in their compressed blocks.
+
+use crate::abi::{dtype::DType, error::UError, tensor::TensorView};
+use abi_stable::{
+    StableAbi, sabi_trait,
+    std_types::{RBox, RResult, RSlice, RSliceMut, RString, RVec},
+};
+
+/// What a kernels plugin is and what the CPU or device offers it.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug)]
+pub struct BackendInfo {
+    /// Backend name, e.g. `"cpu"`.
+    pub name: RString,
+    /// The instruction-set path chosen at load, e.g. `"avx2+fma+f16c"`.
+    pub isa: RString,
+    /// Detected features, e.g. `["avx2", "fma", "f16c", "avx512vnni"]`.
+    pub features: RVec<RString>,
+    /// Threads the backend computes with.
+    pub threads: u32,
+}
+
+/// The operations a kernels plugin may implement.
+#[repr(u8)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// `y = x · Wᵀ` with weights in any supported dtype.
+    MatMul,
+    /// Root-mean-square normalisation with a learned scale.
+    RmsNorm,
+    /// Layer normalisation with scale and bias.
+    LayerNorm,
+    /// Rotary position embedding.
+    Rope,
+    /// Scaled dot-product attention (flash style).
+    Attention,
+    /// Element-wise activations.
+    Activation,
+    /// Row-wise softmax.
+    Softmax,
+    /// Gathering rows of an embedding table (dequantising them).
+    Embedding,
+    /// Selecting the k largest values (MoE routing).
+    TopK,
+}
+
+/// Element-wise activation functions.
+#[repr(u8)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// `x · sigmoid(x)`.
+    Silu,
+    /// GELU, tanh approximation.
+    GeluTanh,
+    /// GELU, exact (erf).
+    GeluErf,
+}
+
+/// How rotary embeddings pair dimensions.
+#[repr(u8)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs `(2i, 2i+1)` (original Llama / GGUF layout).
+    Normal,
+    /// Halves `(i, i + d/2)` (GPT-NeoX / HF layout).
+    NeoX,
+}
+
+/// Parameters of [`Kernels::rope`].
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug)]
+pub struct RopeParams {
+    /// Pairing of dimensions.
+    pub style: RopeStyle,
+    /// Dimensions rotated per head (≤ head_dim).
+    pub rotary_dim: u32,
+    /// Dimension of each head.
+    pub head_dim: u32,
+    /// Heads per token in the buffer.
+    pub heads: u32,
+    /// Per-pair inverse frequencies (`rotary_dim / 2` values), scaling already applied.
+    pub inv_freq: RVec<f32>,
+    /// Multiplier applied to cos and sin (YaRN attention factor; 1.0 otherwise).
+    pub attn_factor: f32,
+}
+
+/// Parameters of [`Kernels::attention`].
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug)]
+pub struct AttentionParams {
+    /// Query heads.
+    pub heads: u32,
+    /// Key/value heads (grouped-query attention when fewer than `heads`).
+    pub kv_heads: u32,
+    /// Dimension of each head.
+    pub head_dim: u32,
+    /// Number of query tokens.
+    pub queries: u32,
+    /// Number of key/value tokens.
+    pub kv_len: u32,
+    /// Absolute position of the first query (for the causal mask): query `i` sees keys
+    /// `0..=first_query_pos + i`.
+    pub first_query_pos: u32,
+    /// Sliding window (0 = none): a query sees only the last `window` keys.
+    pub window: u32,
+    /// Score scale, usually `1/sqrt(head_dim)`.
+    pub scale: f32,
+    /// Element type of the key/value buffers (`F32` or `F16`).
+    pub kv_dtype: DType,
+}
+
+/// Entry interface of a `kernels` plugin.
+#[sabi_trait]
+pub trait Kernels: Send + Sync + Clone {
+    /// What the backend is and which instruction set it chose.
+    fn info(&self) -> BackendInfo;
+
+    /// Whether `op` is implemented for weights of `dtype`.
+    fn supports(&self, op: Op, dtype: DType) -> bool;
+
+    /// `y[m × n] = x[m × k] · Wᵀ` for a weight of shape `[n, k]`.
+    fn matmul(
+        &self,
+        weight: &TensorView<'_>,
+        x: RSlice<'_, f32>,
+        m: u32,
+        y: RSliceMut<'_, f32>,
+    ) -> RResult<(), UError>;
+
+    /// `y = x / rms(x) · weight`, row by row over rows of `weight.len()` values.
+    fn rms_norm(
+        &self,
+        x: RSlice<'_, f32>,
+        weight: RSlice<'_, f32>,
+        eps: f32,
+        y: RSliceMut<'_, f32>,
+    ) -> RResult<(), UError>;
+
+    /// `y = (x − mean) / std · weight + bias`, row by row.
+    fn layer_norm(
+        &self,
+        x: RSlice<'_, f32>,
+        weight: RSlice<'_, f32>,
+        bias: RSlice<'_, f32>,
+        eps: f32,
+        y: RSliceMut<'_, f32>,
+    ) -> RResult<(), UError>;
+
+    /// Rotates `x` (`positions.len()` tokens × heads × head_dim) in place.
+    fn rope(
+        &self,
+        x: RSliceMut<'_, f32>,
+        positions: RSlice<'_, u32>,
+        params: &RopeParams,
+    ) -> RResult<(), UError>;
+
+    /// Flash attention: `out = softmax(q·kᵀ·scale + mask)·v` without the full score matrix.
+    /// `q`: queries × heads × head_dim (f32); `k`, `v`: kv_len × kv_heads × head_dim in
+    /// `params.kv_dtype`; `out`: queries × heads × head_dim.
+    fn attention(
+        &self,
+        q: RSlice<'_, f32>,
+        k: RSlice<'_, u8>,
+        v: RSlice<'_, u8>,
+        params: &AttentionParams,
+        out: RSliceMut<'_, f32>,
+    ) -> RResult<(), UError>;
+
+    /// Applies `act` in place.
+    fn activation(&self, x: RSliceMut<'_, f32>, act: Activation) -> RResult<(), UError>;
+
+    /// Row-wise softmax in place over rows of `row_len`.
+    fn softmax(&self, x: RSliceMut<'_, f32>, row_len: u32) -> RResult<(), UError>;
+
+    /// Gathers and dequantises rows `ids` of `table` into `out` (ids.len() × row length).
+    fn embedding(
+        &self,
+        table: &TensorView<'_>,
+        ids: RSlice<'_, u32>,
+        out: RSliceMut<'_, f32>,
+    ) -> RResult<(), UError>;
+}
+
+/// An owned kernels object.
+pub type KernelsBox = Kernels_TO<'static, RBox<()>>;

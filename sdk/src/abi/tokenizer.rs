@@ -1,0 +1,57 @@
+//! Tokenizer plugins: text ↔ token ids, special tokens and chat templates.
+
+use crate::abi::{error::UError, loader::WeightSetBox};
+use abi_stable::{
+    StableAbi, sabi_trait,
+    std_types::{RBox, ROption, RResult, RSlice, RStr, RString, RVec},
+};
+
+/// Token ids with a special meaning.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
+pub struct SpecialTokens {
+    /// Beginning of sequence, if the model uses one.
+    pub bos: ROption<u32>,
+    /// Tokens that end generation (EOS, end-of-turn).
+    pub eos: RVec<u32>,
+    /// Whether `encode` with `add_special` prepends BOS.
+    pub add_bos: bool,
+}
+
+/// Entry interface of a `tokenizer` plugin: builds tokenizers from model files.
+#[sabi_trait]
+pub trait TokenizerFactory: Send + Sync + Clone {
+    /// Builds the tokenizer a weight set describes (GGUF `tokenizer.ggml.*` metadata).
+    fn from_weights(&self, weights: WeightSetBox) -> RResult<TokenizerBox, UError>;
+
+    /// Builds a tokenizer from a HF `tokenizer.json` (read through the host).
+    fn from_file(&self, path: RStr<'_>) -> RResult<TokenizerBox, UError>;
+}
+
+/// A ready tokenizer.
+#[sabi_trait]
+pub trait Tokenizer: Send + Sync + Clone {
+    /// Number of token ids.
+    fn vocab_size(&self) -> u32;
+
+    /// Encodes `text`; with `add_special`, adds BOS (and other template tokens) as the model
+    /// expects.
+    fn encode(&self, text: RStr<'_>, add_special: bool) -> RResult<RVec<u32>, UError>;
+
+    /// Decodes ids to text; with `skip_special`, special tokens are left out.
+    fn decode(&self, ids: RSlice<'_, u32>, skip_special: bool) -> RResult<RString, UError>;
+
+    /// The raw bytes of one token (for streaming partial UTF-8).
+    fn token_bytes(&self, id: u32) -> RResult<RVec<u8>, UError>;
+
+    /// BOS/EOS and friends.
+    fn special_tokens(&self) -> SpecialTokens;
+
+    /// The model's chat template (Jinja), if it ships one.
+    fn chat_template(&self) -> ROption<RString>;
+}
+
+/// An owned tokenizer factory.
+pub type TokenizerFactoryBox = TokenizerFactory_TO<'static, RBox<()>>;
+/// An owned tokenizer.
+pub type TokenizerBox = Tokenizer_TO<'static, RBox<()>>;

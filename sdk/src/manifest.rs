@@ -1,0 +1,314 @@
+//! Plugin manifests: who a plugin is and which capabilities it asks for.
+//!
+//! The manifest source is a small TOML file next to the plugin's `Cargo.toml`:
+//!
+//! ```toml
+//! name = "loader-gguf"
+//! version = "0.1.0"
+//! kind = "loader"
+//! description = "GGUF v2/v3 weights, kept compressed in a memory map"
+//! capabilities = ["fs.read"]
+//! ```
+//!
+//! [`export_plugin!`](crate::export_plugin) embeds it in the plugin's `.u.meta` section, where
+//! `u-attest sign` covers it with the publisher's signature.
+
+use serde::Deserialize;
+use std::{collections::BTreeSet, fmt};
+
+/// A typed permission from a closed set. Grants in a deployment manifest use the same names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Capability {
+    /// Read files under granted paths.
+    FsRead,
+    /// Create and write files under granted paths.
+    FsWrite,
+    /// Accept connections on granted addresses.
+    NetListen,
+    /// Open outbound connections to granted addresses.
+    NetConnect,
+    /// Use a GPU device.
+    Gpu,
+    /// Create processes (fork, exec).
+    ProcessFork,
+}
+
+impl Capability {
+    /// Every capability.
+    pub const ALL: [Capability; 6] = [
+        Capability::FsRead,
+        Capability::FsWrite,
+        Capability::NetListen,
+        Capability::NetConnect,
+        Capability::Gpu,
+        Capability::ProcessFork,
+    ];
+
+    /// The dotted name used in manifests (`"fs.read"`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Capability::FsRead => "fs.read",
+            Capability::FsWrite => "fs.write",
+            Capability::NetListen => "net.listen",
+            Capability::NetConnect => "net.connect",
+            Capability::Gpu => "gpu",
+            Capability::ProcessFork => "process.fork",
+        }
+    }
+
+    /// Parses a dotted name.
+    pub fn from_name(name: &str) -> Option<Capability> {
+        Capability::ALL.into_iter().find(|c| c.name() == name)
+    }
+
+    /// All names, comma-separated, for error messages.
+    pub fn known_names() -> String {
+        Capability::ALL.map(Capability::name).join(", ")
+    }
+}
+
+impl fmt::Display for Capability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The kinds of component, matching the interfaces in [`crate::abi`]; `host` is `u-runner`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PluginKind {
+    /// The `u-runner` binary itself.
+    Host,
+    /// Turns model files into weight sets.
+    Loader,
+    /// Compute kernels.
+    Kernels,
+    /// A model architecture.
+    Architecture,
+    /// Tokenizers.
+    Tokenizer,
+    /// KV cache.
+    Cache,
+    /// Client-facing protocols.
+    Transport,
+}
+
+impl PluginKind {
+    /// Every kind.
+    pub const ALL: [PluginKind; 7] = [
+        PluginKind::Host,
+        PluginKind::Loader,
+        PluginKind::Kernels,
+        PluginKind::Architecture,
+        PluginKind::Tokenizer,
+        PluginKind::Cache,
+        PluginKind::Transport,
+    ];
+
+    /// The name used in manifests.
+    pub const fn name(self) -> &'static str {
+        match self {
+            PluginKind::Host => "host",
+            PluginKind::Loader => "loader",
+            PluginKind::Kernels => "kernels",
+            PluginKind::Architecture => "architecture",
+            PluginKind::Tokenizer => "tokenizer",
+            PluginKind::Cache => "cache",
+            PluginKind::Transport => "transport",
+        }
+    }
+
+    /// Parses a kind name.
+    pub fn from_name(name: &str) -> Option<PluginKind> {
+        PluginKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
+impl fmt::Display for PluginKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why a manifest source was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ManifestError {
+    /// Not valid TOML, or a field of the wrong type.
+    #[error("plugin manifest is not valid TOML: {0}")]
+    Syntax(String),
+    /// A required field is absent.
+    #[error("plugin manifest lacks the required field `{0}`")]
+    MissingField(&'static str),
+    /// A capability outside the closed set.
+    #[error("plugin manifest requests unknown capability `{name}` (known: {known})")]
+    UnknownCapability {
+        /// The name found.
+        name: String,
+        /// The known names.
+        known: String,
+    },
+    /// A kind outside the known kinds.
+    #[error(
+        "plugin manifest has unknown kind `{0}` (known: host, loader, kernels, architecture, tokenizer, cache, transport)"
+    )]
+    UnknownKind(String),
+    /// A field whose value is not allowed.
+    #[error("plugin manifest field `{field}` is invalid: {reason}")]
+    Invalid {
+        /// Which field.
+        field: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A parsed, validated plugin manifest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PluginManifest {
+    /// Unique plugin name: lowercase letters, digits and `-`.
+    pub name: String,
+    /// Version, `MAJOR.MINOR.PATCH`.
+    pub version: String,
+    /// Which interface the plugin implements.
+    pub kind: PluginKind,
+    /// One line on what it does.
+    pub description: String,
+    /// Capabilities requested.
+    pub capabilities: BTreeSet<Capability>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawManifest {
+    name: Option<String>,
+    version: Option<String>,
+    kind: Option<String>,
+    description: Option<String>,
+    capabilities: Option<Vec<String>>,
+}
+
+impl PluginManifest {
+    /// Parses and validates a manifest source.
+    pub fn parse(text: &str) -> Result<Self, ManifestError> {
+        let raw: RawManifest =
+            toml::from_str(text).map_err(|e| ManifestError::Syntax(e.message().to_string()))?;
+        let name = raw.name.ok_or(ManifestError::MissingField("name"))?;
+        let version = raw.version.ok_or(ManifestError::MissingField("version"))?;
+        let kind_name = raw.kind.ok_or(ManifestError::MissingField("kind"))?;
+        let capabilities = raw
+            .capabilities
+            .ok_or(ManifestError::MissingField("capabilities"))?;
+
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        {
+            return Err(ManifestError::Invalid {
+                field: "name",
+                reason: format!("`{name}` must be 1–64 of a-z, 0-9 and -"),
+            });
+        }
+        let parts: Vec<&str> = version.split('.').collect();
+        if parts.len() != 3 || parts.iter().any(|p| p.parse::<u32>().is_err()) {
+            return Err(ManifestError::Invalid {
+                field: "version",
+                reason: format!("`{version}` is not MAJOR.MINOR.PATCH"),
+            });
+        }
+        let kind =
+            PluginKind::from_name(&kind_name).ok_or(ManifestError::UnknownKind(kind_name))?;
+        let mut caps = BTreeSet::new();
+        for cap in capabilities {
+            let c =
+                Capability::from_name(&cap).ok_or_else(|| ManifestError::UnknownCapability {
+                    name: cap.clone(),
+                    known: Capability::known_names(),
+                })?;
+            if !caps.insert(c) {
+                return Err(ManifestError::Invalid {
+                    field: "capabilities",
+                    reason: format!("`{cap}` is listed twice"),
+                });
+            }
+        }
+        Ok(PluginManifest {
+            name,
+            version,
+            kind,
+            description: raw.description.unwrap_or_default(),
+            capabilities: caps,
+        })
+    }
+
+    /// Whether the manifest requests `cap`.
+    pub fn requests(&self, cap: Capability) -> bool {
+        self.capabilities.contains(&cap)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+name = "loader-gguf"
+version = "0.1.0"
+kind = "loader"
+description = "GGUF"
+capabilities = ["fs.read"]
+"#;
+
+    #[test]
+    fn parses_a_valid_manifest() {
+        let m = PluginManifest::parse(GOOD).unwrap();
+        assert_eq!(m.name, "loader-gguf");
+        assert_eq!(m.kind, PluginKind::Loader);
+        assert!(m.requests(Capability::FsRead));
+        assert!(!m.requests(Capability::NetConnect));
+    }
+
+    #[test]
+    fn each_defect_gets_its_own_error() {
+        let missing = GOOD.replace("kind = \"loader\"\n", "");
+        assert_eq!(
+            PluginManifest::parse(&missing),
+            Err(ManifestError::MissingField("kind"))
+        );
+        let unknown = GOOD.replace("fs.read", "net.raw");
+        let err = PluginManifest::parse(&unknown).unwrap_err();
+        assert!(
+            err.to_string().contains("unknown capability `net.raw`"),
+            "{err}"
+        );
+        let bad_kind = GOOD.replace("\"loader\"", "\"miner\"");
+        assert_eq!(
+            PluginManifest::parse(&bad_kind),
+            Err(ManifestError::UnknownKind("miner".into()))
+        );
+        let syntax = PluginManifest::parse("name = \"x").unwrap_err();
+        assert!(matches!(syntax, ManifestError::Syntax(_)), "{syntax}");
+        let extra = format!("{GOOD}\nsecret_backdoor = true\n");
+        assert!(matches!(
+            PluginManifest::parse(&extra),
+            Err(ManifestError::Syntax(_))
+        ));
+        let version = GOOD.replace("0.1.0", "one");
+        assert!(matches!(
+            PluginManifest::parse(&version),
+            Err(ManifestError::Invalid {
+                field: "version",
+                ..
+            })
+        ));
+        let dup = GOOD.replace("[\"fs.read\"]", "[\"fs.read\", \"fs.read\"]");
+        assert!(matches!(
+            PluginManifest::parse(&dup),
+            Err(ManifestError::Invalid {
+                field: "capabilities",
+                ..
+            })
+        ));
+    }
+}
