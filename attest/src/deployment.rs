@@ -174,9 +174,21 @@ impl Grants {
     pub fn restricted_to(&self, manifest: &PluginManifest) -> Grants {
         let keep = |c| manifest.requests(c);
         Grants {
-            fs_read: if keep(Capability::FsRead) { self.fs_read.clone() } else { vec![] },
-            fs_write: if keep(Capability::FsWrite) { self.fs_write.clone() } else { vec![] },
-            net_listen: if keep(Capability::NetListen) { self.net_listen.clone() } else { vec![] },
+            fs_read: if keep(Capability::FsRead) {
+                self.fs_read.clone()
+            } else {
+                vec![]
+            },
+            fs_write: if keep(Capability::FsWrite) {
+                self.fs_write.clone()
+            } else {
+                vec![]
+            },
+            net_listen: if keep(Capability::NetListen) {
+                self.net_listen.clone()
+            } else {
+                vec![]
+            },
             net_connect: if keep(Capability::NetConnect) {
                 self.net_connect.clone()
             } else {
@@ -424,7 +436,11 @@ fn parse_grants(table: &toml::Table, dir: &Path) -> Result<Grants, String> {
 /// Flattens `fs = { read = [...] }` and `"fs.read" = [...]` alike into dotted names.
 fn flatten<'a>(prefix: &str, table: &'a toml::Table, out: &mut Vec<(String, &'a toml::Value)>) {
     for (key, value) in table {
-        let name = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+        let name = if prefix.is_empty() {
+            key.clone()
+        } else {
+            format!("{prefix}.{key}")
+        };
         match value {
             toml::Value::Table(inner) => flatten(&name, inner, out),
             other => out.push((name, other)),
@@ -495,7 +511,11 @@ pub fn absolute(p: &Path) -> PathBuf {
     if p.is_absolute() {
         normalize(p)
     } else {
-        normalize(&std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")).join(p))
+        normalize(
+            &std::env::current_dir()
+                .unwrap_or_else(|_| PathBuf::from("/"))
+                .join(p),
+        )
     }
 }
 
@@ -547,7 +567,13 @@ process.fork = false
         assert!(g.fs_read[0].covers(Path::new("/srv/models/x/y.gguf")));
         assert!(!g.fs_read[0].covers(Path::new("/srv/modelsX")));
         assert!(g.fs_read[1].covers(Path::new("/etc/u/cfg.toml")));
-        assert_eq!(g.net_listen[1], NetAddress::Tcp { host: "127.0.0.1".into(), port: 8080 });
+        assert_eq!(
+            g.net_listen[1],
+            NetAddress::Tcp {
+                host: "127.0.0.1".into(),
+                port: 8080
+            }
+        );
         assert!(g.grants(Capability::NetListen));
         assert!(!g.grants(Capability::NetConnect));
         assert!(!g.grants(Capability::ProcessFork));
@@ -560,7 +586,10 @@ process.fork = false
         )
         .unwrap_err()
         .to_string();
-        assert!(unknown.contains("unknown capability `net.raw`"), "{unknown}");
+        assert!(
+            unknown.contains("unknown capability `net.raw`"),
+            "{unknown}"
+        );
         assert!(unknown.contains("plugin `a.so`"), "{unknown}");
 
         let syntax = parse("[deployment\nname='t'").unwrap_err();
@@ -613,8 +642,14 @@ process.fork = false
         )
         .unwrap();
         let grants = Grants {
-            fs_read: vec![PathGrant { path: "/m".into(), recursive: true }],
-            net_connect: vec![NetAddress::Tcp { host: "h".into(), port: 1 }],
+            fs_read: vec![PathGrant {
+                path: "/m".into(),
+                recursive: true,
+            }],
+            net_connect: vec![NetAddress::Tcp {
+                host: "h".into(),
+                port: 1,
+            }],
             ..Grants::default()
         };
         assert!(grants.missing_for(&manifest).is_empty());

@@ -18,7 +18,7 @@ use u_sdk::meta::{META_SIZE, SECTION_NAME};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ElfError {
     /// Not parseable as ELF.
-    #[error("not a valid ELF file: {0}")]
+    #[error("not a valid ELF file (truncated or corrupt): {0}")]
     Parse(String),
     /// No `.u.meta` section.
     #[error("no {SECTION_NAME} section: not a U component (or the section was stripped)")]
@@ -100,7 +100,11 @@ pub fn analyse(bytes: &[u8]) -> Result<ElfFacts, ElfError> {
         }
         let range = file_range(sh.sh_offset, sh.sh_size, bytes.len()).ok_or_else(|| {
             ElfError::OutOfBounds {
-                section: if name.is_empty() { "unnamed".into() } else { name.into() },
+                section: if name.is_empty() {
+                    "unnamed".into()
+                } else {
+                    name.into()
+                },
             }
         })?;
         if name == SECTION_NAME {

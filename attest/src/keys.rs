@@ -90,10 +90,9 @@ impl SecretKey {
 
     /// Parses `ed25519-secret:<hex>`.
     pub fn parse(text: &str) -> Result<Self, KeyError> {
-        let hex_part = text
-            .trim()
-            .strip_prefix("ed25519-secret:")
-            .ok_or_else(|| KeyError::Malformed("secret key must start with `ed25519-secret:`".into()))?;
+        let hex_part = text.trim().strip_prefix("ed25519-secret:").ok_or_else(|| {
+            KeyError::Malformed("secret key must start with `ed25519-secret:`".into())
+        })?;
         let seed = decode32(hex_part)
             .ok_or_else(|| KeyError::Malformed("secret key must be 64 hex digits".into()))?;
         Ok(SecretKey(SigningKey::from_bytes(&seed)))
@@ -155,7 +154,10 @@ mod tests {
         key.write_pair(&dir.path().join("dev")).unwrap();
         let back = SecretKey::read(&dir.path().join("dev.key")).unwrap();
         assert_eq!(back.public(), key.public());
-        assert_eq!(PublicKey::read(&dir.path().join("dev.pub")).unwrap(), key.public());
+        assert_eq!(
+            PublicKey::read(&dir.path().join("dev.pub")).unwrap(),
+            key.public()
+        );
         // Never overwrites an existing secret key.
         assert!(key.write_pair(&dir.path().join("dev")).is_err());
     }

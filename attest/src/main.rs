@@ -12,7 +12,11 @@ use u_attest::{
 };
 
 #[derive(Parser)]
-#[command(name = "u-attest", version, about = "Sign, verify and inspect U components")]
+#[command(
+    name = "u-attest",
+    version,
+    about = "Sign, verify and inspect U components"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -82,12 +82,21 @@ pub fn prove(deployment: &Deployment) -> DeploymentProof {
                     .name
                     .as_ref()
                     .filter(|n| **n != v.manifest.name)
-                    .map(|n| format!("deployment expects plugin `{n}` but the file is `{}`", v.manifest.name));
+                    .map(|n| {
+                        format!(
+                            "deployment expects plugin `{n}` but the file is `{}`",
+                            v.manifest.name
+                        )
+                    });
                 (eff.describe(), missing, name_error)
             }
             Err(_) => (vec![], vec![], None),
         };
-        let verification_error = verified.as_ref().err().map(|e| e.to_string()).or(name_error);
+        let verification_error = verified
+            .as_ref()
+            .err()
+            .map(|e| e.to_string())
+            .or(name_error);
         let accepted = verification_error.is_none()
             && ungranted.is_empty()
             && surface.as_ref().is_some_and(|s| s.ok);
@@ -111,7 +120,10 @@ pub fn prove(deployment: &Deployment) -> DeploymentProof {
     let mut effective = BTreeMap::new();
     for line in union.describe() {
         if let Some((cap, rest)) = line.split_once(": ") {
-            effective.insert(cap.to_string(), rest.split(", ").map(str::to_string).collect());
+            let mut values: Vec<String> = rest.split(", ").map(str::to_string).collect();
+            values.sort();
+            values.dedup();
+            effective.insert(cap.to_string(), values);
         }
     }
     DeploymentProof {
@@ -166,7 +178,9 @@ impl DeploymentProof {
                 out.push_str("  verification: signature valid, publisher trusted, ABI matches\n");
             }
             for u in &p.ungranted {
-                out.push_str(&format!("  requests `{u}`, which the deployment does not grant\n"));
+                out.push_str(&format!(
+                    "  requests `{u}`, which the deployment does not grant\n"
+                ));
             }
             if !p.granted.is_empty() {
                 out.push_str(&format!("  granted: {}\n", p.granted.join("; ")));
@@ -190,7 +204,11 @@ impl DeploymentProof {
         for g in &self.guarantees {
             out.push_str(&format!("  - {g}\n"));
         }
-        out.push_str(if self.ok { "verdict: OK\n" } else { "verdict: FAIL\n" });
+        out.push_str(if self.ok {
+            "verdict: OK\n"
+        } else {
+            "verdict: FAIL\n"
+        });
         out
     }
 }

@@ -118,11 +118,16 @@ pub fn inspect_bytes(bytes: &[u8]) -> Result<SurfaceReport, InspectError> {
     let mut observed: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut violations = Vec::new();
     for symbol in &facts.imports {
-        let Some(need) = need_of(symbol) else { continue };
+        let Some(need) = need_of(symbol) else {
+            continue;
+        };
         match need {
             Need::One(cap) => {
                 relevant.insert(symbol.clone(), cap.name().to_string());
-                observed.entry(cap.name().into()).or_default().push(symbol.clone());
+                observed
+                    .entry(cap.name().into())
+                    .or_default()
+                    .push(symbol.clone());
                 if !manifest.requests(cap) {
                     violations.push(format!(
                         "imports `{symbol}`, which needs `{cap}`, but the manifest does not declare it"
@@ -131,7 +136,10 @@ pub fn inspect_bytes(bytes: &[u8]) -> Result<SurfaceReport, InspectError> {
             }
             Need::Socket => {
                 relevant.insert(symbol.clone(), "net.listen|net.connect".into());
-                observed.entry("net.*".into()).or_default().push(symbol.clone());
+                observed
+                    .entry("net.*".into())
+                    .or_default()
+                    .push(symbol.clone());
                 if !manifest.requests(Capability::NetListen)
                     && !manifest.requests(Capability::NetConnect)
                 {
@@ -154,7 +162,11 @@ pub fn inspect_bytes(bytes: &[u8]) -> Result<SurfaceReport, InspectError> {
         kind: manifest.kind.name().into(),
         version: manifest.version.clone(),
         signed: record.is_signed(),
-        declared: manifest.capabilities.iter().map(|c| c.name().to_string()).collect(),
+        declared: manifest
+            .capabilities
+            .iter()
+            .map(|c| c.name().to_string())
+            .collect(),
         observed,
         surface: Surface {
             machine: facts.machine,
@@ -212,7 +224,11 @@ impl SurfaceReport {
             self.version,
             self.kind,
             if self.signed { "" } else { " [unsigned]" },
-            if self.declared.is_empty() { "(none)".into() } else { self.declared.join(", ") }
+            if self.declared.is_empty() {
+                "(none)".into()
+            } else {
+                self.declared.join(", ")
+            }
         );
         if self.observed.is_empty() {
             out.push_str("  observed: (no capability-bearing imports)\n");

@@ -107,7 +107,10 @@ fn load_one(
         return Err("a host component cannot be loaded as a plugin".into());
     }
     if taken.contains(&manifest.name) {
-        return Err(format!("a plugin named `{}` is already loaded", manifest.name));
+        return Err(format!(
+            "a plugin named `{}` is already loaded",
+            manifest.name
+        ));
     }
     let missing = entry.grants.missing_for(manifest);
     if !missing.is_empty() {
@@ -122,6 +125,13 @@ fn load_one(
 
     let module = load_sealed(&bytes, &manifest.name)?;
     let grants = entry.grants.restricted_to(manifest);
+    if grants != entry.grants {
+        tracing::warn!(
+            plugin = %manifest.name,
+            "the deployment grants more than the plugin requests; only {:?} take effect",
+            grants.describe()
+        );
+    }
     let config = toml::to_string(&entry.config).map_err(|e| format!("plugin config: {e}"))?;
     let services = PluginServices::new(&manifest.name, grants.clone(), config, threads);
     let info = (module.describe())();

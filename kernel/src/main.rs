@@ -15,7 +15,11 @@ static U_META: [u8; u_sdk::meta::META_SIZE] =
     u_sdk::meta::build_section(include_str!("../u-runner.toml"));
 
 #[derive(Parser)]
-#[command(name = "u-runner", version, about = "The U host: loads signed plugins and serves models")]
+#[command(
+    name = "u-runner",
+    version,
+    about = "The U host: loads signed plugins and serves models"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -45,8 +49,10 @@ enum Command {
 }
 
 fn main() {
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
@@ -137,7 +143,11 @@ fn run(cli: Cli) -> Result<i32> {
                         .landlock_abi
                         .map(|v| format!("available (ABI {v})"))
                         .unwrap_or_else(|| "NOT AVAILABLE on this kernel".into()),
-                    if support.seccomp { "available" } else { "NOT AVAILABLE on this kernel" }
+                    if support.seccomp {
+                        "available"
+                    } else {
+                        "NOT AVAILABLE on this kernel"
+                    }
                 );
                 for p in &report.loaded {
                     let m = &p.verified.manifest;
@@ -152,13 +162,22 @@ fn run(cli: Cli) -> Result<i32> {
                     let granted = p.grants.describe();
                     println!(
                         "  grants: {}",
-                        if granted.is_empty() { "(none)".into() } else { granted.join("; ") }
+                        if granted.is_empty() {
+                            "(none)".into()
+                        } else {
+                            granted.join("; ")
+                        }
                     );
                     let details: Vec<&str> = p.info.details.iter().map(|s| s.as_str()).collect();
                     println!("  answers: {} [{}]", p.info.summary, details.join(", "));
                 }
                 for r in &report.refused {
-                    println!("[REFUSED] {} ({}): {}", r.plugin, r.path.display(), r.reason);
+                    println!(
+                        "[REFUSED] {} ({}): {}",
+                        r.plugin,
+                        r.path.display(),
+                        r.reason
+                    );
                 }
             }
             Ok(if report.refused.is_empty() { 0 } else { 1 })

@@ -25,7 +25,8 @@ use std::{collections::BTreeMap, path::PathBuf};
 use u_attest::deployment::{Grants, NetAddress, PathGrant};
 
 /// Paths the runtime reads after lock-down (CPU topology and cgroup limits for thread pools).
-pub const RUNTIME_READ_PATHS: [&str; 3] = ["/proc/self", "/sys/devices/system/cpu", "/sys/fs/cgroup"];
+pub const RUNTIME_READ_PATHS: [&str; 3] =
+    ["/proc/self", "/sys/devices/system/cpu", "/sys/fs/cgroup"];
 
 /// How well one mechanism is enforced.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -142,7 +143,9 @@ pub fn lock_down(plan: &Plan) -> Status {
         if e.is_enforced() {
             tracing::info!("{what}: {e}");
         } else {
-            tracing::error!("SANDBOX WEAKENED: {what} is {e}; only host-service checks confine plugins");
+            tracing::error!(
+                "SANDBOX WEAKENED: {what} is {e}; only host-service checks confine plugins"
+            );
         }
     }
     for n in &notes {
@@ -171,7 +174,10 @@ fn existing(paths: impl Iterator<Item = PathBuf>, notes: &mut Vec<String>) -> Ve
         .filter(|p| {
             let ok = p.exists();
             if !ok {
-                notes.push(format!("granted path {} does not exist; no rule added", p.display()));
+                notes.push(format!(
+                    "granted path {} does not exist; no rule added",
+                    p.display()
+                ));
             }
             ok
         })

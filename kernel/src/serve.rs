@@ -96,7 +96,10 @@ pub fn run(report: LoadReport) -> anyhow::Result<sandbox::Status> {
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
     let status = sandbox::lock_down(&plan);
-    let engine = EngineBox::from_value(HostEngine { models: vec![] }, abi_stable::sabi_trait::TD_Opaque);
+    let engine = EngineBox::from_value(
+        HostEngine { models: vec![] },
+        abi_stable::sabi_trait::TD_Opaque,
+    );
     let shutdown = ShutdownBox::from_value(SignalShutdown, abi_stable::sabi_trait::TD_Opaque);
     let handles: Vec<_> = transports
         .into_iter()

@@ -56,7 +56,11 @@ impl PluginServices {
                 "plugin `{}` may not access {}: outside its `{cap}` grant ({})",
                 self.inner.name,
                 resolved.display(),
-                if granted.is_empty() { "nothing granted".into() } else { granted.join(", ") }
+                if granted.is_empty() {
+                    "nothing granted".into()
+                } else {
+                    granted.join(", ")
+                }
             )))
         }
     }
@@ -174,8 +178,14 @@ mod tests {
 
     fn services(dir: &Path) -> PluginServices {
         let grants = Grants {
-            fs_read: vec![PathGrant { path: dir.join("models"), recursive: true }],
-            fs_write: vec![PathGrant { path: dir.join("cache"), recursive: true }],
+            fs_read: vec![PathGrant {
+                path: dir.join("models"),
+                recursive: true,
+            }],
+            fs_write: vec![PathGrant {
+                path: dir.join("cache"),
+                recursive: true,
+            }],
             ..Grants::default()
         };
         PluginServices::new("t", grants, String::new(), 1)
@@ -195,17 +205,42 @@ mod tests {
         assert!(s.open_read(path("models/m.bin").as_str().into()).is_ok());
         let denied = s.open_read(path("secret").as_str().into()).unwrap_err();
         assert_eq!(denied.kind, u_sdk::ErrorKind::PermissionDenied);
-        assert!(denied.message.contains("outside its `fs.read` grant"), "{}", denied.message);
+        assert!(
+            denied.message.contains("outside its `fs.read` grant"),
+            "{}",
+            denied.message
+        );
         // A symlink inside the grant that points outside it is refused.
         assert!(s.open_read(path("models/link").as_str().into()).is_err());
         // `..` cannot climb out of the grant.
-        assert!(s.open_read(path("models/../secret").as_str().into()).is_err());
+        assert!(
+            s.open_read(path("models/../secret").as_str().into())
+                .is_err()
+        );
         // Writes only under fs.write; reads also allowed there.
-        assert!(s.open_write(path("cache/new").as_str().into(), WriteMode::CreateNew).is_ok());
-        assert!(s.open_write(path("models/new").as_str().into(), WriteMode::CreateNew).is_err());
+        assert!(
+            s.open_write(path("cache/new").as_str().into(), WriteMode::CreateNew)
+                .is_ok()
+        );
+        assert!(
+            s.open_write(path("models/new").as_str().into(), WriteMode::CreateNew)
+                .is_err()
+        );
         assert!(s.open_read(path("cache/new").as_str().into()).is_ok());
-        assert!(s.rename(path("cache/new").as_str().into(), path("cache/renamed").as_str().into()).is_ok());
-        assert!(s.rename(path("cache/renamed").as_str().into(), path("secret2").as_str().into()).is_err());
+        assert!(
+            s.rename(
+                path("cache/new").as_str().into(),
+                path("cache/renamed").as_str().into()
+            )
+            .is_ok()
+        );
+        assert!(
+            s.rename(
+                path("cache/renamed").as_str().into(),
+                path("secret2").as_str().into()
+            )
+            .is_err()
+        );
         assert!(s.open_read("relative/path".into()).is_err());
     }
 }

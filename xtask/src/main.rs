@@ -66,19 +66,19 @@ fn build(root: &Path) -> Result<()> {
             continue;
         }
         let mut bytes = std::fs::read(&path)?;
-        let Some(name) = component_name(&bytes) else { continue };
+        let Some(name) = component_name(&bytes) else {
+            continue;
+        };
         sign_bytes(&mut bytes, &key).with_context(|| format!("signing {}", path.display()))?;
         let out = plugins.join(format!("{name}.so"));
         write_atomically(&out, &bytes)?;
         signed += 1;
     }
-    for bin in ["u-runner"] {
-        let path = release.join(bin);
-        let mut bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-        sign_bytes(&mut bytes, &key).with_context(|| format!("signing {}", path.display()))?;
-        write_atomically(&path, &bytes)?;
-        signed += 1;
-    }
+    let host = release.join("u-runner");
+    let mut bytes = std::fs::read(&host).with_context(|| format!("reading {}", host.display()))?;
+    sign_bytes(&mut bytes, &key).with_context(|| format!("signing {}", host.display()))?;
+    write_atomically(&host, &bytes)?;
+    signed += 1;
     eprintln!(
         "xtask: signed {signed} components with {} (key {})",
         root.join("target/dev-keys/dev.key").display(),

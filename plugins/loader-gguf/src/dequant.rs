@@ -327,18 +327,17 @@ fn tq1_0(b: &[u8], o: &mut [f32]) {
     // Each byte holds trits as a fixed-point fraction; multiplying by 3^n (mod 256) brings trit
     // n to the top, and (byte·3) >> 8 reads it.
     let trit = |byte: u8, n: usize| ((u16::from(byte.wrapping_mul(POW3[n])) * 3) >> 8) as i8 - 1;
-    let mut put = |i: usize, q: i8| o[i] = d * f32::from(q);
-    for n in 0..5 {
-        for l in 0..32 {
-            put(n * 32 + l, trit(b[l], n));
-        }
-        for l in 0..16 {
-            put(160 + n * 16 + l, trit(b[32 + l], n));
-        }
-    }
-    for n in 0..4 {
-        for l in 0..4 {
-            put(240 + n * 4 + l, trit(b[48 + l], n));
+    // (packed bytes, trits per byte, first output index): 32 bytes × 5, 16 × 5, then qh 4 × 4.
+    for (src, trits, first) in [
+        (&b[0..32], 5, 0),
+        (&b[32..48], 5, 160),
+        (&b[48..52], 4, 240),
+    ] {
+        for n in 0..trits {
+            let out = &mut o[first + n * src.len()..first + (n + 1) * src.len()];
+            for (x, &byte) in out.iter_mut().zip(src) {
+                *x = d * f32::from(trit(byte, n));
+            }
         }
     }
 }

@@ -832,6 +832,72 @@ mod tests {
     }
 
     #[test]
+    fn edge_cases_of_metadata() {
+        // Empty arrays keep their element type; strings with invalid UTF-8 are kept lossily.
+        let mut w = W::header(2, 0, 3);
+        w.s("empty").u32(9).u32(8).u64(0);
+        w.s("lossy").u32(8).u64(2);
+        w.0.extend_from_slice(b"a\xff");
+        w.s("flag").u32(9).u32(7).u64(2);
+        w.0.extend_from_slice(&[1, 0]);
+        let g = Gguf::parse(&w.0).unwrap();
+        assert_eq!(g.version, 2);
+        assert_eq!(g.get("empty"), Some(&Value::Array(Array::Str(vec![]))));
+        assert_eq!(g.get("lossy"), Some(&Value::Str("a\u{fffd}".into())));
+        assert_eq!(
+            g.get("flag"),
+            Some(&Value::Array(Array::Bool(vec![true, false])))
+        );
+        assert_eq!(g.architecture(), None);
+
+        let mut w = W::header(3, 0, 1);
+        w.s("b").u32(7);
+        w.0.push(2);
+        assert_eq!(Gguf::parse(&w.0).unwrap_err().root(), &Error::BadBool(2));
+        let mut w = W::header(3, 0, 1);
+        w.u64(1);
+        w.0.push(0xff);
+        w.u32(0);
+        w.0.push(0);
+        let e = Gguf::parse(&w.0).unwrap_err();
+        assert_eq!(e.root(), &Error::InvalidUtf8("metadata key"));
+        assert!(e.to_string().starts_with("metadata entry #0"), "{e}");
+    }
+
+    #[test]
+    fn edge_cases_of_tensors() {
+        // A scalar (no dims), a tensor with a zero dimension, and a duplicate name.
+        let mut w = W::header(3, 2, 0);
+        w.s("scalar").u32(0).u32(0).u64(0);
+        w.s("empty").u32(2).u64(0).u64(5).u32(0).u64(32);
+        while w.0.len() % 32 != 0 {
+            w.0.push(0);
+        }
+        w.0.resize(w.0.len() + 32, 0);
+        let g = Gguf::parse(&w.0).unwrap();
+        assert_eq!(g.tensor_info("scalar").unwrap().shape(), Vec::<u64>::new());
+        assert_eq!(g.tensor_info("scalar").unwrap().byte_len, 4);
+        assert_eq!(g.tensor_info("empty").unwrap().byte_len, 0);
+        assert_eq!(g.tensor_data(&w.0, "empty").unwrap(), &[] as &[u8]);
+        assert_eq!(
+            g.tensor_data(&w.0, "nope").unwrap_err(),
+            Error::TensorNotFound("nope".into())
+        );
+
+        let mut w = W::header(3, 2, 0);
+        w.s("t").u32(1).u64(1).u32(0).u64(0);
+        w.s("t").u32(1).u64(1).u32(0).u64(32);
+        w.0.resize(160, 0);
+        assert_eq!(
+            Gguf::parse(&w.0).unwrap_err(),
+            Error::DuplicateTensor("t".into())
+        );
+        // No tensors: the data section may be absent.
+        let w = W::header(3, 0, 0);
+        assert!(Gguf::parse(&w.0).is_ok());
+    }
+
+    #[test]
     fn tensor_defects_are_reported() {
         let tensor = |dims: &[u64], ty: u32, offset: u64, data: usize| {
             let mut w = W::header(3, 1, 0);

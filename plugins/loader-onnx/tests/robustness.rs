@@ -94,22 +94,23 @@ fn tensor(name: &str, data_type: i32, dims: &[i64]) -> TensorProto {
 
 #[test]
 fn malformed_initializers_are_refused() {
-    let mut cases: Vec<(TensorProto, &str)> = Vec::new();
-    cases.push((tensor("a", data_type::FLOAT, &[-1]), "negative dimension"));
-    cases.push((
-        tensor("a", data_type::FLOAT, &[i64::MAX, i64::MAX]),
-        "overflows",
-    ));
-    cases.push((tensor("a", data_type::FLOAT, &[1 << 62]), "overflows"));
-    cases.push((
-        tensor("a", data_type::STRING, &[1]),
-        "STRING (8) is not supported",
-    ));
-    cases.push((tensor("a", 99, &[1]), "unknown (99)"));
-    cases.push((
-        tensor("a", data_type::FLOAT, &[2]),
-        "float_data holds 0 values",
-    ));
+    let mut cases: Vec<(TensorProto, &str)> = vec![
+        (tensor("a", data_type::FLOAT, &[-1]), "negative dimension"),
+        (
+            tensor("a", data_type::FLOAT, &[i64::MAX, i64::MAX]),
+            "overflows",
+        ),
+        (tensor("a", data_type::FLOAT, &[1 << 62]), "overflows"),
+        (
+            tensor("a", data_type::STRING, &[1]),
+            "STRING (8) is not supported",
+        ),
+        (tensor("a", 99, &[1]), "unknown (99)"),
+        (
+            tensor("a", data_type::FLOAT, &[2]),
+            "float_data holds 0 values",
+        ),
+    ];
     let mut t = tensor("a", data_type::FLOAT, &[2]);
     t.raw_data = vec![0u8; 7].into();
     cases.push((t, "raw_data holds 7 bytes"));

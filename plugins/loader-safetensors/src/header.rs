@@ -94,9 +94,7 @@ pub fn parse(file: &[u8]) -> Result<Header, HeaderError> {
             ..t
         });
     }
-    header
-        .tensors
-        .sort_by(|a, b| (a.range.start, a.range.end).cmp(&(b.range.start, b.range.end)));
+    header.tensors.sort_by_key(|t| (t.range.start, t.range.end));
     // Zero-sized tensors occupy nothing and cannot overlap anything.
     let mut last: Option<&RawTensor> = None;
     for t in header.tensors.iter().filter(|t| !t.range.is_empty()) {

@@ -70,7 +70,7 @@ pub fn sniff(path: &str, head: &[u8]) -> bool {
             let mut len = [0u8; 8];
             len.copy_from_slice(&h[..8]);
             let len = u64::from_le_bytes(len);
-            h[8] == b'{' && len >= 2 && len <= header::MAX_HEADER_LEN
+            h[8] == b'{' && (2..=header::MAX_HEADER_LEN).contains(&len)
         }
         None => false,
     }

@@ -121,12 +121,7 @@ impl SafetensorsModel {
         };
 
         let config = read_optional(opener, &dir.join("config.json"), MAX_CONFIG_LEN)?
-            .map(|(p, bytes)| {
-                serde_json::from_slice::<serde_json::Value>(&bytes).map_err(|e| Error::Config {
-                    path: p,
-                    reason: e.to_string(),
-                })
-            })
+            .map(|(p, bytes)| parse_config(p, &bytes))
             .transpose()?;
 
         let mut shards = Vec::new();
@@ -164,12 +159,7 @@ impl SafetensorsModel {
     /// document (for tests and fuzzing: no files involved).
     pub fn from_bytes(file: Vec<u8>, config: Option<&[u8]>) -> Result<Self> {
         let config = config
-            .map(|c| {
-                serde_json::from_slice(c).map_err(|e| Error::Config {
-                    path: PathBuf::from("config.json"),
-                    reason: e.to_string(),
-                })
-            })
+            .map(|c| parse_config(PathBuf::from("config.json"), c))
             .transpose()?;
         let shard = Shard {
             path: PathBuf::from("<memory>"),
@@ -181,16 +171,17 @@ impl SafetensorsModel {
     fn assemble(
         shards: Vec<Shard>,
         weight_map: Option<(PathBuf, index::ShardIndex)>,
-        config: Option<serde_json::Value>,
+        config: Option<(PathBuf, serde_json::Value)>,
         extra_meta: Vec<(String, MetaValue)>,
     ) -> Result<Self> {
         let mut metadata = Vec::new();
-        if let Some(cfg) = &config {
+        if let Some((path, cfg)) = &config {
             metadata = naming::config_metadata(cfg).map_err(|reason| Error::Config {
-                path: PathBuf::from("config.json"),
+                path: path.clone(),
                 reason,
             })?;
         }
+        let mut file_meta = Vec::new();
         let architecture = metadata
             .iter()
             .find(|(k, _)| k == naming::ARCHITECTURE_KEY)
@@ -206,7 +197,7 @@ impl SafetensorsModel {
             })?;
             if i == 0 {
                 for (k, v) in &h.metadata {
-                    metadata.push((
+                    file_meta.push((
                         format!("safetensors.{k}"),
                         MetaValue::Str(v.as_str().into()),
                     ));
@@ -275,6 +266,7 @@ impl SafetensorsModel {
                 MetaValue::Str(naming::ROPE_NEOX.into()),
             ));
         }
+        metadata.extend(file_meta);
         metadata.extend(extra_meta);
         let mut meta_index = HashMap::new();
         metadata.retain(|(k, _)| {
@@ -340,6 +332,16 @@ impl SafetensorsModel {
     /// The canonical architecture name from `config.json`'s `model_type`, if known.
     pub fn architecture(&self) -> Option<&str> {
         self.architecture.as_deref()
+    }
+}
+
+fn parse_config(path: PathBuf, bytes: &[u8]) -> Result<(PathBuf, serde_json::Value)> {
+    match serde_json::from_slice(bytes) {
+        Ok(v) => Ok((path, v)),
+        Err(e) => Err(Error::Config {
+            path,
+            reason: e.to_string(),
+        }),
     }
 }
 

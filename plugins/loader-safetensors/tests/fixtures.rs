@@ -154,8 +154,16 @@ fn check_llama(model: &SafetensorsModel) {
         m("safetensors.index.total_size"),
         Some(MetaValue::UInt(_))
     ));
-    // Keys are unique and listed in a stable order, architecture first.
-    assert_eq!(model.metadata()[0].0, "general.architecture");
+    // Keys are unique and listed in a stable order: architecture first, file keys last.
+    let keys: Vec<&str> = model.metadata().iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys[0], "general.architecture");
+    let pos = |k: &str| keys.iter().position(|x| *x == k).unwrap();
+    assert!(pos("config.hidden_act") < pos("u.rope.pairing"));
+    assert!(pos("u.rope.pairing") < pos("safetensors.format"));
+    let mut unique = keys.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), keys.len());
 }
 
 #[test]

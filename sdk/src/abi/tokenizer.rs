@@ -22,10 +22,10 @@ pub struct SpecialTokens {
 #[sabi_trait]
 pub trait TokenizerFactory: Send + Sync + Clone {
     /// Builds the tokenizer a weight set describes (GGUF `tokenizer.ggml.*` metadata).
-    fn from_weights(&self, weights: WeightSetBox) -> RResult<TokenizerBox, UError>;
+    fn build_from_weights(&self, weights: WeightSetBox) -> RResult<TokenizerBox, UError>;
 
     /// Builds a tokenizer from a HF `tokenizer.json` (read through the host).
-    fn from_file(&self, path: RStr<'_>) -> RResult<TokenizerBox, UError>;
+    fn build_from_file(&self, path: RStr<'_>) -> RResult<TokenizerBox, UError>;
 }
 
 /// A ready tokenizer.

@@ -4,7 +4,9 @@
 //! outside its grant and starts a process. `u-attest inspect` must flag the imports; at run time
 //! the host's Landlock and seccomp layers must make every attempt fail with an OS error while the
 //! host keeps running. Each attempt is reported through the host log as
-//! `probe: <attempt>: ok` or `probe: <attempt>: denied (<OS error>)`.
+//! `probe: <attempt>: ok` or `probe: <attempt>: denied (<OS error>)`. With
+//! `panic_on_instantiate = true` in its config it panics, to prove panics stay on its side of the
+//! ABI.
 
 use abi_stable::std_types::{RResult, RString, RVec};
 use std::{io::Read, os::fd::FromRawFd};
@@ -28,6 +30,9 @@ fn describe() -> PluginInfo {
 fn instantiate(host: HostBox) -> Result<PluginInstance> {
     let config: toml::Table = toml::from_str(host.config().as_str())
         .map_err(|e| UError::invalid(format!("probe config: {e}")))?;
+    if config.get("panic_on_instantiate").and_then(|v| v.as_bool()) == Some(true) {
+        panic!("probe was configured to panic during instantiation");
+    }
     let text = |key: &str| config.get(key).and_then(|v| v.as_str()).map(str::to_string);
     let probe = Probe {
         host,
