@@ -31,6 +31,7 @@ mod guard;
 pub mod manifest;
 pub mod meta;
 pub mod naming;
+pub mod quant;
 
 pub use abi::*;
 pub use guard::{guard, guard_infallible};

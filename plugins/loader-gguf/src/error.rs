@@ -146,28 +146,9 @@ pub enum Error {
     /// A tensor that is not in the file.
     #[error("no tensor named {0:?}")]
     TensorNotFound(String),
-    /// A value count that is not a whole number of blocks.
-    #[error("{dtype}: {values} values is not a whole number of {block}-value blocks")]
-    NotWholeBlocks {
-        /// The dtype.
-        dtype: DType,
-        /// Values asked for.
-        values: usize,
-        /// Values per block.
-        block: usize,
-    },
-    /// A byte buffer of the wrong length for a dequantization.
-    #[error("{dtype}: {values} values need {need} bytes, got {got}")]
-    ByteLength {
-        /// The dtype.
-        dtype: DType,
-        /// Values asked for.
-        values: usize,
-        /// Bytes needed.
-        need: u64,
-        /// Bytes given.
-        got: usize,
-    },
+    /// A dequantization of the wrong size.
+    #[error(transparent)]
+    Dequant(#[from] u_sdk::quant::Error),
 }
 
 /// Result with this crate's [`Error`].

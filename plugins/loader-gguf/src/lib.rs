@@ -3,27 +3,25 @@
 //! A `loader` plugin that reads GGUF v2 and v3 files (llama.cpp's format): it memory-maps the
 //! file descriptor the host opens for it (so the deployment's `fs.read` grant applies), parses
 //! the header, metadata and tensor infos, and hands out tensor views that point into the map.
-//! Quantized tensors stay compressed; [`dequant`] turns any supported block format into `f32`,
-//! bit-exactly as the Python `gguf` package does.
+//! Quantized tensors stay compressed; [`u_sdk::quant`] turns any supported block format into
+//! `f32`, bit-exactly as the Python `gguf` package does (proven by this crate's fixture tests).
 //!
 //! - [`gguf`]: the format parser, a plain module over `&[u8]` with no host or ABI involved, so it
 //!   can be tested and fuzzed directly ([`gguf::Gguf::parse`]).
-//! - [`dequant`]: block dequantizers.
 //! - [`plugin`]: the [`u_sdk::Loader`] / [`u_sdk::WeightSet`] implementations.
 //!
 //! Malformed files get an [`Error`] naming what is wrong and where; every count and length is
 //! checked against the file's size before anything is allocated.
 #![deny(missing_docs)]
 
-pub mod dequant;
 mod error;
 pub mod gguf;
 pub mod plugin;
 
-pub use dequant::{dequantize, dequantize_to_vec, dequantize_view};
 pub use error::{Error, Result};
 pub use gguf::Gguf;
 pub use plugin::{GgufLoader, GgufWeights};
+pub use u_sdk::quant::{dequantize, dequantize_to_vec, dequantize_view};
 
 use abi_stable::std_types::RVec;
 use u_sdk::{HostBox, PluginInfo, PluginInstance};

@@ -1,4 +1,5 @@
-//! Dequantization of ggml block formats to `f32`.
+//! Dequantization of ggml block formats to `f32`: shared by loaders (conversions on request) and
+//! kernels (embedding rows, reference paths). Not part of the ABI.
 //!
 //! Written from the block layouts of ggml (`ggml-common.h`) and checked bit for bit against the
 //! Python `gguf` package's `gguf.quants.dequantize` (see `tests/fixtures/gen_gguf.py`). To be
@@ -24,8 +25,44 @@
 //! | TQ1_0 | 54 | qs\[48\] (5 trits per byte), qh\[4\] (4 trits per byte), d |
 //! | TQ2_0 | 66 | qs\[64\] (4 × 2-bit per byte), d, value = d·(q−1) |
 
-use crate::error::{Error, Result};
-use u_sdk::{DType, TensorView};
+use crate::abi::{DType, TensorView, UError};
+
+/// Why a buffer could not be dequantized.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The value count is not a whole number of blocks.
+    #[error("{values} values of {dtype} are not a whole number of {block}-value blocks")]
+    NotWholeBlocks {
+        /// The dtype.
+        dtype: DType,
+        /// Values asked for.
+        values: usize,
+        /// Values per block.
+        block: usize,
+    },
+    /// The byte count does not match the value count.
+    #[error("{values} values of {dtype} need {need} bytes, got {got}")]
+    ByteLength {
+        /// The dtype.
+        dtype: DType,
+        /// Values asked for.
+        values: usize,
+        /// Bytes needed.
+        need: u64,
+        /// Bytes given.
+        got: usize,
+    },
+}
+
+impl From<Error> for UError {
+    fn from(e: Error) -> Self {
+        UError::invalid(e.to_string())
+    }
+}
+
+/// Result of a dequantization.
+pub type Result<T> = std::result::Result<T, Error>;
 
 /// Converts IEEE binary16 bits to `f32` exactly (subnormals, infinities and NaN payloads kept).
 pub fn f16_to_f32(h: u16) -> f32 {
@@ -125,7 +162,7 @@ pub fn dequantize_to_vec(dtype: DType, bytes: &[u8]) -> Result<Vec<f32>> {
     Ok(out)
 }
 
-/// Dequantizes a tensor view (e.g. from [`u_sdk::WeightSet::tensor`]) into a new vector.
+/// Dequantizes a tensor view (e.g. from [`crate::WeightSet::tensor`]) into a new vector.
 pub fn dequantize_view(view: &TensorView<'_>) -> Result<Vec<f32>> {
     let values = usize::try_from(view.elements()).unwrap_or(usize::MAX);
     let need = view.dtype.bytes_for(view.elements());
