@@ -11,7 +11,10 @@
 //!    to the union of all grants — Landlock for files and TCP ports, seccomp for sockets, fork and
 //!    exec — on every thread ([`sandbox`]);
 //! 4. runs the transports ([`serve`]).
+//!
+//! [`inspect`] reads a model file through the deployment's loaders, for `u-runner inspect`.
 
+pub mod inspect;
 pub mod listeners;
 pub mod loading;
 pub mod sandbox;

@@ -4,8 +4,9 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use serde_json::json;
 use std::path::PathBuf;
+use u_attest::deployment::{PathGrant, absolute};
 use u_attest::{Deployment, signing::verify_bytes};
-use u_runner::{load_deployment, sandbox, serve};
+use u_runner::{inspect, load_deployment, sandbox, serve};
 
 // The host carries a signed manifest like every plugin, so `u-attest inspect` can prove its
 // surface too.
@@ -32,6 +33,20 @@ enum Command {
     Plugins {
         /// The deployment manifest.
         deployment: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Describe a model file or directory: format, architecture, hyper-parameters and a tensor
+    /// table, read through the deployment's loader plugins (which are granted read access to
+    /// the named path for this command).
+    Inspect {
+        /// The model file (or model directory).
+        model: PathBuf,
+        /// The deployment whose loaders to use [default: $U_DEPLOYMENT, else the development
+        /// deployment manifests/dev.toml of the build tree, else /etc/u/deployment.toml].
+        #[arg(long)]
+        deployment: Option<PathBuf>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -66,6 +81,21 @@ fn main() {
         }
     };
     std::process::exit(code);
+}
+
+/// `$U_DEPLOYMENT`, else `manifests/dev.toml` of the build tree this binary sits in
+/// (`target/release/u-runner`), else `/etc/u/deployment.toml`.
+fn default_deployment() -> PathBuf {
+    if let Some(p) = std::env::var_os("U_DEPLOYMENT") {
+        return PathBuf::from(p);
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| {
+            let dev = exe.parent()?.parent()?.parent()?.join("manifests/dev.toml");
+            dev.exists().then_some(dev)
+        })
+        .unwrap_or_else(|| PathBuf::from("/etc/u/deployment.toml"))
 }
 
 fn threads(deployment: &Deployment) -> u32 {
@@ -181,6 +211,31 @@ fn run(cli: Cli) -> Result<i32> {
                 }
             }
             Ok(if report.refused.is_empty() { 0 } else { 1 })
+        }
+        Command::Inspect {
+            model,
+            deployment,
+            json,
+        } => {
+            let path = deployment.unwrap_or_else(default_deployment);
+            let mut d = Deployment::load(&path)
+                .with_context(|| format!("loading deployment {}", path.display()))?;
+            let model = absolute(&model);
+            for entry in &mut d.plugins {
+                entry.grants.fs_read.push(PathGrant {
+                    path: model.clone(),
+                    recursive: model.is_dir(),
+                });
+            }
+            let report = load_deployment(&d, threads(&d));
+            let model_report = inspect::inspect(&model, &inspect::loaders(&report))
+                .map_err(|e| anyhow::anyhow!(e))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&model_report)?);
+            } else {
+                print!("{}", model_report.render());
+            }
+            Ok(0)
         }
         Command::Serve { deployment, strict } => {
             let d = Deployment::load(&deployment)

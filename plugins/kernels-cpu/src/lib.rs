@@ -1,0 +1,65 @@
+//! # u-kernels-cpu — the CPU compute plugin of U
+//!
+//! A `kernels` plugin implementing [`u_sdk::Kernels`] on the CPU. The instruction-set path is
+//! chosen once at instantiation ([`Isa::detect`]: AVX-512 VNNI, AVX-512, AVX2+FMA+F16C, NEON,
+//! scalar) and every kernel's function pointer is fixed then. Work runs on the plugin's own
+//! rayon pool, sized from the host's thread grant.
+//!
+//! - [`matmul`]: `y = x · Wᵀ` with weights used as stored — f32/f16/bf16, and Q8_0, Q4_0, Q4_1,
+//!   Q5_0, Q4_K, Q5_K, Q6_K, TQ2_0 in their compressed blocks against activations quantized on
+//!   the fly to int8 ([`act`]); other ggml types fall back to per-row dequantization.
+//! - [`attention`]: flash attention (online softmax over key tiles) with causal mask, GQA,
+//!   sliding window, f32 or f16 KV.
+//! - [`ops`]: RMSNorm, LayerNorm, RoPE, activations, softmax, embedding rows.
+//!
+//! The scalar path is the reference every SIMD path is tested against; the scalar path itself is
+//! tested against [`u_sdk::quant`]'s bit-exact dequantizers.
+#![deny(missing_docs)]
+
+pub mod act;
+pub mod attention;
+mod engine;
+pub mod isa;
+pub mod matmul;
+pub mod ops;
+#[doc(hidden)]
+pub mod testutil;
+pub mod vecops;
+
+pub use engine::{CpuKernels, Engine};
+pub use isa::Isa;
+
+use abi_stable::std_types::RVec;
+use u_sdk::{HostBox, PluginInfo, PluginInstance};
+
+fn describe() -> PluginInfo {
+    let isa = Isa::detect();
+    PluginInfo {
+        summary: "CPU kernels: SIMD quantized matmul on compressed ggml blocks, flash attention"
+            .into(),
+        details: RVec::from(vec![
+            format!("isa={}", isa.name()).into(),
+            format!("features={}", isa::features().join(",")).into(),
+            "matmul=F32,F16,BF16,Q8_0,Q4_0,Q4_1,Q5_0,Q4_K,Q5_K,Q6_K,TQ2_0 (others dequantized per row)"
+                .into(),
+            "attention=flash,causal,gqa,window,kv=F32|F16".into(),
+        ]),
+    }
+}
+
+/// Creates the kernels object with a pool of `host.threads()` threads.
+pub fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
+    let threads = host.threads().max(1) as usize;
+    let k = CpuKernels::new(threads)?;
+    host.info(&format!(
+        "kernels-cpu: isa {}, {threads} threads",
+        k.isa().name()
+    ));
+    Ok(PluginInstance::Kernels(k.into_box()))
+}
+
+u_sdk::export_plugin! {
+    manifest: "plugin.toml",
+    describe: describe,
+    instantiate: instantiate,
+}

@@ -1,0 +1,267 @@
+//! `y = x · Wᵀ` on weights as stored: f32/f16/bf16 rows against f32 activations, quantized rows
+//! in their compressed blocks against activations quantized on the fly ([`crate::act`]).
+//!
+//! Work split: the product is parallel across output rows (weight rows). For one activation row
+//! (decode) each task walks a contiguous run of weight rows; for several (prefill) each task
+//! takes a run of weight rows and sweeps the activation rows in tiles, so the weight rows stay in
+//! L1/L2 while a tile of activations is reused from L2. Quantized activations live in a
+//! thread-local scratch buffer that grows once and is reused on every call.
+
+pub mod scalar;
+#[cfg(target_arch = "x86_64")]
+pub mod x86;
+
+use crate::act::{Q8Block, Q8KBlock, quantize_q8, quantize_q8k};
+use crate::engine::Engine;
+use crate::isa::Isa;
+use rayon::prelude::*;
+use std::cell::RefCell;
+use u_sdk::{DType, Result, TensorView, UError};
+
+/// A dot product of one stored weight row with one activation row.
+#[derive(Clone, Copy, Debug)]
+pub enum RowDot {
+    /// Float weights against f32 activations.
+    Float(unsafe fn(&[u8], &[f32]) -> f32),
+    /// 32-value blocks against [`Q8Block`] activations.
+    Q8(unsafe fn(&[u8], &[Q8Block]) -> f32),
+    /// 256-value blocks against [`Q8KBlock`] activations.
+    Q8K(unsafe fn(&[u8], &[Q8KBlock]) -> f32),
+    /// Any other dtype: each row is dequantized (with [`u_sdk::quant`]) into a scratch row and
+    /// dotted in f32. Correct but not fast; for formats without a dedicated kernel.
+    Dequant,
+}
+
+/// The kernel for `dtype` weights on `isa` (which must be available on this CPU).
+pub fn select(isa: Isa, dtype: DType) -> RowDot {
+    use DType::*;
+    #[cfg(target_arch = "x86_64")]
+    {
+        use x86::{avx2, avx512, vnni};
+        let int = matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni);
+        let wide = matches!(isa, Isa::Avx512 | Isa::Avx512Vnni);
+        let v = isa == Isa::Avx512Vnni;
+        let k = match dtype {
+            F32 if wide => Some(RowDot::Float(avx512::f32_row)),
+            F16 if wide => Some(RowDot::Float(avx512::f16_row)),
+            BF16 if wide => Some(RowDot::Float(avx512::bf16_row)),
+            F32 if int => Some(RowDot::Float(avx2::f32_row)),
+            F16 if int => Some(RowDot::Float(avx2::f16_row)),
+            BF16 if int => Some(RowDot::Float(avx2::bf16_row)),
+            Q8_0 if v => Some(RowDot::Q8(vnni::q8_0)),
+            Q4_0 if v => Some(RowDot::Q8(vnni::q4_0)),
+            Q4_1 if v => Some(RowDot::Q8(vnni::q4_1)),
+            Q5_0 if v => Some(RowDot::Q8(vnni::q5_0)),
+            Q4_K if v => Some(RowDot::Q8K(vnni::q4_k)),
+            Q5_K if v => Some(RowDot::Q8K(vnni::q5_k)),
+            Q6_K if v => Some(RowDot::Q8K(vnni::q6_k)),
+            TQ2_0 if v => Some(RowDot::Q8K(vnni::tq2_0)),
+            Q8_0 if int => Some(RowDot::Q8(avx2::q8_0)),
+            Q4_0 if int => Some(RowDot::Q8(avx2::q4_0)),
+            Q4_1 if int => Some(RowDot::Q8(avx2::q4_1)),
+            Q5_0 if int => Some(RowDot::Q8(avx2::q5_0)),
+            Q4_K if int => Some(RowDot::Q8K(avx2::q4_k)),
+            Q5_K if int => Some(RowDot::Q8K(avx2::q5_k)),
+            Q6_K if int => Some(RowDot::Q8K(avx2::q6_k)),
+            TQ2_0 if int => Some(RowDot::Q8K(avx2::tq2_0)),
+            _ => None,
+        };
+        if let Some(k) = k {
+            return k;
+        }
+    }
+    let _ = isa;
+    match dtype {
+        F32 => RowDot::Float(scalar::f32_row),
+        F16 => RowDot::Float(scalar::f16_row),
+        BF16 => RowDot::Float(scalar::bf16_row),
+        Q8_0 => RowDot::Q8(scalar::q8_0),
+        Q4_0 => RowDot::Q8(scalar::q4_0),
+        Q4_1 => RowDot::Q8(scalar::q4_1),
+        Q5_0 => RowDot::Q8(scalar::q5_0),
+        Q4_K => RowDot::Q8K(scalar::q4_k),
+        Q5_K => RowDot::Q8K(scalar::q5_k),
+        Q6_K => RowDot::Q8K(scalar::q6_k),
+        TQ2_0 => RowDot::Q8K(scalar::tq2_0),
+        _ => RowDot::Dequant,
+    }
+}
+
+/// Whether `dtype` has a dedicated kernel (no per-row dequantization).
+pub fn has_direct_kernel(dtype: DType) -> bool {
+    !matches!(select(Isa::Scalar, dtype), RowDot::Dequant)
+}
+
+thread_local! {
+    static Q8_SCRATCH: RefCell<Vec<Q8Block>> = const { RefCell::new(Vec::new()) };
+    static Q8K_SCRATCH: RefCell<Vec<Q8KBlock>> = const { RefCell::new(Vec::new()) };
+    static ROW_SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with a thread-local scratch vector of at least `len` elements (a fresh one if the
+/// thread's buffer is already borrowed).
+fn with_scratch<T: Default + Clone, R>(
+    key: &'static std::thread::LocalKey<RefCell<Vec<T>>>,
+    len: usize,
+    f: impl FnOnce(&mut [T]) -> R,
+) -> R {
+    key.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => {
+            if buf.len() < len {
+                buf.resize(len, T::default());
+            }
+            f(&mut buf[..len])
+        }
+        Err(_) => f(&mut vec![T::default(); len]),
+    })
+}
+
+/// Shape-checks and runs `y[m × n] = x[m × k] · Wᵀ`.
+pub fn matmul(eng: &Engine, w: &TensorView<'_>, x: &[f32], m: usize, y: &mut [f32]) -> Result<()> {
+    let shape: Vec<u64> = w.shape.to_vec();
+    let bad = |why: String| {
+        UError::invalid(format!(
+            "matmul: weight {:?} {shape:?}, x {} values, m {m}, y {} values: {why}",
+            w.dtype,
+            x.len(),
+            y.len()
+        ))
+    };
+    if shape.len() < 2 {
+        return Err(bad("weight must have at least 2 dimensions [n, k]".into()));
+    }
+    let k = usize::try_from(w.row_len()).map_err(|_| bad("row length overflows".into()))?;
+    let n = usize::try_from(w.rows()).map_err(|_| bad("row count overflows".into()))?;
+    let bs = w.dtype.block_size();
+    if k == 0 || k % bs != 0 {
+        return Err(bad(format!(
+            "k = {k} is not a positive multiple of the {bs}-value block"
+        )));
+    }
+    let need = n
+        .checked_mul(k)
+        .and_then(|e| w.dtype.bytes_for(e as u64))
+        .ok_or_else(|| bad("size overflows".into()))?;
+    if need != w.data.len() as u64 {
+        return Err(bad(format!(
+            "weight needs {need} bytes, has {}",
+            w.data.len()
+        )));
+    }
+    if m.checked_mul(k) != Some(x.len()) {
+        return Err(bad(format!("x must hold m·k = {m}·{k} values")));
+    }
+    if m.checked_mul(n) != Some(y.len()) {
+        return Err(bad(format!("y must hold m·n = {m}·{n} values")));
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let data = w.data.as_slice();
+    let rb = k / bs * w.dtype.block_bytes();
+    let row = |r: usize| &data[r * rb..(r + 1) * rb];
+    let dtype = w.dtype;
+    match select(eng.isa, dtype) {
+        RowDot::Float(f) => eng.pool.install(|| {
+            // SAFETY: `select` returned a kernel for an available ISA; row and x lengths match.
+            run(eng, n, m, y, |r, i| unsafe {
+                f(row(r), &x[i * k..(i + 1) * k])
+            })
+        }),
+        RowDot::Q8(f) => {
+            let nb = k / 32;
+            with_scratch(&Q8_SCRATCH, m * nb, |qx| {
+                eng.pool.install(|| {
+                    quantize_rows(x, k, qx, nb, quantize_q8);
+                    let qx = &*qx;
+                    // SAFETY: as above; `qx` holds `nb` blocks per activation row.
+                    run(eng, n, m, y, |r, i| unsafe {
+                        f(row(r), &qx[i * nb..(i + 1) * nb])
+                    })
+                })
+            })
+        }
+        RowDot::Q8K(f) => {
+            let nb = k / 256;
+            with_scratch(&Q8K_SCRATCH, m * nb, |qx| {
+                eng.pool.install(|| {
+                    quantize_rows(x, k, qx, nb, quantize_q8k);
+                    let qx = &*qx;
+                    // SAFETY: as above.
+                    run(eng, n, m, y, |r, i| unsafe {
+                        f(row(r), &qx[i * nb..(i + 1) * nb])
+                    })
+                })
+            })
+        }
+        RowDot::Dequant => {
+            let vec = eng.vec;
+            eng.pool.install(|| {
+                run(eng, n, m, y, |r, i| {
+                    with_scratch(&ROW_SCRATCH, k, |buf| {
+                        // Lengths were checked above, so this cannot fail; NaN marks a bug.
+                        match u_sdk::quant::dequantize(dtype, row(r), buf) {
+                            Ok(()) => vec.dot(buf, &x[i * k..(i + 1) * k]),
+                            Err(_) => f32::NAN,
+                        }
+                    })
+                })
+            })
+        }
+    }
+    Ok(())
+}
+
+/// Quantizes `m` activation rows of `k` values into `nb` blocks each, in parallel for prefill.
+fn quantize_rows<B: Send>(x: &[f32], k: usize, qx: &mut [B], nb: usize, q: fn(&[f32], &mut [B])) {
+    if x.len() <= k {
+        q(x, qx);
+    } else {
+        qx.par_chunks_mut(nb)
+            .zip(x.par_chunks(k))
+            .for_each(|(o, xr)| q(xr, o));
+    }
+}
+
+/// A pointer to the output that tasks share; each task writes only its own weight rows' columns.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint elements (distinct weight rows r), see `run`.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+/// Activation rows per tile in prefill.
+const M_TILE: usize = 16;
+
+/// Fills `y[i·n + r] = f(r, i)` in parallel over runs of weight rows `r`. Must run inside the
+/// engine's pool.
+fn run(eng: &Engine, n: usize, m: usize, y: &mut [f32], f: impl Fn(usize, usize) -> f32 + Sync) {
+    let threads = eng.threads.max(1);
+    if m == 1 {
+        let chunk = (n / (threads * 16)).clamp(4, 256);
+        y.par_chunks_mut(chunk).enumerate().for_each(|(c, ys)| {
+            for (j, v) in ys.iter_mut().enumerate() {
+                *v = f(c * chunk + j, 0);
+            }
+        });
+        return;
+    }
+    let chunk = (n / (threads * 8)).clamp(1, 64);
+    let out = OutPtr(y.as_mut_ptr());
+    let tasks = n.div_ceil(chunk);
+    (0..tasks).into_par_iter().for_each(|t| {
+        let out = out;
+        let (r0, r1) = (t * chunk, ((t + 1) * chunk).min(n));
+        for i0 in (0..m).step_by(M_TILE) {
+            let i1 = (i0 + M_TILE).min(m);
+            for r in r0..r1 {
+                for i in i0..i1 {
+                    let v = f(r, i);
+                    // SAFETY: i < m, r < n, so i·n + r < y.len(); only this task writes row r.
+                    unsafe { *out.0.add(i * n + r) = v };
+                }
+            }
+        }
+    });
+}

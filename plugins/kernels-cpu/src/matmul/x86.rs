@@ -1,0 +1,558 @@
+//! x86-64 dot-product kernels: AVX2 (`vpmaddubsw` + `vpmaddwd`), AVX-512 VNNI (`vpdpbusd` on
+//! 256-bit vectors through AVX-512 VL) and 512-bit float kernels.
+//!
+//! The integer kernels are written once ([`int_kernels!`]) and stamped out per ISA with a
+//! different `u8 × i8 → i32` primitive. Unsigned weight codes (Q4_0, Q4_1, Q5_0, k-quants, TQ2_0)
+//! go straight into the unsigned operand; offsets (`q − 8`, `q − 32`, …) and minimums are applied
+//! afterwards with the activation sums, as the scalar reference does.
+//!
+//! # Safety
+//! Every `unsafe fn` here requires the CPU features in its `#[target_feature]` attribute and
+//! slices of whole blocks (`w.len() == x.len() · block_bytes`); [`super::select`] guarantees both.
+
+#![allow(clippy::missing_safety_doc)]
+
+use crate::act::{Q8Block, Q8KBlock};
+use crate::matmul::scalar::{self, k_min_sum, k_scale_min};
+use core::arch::x86_64::*;
+
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn f16c(p: *const u8) -> f32 {
+    // SAFETY: the caller passes a pointer to two readable bytes.
+    let h = unsafe { (p as *const u16).read_unaligned() };
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum_ps(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b0100_1110>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b1011_0001>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// Byte `i` = 0xFF where bit `i` of `bits` is set (ggml's `bytes_from_bits_32`).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn bytes_from_bits_32(bits: u32) -> __m256i {
+    let shuf = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), shuf);
+    let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
+    _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn load(p: *const u8) -> __m256i {
+    // SAFETY: the caller passes a pointer to 32 readable bytes.
+    unsafe { _mm256_loadu_si256(p as *const __m256i) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn load_i8(p: *const i8) -> __m256i {
+    // SAFETY: the caller passes a pointer to 32 readable bytes.
+    unsafe { _mm256_loadu_si256(p as *const __m256i) }
+}
+
+/// `acc + Σ pairs(u·s)` in eight i32 lanes, AVX2 (`u` ≤ 255 unsigned, `s` signed; the pair sums
+/// stay below 2¹⁵ for every caller: weight codes ≤ 63 or |w| ≤ 128 against |x| ≤ 127).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn dot_avx2(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    _mm256_add_epi32(
+        acc,
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)),
+    )
+}
+
+/// As [`dot_avx2`], with `lo` scaling values 0–15 and `hi` values 16–31.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn dots_avx2(acc: __m256i, u: __m256i, s: __m256i, lo: i32, hi: i32) -> __m256i {
+    let sc = _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16));
+    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), sc))
+}
+
+/// `acc + Σ quads(u·s)` through `vpdpbusd`.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
+fn dot_vnni(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(acc, u, s)
+}
+
+/// As [`dot_vnni`], with `lo` scaling values 0–15 and `hi` values 16–31.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
+fn dots_vnni(acc: __m256i, u: __m256i, s: __m256i, lo: i32, hi: i32) -> __m256i {
+    let p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+    let sc = _mm256_set_m128i(_mm_set1_epi32(hi), _mm_set1_epi32(lo));
+    _mm256_add_epi32(acc, _mm256_mullo_epi32(p, sc))
+}
+
+macro_rules! int_kernels {
+    ($feat:literal, $dot:ident, $dots:ident) => {
+        use super::*;
+
+        /// Q8_0 weights.
+        #[target_feature(enable = $feat)]
+        pub unsafe fn q8_0(w: &[u8], x: &[Q8Block]) -> f32 {
+            // SAFETY: see the module docs; every load stays inside its 34-byte block.
+            unsafe {
+                let mut acc0 = _mm256_setzero_ps();
+                let mut acc1 = _mm256_setzero_ps();
+                let mut blocks = w.chunks_exact(68).zip(x.chunks_exact(2));
+                for (b, xb) in &mut blocks {
+                    let p = b.as_ptr();
+                    let (wq0, wq1) = (load(p.add(2)), load(p.add(36)));
+                    let (xq0, xq1) = (load_i8(xb[0].qs.as_ptr()), load_i8(xb[1].qs.as_ptr()));
+                    let z = _mm256_setzero_si256();
+                    let p0 = $dot(z, _mm256_sign_epi8(wq0, wq0), _mm256_sign_epi8(xq0, wq0));
+                    let p1 = $dot(z, _mm256_sign_epi8(wq1, wq1), _mm256_sign_epi8(xq1, wq1));
+                    let d0 = _mm256_set1_ps(f16c(p) * xb[0].d);
+                    let d1 = _mm256_set1_ps(f16c(p.add(34)) * xb[1].d);
+                    acc0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(p0), acc0);
+                    acc1 = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(p1), acc1);
+                }
+                let nb = x.len() & !1;
+                for (b, xb) in w[nb * 34..].chunks_exact(34).zip(&x[nb..]) {
+                    let p = b.as_ptr();
+                    let wq = load(p.add(2));
+                    let xq = load_i8(xb.qs.as_ptr());
+                    let z = _mm256_setzero_si256();
+                    let p0 = $dot(z, _mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
+                    let d0 = _mm256_set1_ps(f16c(p) * xb.d);
+                    acc0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(p0), acc0);
+                }
+                hsum_ps(_mm256_add_ps(acc0, acc1))
+            }
+        }
+
+        /// Unpacks the 32 nibbles of 16 bytes: low nibbles → values 0–15, high → 16–31.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn nibbles(p: *const u8) -> __m256i {
+            // SAFETY: the caller passes a pointer to 16 readable bytes.
+            let raw = unsafe { _mm_loadu_si128(p as *const __m128i) };
+            _mm256_and_si256(
+                _mm256_set_m128i(_mm_srli_epi16::<4>(raw), raw),
+                _mm256_set1_epi8(0x0f),
+            )
+        }
+
+        /// Shared loop of Q4_0/Q4_1/Q5_0: `Σ d_w·d_x·Σq·x` over blocks, plus `Σ off(b)·s_x`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn q32(
+            w: &[u8],
+            x: &[Q8Block],
+            bb: usize,
+            codes: impl Fn(*const u8) -> __m256i,
+            off: impl Fn(*const u8) -> f32,
+        ) -> f32 {
+            // SAFETY: see the module docs; `codes`/`off` read inside the block.
+            unsafe {
+                let mut acc0 = _mm256_setzero_ps();
+                let mut acc1 = _mm256_setzero_ps();
+                let mut corr = 0f32;
+                let mut blocks = w.chunks_exact(2 * bb).zip(x.chunks_exact(2));
+                for (b, xb) in &mut blocks {
+                    let p = b.as_ptr();
+                    let z = _mm256_setzero_si256();
+                    let p0 = $dot(z, codes(p), load_i8(xb[0].qs.as_ptr()));
+                    let p1 = $dot(z, codes(p.add(bb)), load_i8(xb[1].qs.as_ptr()));
+                    let d0 = f16c(p);
+                    let d1 = f16c(p.add(bb));
+                    acc0 =
+                        _mm256_fmadd_ps(_mm256_set1_ps(d0 * xb[0].d), _mm256_cvtepi32_ps(p0), acc0);
+                    acc1 =
+                        _mm256_fmadd_ps(_mm256_set1_ps(d1 * xb[1].d), _mm256_cvtepi32_ps(p1), acc1);
+                    corr += off(p) * xb[0].s + off(p.add(bb)) * xb[1].s;
+                }
+                let nb = x.len() & !1;
+                for (b, xb) in w[nb * bb..].chunks_exact(bb).zip(&x[nb..]) {
+                    let p = b.as_ptr();
+                    let p0 = $dot(_mm256_setzero_si256(), codes(p), load_i8(xb.qs.as_ptr()));
+                    acc0 = _mm256_fmadd_ps(
+                        _mm256_set1_ps(f16c(p) * xb.d),
+                        _mm256_cvtepi32_ps(p0),
+                        acc0,
+                    );
+                    corr += off(p) * xb.s;
+                }
+                hsum_ps(_mm256_add_ps(acc0, acc1)) + corr
+            }
+        }
+
+        /// Q4_0 weights.
+        #[target_feature(enable = $feat)]
+        pub unsafe fn q4_0(w: &[u8], x: &[Q8Block]) -> f32 {
+            // SAFETY: 18-byte blocks: d at 0, nibbles at 2..18.
+            unsafe { q32(w, x, 18, |p| nibbles(p.add(2)), |p| -8.0 * f16c(p)) }
+        }
+
+        /// Q4_1 weights.
+        #[target_feature(enable = $feat)]
+        pub unsafe fn q4_1(w: &[u8], x: &[Q8Block]) -> f32 {
+            // SAFETY: 20-byte blocks: d at 0, m at 2, nibbles at 4..20.
+            unsafe { q32(w, x, 20, |p| nibbles(p.add(4)), |p| f16c(p.add(2))) }
+        }
+
+        /// Q5_0 weights.
+        #[target_feature(enable = $feat)]
+        pub unsafe fn q5_0(w: &[u8], x: &[Q8Block]) -> f32 {
+            // SAFETY: 22-byte blocks: d at 0, qh at 2..6, nibbles at 6..22.
+            unsafe {
+                q32(
+                    w,
+                    x,
+                    22,
+                    |p| {
+                        let qh = (p.add(2) as *const u32).read_unaligned();
+                        let hi = _mm256_and_si256(bytes_from_bits_32(qh), _mm256_set1_epi8(0x10));
+                        _mm256_or_si256(nibbles(p.add(6)), hi)
+                    },
+                    |p| -16.0 * f16c(p),
+                )
+            }
+        }
+
+        /// Q4_K weights (integer sums exact, so equal to the scalar kernel bit for bit).
+        #[target_feature(enable = $feat)]
+        pub unsafe fn q4_k(w: &[u8], x: &[Q8KBlock]) -> f32 {
+            // SAFETY: 144-byte blocks: d, dmin, scales[12], qs[128].
+            unsafe {
+                let m4 = _mm256_set1_epi8(0x0f);
+                let mut acc = 0f32;
+                for (b, xb) in w.chunks_exact(144).zip(x) {
+                    let p = b.as_ptr();
+                    let (sc, mn) = k_scale_min(&b[4..16]);
+                    let mut sumi = _mm256_setzero_si256();
+                    for j in 0..4 {
+                        let raw = load(p.add(16 + 32 * j));
+                        let lo = _mm256_and_si256(raw, m4);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4);
+                        let x0 = load_i8(xb.qs.as_ptr().add(64 * j));
+                        let x1 = load_i8(xb.qs.as_ptr().add(64 * j + 32));
+                        let (s0, s1) = (i32::from(sc[2 * j]), i32::from(sc[2 * j + 1]));
+                        sumi = $dots(sumi, lo, x0, s0, s0);
+                        sumi = $dots(sumi, hi, x1, s1, s1);
+                    }
+                    let summ = k_min_sum(&mn, &xb.bsums);
+                    let (d, dmin) = (f16c(p), f16c(p.add(2)));
+                    acc += xb.d * (d * hsum_epi32(sumi) as f32 - dmin * summ as f32);
+                }
+                acc
+            }
+        }
+
+        /// Q5_K weights (bit-exact with the scalar kernel).
+        #[target_feature(enable = $feat)]
+        pub unsafe fn q5_k(w: &[u8], x: &[Q8KBlock]) -> f32 {
+            // SAFETY: 176-byte blocks: d, dmin, scales[12], qh[32], qs[128].
+            unsafe {
+                let m4 = _mm256_set1_epi8(0x0f);
+                let one = _mm256_set1_epi8(1);
+                let mut acc = 0f32;
+                for (b, xb) in w.chunks_exact(176).zip(x) {
+                    let p = b.as_ptr();
+                    let (sc, mn) = k_scale_min(&b[4..16]);
+                    let mut qh = load(p.add(16));
+                    let mut sumi = _mm256_setzero_si256();
+                    for j in 0..4 {
+                        let raw = load(p.add(48 + 32 * j));
+                        let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(qh, one));
+                        qh = _mm256_srli_epi16::<1>(qh);
+                        let h1 = _mm256_slli_epi16::<4>(_mm256_and_si256(qh, one));
+                        qh = _mm256_srli_epi16::<1>(qh);
+                        let lo = _mm256_or_si256(_mm256_and_si256(raw, m4), h0);
+                        let hi =
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4), h1);
+                        let x0 = load_i8(xb.qs.as_ptr().add(64 * j));
+                        let x1 = load_i8(xb.qs.as_ptr().add(64 * j + 32));
+                        let (s0, s1) = (i32::from(sc[2 * j]), i32::from(sc[2 * j + 1]));
+                        sumi = $dots(sumi, lo, x0, s0, s0);
+                        sumi = $dots(sumi, hi, x1, s1, s1);
+                    }
+                    let summ = k_min_sum(&mn, &xb.bsums);
+                    let (d, dmin) = (f16c(p), f16c(p.add(2)));
+                    acc += xb.d * (d * hsum_epi32(sumi) as f32 - dmin * summ as f32);
+                }
+                acc
+            }
+        }
+
+        /// Q6_K weights (bit-exact with the scalar kernel).
+        #[target_feature(enable = $feat)]
+        pub unsafe fn q6_k(w: &[u8], x: &[Q8KBlock]) -> f32 {
+            // SAFETY: 210-byte blocks: ql[128], qh[64], scales[16], d.
+            unsafe {
+                let m4 = _mm256_set1_epi8(0x0f);
+                let m2 = _mm256_set1_epi8(3);
+                let mut acc = 0f32;
+                for (b, xb) in w.chunks_exact(210).zip(x) {
+                    let p = b.as_ptr();
+                    let sc = &b[192..208];
+                    let s = |g: usize| i32::from(sc[g] as i8);
+                    let mut sumi = _mm256_setzero_si256();
+                    for j in 0..2 {
+                        let ql0 = load(p.add(64 * j));
+                        let ql1 = load(p.add(64 * j + 32));
+                        let qh = load(p.add(128 + 32 * j));
+                        let lows = [
+                            _mm256_and_si256(ql0, m4),
+                            _mm256_and_si256(ql1, m4),
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                        ];
+                        let highs = [
+                            _mm256_and_si256(qh, m2),
+                            _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m2),
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(qh), m2),
+                            _mm256_and_si256(_mm256_srli_epi16::<6>(qh), m2),
+                        ];
+                        for g in 0..4 {
+                            let q = _mm256_or_si256(lows[g], _mm256_slli_epi16::<4>(highs[g]));
+                            let xq = load_i8(xb.qs.as_ptr().add(128 * j + 32 * g));
+                            let k = 8 * j + 2 * g;
+                            sumi = $dots(sumi, q, xq, s(k), s(k + 1));
+                        }
+                    }
+                    let sumb: i32 = (0..16).map(|g| s(g) * i32::from(xb.bsums[g])).sum();
+                    let total = hsum_epi32(sumi) - 32 * sumb;
+                    acc += (f16c(p.add(208)) * xb.d) * total as f32;
+                }
+                acc
+            }
+        }
+
+        /// TQ2_0 weights (bit-exact with the scalar kernel).
+        #[target_feature(enable = $feat)]
+        pub unsafe fn tq2_0(w: &[u8], x: &[Q8KBlock]) -> f32 {
+            // SAFETY: 66-byte blocks: qs[64], d.
+            unsafe {
+                let m2 = _mm256_set1_epi8(3);
+                let mut acc = 0f32;
+                for (b, xb) in w.chunks_exact(66).zip(x) {
+                    let p = b.as_ptr();
+                    let mut sumi = _mm256_setzero_si256();
+                    for j in 0..2 {
+                        let raw = load(p.add(32 * j));
+                        let qs = [
+                            _mm256_and_si256(raw, m2),
+                            _mm256_and_si256(_mm256_srli_epi16::<2>(raw), m2),
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m2),
+                            _mm256_and_si256(_mm256_srli_epi16::<6>(raw), m2),
+                        ];
+                        for (s, q) in qs.into_iter().enumerate() {
+                            let xq = load_i8(xb.qs.as_ptr().add(128 * j + 32 * s));
+                            sumi = $dot(sumi, q, xq);
+                        }
+                    }
+                    let sumx: i32 = xb.bsums.iter().map(|&v| i32::from(v)).sum();
+                    acc += (f16c(p.add(64)) * xb.d) * (hsum_epi32(sumi) - sumx) as f32;
+                }
+                acc
+            }
+        }
+    };
+}
+
+/// AVX2 + FMA + F16C integer kernels.
+pub mod avx2 {
+    int_kernels!("avx2,fma,f16c", dot_avx2, dots_avx2);
+
+    /// f32 weights.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn f32_row(w: &[u8], x: &[f32]) -> f32 {
+        // SAFETY: `w` holds `x.len()` f32 values; loads stay below `x.len()`.
+        unsafe {
+            float_row(
+                w,
+                x,
+                4,
+                |p| _mm256_loadu_ps(p as *const f32),
+                scalar::f32_row,
+            )
+        }
+    }
+
+    /// f16 weights.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn f16_row(w: &[u8], x: &[f32]) -> f32 {
+        // SAFETY: as `f32_row`, two bytes per value.
+        unsafe {
+            float_row(
+                w,
+                x,
+                2,
+                |p| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+                scalar::f16_row,
+            )
+        }
+    }
+
+    /// bf16 weights.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn bf16_row(w: &[u8], x: &[f32]) -> f32 {
+        // SAFETY: as `f32_row`, two bytes per value.
+        unsafe {
+            float_row(
+                w,
+                x,
+                2,
+                |p| {
+                    let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+                    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h))
+                },
+                scalar::bf16_row,
+            )
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn float_row(
+        w: &[u8],
+        x: &[f32],
+        esize: usize,
+        ld: impl Fn(*const u8) -> __m256,
+        tail: fn(&[u8], &[f32]) -> f32,
+    ) -> f32 {
+        // SAFETY: `w.len() == x.len() · esize`; vector loads only for full groups of 8.
+        unsafe {
+            let k = x.len();
+            let wp = w.as_ptr();
+            let xp = x.as_ptr();
+            let mut a = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i + 32 <= k {
+                for (u, acc) in a.iter_mut().enumerate() {
+                    let o = i + 8 * u;
+                    *acc = _mm256_fmadd_ps(ld(wp.add(o * esize)), _mm256_loadu_ps(xp.add(o)), *acc);
+                }
+                i += 32;
+            }
+            while i + 8 <= k {
+                a[0] = _mm256_fmadd_ps(ld(wp.add(i * esize)), _mm256_loadu_ps(xp.add(i)), a[0]);
+                i += 8;
+            }
+            let mut s = hsum_ps(_mm256_add_ps(
+                _mm256_add_ps(a[0], a[1]),
+                _mm256_add_ps(a[2], a[3]),
+            ));
+            s += tail(&w[i * esize..], &x[i..]);
+            s
+        }
+    }
+}
+
+/// AVX-512 VNNI integer kernels (256-bit `vpdpbusd` via AVX-512 VL).
+pub mod vnni {
+    int_kernels!(
+        "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+        dot_vnni,
+        dots_vnni
+    );
+}
+
+/// 512-bit float kernels.
+pub mod avx512 {
+    use super::*;
+
+    /// f32 weights.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+    pub unsafe fn f32_row(w: &[u8], x: &[f32]) -> f32 {
+        // SAFETY: `w` holds `x.len()` f32 values.
+        unsafe {
+            float_row(
+                w,
+                x,
+                4,
+                |p| _mm512_loadu_ps(p as *const f32),
+                scalar::f32_row,
+            )
+        }
+    }
+
+    /// f16 weights.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+    pub unsafe fn f16_row(w: &[u8], x: &[f32]) -> f32 {
+        // SAFETY: as `f32_row`, two bytes per value.
+        unsafe {
+            float_row(
+                w,
+                x,
+                2,
+                |p| _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)),
+                scalar::f16_row,
+            )
+        }
+    }
+
+    /// bf16 weights.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+    pub unsafe fn bf16_row(w: &[u8], x: &[f32]) -> f32 {
+        // SAFETY: as `f32_row`, two bytes per value.
+        unsafe {
+            float_row(
+                w,
+                x,
+                2,
+                |p| {
+                    let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i));
+                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h))
+                },
+                scalar::bf16_row,
+            )
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+    unsafe fn float_row(
+        w: &[u8],
+        x: &[f32],
+        esize: usize,
+        ld: impl Fn(*const u8) -> __m512,
+        tail: fn(&[u8], &[f32]) -> f32,
+    ) -> f32 {
+        // SAFETY: `w.len() == x.len() · esize`; vector loads only for full groups of 16.
+        unsafe {
+            let k = x.len();
+            let wp = w.as_ptr();
+            let xp = x.as_ptr();
+            let mut a = [_mm512_setzero_ps(); 4];
+            let mut i = 0;
+            while i + 64 <= k {
+                for (u, acc) in a.iter_mut().enumerate() {
+                    let o = i + 16 * u;
+                    *acc = _mm512_fmadd_ps(ld(wp.add(o * esize)), _mm512_loadu_ps(xp.add(o)), *acc);
+                }
+                i += 64;
+            }
+            while i + 16 <= k {
+                a[0] = _mm512_fmadd_ps(ld(wp.add(i * esize)), _mm512_loadu_ps(xp.add(i)), a[0]);
+                i += 16;
+            }
+            let s = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
+            _mm512_reduce_add_ps(s) + tail(&w[i * esize..], &x[i..])
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! Issue 3: `u-runner inspect` reads every format through the deployment's signed loader plugins.
+
+use serde_json::Value;
+use std::process::Command;
+use u_conformance::*;
+
+fn inspect(model: &str) -> (Option<i32>, Value, String) {
+    let out = run(Command::new(bin("u-runner"))
+        .args(["inspect", "--json", "--deployment"])
+        .arg(root().join("manifests/dev.toml"))
+        .arg(root().join(model)));
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (out.status.code(), v, text(&out))
+}
+
+#[test]
+fn inspect_reports_format_architecture_hyper_parameters_and_tensors() {
+    let (code, v, log) = inspect("tests/fixtures/gguf/quants.gguf");
+    assert_eq!(code, Some(0), "{log}");
+    assert_eq!(v["format"], "gguf");
+    assert_eq!(v["loader"], "loader-gguf");
+    let q4k = v["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "q4_k")
+        .expect("q4_k tensor");
+    assert_eq!(q4k["dtype"], "Q4_K");
+    assert_eq!(q4k["shape"], serde_json::json!([2, 512]));
+    assert_eq!(q4k["bytes"], 2 * 2 * 144);
+
+    let (code, v, log) = inspect("tests/fixtures/safetensors/llama_sharded");
+    assert_eq!(code, Some(0), "{log}");
+    assert_eq!(v["format"], "safetensors");
+    assert_eq!(v["architecture"], "llama");
+    assert_eq!(v["hyper_parameters"]["llama.block_count"], 2);
+    assert_eq!(v["hyper_parameters"]["llama.attention.head_count_kv"], 1);
+    let names: Vec<&str> = v["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"token_embd.weight"), "{names:?}");
+    assert!(names.contains(&"blk.1.ffn_down.weight"), "{names:?}");
+
+    let (code, v, log) = inspect("tests/fixtures/onnx/external/model.onnx");
+    assert_eq!(code, Some(0), "{log}");
+    assert_eq!(v["format"], "onnx");
+    assert_eq!(v["architecture"], "llama");
+}
+
+#[test]
+fn inspect_prints_a_table_and_refuses_unknown_files_clearly() {
+    let out = run(Command::new(bin("u-runner"))
+        .args(["inspect", "--deployment"])
+        .arg(root().join("manifests/dev.toml"))
+        .arg(root().join("tests/fixtures/gguf/quants.gguf")));
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("format: gguf (loader loader-gguf)"), "{t}");
+    assert!(
+        t.lines().any(|l| l.trim_start().starts_with("q6_k")
+            && l.contains("Q6_K")
+            && l.contains("[2, 512]")),
+        "{t}"
+    );
+
+    let (code, _, log) = inspect("README.md");
+    assert_eq!(code, Some(2), "{log}");
+    assert!(
+        log.contains("no loader in the deployment recognises"),
+        "{log}"
+    );
+
+    let (code, _, log) = inspect("tests/fixtures/does-not-exist.gguf");
+    assert_eq!(code, Some(2), "{log}");
+}
