@@ -132,3 +132,15 @@ fn sniffing() {
     assert!(!u_loader_onnx::sniff("blob", b"GGUF\x03\0\0\0"));
     assert!(!u_loader_onnx::sniff("blob", b"\x08\0\0\0{"));
 }
+
+#[test]
+fn manifest_is_valid_and_asks_only_for_fs_read() {
+    use u_sdk::manifest::{Capability, PluginKind, PluginManifest};
+    let m = PluginManifest::parse(include_str!("../plugin.toml")).unwrap();
+    assert_eq!(m.name, "loader-onnx");
+    assert_eq!(m.kind, PluginKind::Loader);
+    assert_eq!(
+        m.capabilities.into_iter().collect::<Vec<_>>(),
+        [Capability::FsRead]
+    );
+}
