@@ -69,7 +69,7 @@ fn main() {
         _ => Isa::detect(),
     };
     let kern = CpuKernels::with_isa(isa, threads).expect("isa not available");
-    let (n, k) = (4096usize, 4096usize);
+    let (n, k) = (env_usize("U_N", 4096), env_usize("U_K", 4096));
     let bw = read_bandwidth(ws, threads);
     println!(
         "kernels-cpu matvec: isa {}, {threads} threads, {n}x{k} weights, m = {m}, working set {} MiB",

@@ -1,6 +1,6 @@
 //! The crate's error type and its conversion to the ABI error.
 
-use u_sdk::{DType, ErrorKind, UError};
+use u_sdk::{ErrorKind, UError};
 
 /// Everything that can go wrong while parsing a GGUF file or dequantizing its tensors.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
