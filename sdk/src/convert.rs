@@ -41,7 +41,7 @@ pub fn to_f32(dtype: DType, bytes: &[u8]) -> Result<Vec<f32>, UError> {
         )));
     }
     let width = dtype.block_bytes();
-    if bytes.len() % width != 0 {
+    if !bytes.len().is_multiple_of(width) {
         return Err(UError::invalid(format!(
             "to_f32: {} bytes is not a whole number of {dtype} values",
             bytes.len()

@@ -255,10 +255,10 @@ pub fn config_metadata(
             }
         }
         let kv_key = format!("{arch}.attention.head_count_kv");
-        if !obj.contains_key("num_key_value_heads") {
-            if let Some(v) = obj.get("num_attention_heads").filter(|v| v.is_number()) {
-                out.push((kv_key, json_to_meta(v)));
-            }
+        if !obj.contains_key("num_key_value_heads")
+            && let Some(v) = obj.get("num_attention_heads").filter(|v| v.is_number())
+        {
+            out.push((kv_key, json_to_meta(v)));
         }
     }
     for (k, v) in obj {

@@ -99,7 +99,7 @@ pub fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) -> Result<()> {
     let values = out.len();
     let bs = dtype.block_size();
     let bb = dtype.block_bytes();
-    if values % bs != 0 {
+    if !values.is_multiple_of(bs) {
         return Err(Error::NotWholeBlocks {
             dtype,
             values,
@@ -149,7 +149,7 @@ pub fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) -> Result<()> {
 pub fn dequantize_to_vec(dtype: DType, bytes: &[u8]) -> Result<Vec<f32>> {
     let bb = dtype.block_bytes();
     let values = bytes.len() / bb * dtype.block_size();
-    if bytes.len() % bb != 0 {
+    if !bytes.len().is_multiple_of(bb) {
         return Err(Error::ByteLength {
             dtype,
             values,

@@ -753,7 +753,7 @@ mod tests {
         let mut w = W::header(3, 1, 1);
         w.s("general.architecture").u32(8).s("llama");
         w.s("t").u32(2).u64(4).u64(2).u32(0).u64(0);
-        while w.0.len() % 32 != 0 {
+        while !w.0.len().is_multiple_of(32) {
             w.0.push(0);
         }
         w.0.extend((0..8u32).flat_map(|i| (i as f32).to_le_bytes()));
@@ -870,7 +870,7 @@ mod tests {
         let mut w = W::header(3, 2, 0);
         w.s("scalar").u32(0).u32(0).u64(0);
         w.s("empty").u32(2).u64(0).u64(5).u32(0).u64(32);
-        while w.0.len() % 32 != 0 {
+        while !w.0.len().is_multiple_of(32) {
             w.0.push(0);
         }
         w.0.resize(w.0.len() + 32, 0);
@@ -906,7 +906,7 @@ mod tests {
                 w.u64(d);
             }
             w.u32(ty).u64(offset);
-            while w.0.len() % 32 != 0 {
+            while !w.0.len().is_multiple_of(32) {
                 w.0.push(0);
             }
             w.0.resize(w.0.len() + data, 0);

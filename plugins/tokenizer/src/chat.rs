@@ -93,7 +93,13 @@ fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
 }
 
 /// Python's `json.dumps` layout: `", "` and `": "` separators, or newlines with `indent`.
-fn py_dumps(v: &serde_json::Value, indent: Option<usize>, sort: bool, depth: usize, out: &mut String) {
+fn py_dumps(
+    v: &serde_json::Value,
+    indent: Option<usize>,
+    sort: bool,
+    depth: usize,
+    out: &mut String,
+) {
     use serde_json::Value as J;
     let newline = |out: &mut String, d: usize| {
         if let Some(n) = indent {
@@ -147,11 +153,27 @@ fn now_utc() -> i64 {
 /// A small `strftime` over UTC: `%Y %m %d %e %H %M %S %y %b %B %a %A %j %p %I %%`.
 pub fn strftime(fmt: &str, unix: i64) -> Result<String, Error> {
     const MONTHS: [&str; 12] = [
-        "January", "February", "March", "April", "May", "June", "July", "August", "September",
-        "October", "November", "December",
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
     ];
     const DAYS: [&str; 7] = [
-        "Thursday", "Friday", "Saturday", "Sunday", "Monday", "Tuesday", "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
     ];
     let days = unix.div_euclid(86_400);
     let secs = unix.rem_euclid(86_400);
@@ -187,7 +209,10 @@ pub fn strftime(fmt: &str, unix: i64) -> Result<String, Error> {
             other => {
                 return Err(Error::new(
                     ErrorKind::InvalidOperation,
-                    format!("strftime_now: unsupported directive %{}", other.unwrap_or(' ')),
+                    format!(
+                        "strftime_now: unsupported directive %{}",
+                        other.unwrap_or(' ')
+                    ),
                 ));
             }
         }
@@ -228,7 +253,10 @@ mod tests {
         // 2024-07-26 00:00:00 UTC, a Friday.
         let t = 1_721_952_000;
         assert_eq!(strftime("%d %b %Y", t).unwrap(), "26 Jul 2024");
-        assert_eq!(strftime("%A %B %j %H:%M:%S", t).unwrap(), "Friday July 208 00:00:00");
+        assert_eq!(
+            strftime("%A %B %j %H:%M:%S", t).unwrap(),
+            "Friday July 208 00:00:00"
+        );
         assert_eq!(strftime("%Y-%m-%d", 0).unwrap(), "1970-01-01");
         assert_eq!(strftime("%Y-%m-%d", 951_782_400).unwrap(), "2000-02-29");
         assert!(strftime("%Q", 0).is_err());

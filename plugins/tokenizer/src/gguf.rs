@@ -46,7 +46,10 @@ pub fn bpe_pre(pre: &str) -> Result<(Vec<&'static str>, bool), UError> {
         "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone" | "minerva-7b" => {
             (vec![r"\p{N}", GPT2], false)
         }
-        "falcon" => (vec![r"[\p{P}\$\+<=>\^~\|`]+", GPT2, "[0-9][0-9][0-9]"], false),
+        "falcon" => (
+            vec![r"[\p{P}\$\+<=>\^~\|`]+", GPT2, "[0-9][0-9][0-9]"],
+            false,
+        ),
         "deepseek-coder" => (
             vec![
                 r"[\r\n]",
@@ -119,7 +122,9 @@ fn build_spm(v: &GgufVocab) -> Result<Tokenizer, UError> {
     if let Some(unk) = v.unk {
         b = b.unk_token(v.tokens[unk as usize].clone());
     }
-    let model = b.build().map_err(hf_err("building the SentencePiece BPE model"))?;
+    let model = b
+        .build()
+        .map_err(hf_err("building the SentencePiece BPE model"))?;
     let mut tok = Tokenizer::new(model);
     let mut norms: Vec<NormalizerWrapper> = Vec::new();
     if v.add_space_prefix {
@@ -204,10 +209,9 @@ fn build_wpm(v: &GgufVocab) -> Result<Tokenizer, UError> {
             )));
         }
     }
-    let unk = v
-        .unk
-        .map(|u| v.tokens[u as usize].clone())
-        .ok_or_else(|| UError::invalid("a bert vocabulary needs tokenizer.ggml.unknown_token_id"))?;
+    let unk = v.unk.map(|u| v.tokens[u as usize].clone()).ok_or_else(|| {
+        UError::invalid("a bert vocabulary needs tokenizer.ggml.unknown_token_id")
+    })?;
     let model = WordPiece::builder()
         .vocab(vocab)
         .unk_token(unk)

@@ -83,7 +83,10 @@ impl Tok {
         let (scheme, strip) = if has(&dec, "ByteLevel") {
             (PieceScheme::ByteLevel, false)
         } else if has(&dec, "WordPiece") {
-            let prefix = doc["decoder"]["prefix"].as_str().unwrap_or("##").to_string();
+            let prefix = doc["decoder"]["prefix"]
+                .as_str()
+                .unwrap_or("##")
+                .to_string();
             (PieceScheme::WordPiece(prefix), true)
         } else if has(&dec, "Metaspace") {
             let rep = doc["decoder"]["replacement"]
@@ -146,7 +149,10 @@ impl Tok {
         if bos.is_none() {
             bos = lead;
         }
-        if let Some(b) = cfg.and_then(|c| c.get("add_bos_token")).and_then(Value::as_bool) {
+        if let Some(b) = cfg
+            .and_then(|c| c.get("add_bos_token"))
+            .and_then(Value::as_bool)
+        {
             add_bos = b && bos.is_some();
         }
         let mut eog: Vec<u32> = cfg_eos.into_iter().collect();

@@ -160,12 +160,9 @@ fn get_id(src: &dyn MetaSource, k: &str, n: usize) -> Result<Option<u32>, UError
     {
         return Ok(None);
     }
-    let id = v.as_u64().ok_or_else(|| {
-        UError::invalid(format!(
-            "{k}: expected a token id, found {}",
-            kind(&v)
-        ))
-    })?;
+    let id = v
+        .as_u64()
+        .ok_or_else(|| UError::invalid(format!("{k}: expected a token id, found {}", kind(&v))))?;
     if id >= n as u64 {
         return Err(UError::invalid(format!(
             "{k} = {id} is out of range: the vocabulary has {n} tokens"
@@ -234,13 +231,21 @@ impl GgufVocab {
             return Err(UError::invalid("tokenizer.ggml.tokens is empty"));
         }
         if n > u32::MAX as usize {
-            return Err(UError::invalid("tokenizer.ggml.tokens has too many entries"));
+            return Err(UError::invalid(
+                "tokenizer.ggml.tokens has too many entries",
+            ));
         }
         // Empty texts get a placeholder (as llama.cpp does); duplicates are refused.
         let tokens: Vec<String> = tokens
             .into_iter()
             .enumerate()
-            .map(|(i, t)| if t.is_empty() { format!("[EMPTY_{i}]") } else { t })
+            .map(|(i, t)| {
+                if t.is_empty() {
+                    format!("[EMPTY_{i}]")
+                } else {
+                    t
+                }
+            })
             .collect();
         {
             let mut seen: HashMap<&str, usize> = HashMap::with_capacity(n);
@@ -405,7 +410,10 @@ impl GgufVocab {
     /// The ids that end generation: EOS, EOT, EOM and the end-of-turn markers llama.cpp
     /// recognises by their text, sorted.
     pub fn eog_ids(&self) -> Vec<u32> {
-        let mut ids: Vec<u32> = [self.eos, self.eot, self.eom].into_iter().flatten().collect();
+        let mut ids: Vec<u32> = [self.eos, self.eot, self.eom]
+            .into_iter()
+            .flatten()
+            .collect();
         for (i, t) in self.tokens.iter().enumerate() {
             if EOG_TEXTS.contains(&t.as_str()) && self.types[i] != TokenType::Normal {
                 ids.push(i as u32);
@@ -498,6 +506,13 @@ fn parse_merges(
 pub fn is_llama3_pre(pre: &str) -> bool {
     matches!(
         pre,
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2"
+        "llama3"
+            | "llama-v3"
+            | "llama-bpe"
+            | "falcon3"
+            | "falcon-h1"
+            | "pixtral"
+            | "midm-2.0"
+            | "lfm2"
     )
 }

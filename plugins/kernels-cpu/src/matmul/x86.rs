@@ -16,12 +16,24 @@ use crate::act::{Q8Block, Q8KBlock};
 use crate::matmul::scalar::{self, k_min_sum, k_scale_min};
 use core::arch::x86_64::*;
 
+/// The f16 at `p` as f32. Reads 4 bytes (`p .. p + 4` must be readable): a 32-bit load becomes
+/// a zeroing `vmovd`, while a 16-bit one is lowered to `vpinsrw` into whatever register is free,
+/// often a live accumulator — a false dependency that serialised whole dot-product loops.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn f16c(p: *const u8) -> f32 {
-    // SAFETY: the caller passes a pointer to two readable bytes.
-    let h = unsafe { (p as *const u16).read_unaligned() };
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
+    // SAFETY: the caller passes a pointer to four readable bytes.
+    let h = unsafe { (p as *const u32).read_unaligned() };
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
+/// [`f16c`] for an f16 in the last two bytes of a block: reads `p − 2 .. p + 2`.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn f16c_tail(p: *const u8) -> f32 {
+    // SAFETY: the caller passes a pointer with two readable bytes before and after it.
+    let h = unsafe { (p.sub(2) as *const u32).read_unaligned() };
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128((h >> 16) as i32)))
 }
 
 #[inline]
@@ -336,7 +348,7 @@ macro_rules! int_kernels {
                     }
                     let sumb: i32 = (0..16).map(|g| s(g) * i32::from(xb.bsums[g])).sum();
                     let total = hsum_epi32(sumi) - 32 * sumb;
-                    acc += (f16c(p.add(208)) * xb.d) * total as f32;
+                    acc += (f16c_tail(p.add(208)) * xb.d) * total as f32;
                 }
                 acc
             }
@@ -366,7 +378,7 @@ macro_rules! int_kernels {
                         }
                     }
                     let sumx: i32 = xb.bsums.iter().map(|&v| i32::from(v)).sum();
-                    acc += (f16c(p.add(64)) * xb.d) * (hsum_epi32(sumi) - sumx) as f32;
+                    acc += (f16c_tail(p.add(64)) * xb.d) * (hsum_epi32(sumi) - sumx) as f32;
                 }
                 acc
             }

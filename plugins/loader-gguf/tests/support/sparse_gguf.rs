@@ -32,7 +32,7 @@ pub fn write(path: &Path, tensors: usize, rows: u64, cols: u64) -> std::io::Resu
         h.extend_from_slice(&0u32.to_le_bytes());
         h.extend_from_slice(&(i as u64 * bytes_per).to_le_bytes());
     }
-    while h.len() as u64 % ALIGN != 0 {
+    while !(h.len() as u64).is_multiple_of(ALIGN) {
         h.push(0);
     }
     let total = h.len() as u64 + tensors as u64 * bytes_per;
