@@ -6,6 +6,9 @@
 //!   `target/release/u-runner` is signed in place.
 //! - `test`: `build`, then the whole test suite (`cargo test --release --workspace`).
 //! - `run`: `build`, then the main job on the development deployment `manifests/dev.toml`.
+//! - `fuzz [SECONDS]`: a short `cargo fuzz` run (default 30 s) of every parser target under
+//!   `plugins/*/fuzz`, seeded with the plugin's fixtures. Needs `cargo-fuzz` (installed on first
+//!   use) and uses `RUSTC_BOOTSTRAP=1` because only the stable toolchain is available.
 
 use anyhow::{Context, Result, bail};
 use std::{
@@ -28,7 +31,14 @@ fn main() -> Result<()> {
             build(&root)?;
             run_main_job(&root, &args[1..])
         }
-        _ => bail!("usage: cargo xtask <build | test | run>"),
+        Some("fuzz") => {
+            let seconds = match args.get(1) {
+                Some(s) => s.parse().context("fuzz SECONDS must be a whole number")?,
+                None => 30,
+            };
+            fuzz(&root, seconds)
+        }
+        _ => bail!("usage: cargo xtask <build | test | run | fuzz [SECONDS]>"),
     }
 }
 
@@ -132,6 +142,63 @@ fn run_main_job(root: &Path, extra: &[String]) -> Result<()> {
         .status()?;
     if !status.success() {
         bail!("u-runner refused plugins of {}", deployment.display());
+    }
+    Ok(())
+}
+
+/// Runs every fuzz target for `seconds`, seeded with the fixtures of its plugin's format.
+fn fuzz(root: &Path, seconds: u32) -> Result<()> {
+    let has_cargo_fuzz = Command::new("cargo")
+        .args(["fuzz", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_cargo_fuzz {
+        cargo(root, &["install", "cargo-fuzz", "--locked"])?;
+    }
+    let mut failures = Vec::new();
+    for plugin in std::fs::read_dir(root.join("plugins"))? {
+        let plugin = plugin?.path();
+        let targets = plugin.join("fuzz/fuzz_targets");
+        let Ok(entries) = std::fs::read_dir(&targets) else {
+            continue;
+        };
+        let format = plugin
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("loader-"))
+            .unwrap_or("");
+        let seeds = root.join("tests/fixtures").join(format);
+        for entry in entries {
+            let target = entry?.path();
+            let Some(name) = target.file_stem().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            let corpus = plugin.join("fuzz/corpus").join(name);
+            std::fs::create_dir_all(&corpus)?;
+            eprintln!(
+                "xtask: fuzzing {} / {name} for {seconds} s",
+                plugin.display()
+            );
+            let mut cmd = Command::new("cargo");
+            cmd.current_dir(plugin.join("fuzz"))
+                .env("RUSTC_BOOTSTRAP", "1")
+                .args(["fuzz", "run", "--target-dir"])
+                .arg(root.join("target/fuzz"))
+                .arg(name)
+                .arg(&corpus);
+            if seeds.is_dir() {
+                cmd.arg(&seeds);
+            }
+            cmd.arg("--")
+                .arg(format!("-max_total_time={seconds}"))
+                .arg("-rss_limit_mb=2048");
+            if !cmd.status()?.success() {
+                failures.push(format!("{}/{name}", plugin.display()));
+            }
+        }
+    }
+    if !failures.is_empty() {
+        bail!("fuzz targets found crashes: {}", failures.join(", "));
     }
     Ok(())
 }

@@ -99,3 +99,44 @@ pub fn dequantize_q8k(blocks: &[Q8KBlock]) -> Vec<f32> {
         .flat_map(|b| b.qs.iter().map(move |&q| b.d * f32::from(q)))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantization_error_is_at_most_half_a_step_and_never_minus_128() {
+        let x: Vec<f32> = (0..512)
+            .map(|i| ((i * 7919) % 1000) as f32 / 37.0 - 13.0)
+            .collect();
+        let mut b = vec![Q8Block::default(); 16];
+        quantize_q8(&x, &mut b);
+        for (v, q) in x.iter().zip(dequantize_q8(&b)) {
+            assert!((v - q).abs() <= 0.5001 * b[0].d.max(b[15].d).max(1.0));
+        }
+        for blk in &b {
+            assert!(blk.qs.iter().all(|&q| q != -128));
+            let s: i32 = blk.qs.iter().map(|&q| i32::from(q)).sum();
+            assert_eq!(blk.s, blk.d * s as f32);
+        }
+        let mut k = vec![Q8KBlock::default(); 2];
+        quantize_q8k(&x, &mut k);
+        for (blk, xb) in k.iter().zip(x.chunks(256)) {
+            for (&q, &v) in blk.qs.iter().zip(xb) {
+                assert!((v - blk.d * f32::from(q)).abs() <= 0.5001 * blk.d);
+                assert_ne!(q, -128);
+            }
+            for (g, &s) in blk.bsums.iter().enumerate() {
+                let want: i16 = blk.qs[16 * g..16 * g + 16]
+                    .iter()
+                    .map(|&q| i16::from(q))
+                    .sum();
+                assert_eq!(s, want);
+            }
+        }
+        // All zeros: scale 0, codes 0, no NaN.
+        let mut z = vec![Q8Block::default(); 1];
+        quantize_q8(&[0.0; 32], &mut z);
+        assert_eq!((z[0].d, z[0].s), (0.0, 0.0));
+    }
+}

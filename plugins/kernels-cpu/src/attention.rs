@@ -33,6 +33,13 @@ unsafe impl Send for OutPtr {}
 // SAFETY: as above.
 unsafe impl Sync for OutPtr {}
 
+impl OutPtr {
+    /// The pointer (a method, so closures capture the whole `Sync` wrapper, not the field).
+    fn ptr(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// Key/value storage for one head: f32 in place, or bytes converted tile by tile.
 enum Kv<'a> {
     F32(&'a [f32]),
@@ -42,7 +49,7 @@ enum Kv<'a> {
 impl<'a> Kv<'a> {
     fn new(bytes: &'a [u8], dtype: DType) -> Kv<'a> {
         if dtype == DType::F32
-            && (bytes.as_ptr() as usize) % 4 == 0
+            && (bytes.as_ptr() as usize).is_multiple_of(4)
             && cfg!(target_endian = "little")
         {
             // SAFETY: aligned, length rounded down to whole f32s, lifetime tied to `bytes`, and
@@ -125,7 +132,6 @@ pub fn attention(
     let vec = eng.vec;
     eng.pool.install(|| {
         (0..kvh * blocks).into_par_iter().for_each(|task| {
-            let outp = outp;
             let (g, qb) = (task / blocks, task % blocks);
             let (q0, q1) = (qb * Q_BLOCK, ((qb + 1) * Q_BLOCK).min(nq));
             let rows = (q1 - q0) * group;
@@ -197,7 +203,7 @@ pub fn attention(
                         for (c, &x) in o[r * d..(r + 1) * d].iter().enumerate() {
                             // SAFETY: (qi, head) < (queries, heads); this task alone owns
                             // KV group g's heads for queries q0..q1.
-                            unsafe { *outp.0.add((qi * h + head) * d + c) = x * inv };
+                            unsafe { *outp.ptr().add((qi * h + head) * d + c) = x * inv };
                         }
                     }
                 }

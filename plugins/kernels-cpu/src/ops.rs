@@ -11,7 +11,7 @@ use u_sdk::{Activation, DType, Result, RopeParams, RopeStyle, TensorView, UError
 const PAR_MIN: usize = 1 << 15;
 
 fn check_rows(op: &str, x: usize, y: usize, row: usize) -> Result<()> {
-    if row == 0 || x % row != 0 || x != y {
+    if row == 0 || !x.is_multiple_of(row) || x != y {
         return Err(UError::invalid(format!(
             "{op}: x has {x} values, y has {y}, rows of {row}: x must be whole rows and y as long as x"
         )));
@@ -163,7 +163,7 @@ pub fn activation(eng: &Engine, x: &mut [f32], act: Activation) {
 
 /// Softmax over each row of `row_len` values, in place.
 pub fn softmax(x: &mut [f32], row_len: usize) -> Result<()> {
-    if row_len == 0 || x.len() % row_len != 0 {
+    if row_len == 0 || !x.len().is_multiple_of(row_len) {
         return Err(UError::invalid(format!(
             "softmax: {} values are not whole rows of {row_len}",
             x.len()

@@ -37,11 +37,6 @@ pub(crate) struct Parts {
     pub scheme: PieceScheme,
     /// Drop one leading space of the first decoded piece (SentencePiece's space prefix).
     pub strip_leading_space: bool,
-    /// Added around the ids by `encode(add_special)` when `hf_post` is false.
-    pub prefix: Vec<u32>,
-    pub suffix: Vec<u32>,
-    /// Let HF's post-processor add special tokens (tokenizer.json).
-    pub hf_post: bool,
     pub bos: Option<u32>,
     pub eog: Vec<u32>,
     pub add_bos: bool,
@@ -96,17 +91,9 @@ impl Tok {
             })
         };
         let enc = hf
-            .encode_fast(text, add_special && p.hf_post)
+            .encode_fast(text, add_special)
             .map_err(|e| UError::invalid(format!("tokenizer: encoding failed: {e}")))?;
-        let ids = enc.get_ids();
-        if !add_special || p.hf_post {
-            return Ok(ids.to_vec());
-        }
-        let mut out = Vec::with_capacity(p.prefix.len() + ids.len() + p.suffix.len());
-        out.extend_from_slice(&p.prefix);
-        out.extend_from_slice(ids);
-        out.extend_from_slice(&p.suffix);
-        Ok(out)
+        Ok(enc.get_ids().to_vec())
     }
 
     /// Encodes `text`, parsing special tokens written in it (what a rendered chat prompt needs).

@@ -15,12 +15,19 @@
 
 use crate::vocab::{Family, GgufVocab, TokenType, is_llama3_pre};
 use tokenizers::{
-    AddedToken, NormalizerWrapper, PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer,
+    AddedToken, DecoderWrapper, NormalizerWrapper, PreTokenizerWrapper, SplitDelimiterBehavior,
+    Tokenizer,
+    decoders::{
+        byte_fallback::ByteFallback, fuse::Fuse, sequence::Sequence as DecSeq, strip::Strip,
+        wordpiece::WordPiece as WordPieceDecoder,
+    },
     models::{bpe::BPE, bpe::Vocab, wordpiece::WordPiece},
+    normalizers::replace::Replace as DecReplace,
     normalizers::{BertNormalizer, Prepend, Replace, Sequence as NormSeq},
     pre_tokenizers::{
         bert::BertPreTokenizer, byte_level::ByteLevel, sequence::Sequence as PreSeq, split::Split,
     },
+    processors::template::{SpecialToken, TemplateProcessing},
 };
 use u_sdk::UError;
 
@@ -102,7 +109,78 @@ pub fn build(v: &GgufVocab) -> Result<Tokenizer, UError> {
     }
     tok.add_special_tokens(&special);
     tok.add_tokens(&user);
+    tok.with_decoder(Some(decoder(v)?));
+    if let Some(post) = post_processor(v)? {
+        tok.with_post_processor(Some(post));
+    }
     Ok(tok)
+}
+
+/// HF's decoder for the family, so that [`Tokenizer::to_string`] is a complete `tokenizer.json`.
+fn decoder(v: &GgufVocab) -> Result<DecoderWrapper, UError> {
+    Ok(match v.family {
+        Family::Spm => {
+            let mut steps: Vec<DecoderWrapper> = vec![
+                DecReplace::new("▁", " ")
+                    .map_err(hf_err("space decoder"))?
+                    .into(),
+                ByteFallback::new().into(),
+                Fuse::new().into(),
+            ];
+            if v.add_space_prefix {
+                steps.push(Strip::new(' ', 1, 0).into());
+            }
+            DecSeq::new(steps).into()
+        }
+        Family::Bpe => ByteLevel::new(false, false, false).into(),
+        Family::Wpm => WordPieceDecoder::new("##".into(), false).into(),
+    })
+}
+
+/// BOS/EOS/SEP as a `TemplateProcessing` post-processor (what `add_special` adds).
+fn post_processor(v: &GgufVocab) -> Result<Option<TemplateProcessing>, UError> {
+    let mut pieces = Vec::new();
+    let mut specials = Vec::new();
+    let mut add = |name: &str, id: Option<u32>, pieces: &mut Vec<String>| -> Result<(), UError> {
+        let id = id.ok_or_else(|| {
+            UError::invalid(format!("add_{name} is set but there is no {name} token"))
+        })?;
+        pieces.push(name.to_string());
+        specials.push(
+            SpecialToken::new(name.into(), vec![id], vec![v.tokens[id as usize].clone()])
+                .map_err(hf_err("special token"))?,
+        );
+        Ok(())
+    };
+    if v.add_bos {
+        add("bos", v.bos, &mut pieces)?;
+    }
+    pieces.push("$A".into());
+    if v.add_eos {
+        add("eos", v.eos, &mut pieces)?;
+    }
+    if v.add_sep {
+        add("sep", v.sep, &mut pieces)?;
+    }
+    if pieces.len() == 1 {
+        return Ok(None);
+    }
+    let mut pair = pieces.clone();
+    pair.extend(pieces.iter().filter(|p| *p != "bos").map(|p| {
+        if p == "$A" {
+            "$B:1".to_string()
+        } else {
+            format!("{p}:1")
+        }
+    }));
+    let post = TemplateProcessing::builder()
+        .try_single(pieces)
+        .and_then(|b| b.try_pair(pair))
+        .map_err(|e| UError::invalid(format!("post-processor template: {e}")))?
+        .special_tokens(specials)
+        .build()
+        .map_err(|e| UError::invalid(format!("post-processor: {e}")))?;
+    Ok(Some(post))
 }
 
 fn full_vocab(v: &GgufVocab) -> Vocab {
@@ -240,26 +318,12 @@ impl crate::Tok {
             // llama.cpp keeps the word-start marker as `▁`; HF strips the first space.
             Family::Wpm => (PieceScheme::Spm('▁'), true),
         };
-        let mut prefix = Vec::new();
-        let mut suffix = Vec::new();
-        if v.add_bos {
-            prefix.extend(v.bos);
-        }
-        if v.add_eos {
-            suffix.extend(v.eos);
-        }
-        if v.add_sep {
-            suffix.extend(v.sep);
-        }
         Ok(Self::new(Parts {
             hf,
             tokens: v.tokens.clone(),
             types: v.types.clone(),
             scheme,
             strip_leading_space: strip,
-            prefix,
-            suffix,
-            hf_post: false,
             bos: v.bos,
             eog: v.eog_ids(),
             add_bos: v.add_bos,

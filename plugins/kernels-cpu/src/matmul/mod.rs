@@ -133,7 +133,7 @@ pub fn matmul(eng: &Engine, w: &TensorView<'_>, x: &[f32], m: usize, y: &mut [f3
     let k = usize::try_from(w.row_len()).map_err(|_| bad("row length overflows".into()))?;
     let n = usize::try_from(w.rows()).map_err(|_| bad("row count overflows".into()))?;
     let bs = w.dtype.block_size();
-    if k == 0 || k % bs != 0 {
+    if k == 0 || !k.is_multiple_of(bs) {
         return Err(bad(format!(
             "k = {k} is not a positive multiple of the {bs}-value block"
         )));
@@ -231,6 +231,13 @@ unsafe impl Send for OutPtr {}
 // SAFETY: as above.
 unsafe impl Sync for OutPtr {}
 
+impl OutPtr {
+    /// The pointer (a method, so closures capture the whole `Sync` wrapper, not the field).
+    fn ptr(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// Activation rows per tile in prefill.
 const M_TILE: usize = 16;
 
@@ -251,7 +258,6 @@ fn run(eng: &Engine, n: usize, m: usize, y: &mut [f32], f: impl Fn(usize, usize)
     let out = OutPtr(y.as_mut_ptr());
     let tasks = n.div_ceil(chunk);
     (0..tasks).into_par_iter().for_each(|t| {
-        let out = out;
         let (r0, r1) = (t * chunk, ((t + 1) * chunk).min(n));
         for i0 in (0..m).step_by(M_TILE) {
             let i1 = (i0 + M_TILE).min(m);
@@ -259,7 +265,7 @@ fn run(eng: &Engine, n: usize, m: usize, y: &mut [f32], f: impl Fn(usize, usize)
                 for i in i0..i1 {
                     let v = f(r, i);
                     // SAFETY: i < m, r < n, so i·n + r < y.len(); only this task writes row r.
-                    unsafe { *out.0.add(i * n + r) = v };
+                    unsafe { *out.ptr().add(i * n + r) = v };
                 }
             }
         }

@@ -7,7 +7,22 @@ use u_sdk::quant::{bf16_to_f32, f16_to_f32};
 
 #[inline(always)]
 pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
-    f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+    half_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+}
+
+/// Exact IEEE binary16 → f32 with integer operations and one rarely taken branch (subnormals,
+/// infinities, NaN); equal to [`u_sdk::quant::f16_to_f32`] for every input (tested).
+#[inline(always)]
+pub fn half_to_f32(h: u16) -> f32 {
+    let o = u32::from(h & 0x7fff) << 13;
+    let exp = o & (0x7c00 << 13);
+    let sign = u32::from(h & 0x8000) << 16;
+    let bits = if exp == 0 || exp == 0x7c00 << 13 {
+        return f16_to_f32(h);
+    } else {
+        o + ((127 - 15) << 23)
+    };
+    f32::from_bits(bits | sign)
 }
 
 /// The eight 6-bit (scale, min) pairs of a Q4_K/Q5_K block (ggml's `get_scale_min_k4`).
@@ -114,9 +129,9 @@ pub fn q5_0(w: &[u8], x: &[Q8Block]) -> f32 {
         let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
         let qs = &b[6..22];
         let mut sumi = 0i32;
-        for l in 0..16 {
-            let lo = (qs[l] & 15) | ((((qh >> l) & 1) as u8) << 4);
-            let hi = (qs[l] >> 4) | ((((qh >> (l + 16)) & 1) as u8) << 4);
+        for (l, &q) in qs.iter().enumerate() {
+            let lo = (q & 15) | ((((qh >> l) & 1) as u8) << 4);
+            let hi = (q >> 4) | ((((qh >> (l + 16)) & 1) as u8) << 4);
             sumi += i32::from(lo) * i32::from(xb.qs[l]) + i32::from(hi) * i32::from(xb.qs[l + 16]);
         }
         acc += d * (xb.d * sumi as f32) - 16.0 * (d * xb.s);
@@ -216,4 +231,17 @@ pub fn tq2_0(w: &[u8], x: &[Q8KBlock]) -> f32 {
         acc += (d * xb.d) * (sumi - sumx) as f32;
     }
     acc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn half_conversion_equals_the_sdk_for_every_input() {
+        for h in 0..=u16::MAX {
+            let (a, b) = (half_to_f32(h), f16_to_f32(h));
+            assert_eq!(a.to_bits(), b.to_bits(), "{h:#06x}");
+        }
+    }
 }

@@ -1,0 +1,283 @@
+//! The typed hyper-parameters of a Llama-family model, read from a weight set's canonical
+//! metadata (GGUF keys, or `config.json` mapped by the HF-format loaders) and tensor shapes.
+
+use crate::weights::Weights;
+use serde_json::Value;
+use u_sdk::{MetaValue, Result, RopeStyle, UError, naming};
+
+/// Everything the model needs to know besides the weights themselves.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The metadata architecture (`llama`, `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`).
+    pub arch: String,
+    /// The family reported to the host (`config.model_type` when known, e.g. `mistral`).
+    pub family: String,
+    /// Vocabulary size (rows of the embedding table).
+    pub vocab_size: usize,
+    /// Hidden size.
+    pub hidden: usize,
+    /// Transformer blocks.
+    pub layers: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (grouped-query attention when fewer than `heads`).
+    pub kv_heads: usize,
+    /// Dimension of each head.
+    pub head_dim: usize,
+    /// Longest context.
+    pub context_length: usize,
+    /// RMSNorm epsilon.
+    pub rms_eps: f32,
+    /// Rotary embedding.
+    pub rope: RopeConfig,
+    /// Sliding attention window per layer (0 = full attention).
+    pub window: Vec<u32>,
+    /// Mixture of experts, if any layer has a router.
+    pub moe: Option<MoeConfig>,
+}
+
+/// Rotary position embedding (RoFormer), with frequency scaling already applied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RopeConfig {
+    /// How the stored Q/K rows pair dimensions (see [`naming`]'s note on RoPE pairing).
+    pub style: RopeStyle,
+    /// Dimensions rotated per head.
+    pub rotary_dim: usize,
+    /// `rotary_dim / 2` inverse frequencies.
+    pub inv_freq: Vec<f32>,
+}
+
+/// Routing of a sparse mixture-of-experts layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeConfig {
+    /// Experts per layer.
+    pub experts: usize,
+    /// Experts each token is routed to (top-k).
+    pub used: usize,
+    /// Whether the top-k gate weights are renormalised to sum to one.
+    pub norm_topk: bool,
+}
+
+impl Config {
+    /// Reads the configuration of the model in `w`.
+    pub fn from_weights(w: &Weights) -> Result<Config> {
+        let arch = w
+            .meta_str(naming::ARCHITECTURE_KEY)
+            .ok_or_else(|| UError::invalid("arch-llama: metadata has no general.architecture"))?;
+        let key = |k: &str| format!("{arch}.{k}");
+        let family = w
+            .meta_str("config.model_type")
+            .unwrap_or_else(|| arch.clone());
+
+        let embd = w.shape("token_embd.weight")?;
+        let [vocab_size, hidden] = dims2("token_embd.weight", &embd)?;
+        let layers = w.required_u64(&key("block_count"))? as usize;
+        let heads = w.required_u64(&key("attention.head_count"))? as usize;
+        let kv_heads = w
+            .meta_u64(&key("attention.head_count_kv"))
+            .map_or(heads, |v| v as usize);
+        if layers == 0 || heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(UError::invalid(format!(
+                "arch-llama: {layers} layers, {heads} heads and {kv_heads} KV heads do not make a model"
+            )));
+        }
+        let q_rows = w.shape(&naming::blk(0, "attn_q", "weight"))?;
+        let head_dim = match q_rows.first() {
+            Some(&rows) if rows as usize % heads == 0 => rows as usize / heads,
+            _ => {
+                return Err(UError::invalid(format!(
+                    "arch-llama: attn_q of shape {q_rows:?} does not split into {heads} heads"
+                )));
+            }
+        };
+        let context_length = w.meta_u64(&key("context_length")).unwrap_or(4096) as usize;
+        let rms_eps = w
+            .meta_f64(&key("attention.layer_norm_rms_epsilon"))
+            .unwrap_or(1e-6) as f32;
+
+        let rope = RopeConfig::read(w, &arch, head_dim)?;
+        let window = sliding_windows(w, &arch, layers);
+
+        let moe = match w.meta_u64(&key("expert_count")).filter(|&e| e > 0) {
+            None => None,
+            Some(experts) => {
+                let used = w.required_u64(&key("expert_used_count"))? as usize;
+                if used == 0 || used as u64 > experts {
+                    return Err(UError::invalid(format!(
+                        "arch-llama: {used} experts used per token out of {experts}"
+                    )));
+                }
+                // llama.cpp's defaults: Mixtral and Qwen3-MoE renormalise, Qwen2-MoE does not.
+                let norm_topk = w
+                    .meta_bool(&key("expert_weights_norm"))
+                    .or_else(|| w.meta_bool("config.norm_topk_prob"))
+                    .unwrap_or(arch != "qwen2moe");
+                Some(MoeConfig {
+                    experts: experts as usize,
+                    used,
+                    norm_topk,
+                })
+            }
+        };
+
+        Ok(Config {
+            arch,
+            family,
+            vocab_size: vocab_size as usize,
+            hidden: hidden as usize,
+            layers,
+            heads,
+            kv_heads,
+            head_dim,
+            context_length,
+            rms_eps,
+            rope,
+            window,
+            moe,
+        })
+    }
+}
+
+impl RopeConfig {
+    fn read(w: &Weights, arch: &str, head_dim: usize) -> Result<RopeConfig> {
+        let key = |k: &str| format!("{arch}.{k}");
+        // transformers 5 writes `rope_parameters`, earlier versions `rope_theta` + `rope_scaling`.
+        let hf_rope = w
+            .meta_json("config.rope_parameters")
+            .or_else(|| w.meta_json("config.rope_scaling"))
+            .filter(Value::is_object);
+        let hf = |k: &str| hf_rope.as_ref().and_then(|r| r.get(k));
+        let base = w
+            .meta_f64(&key("rope.freq_base"))
+            .or_else(|| hf("rope_theta").and_then(Value::as_f64))
+            .unwrap_or(10_000.0);
+        let rotary_dim = match w.meta_u64(&key("rope.dimension_count")) {
+            Some(d) => d as usize,
+            None => w
+                .meta_f64("config.partial_rotary_factor")
+                .map_or(head_dim, |f| (head_dim as f64 * f) as usize),
+        };
+        if rotary_dim == 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim {
+            return Err(UError::invalid(format!(
+                "arch-llama: rotary dimension {rotary_dim} for head dimension {head_dim}"
+            )));
+        }
+        let style = match w.meta_str(naming::ROPE_PAIRING_KEY).as_deref() {
+            Some(naming::ROPE_NEOX) => RopeStyle::NeoX,
+            Some(naming::ROPE_NORMAL) => RopeStyle::Normal,
+            Some(other) => {
+                return Err(UError::invalid(format!(
+                    "arch-llama: unknown {} `{other}`",
+                    naming::ROPE_PAIRING_KEY
+                )));
+            }
+            // No statement: the stored rows pair as llama.cpp's converter left them, i.e.
+            // permuted ("normal") for `llama`, untouched ("neox") for the Qwen architectures.
+            None if arch == "llama" => RopeStyle::Normal,
+            None => RopeStyle::NeoX,
+        };
+
+        // θ_i = base^(−2i/d), computed in f32 as the reference does.
+        let mut inv_freq: Vec<f32> = (0..rotary_dim / 2)
+            .map(|i| 1.0 / (base as f32).powf((2 * i) as f32 / rotary_dim as f32))
+            .collect();
+
+        let rope_type = hf("rope_type")
+            .or_else(|| hf("type"))
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .or_else(|| w.meta_str(&key("rope.scaling.type")));
+        let factor = hf("factor")
+            .and_then(Value::as_f64)
+            .or_else(|| w.meta_f64(&key("rope.scaling.factor")))
+            .unwrap_or(1.0) as f32;
+        match rope_type.as_deref() {
+            None | Some("default") | Some("none") => {}
+            Some("linear") => inv_freq.iter_mut().for_each(|f| *f /= factor),
+            Some("llama3") => {
+                let get = |k: &str, d: f64| hf(k).and_then(Value::as_f64).unwrap_or(d) as f32;
+                llama3_scaling(
+                    &mut inv_freq,
+                    factor,
+                    get("low_freq_factor", 1.0),
+                    get("high_freq_factor", 4.0),
+                    get("original_max_position_embeddings", 8192.0),
+                );
+            }
+            Some(other) => {
+                return Err(UError::unsupported(format!(
+                    "arch-llama: rope scaling `{other}` is not implemented"
+                )));
+            }
+        }
+        // GGUF carries Llama 3 scaling as per-frequency divisors.
+        if w.has("rope_freqs.weight") {
+            let factors = w.f32("rope_freqs.weight")?;
+            if factors.len() != inv_freq.len() {
+                return Err(UError::invalid(format!(
+                    "arch-llama: rope_freqs.weight has {} values, expected {}",
+                    factors.len(),
+                    inv_freq.len()
+                )));
+            }
+            inv_freq.iter_mut().zip(factors).for_each(|(f, d)| *f /= d);
+        }
+        Ok(RopeConfig {
+            style,
+            rotary_dim,
+            inv_freq,
+        })
+    }
+}
+
+/// Llama 3.1's frequency-dependent RoPE scaling: long wavelengths divided by `factor`, short ones
+/// kept, the band between interpolated smoothly (as transformers' `_compute_llama3_parameters`).
+pub fn llama3_scaling(inv_freq: &mut [f32], factor: f32, low: f32, high: f32, old_ctx: f32) {
+    let low_wavelen = old_ctx / low;
+    let high_wavelen = old_ctx / high;
+    for f in inv_freq {
+        let wavelen = 2.0 * std::f32::consts::PI / *f;
+        if wavelen > low_wavelen {
+            *f /= factor;
+        } else if wavelen >= high_wavelen {
+            let smooth = (old_ctx / wavelen - low) / (high - low);
+            *f = (1.0 - smooth) * *f / factor + smooth * *f;
+        }
+    }
+}
+
+/// The sliding window of each layer: `config.layer_types` when given (transformers 5), Qwen2's
+/// `use_sliding_window`/`max_window_layers`, otherwise the window (if any) on every layer.
+fn sliding_windows(w: &Weights, arch: &str, layers: usize) -> Vec<u32> {
+    let window = w
+        .meta_u64(&format!("{arch}.attention.sliding_window"))
+        .unwrap_or(0) as u32;
+    if window == 0 {
+        return vec![0; layers];
+    }
+    if let Some(MetaValue::StrArray(types)) = w.meta("config.layer_types") {
+        return (0..layers)
+            .map(|i| match types.get(i).map(|t| t.as_str()) {
+                Some("sliding_attention") => window,
+                _ => 0,
+            })
+            .collect();
+    }
+    if w.meta_bool("config.use_sliding_window") == Some(false) {
+        return vec![0; layers];
+    }
+    let first = w.meta_u64("config.max_window_layers").unwrap_or(0) as usize;
+    let first = if arch.starts_with("qwen") { first } else { 0 };
+    (0..layers)
+        .map(|i| if i >= first { window } else { 0 })
+        .collect()
+}
+
+fn dims2(name: &str, shape: &[u64]) -> Result<[u64; 2]> {
+    match shape {
+        [a, b] => Ok([*a, *b]),
+        _ => Err(UError::invalid(format!(
+            "arch-llama: {name} has shape {shape:?}, expected two dimensions"
+        ))),
+    }
+}

@@ -1,0 +1,139 @@
+//! # u-arch-llama — the Llama family as a U architecture plugin
+//!
+//! One decoder-only transformer, varied through its configuration and the tensors present:
+//!
+//! - **Llama** (Touvron et al. 2023, *LLaMA*, arXiv:2302.13971; *Llama 2*, arXiv:2307.09288;
+//!   *The Llama 3 Herd of Models*, arXiv:2407.21783): pre-norm RMSNorm (Zhang & Sennrich 2019),
+//!   rotary position embedding (Su et al., *RoFormer*, arXiv:2104.09864) with Llama 3.1's
+//!   frequency scaling, grouped-query attention (Ainslie et al., arXiv:2305.13245), SwiGLU
+//!   feed-forward (Shazeer, arXiv:2002.05202); tied embeddings when `output.weight` is absent.
+//! - **Mistral** (arXiv:2310.06825): a sliding attention window.
+//! - **Qwen2** (arXiv:2407.10671): biases on Q, K and V. **Qwen3** (arXiv:2505.09388): RMSNorm
+//!   on each query and key head before RoPE.
+//! - **Mixture of experts**: Mixtral (Jiang et al., arXiv:2401.04088; softmax router, top-k,
+//!   renormalised gates), Qwen2-MoE (a shared expert gated by a sigmoid), Qwen3-MoE.
+//!
+//! Reference implementation: Hugging Face `transformers` (`modeling_llama.py`,
+//! `modeling_mistral.py`, `modeling_qwen2.py`, `modeling_qwen3.py`, `modeling_mixtral.py`,
+//! `modeling_qwen2_moe.py`, `modeling_qwen3_moe.py`), against which `tests/` checks logits on
+//! tiny random-weight models; the tensor naming and GGUF conventions are llama.cpp's.
+//!
+//! Layout: [`config`] (typed hyper-parameters from metadata), [`weights`] (metadata access and
+//! the linear layer), [`model`] (`Attention`, `Mlp`, `MoE`, `Block`, `Llama`), and the plugin
+//! glue below. Compute goes through the `Kernels` interface, KV through the `KvCache`
+//! interface; this crate does no math a kernel offers.
+#![deny(missing_docs)]
+
+pub mod config;
+pub mod model;
+pub mod weights;
+
+pub use config::Config;
+pub use model::Llama;
+pub use weights::Weights;
+
+use abi_stable::{
+    sabi_trait::TD_Opaque,
+    std_types::{RResult, RSlice, RSliceMut, RString, RVec},
+};
+use u_sdk::{
+    Architecture, Architecture_TO, ArchitectureBox, HostBox, KernelsBox, KvCacheBox, Model,
+    Model_TO, ModelBox, ModelConfig, PluginInfo, PluginInstance, SeqChunk, UError, WeightSetBox,
+    guard, guard_infallible,
+};
+
+/// The families this plugin builds (metadata architectures and HF model types).
+pub const FAMILIES: [&str; 10] = [
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen3",
+    "qwen2moe",
+    "qwen3moe",
+    "qwen2_moe",
+    "qwen3_moe",
+    "olmoe",
+];
+
+fn describe() -> PluginInfo {
+    PluginInfo {
+        summary: "Llama-family decoder: Llama 2/3, Mistral, Qwen2/3, Mixtral, Qwen2/3-MoE".into(),
+        details: RVec::from(vec![RString::from(format!(
+            "families={}",
+            FAMILIES.join(",")
+        ))]),
+    }
+}
+
+/// Creates the architecture object (the `instantiate` entry of the root module).
+pub fn instantiate(_host: HostBox) -> u_sdk::Result<PluginInstance> {
+    Ok(PluginInstance::Architecture(LlamaArchitecture.into_box()))
+}
+
+u_sdk::export_plugin! {
+    manifest: "plugin.toml",
+    describe: describe,
+    instantiate: instantiate,
+}
+
+/// The `architecture` entry object.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LlamaArchitecture;
+
+impl LlamaArchitecture {
+    /// As an ABI object.
+    pub fn into_box(self) -> ArchitectureBox {
+        Architecture_TO::from_value(self, TD_Opaque)
+    }
+}
+
+impl Architecture for LlamaArchitecture {
+    fn families(&self) -> RVec<RString> {
+        guard_infallible(
+            || FAMILIES.iter().map(|&f| RString::from(f)).collect(),
+            RVec::new,
+        )
+    }
+
+    fn build(
+        &self,
+        weights: WeightSetBox,
+        kernels: KernelsBox,
+        cache: KvCacheBox,
+    ) -> RResult<ModelBox, UError> {
+        guard("arch-llama.build", || {
+            let model = Llama::load(Weights::new(weights), kernels, cache)?;
+            Ok(Model_TO::from_value(model, TD_Opaque))
+        })
+    }
+}
+
+impl Model for Llama {
+    fn config(&self) -> ModelConfig {
+        let c = &self.cfg;
+        let moe = c.moe.map_or(0, |m| m.experts);
+        ModelConfig {
+            family: c.family.as_str().into(),
+            vocab_size: c.vocab_size as u32,
+            context_length: c.context_length as u32,
+            layers: c.layers as u32,
+            hidden: c.hidden as u32,
+            experts: moe as u32,
+        }
+    }
+
+    fn cache(&self) -> KvCacheBox {
+        Llama::cache(self).clone()
+    }
+
+    fn forward(
+        &self,
+        batch: RSlice<'_, SeqChunk<'_>>,
+        mut logits: RSliceMut<'_, f32>,
+    ) -> RResult<(), UError> {
+        guard("arch-llama.forward", || {
+            Llama::forward(self, batch.as_slice(), logits.as_mut_slice())
+        })
+    }
+}

@@ -1,0 +1,224 @@
+//! Access to the weight set: typed metadata, tensor shapes, and the linear layer.
+//!
+//! Large tensors are never copied: a [`Linear`] keeps the tensor's name and takes a fresh
+//! zero-copy view for each forward pass (views borrow the weight set, which the model owns).
+//! Small vectors (norm scales, biases) are decoded to `f32` once at load.
+
+use abi_stable::std_types::{RSlice, RSliceMut};
+use serde_json::Value;
+use u_sdk::{KernelsBox, MetaValue, Result, TensorView, UError, WeightSetBox};
+
+/// The weight set with typed accessors.
+#[derive(Clone)]
+pub struct Weights {
+    set: WeightSetBox,
+    shapes: std::collections::HashMap<String, Vec<u64>>,
+}
+
+impl Weights {
+    /// Wraps a weight set, indexing its tensor shapes.
+    pub fn new(set: WeightSetBox) -> Weights {
+        let shapes = set
+            .tensors()
+            .into_iter()
+            .map(|t| (t.name.into_string(), t.shape.into_vec()))
+            .collect();
+        Weights { set, shapes }
+    }
+
+    /// One metadata value.
+    pub fn meta(&self, key: &str) -> Option<MetaValue> {
+        self.set.metadata(key.into()).into_option()
+    }
+
+    /// A metadata value as an unsigned integer.
+    pub fn meta_u64(&self, key: &str) -> Option<u64> {
+        self.meta(key).and_then(|v| v.as_u64())
+    }
+
+    /// A required unsigned integer.
+    pub fn required_u64(&self, key: &str) -> Result<u64> {
+        self.meta_u64(key)
+            .ok_or_else(|| UError::invalid(format!("arch-llama: metadata `{key}` is missing")))
+    }
+
+    /// A metadata value as a float.
+    pub fn meta_f64(&self, key: &str) -> Option<f64> {
+        self.meta(key).and_then(|v| v.as_f64())
+    }
+
+    /// A metadata value as a string.
+    pub fn meta_str(&self, key: &str) -> Option<String> {
+        self.meta(key).and_then(|v| v.as_str().map(str::to_string))
+    }
+
+    /// A metadata boolean.
+    pub fn meta_bool(&self, key: &str) -> Option<bool> {
+        match self.meta(key)? {
+            MetaValue::Bool(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// A metadata value holding a nested JSON structure.
+    pub fn meta_json(&self, key: &str) -> Option<Value> {
+        match self.meta(key)? {
+            MetaValue::Json(text) => serde_json::from_str(&text).ok(),
+            _ => None,
+        }
+    }
+
+    /// Every tensor's name and shape (in no particular order).
+    pub fn shapes(&self) -> impl Iterator<Item = (&String, &Vec<u64>)> {
+        self.shapes.iter()
+    }
+
+    /// Whether a tensor exists.
+    pub fn has(&self, name: &str) -> bool {
+        self.shapes.contains_key(name)
+    }
+
+    /// A tensor's shape, outermost first.
+    pub fn shape(&self, name: &str) -> Result<Vec<u64>> {
+        self.shapes
+            .get(name)
+            .cloned()
+            .ok_or_else(|| UError::not_found(format!("arch-llama: tensor `{name}` is missing")))
+    }
+
+    /// A zero-copy view of a tensor.
+    pub fn view(&self, name: &str) -> Result<TensorView<'_>> {
+        self.set.tensor(name.into()).into_result()
+    }
+
+    /// A tensor decoded to `f32` (for small vectors).
+    pub fn f32(&self, name: &str) -> Result<Vec<f32>> {
+        let v = self.view(name)?;
+        u_sdk::quant::dequantize_view(&v).map_err(|e| UError::invalid(format!("{name}: {e}")))
+    }
+
+    /// A vector of exactly `len` values.
+    pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        let v = self.f32(name)?;
+        if v.len() != len {
+            return Err(UError::invalid(format!(
+                "arch-llama: {name} has {} values, expected {len}",
+                v.len()
+            )));
+        }
+        Ok(v)
+    }
+}
+
+/// `y = x·Wᵀ (+ b)`: a weight of shape `[out, in]` in any dtype the kernels take — or one
+/// expert's slice of a stacked `[E, out, in]` tensor (GGUF) — and an optional f32 bias.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    name: String,
+    /// Byte range of this weight inside the tensor (`None`: all of it).
+    bytes: Option<std::ops::Range<usize>>,
+    bias: Option<Vec<f32>>,
+    /// Input features.
+    pub inputs: usize,
+    /// Output features.
+    pub outputs: usize,
+}
+
+impl Linear {
+    /// Loads `{name}.weight` (and `{name}.bias` when `bias` is asked for and present), checking
+    /// that it maps `inputs` features. A 1-D weight of `inputs` values is one output row.
+    pub fn load(w: &Weights, name: &str, inputs: usize, bias: bool) -> Result<Linear> {
+        let weight = format!("{name}.weight");
+        let shape = w.shape(&weight)?;
+        let outputs = match shape.as_slice() {
+            [o, i] if *i as usize == inputs => *o as usize,
+            [i] if *i as usize == inputs => 1,
+            _ => {
+                return Err(UError::invalid(format!(
+                    "arch-llama: {weight} has shape {shape:?}, expected [_, {inputs}]"
+                )));
+            }
+        };
+        let bias_name = format!("{name}.bias");
+        let bias = if bias && w.has(&bias_name) {
+            Some(w.vector(&bias_name, outputs)?)
+        } else {
+            None
+        };
+        Ok(Linear {
+            name: weight,
+            bytes: None,
+            bias,
+            inputs,
+            outputs,
+        })
+    }
+
+    /// Expert `index` of a stacked `[E, out, in]` tensor `name`.
+    pub fn stacked(w: &Weights, name: &str, index: usize, inputs: usize) -> Result<Linear> {
+        let shape = w.shape(name)?;
+        let bad = || {
+            UError::invalid(format!(
+                "arch-llama: {name} has shape {shape:?}, expected [>{index}, _, {inputs}]"
+            ))
+        };
+        let (experts, outputs) = match shape.as_slice() {
+            [e, o, i] if *i as usize == inputs => (*e as usize, *o as usize),
+            _ => return Err(bad()),
+        };
+        if index >= experts {
+            return Err(bad());
+        }
+        let dtype = w.view(name)?.dtype;
+        let per = dtype
+            .bytes_for(outputs as u64 * inputs as u64)
+            .ok_or_else(bad)? as usize;
+        Ok(Linear {
+            name: name.to_string(),
+            bytes: Some(index * per..(index + 1) * per),
+            bias: None,
+            inputs,
+            outputs,
+        })
+    }
+
+    /// `y[m × out] = x[m × in]·Wᵀ + b`.
+    pub fn forward(
+        &self,
+        w: &Weights,
+        k: &KernelsBox,
+        x: &[f32],
+        m: usize,
+        y: &mut [f32],
+    ) -> Result<()> {
+        let full = w.view(&self.name)?;
+        let data = match &self.bytes {
+            None => full.data.as_slice(),
+            Some(r) => full.data.as_slice().get(r.clone()).ok_or_else(|| {
+                UError::invalid(format!(
+                    "arch-llama: {} is shorter than its shape",
+                    self.name
+                ))
+            })?,
+        };
+        let view = TensorView {
+            dtype: full.dtype,
+            shape: vec![self.outputs as u64, self.inputs as u64].into(),
+            data: RSlice::from_slice(data),
+        };
+        let y = &mut y[..m * self.outputs];
+        k.matmul(
+            &view,
+            RSlice::from_slice(&x[..m * self.inputs]),
+            m as u32,
+            RSliceMut::from_mut_slice(y),
+        )
+        .into_result()?;
+        if let Some(b) = &self.bias {
+            for row in y.chunks_exact_mut(self.outputs) {
+                row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,66 @@
+//! # u-cache-kv — the KV memory of U
+//!
+//! A `cache` plugin: the keys and values of running sequences, shared as much as exactness
+//! allows.
+//!
+//! - `page`: fixed pages of 64 tokens per layer, refcounted through `Arc`, **append-only**:
+//!   forking copies no data, the first writer past a shared page's frontier appends in place and
+//!   any other writer copies that one page (copy on write). Borrowed page slices therefore never
+//!   change or move; each cache handle keeps the pages it lent until it is dropped.
+//! - `radix`: a radix tree over token ids with compressed edges; lookup forks the deepest
+//!   cached prefix, pins it while the sequence lives, and LRU eviction keeps the cache under
+//!   `max_bytes`.
+//! - [`quant`]: int8 KV per sequence (group 32, one f32 scale each), handed out as int8 pages
+//!   that [`u_sdk::KvPage::keys_f32`] dequantizes.
+//! - [`rope`]: re-rotation of keys for grafts at another position.
+//! - `disk` ([`FormatError`]): crash-safe, checksummed, model-bound checkpoint files, restored with `mmap`.
+//!
+//! Configuration (`[plugins.config]` of the deployment):
+//!
+//! ```toml
+//! max_bytes = 8_589_934_592  # evict prefix-tree entries past this many bytes of KV
+//! dir = "/srv/kv"            # persist checkpoints here (needs an fs.write grant)
+//! max_checkpoints = 4096     # named checkpoints kept in memory
+//! ```
+#![deny(missing_docs)]
+
+mod disk;
+mod page;
+mod plugin;
+pub mod quant;
+mod radix;
+pub mod rope;
+mod store;
+
+pub use disk::{FormatError, MAGIC, VERSION};
+pub use page::PAGE_TOKENS;
+pub use plugin::KvCachePlugin;
+pub use store::{Config, Store};
+
+use abi_stable::std_types::RVec;
+use u_sdk::{HostBox, PluginInfo, PluginInstance};
+
+fn describe() -> PluginInfo {
+    PluginInfo {
+        summary: "paged copy-on-write KV cache: radix prefix tree, int8 KV, checkpoints, disk tier"
+            .into(),
+        details: RVec::from(vec![
+            format!("page_tokens={}", page::PAGE_TOKENS).into(),
+            format!("int8_group={}", quant::GROUP).into(),
+            format!("disk_format=v{}", disk::VERSION).into(),
+        ]),
+    }
+}
+
+/// Creates the plugin's cache object from the host's config (the root module's `instantiate`).
+pub fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
+    let config = Config::parse(host.config().as_str())?;
+    let cache = KvCachePlugin::new(config, Some(host));
+    Ok(PluginInstance::Cache(cache.into_box()))
+}
+
+u_sdk::export_plugin! {
+    manifest: "plugin.toml",
+    describe: describe,
+    instantiate: instantiate,
+}

@@ -1,0 +1,608 @@
+//! The cache engine behind the ABI: sequences of pages, the prefix tree, checkpoints, the budget.
+//!
+//! Locks: the sequence table, then one sequence; the prefix tree and the checkpoint table are
+//! never taken while a sequence is locked, so no two locks are ever waited for in opposite order.
+
+use crate::{
+    disk::{self, Disk},
+    page::{Counters, Kind, PAGE_TOKENS, Page, Shape},
+    radix::Radix,
+    rope,
+};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{
+        Arc, Mutex, MutexGuard, RwLock,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+use u_sdk::{DType, ErrorKind, KvLayout, KvStats, RopeParams, SeqId, UError};
+
+/// Cache settings, from the plugin's `[plugins.config]` table.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Byte budget: past it, least recently used prefix-tree entries are evicted.
+    #[serde(default)]
+    pub max_bytes: Option<u64>,
+    /// Directory (under an `fs.write` grant) where checkpoints persist.
+    #[serde(default)]
+    pub dir: Option<String>,
+    /// Most named checkpoints kept in memory.
+    #[serde(default = "default_max_checkpoints")]
+    pub max_checkpoints: usize,
+}
+
+fn default_max_checkpoints() -> usize {
+    4096
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            max_bytes: None,
+            dir: None,
+            max_checkpoints: default_max_checkpoints(),
+        }
+    }
+}
+
+impl Config {
+    /// Parses the config TOML (empty means defaults).
+    pub fn parse(text: &str) -> u_sdk::Result<Self> {
+        toml::from_str(text).map_err(|e| UError::invalid(format!("cache-kv config: {e}")))
+    }
+}
+
+/// The configured layout.
+#[derive(Clone, Debug)]
+pub struct Geometry {
+    /// The layout as declared.
+    pub layout: KvLayout,
+    /// Per-token row shape.
+    pub shape: Shape,
+    /// Page kind new sequences write.
+    pub kind: Kind,
+}
+
+impl Geometry {
+    fn new(layout: KvLayout) -> u_sdk::Result<Self> {
+        let kind = kind_of(layout.dtype)?;
+        if layout.layers == 0 || layout.kv_heads == 0 || layout.head_dim == 0 {
+            return Err(UError::invalid(format!(
+                "cache-kv: layout needs layers, kv_heads and head_dim > 0 (got {} × {} × {})",
+                layout.layers, layout.kv_heads, layout.head_dim
+            )));
+        }
+        let shape = Shape::new(layout.kv_heads as usize * layout.head_dim as usize);
+        Ok(Self {
+            layout,
+            shape,
+            kind,
+        })
+    }
+
+    /// Number of layers.
+    pub fn layers(&self) -> usize {
+        self.layout.layers as usize
+    }
+}
+
+fn kind_of(dtype: DType) -> u_sdk::Result<Kind> {
+    match dtype {
+        DType::F32 => Ok(Kind::F32),
+        DType::I8 => Ok(Kind::I8),
+        other => Err(UError::unsupported(format!(
+            "cache-kv stores F32 or I8 KV, not {other:?}"
+        ))),
+    }
+}
+
+/// One layer's pages of a sequence: `pages.len() == ⌈len / PAGE_TOKENS⌉`.
+#[derive(Clone, Default)]
+pub struct Lane {
+    /// Pages in token order.
+    pub pages: Vec<Arc<Page>>,
+    /// Tokens stored.
+    pub len: usize,
+}
+
+impl Lane {
+    fn truncate(&mut self, n: usize) {
+        if n < self.len {
+            self.len = n;
+            self.pages.truncate(n.div_ceil(PAGE_TOKENS));
+        }
+    }
+
+    /// `(page, tokens of it in this lane)` in order.
+    pub fn views(&self) -> impl Iterator<Item = (&Arc<Page>, usize)> {
+        let len = self.len;
+        self.pages
+            .iter()
+            .enumerate()
+            .map(move |(i, p)| (p, (len - i * PAGE_TOKENS).min(PAGE_TOKENS)))
+    }
+
+    /// Tokens `from..to` as f32 rows.
+    fn read_range(&self, from: usize, to: usize, row: usize) -> (Vec<f32>, Vec<f32>) {
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        let (mut pk, mut pv) = (Vec::new(), Vec::new());
+        for (i, (p, n)) in self.views().enumerate() {
+            let start = i * PAGE_TOKENS;
+            if start + n <= from || start >= to {
+                continue;
+            }
+            pk.clear();
+            pv.clear();
+            p.read_f32(n, &mut pk, &mut pv);
+            let a = from.max(start) - start;
+            let b = to.min(start + n) - start;
+            k.extend_from_slice(&pk[a * row..b * row]);
+            v.extend_from_slice(&pv[a * row..b * row]);
+        }
+        (k, v)
+    }
+
+    /// Appends f32 rows, in place where this lane owns the page's frontier, else copying only
+    /// the last page (copy on write). New pages are of `kind`.
+    fn append(
+        &mut self,
+        keys: &[f32],
+        values: &[f32],
+        kind: Kind,
+        shape: Shape,
+        counters: &Arc<Counters>,
+    ) {
+        let row = shape.row;
+        let n = keys.len() / row;
+        let mut done = 0;
+        while done < n {
+            let slot = self.len % PAGE_TOKENS;
+            let take = (PAGE_TOKENS - slot).min(n - done);
+            let (k, v) = (
+                &keys[done * row..(done + take) * row],
+                &values[done * row..(done + take) * row],
+            );
+            if slot == 0 {
+                let mut p = Page::new(kind, shape, counters);
+                p.rewind_and_claim(0, take);
+                // SAFETY: a fresh page, claimed above, not yet shared.
+                unsafe { p.write(0, k, v) };
+                self.pages.push(Arc::new(p));
+            } else {
+                let last = self.pages.last_mut().expect("a partly filled page");
+                if last.claim(slot, take) {
+                    // SAFETY: the CAS gave this writer slots slot..slot+take; nobody reads them
+                    // before this lane publishes its new length.
+                    unsafe { last.write(slot, k, v) };
+                } else if let Some(p) = Arc::get_mut(last).filter(|p| !p.is_mapped()) {
+                    p.rewind_and_claim(slot, take);
+                    // SAFETY: `&mut`: nobody else references this page.
+                    unsafe { p.write(slot, k, v) };
+                } else {
+                    let mut p = Page::new(last.kind(), shape, counters);
+                    p.copy_prefix_from(last, slot);
+                    p.rewind_and_claim(slot, take);
+                    // SAFETY: a fresh page, claimed above, not yet shared.
+                    unsafe { p.write(slot, k, v) };
+                    *last = Arc::new(p);
+                }
+            }
+            self.len += take;
+            done += take;
+        }
+    }
+}
+
+/// A sequence's KV by reference: forking is cloning this (page references, no data).
+#[derive(Clone, Default)]
+pub struct Snapshot {
+    /// One lane per layer.
+    pub lanes: Vec<Lane>,
+}
+
+impl Snapshot {
+    fn empty(layers: usize) -> Self {
+        Self {
+            lanes: vec![Lane::default(); layers],
+        }
+    }
+
+    /// Complete tokens: the shortest layer.
+    pub fn len(&self) -> usize {
+        self.lanes.iter().map(|l| l.len).min().unwrap_or(0)
+    }
+
+    /// Whether no token is stored.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The first `n` tokens of every layer.
+    pub fn truncated(&self, n: usize) -> Snapshot {
+        let mut s = self.clone();
+        for l in &mut s.lanes {
+            l.truncate(n);
+        }
+        s
+    }
+}
+
+struct Seq {
+    data: Snapshot,
+    kind: Kind,
+    /// Prefix-tree node this sequence was forked from (pinned until release).
+    pin: Option<usize>,
+}
+
+/// The cache.
+pub struct Store {
+    config: Config,
+    geometry: RwLock<Option<Arc<Geometry>>>,
+    seqs: Mutex<HashMap<SeqId, Arc<Mutex<Seq>>>>,
+    next: AtomicU64,
+    radix: Mutex<Radix>,
+    checkpoints: Mutex<BTreeMap<String, Snapshot>>,
+    counters: Arc<Counters>,
+    disk: Option<Disk>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Store {
+    /// A cache with `config`; `disk` is the disk tier (if `config.dir` is set).
+    pub fn new(config: Config, disk: Option<Disk>) -> Self {
+        Self {
+            config,
+            geometry: RwLock::new(None),
+            seqs: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(1),
+            radix: Mutex::new(Radix::new()),
+            checkpoints: Mutex::new(BTreeMap::new()),
+            counters: Arc::new(Counters::default()),
+            disk,
+        }
+    }
+
+    /// Declares the layout (once; the same layout again is accepted).
+    pub fn configure(&self, layout: KvLayout) -> u_sdk::Result<()> {
+        let mut g = self.geometry.write().unwrap_or_else(|p| p.into_inner());
+        match &*g {
+            Some(old) if old.layout == layout => Ok(()),
+            Some(old) => Err(UError::invalid(format!(
+                "cache-kv is already configured with {:?}; cannot switch to {:?}",
+                old.layout, layout
+            ))),
+            None => {
+                *g = Some(Arc::new(Geometry::new(layout)?));
+                Ok(())
+            }
+        }
+    }
+
+    /// The layout, or an error if [`Store::configure`] was not called.
+    pub fn geometry(&self) -> u_sdk::Result<Arc<Geometry>> {
+        self.geometry
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| UError::invalid("cache-kv: configure() must be called first"))
+    }
+
+    fn seq(&self, id: SeqId) -> u_sdk::Result<Arc<Mutex<Seq>>> {
+        lock(&self.seqs)
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| UError::not_found(format!("cache-kv: no sequence {id}")))
+    }
+
+    fn insert_seq(&self, data: Snapshot, kind: Kind, pin: Option<usize>) -> SeqId {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let seq = Seq { data, kind, pin };
+        lock(&self.seqs).insert(id, Arc::new(Mutex::new(seq)));
+        id
+    }
+
+    /// A copy of `id`'s page references.
+    pub fn snapshot(&self, id: SeqId) -> u_sdk::Result<Snapshot> {
+        Ok(lock(&*self.seq(id)?).data.clone())
+    }
+
+    /// A new empty sequence.
+    pub fn create(&self) -> u_sdk::Result<SeqId> {
+        let g = self.geometry()?;
+        Ok(self.insert_seq(Snapshot::empty(g.layers()), g.kind, None))
+    }
+
+    /// A new sequence sharing every page of `id`.
+    pub fn fork(&self, id: SeqId) -> u_sdk::Result<SeqId> {
+        let (data, kind) = {
+            let s = self.seq(id)?;
+            let s = lock(&s);
+            (s.data.clone(), s.kind)
+        };
+        Ok(self.insert_seq(data, kind, None))
+    }
+
+    /// Drops a sequence (and its prefix-tree pin).
+    pub fn release(&self, id: SeqId) -> u_sdk::Result<()> {
+        let s = lock(&self.seqs)
+            .remove(&id)
+            .ok_or_else(|| UError::not_found(format!("cache-kv: no sequence {id}")))?;
+        let pin = lock(&s).pin.take();
+        drop(s);
+        if let Some(node) = pin {
+            lock(&self.radix).unpin(node);
+        }
+        self.enforce_budget();
+        Ok(())
+    }
+
+    /// Complete tokens of `id` (the shortest layer).
+    pub fn len(&self, id: SeqId) -> u_sdk::Result<u64> {
+        Ok(lock(&*self.seq(id)?).data.len() as u64)
+    }
+
+    /// Drops tokens past `n` in every layer.
+    pub fn truncate(&self, id: SeqId, n: u64) -> u_sdk::Result<()> {
+        let s = self.seq(id)?;
+        let mut s = lock(&s);
+        for l in &mut s.data.lanes {
+            l.truncate(n as usize);
+        }
+        Ok(())
+    }
+
+    /// Sets the kind of the pages `id` starts from now on.
+    pub fn set_dtype(&self, id: SeqId, dtype: DType) -> u_sdk::Result<()> {
+        let kind = kind_of(dtype)?;
+        lock(&*self.seq(id)?).kind = kind;
+        Ok(())
+    }
+
+    /// Appends `layer`'s keys and values (tokens × kv_heads × head_dim each).
+    pub fn append(&self, id: SeqId, layer: u32, keys: &[f32], values: &[f32]) -> u_sdk::Result<()> {
+        let g = self.geometry()?;
+        let row = g.shape.row;
+        if layer as usize >= g.layers() {
+            return Err(UError::invalid(format!(
+                "cache-kv: layer {layer} out of range (model has {} layers)",
+                g.layers()
+            )));
+        }
+        if keys.len() != values.len() || keys.len() % row != 0 {
+            return Err(UError::invalid(format!(
+                "cache-kv: append of {} keys and {} values is not a whole number of tokens of \
+                 kv_heads × head_dim = {row}",
+                keys.len(),
+                values.len()
+            )));
+        }
+        {
+            let s = self.seq(id)?;
+            let mut s = lock(&s);
+            let kind = s.kind;
+            s.data.lanes[layer as usize].append(keys, values, kind, g.shape, &self.counters);
+        }
+        self.enforce_budget();
+        Ok(())
+    }
+
+    /// `layer`'s pages of `id` with the number of tokens of each.
+    pub fn pages(&self, id: SeqId, layer: u32) -> u_sdk::Result<Vec<(Arc<Page>, usize)>> {
+        let s = self.seq(id)?;
+        let s = lock(&s);
+        let lane = s
+            .data
+            .lanes
+            .get(layer as usize)
+            .ok_or_else(|| UError::invalid(format!("cache-kv: layer {layer} out of range")))?;
+        Ok(lane.views().map(|(p, n)| (p.clone(), n)).collect())
+    }
+
+    /// Records that `id` holds the KV of `tokens`.
+    pub fn insert_prefix(&self, tokens: &[u32], id: SeqId) -> u_sdk::Result<()> {
+        let snap = self.snapshot(id)?;
+        if snap.len() < tokens.len() {
+            return Err(UError::invalid(format!(
+                "cache-kv: sequence {id} holds {} tokens, fewer than the {} of the prefix",
+                snap.len(),
+                tokens.len()
+            )));
+        }
+        if tokens.is_empty() {
+            return Ok(());
+        }
+        lock(&self.radix).insert(tokens, &snap);
+        self.enforce_budget();
+        Ok(())
+    }
+
+    /// A new sequence holding the deepest cached prefix of `tokens`, and its length.
+    pub fn lookup_prefix(&self, tokens: &[u32]) -> u_sdk::Result<(SeqId, u64)> {
+        let g = self.geometry()?;
+        let found = lock(&self.radix).lookup(tokens);
+        Ok(match found {
+            Some((node, matched, snap)) => {
+                (self.insert_seq(snap, g.kind, Some(node)), matched as u64)
+            }
+            None => (
+                self.insert_seq(Snapshot::empty(g.layers()), g.kind, None),
+                0,
+            ),
+        })
+    }
+
+    /// Evicts prefix-tree entries while the bytes held exceed the budget.
+    pub fn enforce_budget(&self) {
+        let Some(max) = self.config.max_bytes else {
+            return;
+        };
+        if self.counters.bytes.load(Ordering::Relaxed) <= max {
+            return;
+        }
+        let mut r = lock(&self.radix);
+        while self.counters.bytes.load(Ordering::Relaxed) > max && r.evict_one() {}
+    }
+
+    /// Evicts every unpinned prefix-tree leaf, repeatedly (for tests and shutdown).
+    pub fn evict_all(&self) {
+        let mut r = lock(&self.radix);
+        while r.evict_one() {}
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> KvStats {
+        let disk = self
+            .disk
+            .as_ref()
+            .and_then(|d| d.list().ok())
+            .unwrap_or_default();
+        let mut names: std::collections::BTreeSet<String> =
+            lock(&self.checkpoints).keys().cloned().collect();
+        names.extend(disk);
+        KvStats {
+            page_tokens: PAGE_TOKENS as u32,
+            bytes: self.counters.bytes.load(Ordering::Relaxed),
+            pages: self.counters.pages.load(Ordering::Relaxed),
+            sequences: lock(&self.seqs).len() as u64,
+            prefix_nodes: lock(&self.radix).len() as u64,
+            checkpoints: names.len() as u64,
+            evictions: lock(&self.radix).evictions,
+        }
+    }
+
+    /// Number of edges on the prefix tree's path for `tokens`.
+    pub fn prefix_edges(&self, tokens: &[u32]) -> usize {
+        lock(&self.radix).path_edges(tokens)
+    }
+
+    /// Saves `id` as checkpoint `name` (in memory, and on disk when a directory is configured).
+    pub fn save_checkpoint(&self, name: &str, id: SeqId) -> u_sdk::Result<()> {
+        disk::check_name(name)?;
+        let snap = self.snapshot(id)?;
+        {
+            let c = lock(&self.checkpoints);
+            if !c.contains_key(name) && c.len() >= self.config.max_checkpoints {
+                return Err(UError::new(
+                    ErrorKind::ResourceExhausted,
+                    format!(
+                        "cache-kv: {} checkpoints already (max_checkpoints); delete one first",
+                        c.len()
+                    ),
+                ));
+            }
+        }
+        if let Some(d) = &self.disk {
+            d.write(name, &*self.geometry()?, &snap)?;
+        }
+        lock(&self.checkpoints).insert(name.to_string(), snap);
+        Ok(())
+    }
+
+    /// A new sequence forked from checkpoint `name` (read from disk if not in memory).
+    pub fn load_checkpoint(&self, name: &str) -> u_sdk::Result<SeqId> {
+        disk::check_name(name)?;
+        let g = self.geometry()?;
+        let cached = lock(&self.checkpoints).get(name).cloned();
+        let snap = match (cached, &self.disk) {
+            (Some(s), _) => s,
+            (None, Some(d)) => {
+                let s = d.read(name, &g, &self.counters)?;
+                lock(&self.checkpoints).insert(name.to_string(), s.clone());
+                s
+            }
+            (None, None) => {
+                return Err(UError::not_found(format!(
+                    "cache-kv: no checkpoint named {name:?}"
+                )));
+            }
+        };
+        Ok(self.insert_seq(snap, g.kind, None))
+    }
+
+    /// Drops checkpoint `name` from memory (only), so the next load reads the disk tier.
+    pub fn forget_checkpoint(&self, name: &str) {
+        lock(&self.checkpoints).remove(name);
+    }
+
+    /// Names of all checkpoints, in memory or on disk, sorted.
+    pub fn checkpoints(&self) -> u_sdk::Result<Vec<String>> {
+        let mut names: std::collections::BTreeSet<String> =
+            lock(&self.checkpoints).keys().cloned().collect();
+        if let Some(d) = &self.disk {
+            names.extend(d.list()?);
+        }
+        Ok(names.into_iter().collect())
+    }
+
+    /// Deletes checkpoint `name` from memory and disk.
+    pub fn delete_checkpoint(&self, name: &str) -> u_sdk::Result<()> {
+        disk::check_name(name)?;
+        let in_memory = lock(&self.checkpoints).remove(name).is_some();
+        let on_disk = match &self.disk {
+            Some(d) => d.remove(name)?,
+            None => false,
+        };
+        if in_memory || on_disk {
+            Ok(())
+        } else {
+            Err(UError::not_found(format!(
+                "cache-kv: no checkpoint named {name:?}"
+            )))
+        }
+    }
+
+    /// Appends tokens `from..from + count` of `src` to `dst`, re-rotating keys to `dst`'s
+    /// positions (see [`crate::rope`]).
+    pub fn graft(
+        &self,
+        dst: SeqId,
+        src: SeqId,
+        from: u64,
+        count: u64,
+        rope_params: &RopeParams,
+    ) -> u_sdk::Result<()> {
+        let g = self.geometry()?;
+        let head_dim = g.layout.head_dim as usize;
+        rope::check(rope_params, head_dim)?;
+        let src_snap = self.snapshot(src)?;
+        let (from, count) = (from as usize, count as usize);
+        if from + count > src_snap.len() {
+            return Err(UError::invalid(format!(
+                "cache-kv: graft of tokens {from}..{} but sequence {src} holds {}",
+                from + count,
+                src_snap.len()
+            )));
+        }
+        let row = g.shape.row;
+        let s = self.seq(dst)?;
+        let mut s = lock(&s);
+        let q0 = s.data.len();
+        if s.data.lanes.iter().any(|l| l.len != q0) {
+            return Err(UError::invalid(format!(
+                "cache-kv: graft target {dst} has layers of different lengths"
+            )));
+        }
+        let kind = s.kind;
+        for (layer, lane) in src_snap.lanes.iter().enumerate() {
+            let (mut k, v) = lane.read_range(from, from + count, row);
+            for (i, tok) in k.chunks_exact_mut(row).enumerate() {
+                rope::rerotate(
+                    tok,
+                    head_dim,
+                    (from + i) as u64,
+                    (q0 + i) as u64,
+                    rope_params,
+                );
+            }
+            s.data.lanes[layer].append(&k, &v, kind, g.shape, &self.counters);
+        }
+        drop(s);
+        self.enforce_budget();
+        Ok(())
+    }
+}

@@ -1,0 +1,261 @@
+//! Flash attention against a naive `softmax(q·kᵀ·scale + mask)·v` in f64, on every ISA, and
+//! against PyTorch `scaled_dot_product_attention` fixtures (`tests/fixtures/gen_attention.py`).
+//! Tolerance: 1e-5 absolute on outputs of magnitude ≤ 1 (values are convex combinations of
+//! |v| ≤ 1 for the random cases; the fixtures' v are standard normal, |out| < 3).
+
+use u_kernels_cpu::testutil::{Rng, f32_to_f16};
+use u_kernels_cpu::{CpuKernels, Isa};
+use u_sdk::quant::f16_to_f32;
+use u_sdk::{AttentionParams, DType};
+
+#[derive(Clone, Debug)]
+struct Shape {
+    heads: usize,
+    kv_heads: usize,
+    d: usize,
+    nq: usize,
+    nk: usize,
+    first: usize,
+    window: usize,
+    dtype: DType,
+}
+
+fn params(s: &Shape, scale: f32) -> AttentionParams {
+    AttentionParams {
+        heads: s.heads as u32,
+        kv_heads: s.kv_heads as u32,
+        head_dim: s.d as u32,
+        queries: s.nq as u32,
+        kv_len: s.nk as u32,
+        first_query_pos: s.first as u32,
+        window: s.window as u32,
+        scale,
+        kv_dtype: s.dtype,
+    }
+}
+
+/// Stores f32 values as `dtype` bytes and returns the values as stored.
+fn store(vals: &[f32], dtype: DType) -> (Vec<u8>, Vec<f32>) {
+    match dtype {
+        DType::F16 => {
+            let bits: Vec<u16> = vals.iter().map(|&v| f32_to_f16(v)).collect();
+            (
+                bits.iter().flat_map(|b| b.to_le_bytes()).collect(),
+                bits.iter().map(|&b| f16_to_f32(b)).collect(),
+            )
+        }
+        _ => (
+            vals.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            vals.to_vec(),
+        ),
+    }
+}
+
+fn naive(s: &Shape, scale: f32, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f32> {
+    let (h, kvh, d) = (s.heads, s.kv_heads, s.d);
+    let mut out = vec![0f32; s.nq * h * d];
+    for i in 0..s.nq {
+        let pos = s.first + i;
+        for head in 0..h {
+            let g = head / (h / kvh);
+            let qr = &q[(i * h + head) * d..][..d];
+            let visible: Vec<usize> = (0..s.nk)
+                .filter(|&j| j <= pos && (s.window == 0 || j + s.window > pos))
+                .collect();
+            let scores: Vec<f64> = visible
+                .iter()
+                .map(|&j| {
+                    let kr = &k[(j * kvh + g) * d..][..d];
+                    f64::from(scale)
+                        * qr.iter()
+                            .zip(kr)
+                            .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                            .sum::<f64>()
+                })
+                .collect();
+            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for c in 0..d {
+                let acc: f64 = visible
+                    .iter()
+                    .zip(&e)
+                    .map(|(&j, p)| p * f64::from(v[(j * kvh + g) * d + c]))
+                    .sum();
+                out[(i * h + head) * d + c] = if visible.is_empty() {
+                    0.0
+                } else {
+                    (acc / z) as f32
+                };
+            }
+        }
+    }
+    out
+}
+
+/// Output tolerance (absolute).
+const TOL: f32 = 1e-5;
+
+fn check(kern: &CpuKernels, s: &Shape, q: &[f32], kb: &[u8], vb: &[u8], scale: f32, want: &[f32]) {
+    let mut out = vec![f32::NAN; want.len()];
+    kern.attention(q, kb, vb, &params(s, scale), &mut out)
+        .unwrap_or_else(|e| panic!("{s:?}: {e}"));
+    for (i, (a, b)) in out.iter().zip(want).enumerate() {
+        assert!(
+            (a - b).abs() <= TOL,
+            "{} {s:?}: out[{i}] = {a}, want {b}",
+            kern.isa().name()
+        );
+    }
+}
+
+fn random_shape(rng: &mut Rng) -> Shape {
+    let kv_heads = [1, 2, 3, 4][rng.below(4)];
+    let heads = kv_heads * [1, 2, 4][rng.below(3)];
+    let d = [1, 7, 16, 33, 64, 128][rng.below(6)];
+    let nq = 1 + rng.below(40);
+    let first = rng.below(90);
+    // Usually the cache ends at the last query; sometimes it is longer (clamped mask) or shorter.
+    let nk = match rng.below(4) {
+        0 => first + nq + rng.below(20),
+        1 => (first + nq).saturating_sub(rng.below(10)).max(1),
+        _ => first + nq,
+    };
+    let window = if rng.below(3) == 0 {
+        1 + rng.below(30)
+    } else {
+        0
+    };
+    let dtype = if rng.below(2) == 0 {
+        DType::F32
+    } else {
+        DType::F16
+    };
+    Shape {
+        heads,
+        kv_heads,
+        d,
+        nq,
+        nk,
+        first,
+        window,
+        dtype,
+    }
+}
+
+#[test]
+fn random_shapes_match_the_naive_reference_on_every_isa() {
+    let mut rng = Rng::new(42);
+    let kernels: Vec<CpuKernels> = Isa::available()
+        .into_iter()
+        .map(|i| CpuKernels::with_isa(i, 2).expect("isa"))
+        .collect();
+    for case in 0..60 {
+        let s = random_shape(&mut rng);
+        let q = rng.vec(s.nq * s.heads * s.d, 1.0);
+        let (kb, kf) = store(&rng.vec(s.nk * s.kv_heads * s.d, 1.0), s.dtype);
+        let (vb, vf) = store(&rng.vec(s.nk * s.kv_heads * s.d, 1.0), s.dtype);
+        let scale = 1.0 / (s.d as f32).sqrt();
+        let want = naive(&s, scale, &q, &kf, &vf);
+        for kern in &kernels {
+            check(kern, &s, &q, &kb, &vb, scale, &want);
+            if case % 5 == 0 {
+                // Misaligned bytes: the f32 KV path that converts tiles instead of reading in place.
+                let mut kk = vec![0u8; kb.len() + 1];
+                kk[1..].copy_from_slice(&kb);
+                let mut vv = vec![0u8; vb.len() + 1];
+                vv[1..].copy_from_slice(&vb);
+                check(kern, &s, &q, &kk[1..], &vv[1..], scale, &want);
+            }
+        }
+    }
+}
+
+#[test]
+fn pytorch_sdpa_fixtures() {
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/attention");
+    let mut cases = 0;
+    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry.expect("dir entry").path();
+        if path.extension().and_then(|e| e.to_str()) != Some("json") {
+            continue;
+        }
+        let meta: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).expect("read json")).expect("json");
+        let get = |k: &str| meta[k].as_u64().unwrap_or_else(|| panic!("{k}")) as usize;
+        let s = Shape {
+            heads: get("heads"),
+            kv_heads: get("kv_heads"),
+            d: get("head_dim"),
+            nq: get("queries"),
+            nk: get("kv_len"),
+            first: get("first_query_pos"),
+            window: get("window"),
+            dtype: if meta["kv_dtype"] == "f16" {
+                DType::F16
+            } else {
+                DType::F32
+            },
+        };
+        let scale = meta["scale"].as_f64().expect("scale") as f32;
+        let stem = path.with_extension("");
+        let bin = |part: &str| std::fs::read(format!("{}.{part}.bin", stem.display())).expect(part);
+        let f32s = |b: Vec<u8>| -> Vec<f32> {
+            b.chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
+        };
+        let (q, k, v, want) = (f32s(bin("q")), bin("k"), bin("v"), f32s(bin("out")));
+        for isa in Isa::available() {
+            let kern = CpuKernels::with_isa(isa, 2).expect("isa");
+            check(&kern, &s, &q, &k, &v, scale, &want);
+        }
+        cases += 1;
+    }
+    assert!(
+        cases >= 5,
+        "expected the attention fixtures in {}",
+        dir.display()
+    );
+}
+
+#[test]
+fn bad_parameters_are_errors() {
+    let kern = CpuKernels::new(1).expect("kernels");
+    let s = Shape {
+        heads: 3,
+        kv_heads: 2,
+        d: 4,
+        nq: 1,
+        nk: 2,
+        first: 1,
+        window: 0,
+        dtype: DType::F32,
+    };
+    let q = vec![0f32; 12];
+    let kv = vec![0u8; 2 * 2 * 4 * 4];
+    let mut out = vec![0f32; 12];
+    let e = kern
+        .attention(&q, &kv, &kv, &params(&s, 1.0), &mut out)
+        .expect_err("3 heads / 2 kv");
+    assert!(e.message.contains("attention"), "{}", e.message);
+    let s = Shape {
+        heads: 2,
+        kv_heads: 2,
+        ..s
+    };
+    let e = kern
+        .attention(&q[..8], &kv[..30], &kv, &params(&s, 1.0), &mut out[..8])
+        .expect_err("short k");
+    assert!(e.message.contains("kv_len"), "{}", e.message);
+    let s = Shape {
+        dtype: DType::BF16,
+        ..s
+    };
+    assert!(
+        kern.attention(&q[..8], &kv, &kv, &params(&s, 1.0), &mut out[..8])
+            .is_err()
+    );
+}
