@@ -267,6 +267,10 @@ fn sandbox_denies_what_was_not_granted_and_the_host_survives() {
     assert!(outcome("direct-read-allowed").contains(": ok (5 bytes)"));
     assert!(outcome("host-read-denied").contains("outside its `fs.read` grant"));
     assert!(outcome("direct-read-denied").contains("denied (Permission denied (os error 13))"));
+    assert!(
+        outcome("instantiate-thread-read-denied")
+            .contains("denied (Permission denied (os error 13))")
+    );
     assert!(outcome("socket").contains("denied (Operation not permitted (os error 1))"));
     assert!(outcome("connect").contains("denied (Operation not permitted (os error 1))"));
     assert!(outcome("spawn-process").contains("denied (Operation not permitted (os error 1))"));

@@ -75,6 +75,8 @@ pub struct ElfFacts {
     pub code: Vec<(String, Range<usize>)>,
     /// Undefined dynamic symbols (what the file imports), without version suffixes.
     pub imports: BTreeSet<String>,
+    /// Defined dynamic symbols (what the file exports).
+    pub exports: BTreeSet<String>,
 }
 
 /// Parses `bytes` and locates everything attestation needs.
@@ -126,7 +128,15 @@ pub fn analyse(bytes: &[u8]) -> Result<ElfFacts, ElfError> {
         .map(|n| n.split('@').next().unwrap_or(n).to_string())
         .filter(|n| !n.is_empty())
         .collect();
+    let exports = elf
+        .dynsyms
+        .iter()
+        .filter(|s| s.st_shndx != 0 && s.st_name != 0)
+        .filter_map(|s| elf.dynstrtab.get_at(s.st_name))
+        .map(str::to_string)
+        .collect();
     Ok(ElfFacts {
+        exports,
         meta,
         machine,
         shared_object: elf.header.e_type == ET_DYN,

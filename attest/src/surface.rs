@@ -7,8 +7,11 @@
 //! entirely, so any is a failure.
 //!
 //! This is a strong lint, not a proof: `dlsym("socket")` or libc's generic `syscall()` evade
-//! import scanning, so those escape hatches are reported as *indirect*. The guarantee comes from
-//! the runtime layers (host services that check grants, Landlock and seccomp).
+//! import scanning, so those escape hatches are reported as *indirect*. Likewise every Rust
+//! cdylib imports a few read-only file functions for std's panic backtraces (it reads its own
+//! executable): that [`STD_FS_BASELINE`] is reported as *baseline* rather than as a use of
+//! `fs.read`; any other file function still needs a declaration. The guarantee comes from the
+//! runtime layers (host services that check grants, Landlock and seccomp).
 
 use crate::elf::{self, ElfError, Machine};
 use iced_x86::{Decoder, DecoderOptions, Mnemonic};
@@ -18,6 +21,10 @@ use u_sdk::{
     manifest::{Capability, ManifestError, PluginManifest},
     meta::{MetaError, MetaRecord},
 };
+
+/// Read-only file functions that std links into every Rust cdylib (panic backtraces read the
+/// executable): present without any intent to read files, so they need no `fs.read`.
+pub const STD_FS_BASELINE: [&str; 5] = ["open64", "readlink", "realpath", "stat64", "statx"];
 
 /// What an imported symbol needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +85,8 @@ pub struct Surface {
     pub relevant_imports: BTreeMap<String, String>,
     /// Escape-hatch imports (`syscall`, `dlsym`…).
     pub indirect: Vec<String>,
+    /// std's read-only file imports present in an undeclared component ([`STD_FS_BASELINE`]).
+    pub baseline: Vec<String>,
     /// Raw system-call instructions in executable sections.
     pub raw_syscalls: usize,
     /// Total imported symbols.
@@ -115,6 +124,7 @@ pub fn inspect_bytes(bytes: &[u8]) -> Result<SurfaceReport, InspectError> {
 
     let mut relevant = BTreeMap::new();
     let mut indirect = Vec::new();
+    let mut baseline = Vec::new();
     let mut observed: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut violations = Vec::new();
     for symbol in &facts.imports {
@@ -122,6 +132,12 @@ pub fn inspect_bytes(bytes: &[u8]) -> Result<SurfaceReport, InspectError> {
             continue;
         };
         match need {
+            Need::One(Capability::FsRead)
+                if !manifest.requests(Capability::FsRead)
+                    && STD_FS_BASELINE.contains(&symbol.as_str()) =>
+            {
+                baseline.push(symbol.clone());
+            }
             Need::One(cap) => {
                 relevant.insert(symbol.clone(), cap.name().to_string());
                 observed
@@ -172,6 +188,7 @@ pub fn inspect_bytes(bytes: &[u8]) -> Result<SurfaceReport, InspectError> {
             machine: facts.machine,
             relevant_imports: relevant,
             indirect,
+            baseline,
             raw_syscalls,
             import_count: facts.imports.len(),
         },
@@ -242,6 +259,12 @@ impl SurfaceReport {
             out.push_str(&format!(
                 "  indirect:  {} (not provable by import scanning; enforced at run time)\n",
                 self.surface.indirect.join(", ")
+            ));
+        }
+        if !self.surface.baseline.is_empty() {
+            out.push_str(&format!(
+                "  baseline:  {} (std's panic backtraces; not file access by intent; confined by Landlock)\n",
+                self.surface.baseline.join(", ")
             ));
         }
         out.push_str(&format!(

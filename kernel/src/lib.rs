@@ -4,13 +4,14 @@
 //!
 //! 1. verifies every plugin with `u-attest` **before** `dlopen` — signature, trusted publisher,
 //!    ABI fingerprint, granted capabilities, ELF sanity ([`loading`]);
-//! 2. loads the verified bytes from a sealed memfd, so the file cannot change between check and
-//!    load, and instantiates each plugin with host services bound to its own grants
-//!    ([`services`]);
+//! 2. maps the verified bytes from a sealed memfd, so the file cannot change between check and
+//!    load;
 //! 3. opens the listeners the deployment grants ([`listeners`]) and then locks the process down
 //!    to the union of all grants — Landlock for files and TCP ports, seccomp for sockets, fork and
-//!    exec — on every thread ([`sandbox`]);
-//! 4. runs the transports ([`serve`]).
+//!    exec — before any plugin object exists, so every thread a plugin starts is confined
+//!    ([`sandbox`]);
+//! 4. instantiates each plugin with host services bound to its own grants ([`services`]) and
+//!    runs the transports ([`serve`]).
 //!
 //! [`inspect`] reads a model file through the deployment's loaders, for `u-runner inspect`.
 
@@ -21,4 +22,7 @@ pub mod sandbox;
 pub mod serve;
 pub mod services;
 
-pub use loading::{LoadReport, LoadedPlugin, Refusal, load_deployment};
+pub use loading::{
+    LoadReport, LoadedPlugin, OpenReport, OpenedPlugin, Refusal, instantiate, load_deployment,
+    open_deployment,
+};

@@ -7,7 +7,7 @@
 //! host keeps going with the rest.
 
 use crate::services::PluginServices;
-use abi_stable::library::lib_header_from_path;
+use abi_stable::library::{AbiHeaderRef, RawLibrary};
 use std::{collections::BTreeSet, ffi::CString, io::Write, os::fd::FromRawFd, path::PathBuf};
 use u_attest::{
     Deployment, PluginEntry, Verified,
@@ -16,6 +16,18 @@ use u_attest::{
     signing::{check_abi, verify_bytes},
 };
 use u_sdk::{PluginInfo, PluginInstance, PluginModRef, manifest::PluginKind};
+
+/// A plugin whose file passed every check and whose code is mapped, not yet instantiated.
+pub struct OpenedPlugin {
+    /// What verification established (manifest, publisher, code hash).
+    pub verified: Verified,
+    /// The file it came from.
+    pub path: PathBuf,
+    /// Its effective grants (the deployment's grant restricted to what it requested).
+    pub grants: Grants,
+    module: PluginModRef,
+    config: String,
+}
 
 /// A plugin that passed every check and was instantiated.
 pub struct LoadedPlugin {
@@ -42,6 +54,15 @@ pub struct Refusal {
     pub reason: String,
 }
 
+/// Plugins verified and mapped (phase one of loading).
+#[derive(Default)]
+pub struct OpenReport {
+    /// Plugins mapped, in deployment order.
+    pub opened: Vec<OpenedPlugin>,
+    /// Plugins refused.
+    pub refused: Vec<Refusal>,
+}
+
 /// The outcome of loading a deployment.
 #[derive(Default)]
 pub struct LoadReport {
@@ -51,45 +72,73 @@ pub struct LoadReport {
     pub refused: Vec<Refusal>,
 }
 
-/// Verifies and loads every plugin of `deployment`, each with `threads` compute threads.
+/// Verifies and loads every plugin of `deployment`, each with `threads` compute threads:
+/// [`open_deployment`] then [`instantiate`].
 pub fn load_deployment(deployment: &Deployment, threads: u32) -> LoadReport {
+    instantiate(open_deployment(deployment), threads)
+}
+
+/// Phase one: verifies every plugin of `deployment` and maps the verified bytes. No plugin object
+/// exists yet, so the host can lock the process down before any plugin starts threads.
+pub fn open_deployment(deployment: &Deployment) -> OpenReport {
     let trusted = deployment.trusted_keys();
-    let mut report = LoadReport::default();
+    let mut report = OpenReport::default();
     let mut names = BTreeSet::new();
     for entry in &deployment.plugins {
-        let refuse = |reason: String| Refusal {
-            plugin: entry.label(),
-            path: entry.path.clone(),
-            reason,
-        };
-        match load_one(entry, &trusted, threads, &names) {
+        match open_one(entry, &trusted, &names) {
             Ok(plugin) => {
-                tracing::info!(
-                    plugin = %plugin.verified.manifest.name,
-                    kind = %plugin.verified.manifest.kind,
-                    publisher = %plugin.verified.publisher.short_id(),
-                    abi = %plugin.verified.abi(),
-                    "loaded"
-                );
                 names.insert(plugin.verified.manifest.name.clone());
-                report.loaded.push(plugin);
+                report.opened.push(plugin);
             }
-            Err(reason) => {
-                let refusal = refuse(reason);
-                tracing::error!(plugin = %refusal.plugin, path = %refusal.path.display(), "refused: {}", refusal.reason);
-                report.refused.push(refusal);
-            }
+            Err(reason) => report
+                .refused
+                .push(refuse(entry.label(), entry.path.clone(), reason)),
         }
     }
     report
 }
 
-fn load_one(
+/// Phase two: creates each opened plugin's entry object with host services bound to its grants.
+pub fn instantiate(opened: OpenReport, threads: u32) -> LoadReport {
+    let mut report = LoadReport {
+        loaded: Vec::new(),
+        refused: opened.refused,
+    };
+    for plugin in opened.opened {
+        let name = plugin.verified.manifest.name.clone();
+        let path = plugin.path.clone();
+        match instantiate_one(plugin, threads) {
+            Ok(loaded) => {
+                tracing::info!(
+                    plugin = %loaded.verified.manifest.name,
+                    kind = %loaded.verified.manifest.kind,
+                    publisher = %loaded.verified.publisher.short_id(),
+                    abi = %loaded.verified.abi(),
+                    "loaded"
+                );
+                report.loaded.push(loaded);
+            }
+            Err(reason) => report.refused.push(refuse(name, path, reason)),
+        }
+    }
+    report
+}
+
+fn refuse(plugin: String, path: PathBuf, reason: String) -> Refusal {
+    let refusal = Refusal {
+        plugin,
+        path,
+        reason,
+    };
+    tracing::error!(plugin = %refusal.plugin, path = %refusal.path.display(), "refused: {}", refusal.reason);
+    refusal
+}
+
+fn open_one(
     entry: &PluginEntry,
     trusted: &[u_attest::PublicKey],
-    threads: u32,
     taken: &BTreeSet<String>,
-) -> Result<LoadedPlugin, String> {
+) -> Result<OpenedPlugin, String> {
     let bytes = std::fs::read(&entry.path)
         .map_err(|e| format!("cannot read {}: {e}", entry.path.display()))?;
     let verified = verify_bytes(&bytes, trusted).map_err(|e| e.to_string())?;
@@ -122,8 +171,6 @@ fn load_one(
         ));
     }
     elf::check_sanity(&bytes).map_err(|e| e.to_string())?;
-
-    let module = load_sealed(&bytes, &manifest.name)?;
     let grants = entry.grants.restricted_to(manifest);
     if grants != entry.grants {
         tracing::warn!(
@@ -133,9 +180,27 @@ fn load_one(
         );
     }
     let config = toml::to_string(&entry.config).map_err(|e| format!("plugin config: {e}"))?;
-    let services = PluginServices::new(&manifest.name, grants.clone(), config, threads);
-    let info = (module.describe())();
-    let instance = (module.instantiate())(services.into_box())
+    let symbol = root_symbol(&bytes)?;
+    let module = load_sealed(&bytes, &manifest.name, &symbol)?;
+    Ok(OpenedPlugin {
+        verified,
+        path: entry.path.clone(),
+        grants,
+        module,
+        config,
+    })
+}
+
+fn instantiate_one(plugin: OpenedPlugin, threads: u32) -> Result<LoadedPlugin, String> {
+    let manifest = &plugin.verified.manifest;
+    let services = PluginServices::new(
+        &manifest.name,
+        plugin.grants.clone(),
+        plugin.config,
+        threads,
+    );
+    let info = (plugin.module.describe())();
+    let instance = (plugin.module.instantiate())(services.into_box())
         .into_result()
         .map_err(|e| format!("instantiate failed: {e}"))?;
     if instance.kind_name() != manifest.kind.name() {
@@ -146,21 +211,50 @@ fn load_one(
         ));
     }
     Ok(LoadedPlugin {
-        verified,
-        path: entry.path.clone(),
-        grants,
+        verified: plugin.verified,
+        path: plugin.path,
+        grants: plugin.grants,
         info,
         instance,
     })
 }
+/// The exported root-module symbol (`u_plugin_root_<crate>`), which must be unique.
+fn root_symbol(bytes: &[u8]) -> Result<String, String> {
+    let facts = elf::analyse(bytes).map_err(|e| e.to_string())?;
+    let mut found = facts
+        .exports
+        .into_iter()
+        .filter(|s| s.starts_with(u_sdk::meta::ROOT_SYMBOL_PREFIX));
+    match (found.next(), found.next()) {
+        (Some(symbol), None) => Ok(symbol),
+        (None, _) => Err(format!(
+            "exports no `{}*` root module (not built with u_sdk::export_plugin!)",
+            u_sdk::meta::ROOT_SYMBOL_PREFIX
+        )),
+        (Some(a), Some(b)) => Err(format!("exports two root modules (`{a}`, `{b}`)")),
+    }
+}
 
 /// Copies verified bytes into a sealed memfd and loads the plugin's root module from it.
-fn load_sealed(bytes: &[u8], name: &str) -> Result<PluginModRef, String> {
+fn load_sealed(bytes: &[u8], name: &str, symbol: &str) -> Result<PluginModRef, String> {
     let fd = sealed_memfd(bytes, name).map_err(|e| format!("memfd for {name}: {e}"))?;
     // The memfd stays open for the life of the process: the mapping is the plugin's code.
     let path = format!("/proc/self/fd/{fd}");
-    let header = lib_header_from_path(std::path::Path::new(&path))
+    let library = RawLibrary::load_at(std::path::Path::new(&path))
         .map_err(|e| format!("dlopen failed: {e}"))?;
+    let mut symbol = symbol.as_bytes().to_vec();
+    symbol.push(0);
+    // SAFETY: the symbol is the `LibHeader` static that export_plugin! defines; the library is
+    // never unloaded (it is leaked below), so the 'static header stays valid.
+    let header = unsafe {
+        let abi_header: AbiHeaderRef = *library
+            .get::<AbiHeaderRef>(&symbol)
+            .map_err(|e| format!("root module symbol: {e}"))?;
+        abi_header
+            .upgrade()
+            .map_err(|e| format!("ABI header: {e}"))?
+    };
+    std::mem::forget(library);
     header
         .init_root_module::<PluginModRef>()
         .map_err(|e| format!("ABI check after load failed: {e}"))

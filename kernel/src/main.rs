@@ -6,7 +6,7 @@ use serde_json::json;
 use std::path::PathBuf;
 use u_attest::deployment::{PathGrant, absolute};
 use u_attest::{Deployment, signing::verify_bytes};
-use u_runner::{inspect, load_deployment, sandbox, serve};
+use u_runner::{inspect, load_deployment, open_deployment, sandbox, serve};
 
 // The host carries a signed manifest like every plugin, so `u-attest inspect` can prove its
 // surface too.
@@ -190,6 +190,15 @@ fn run(cli: Cli) -> Result<i32> {
                         p.verified.abi()
                     );
                     let granted = p.grants.describe();
+                    let declared: Vec<&str> = m.capabilities.iter().map(|c| c.name()).collect();
+                    println!(
+                        "  declares: {}",
+                        if declared.is_empty() {
+                            "(nothing)".into()
+                        } else {
+                            declared.join(", ")
+                        }
+                    );
                     println!(
                         "  grants: {}",
                         if granted.is_empty() {
@@ -241,12 +250,14 @@ fn run(cli: Cli) -> Result<i32> {
             let d = Deployment::load(&deployment)
                 .with_context(|| format!("loading {}", deployment.display()))?;
             tracing::info!(deployment = %d.name, "host: {}", host_status(&d));
-            let report = load_deployment(&d, threads(&d));
-            let refused = report.refused.len();
-            if strict && refused > 0 {
-                anyhow::bail!("{refused} plugin(s) refused and --strict is set: not serving");
+            let opened = open_deployment(&d);
+            if strict && !opened.refused.is_empty() {
+                anyhow::bail!(
+                    "{} plugin(s) refused and --strict is set: not serving",
+                    opened.refused.len()
+                );
             }
-            serve::run(report)?;
+            let (_, refused) = serve::run(opened, threads(&d))?;
             Ok(if refused == 0 { 0 } else { 1 })
         }
     }

@@ -1,6 +1,6 @@
 //! Running the transports of a loaded deployment inside the sandbox.
 
-use crate::{LoadReport, listeners, sandbox};
+use crate::{OpenReport, instantiate, listeners, sandbox};
 use abi_stable::std_types::{RResult, RVec};
 use std::{
     sync::atomic::{AtomicBool, Ordering},
@@ -65,30 +65,24 @@ impl Engine for HostEngine {
     }
 }
 
-/// Opens listeners, locks the process down and runs every transport until they return or a
-/// signal asks for shutdown. Returns the sandbox status.
-pub fn run(report: LoadReport) -> anyhow::Result<sandbox::Status> {
+/// Opens listeners, locks the process down, then instantiates the plugins and runs every
+/// transport until they return or a signal asks for shutdown. Returns the sandbox status and the
+/// number of plugins refused (at verification or at instantiation).
+pub fn run(opened: OpenReport, threads: u32) -> anyhow::Result<(sandbox::Status, usize)> {
     let mut plan = sandbox::Plan::default();
-    let mut transports = Vec::new();
-    for plugin in report.loaded {
+    let mut sockets_by_plugin = std::collections::BTreeMap::new();
+    for plugin in &opened.opened {
         plan.add(&plugin.grants);
-        if let PluginInstance::Transport(t) = plugin.instance {
-            let mut sockets = Vec::new();
-            for address in &plugin.grants.net_listen {
-                let l = listeners::open(address).map_err(|e| {
-                    anyhow::anyhow!(
-                        "plugin `{}`: cannot listen on {address}: {e}",
-                        plugin.verified.manifest.name
-                    )
-                })?;
-                tracing::info!(plugin = %plugin.verified.manifest.name, "listening on {address}");
-                sockets.push(l);
-            }
-            transports.push((plugin.verified.manifest.name.clone(), t, sockets));
+        let name = plugin.verified.manifest.name.clone();
+        for address in &plugin.grants.net_listen {
+            let l = listeners::open(address)
+                .map_err(|e| anyhow::anyhow!("plugin `{name}`: cannot listen on {address}: {e}"))?;
+            tracing::info!(plugin = %name, "listening on {address}");
+            sockets_by_plugin
+                .entry(name.clone())
+                .or_insert_with(Vec::new)
+                .push(l);
         }
-    }
-    if transports.is_empty() {
-        anyhow::bail!("the deployment loads no transport plugin: nothing to serve");
     }
     // SAFETY: installs an async-signal-safe handler that only stores to an atomic.
     unsafe {
@@ -96,6 +90,19 @@ pub fn run(report: LoadReport) -> anyhow::Result<sandbox::Status> {
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
     let status = sandbox::lock_down(&plan);
+    let report = instantiate(opened, threads);
+    let refused = report.refused.len();
+    let mut transports = Vec::new();
+    for plugin in report.loaded {
+        if let PluginInstance::Transport(t) = plugin.instance {
+            let name = plugin.verified.manifest.name;
+            let sockets = sockets_by_plugin.remove(&name).unwrap_or_default();
+            transports.push((name, t, sockets));
+        }
+    }
+    if transports.is_empty() {
+        anyhow::bail!("the deployment loads no transport plugin: nothing to serve");
+    }
     let engine = EngineBox::from_value(
         HostEngine { models: vec![] },
         abi_stable::sabi_trait::TD_Opaque,
@@ -124,5 +131,5 @@ pub fn run(report: LoadReport) -> anyhow::Result<sandbox::Status> {
             Err(_) => tracing::error!(plugin = %name, "transport thread panicked"),
         }
     }
-    Ok(status)
+    Ok((status, refused))
 }

@@ -31,6 +31,9 @@ pub const MAGIC: [u8; 8] = *b"U.META\0\x01";
 pub const LAYOUT_VERSION: u32 = 1;
 /// Name of the ELF section.
 pub const SECTION_NAME: &str = ".u.meta";
+/// Prefix of the exported symbol holding a plugin's root-module header; the rest is the crate
+/// name, so every plugin's symbol is distinct.
+pub const ROOT_SYMBOL_PREFIX: &str = "u_plugin_root_";
 
 /// Byte range of the magic.
 pub const MAGIC_RANGE: Range<usize> = 0..8;
@@ -202,8 +205,7 @@ fn nonzero<const N: usize>(a: [u8; N]) -> Option<[u8; N]> {
 /// ```
 ///
 /// Both functions run under [`guard`](crate::guard): a panic becomes an error, never an abort.
-/// The plugin crate must also depend on `abi_stable` (the version the SDK re-exports), whose
-/// attribute macro generates the exported symbol.
+/// The root module is exported as `u_plugin_root_<crate name>`.
 #[macro_export]
 macro_rules! export_plugin {
     (manifest: $manifest:literal, describe: $describe:path, instantiate: $instantiate:path $(,)?) => {
@@ -233,7 +235,6 @@ macro_rules! export_plugin {
             $crate::guard("instantiate", move || $instantiate(host))
         }
 
-        #[$crate::abi_stable::export_root_module]
         fn __u_root_module() -> $crate::PluginModRef {
             use $crate::abi_stable::prefix_type::PrefixTypeTrait;
             $crate::PluginMod {
@@ -243,6 +244,24 @@ macro_rules! export_plugin {
             }
             .leak_into_prefix()
         }
+
+        // The library header `abi_stable` checks, exported under a per-crate name (see
+        // [`ROOT_SYMBOL_PREFIX`](crate::meta::ROOT_SYMBOL_PREFIX)) so that several plugins'
+        // rlibs can link into one test binary.
+        #[unsafe(export_name = concat!("u_plugin_root_", env!("CARGO_CRATE_NAME")))]
+        #[doc(hidden)]
+        pub static __U_ROOT_MODULE: $crate::abi_stable::library::LibHeader = {
+            extern "C" fn erased() -> $crate::abi_stable::library::RootModuleResult {
+                $crate::abi_stable::library::__call_root_module_loader(__u_root_module)
+            }
+            // SAFETY: `erased` returns the root module of type `PluginModRef`, as declared.
+            unsafe {
+                $crate::abi_stable::library::LibHeader::from_constructor::<$crate::PluginModRef>(
+                    erased,
+                    $crate::abi_stable::library::CheckTypeLayout::Yes,
+                )
+            }
+        };
     };
 }
 

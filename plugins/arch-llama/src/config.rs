@@ -32,6 +32,8 @@ pub struct Config {
     pub rope: RopeConfig,
     /// Sliding attention window per layer (0 = full attention).
     pub window: Vec<u32>,
+    /// Clamp of Q, K and V projections to `[-c, c]` (OLMoE's `clip_qkv`), if any.
+    pub clip_qkv: Option<f32>,
     /// Mixture of experts, if any layer has a router.
     pub moe: Option<MoeConfig>,
 }
@@ -76,14 +78,14 @@ impl Config {
         let kv_heads = w
             .meta_u64(&key("attention.head_count_kv"))
             .map_or(heads, |v| v as usize);
-        if layers == 0 || heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+        if layers == 0 || heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
             return Err(UError::invalid(format!(
                 "arch-llama: {layers} layers, {heads} heads and {kv_heads} KV heads do not make a model"
             )));
         }
         let q_rows = w.shape(&naming::blk(0, "attn_q", "weight"))?;
         let head_dim = match q_rows.first() {
-            Some(&rows) if rows as usize % heads == 0 => rows as usize / heads,
+            Some(&rows) if (rows as usize).is_multiple_of(heads) => rows as usize / heads,
             _ => {
                 return Err(UError::invalid(format!(
                     "arch-llama: attn_q of shape {q_rows:?} does not split into {heads} heads"
@@ -107,11 +109,12 @@ impl Config {
                         "arch-llama: {used} experts used per token out of {experts}"
                     )));
                 }
-                // llama.cpp's defaults: Mixtral and Qwen3-MoE renormalise, Qwen2-MoE does not.
+                // llama.cpp's defaults: Mixtral and Qwen3-MoE renormalise, Qwen2-MoE and
+                // OLMoE do not.
                 let norm_topk = w
                     .meta_bool(&key("expert_weights_norm"))
                     .or_else(|| w.meta_bool("config.norm_topk_prob"))
-                    .unwrap_or(arch != "qwen2moe");
+                    .unwrap_or(matches!(arch.as_str(), "llama" | "qwen3moe"));
                 Some(MoeConfig {
                     experts: experts as usize,
                     used,
@@ -119,6 +122,11 @@ impl Config {
                 })
             }
         };
+
+        let clip_qkv = w
+            .meta_f64("config.clip_qkv")
+            .or_else(|| w.meta_f64(&key("attention.clamp_kqv")))
+            .map(|c| c as f32);
 
         Ok(Config {
             arch,
@@ -133,6 +141,7 @@ impl Config {
             rms_eps,
             rope,
             window,
+            clip_qkv,
             moe,
         })
     }
@@ -157,7 +166,7 @@ impl RopeConfig {
                 .meta_f64("config.partial_rotary_factor")
                 .map_or(head_dim, |f| (head_dim as f64 * f) as usize),
         };
-        if rotary_dim == 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim {
+        if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {
             return Err(UError::invalid(format!(
                 "arch-llama: rotary dimension {rotary_dim} for head dimension {head_dim}"
             )));

@@ -11,11 +11,18 @@
 //! - **Qwen2** (arXiv:2407.10671): biases on Q, K and V. **Qwen3** (arXiv:2505.09388): RMSNorm
 //!   on each query and key head before RoPE.
 //! - **Mixture of experts**: Mixtral (Jiang et al., arXiv:2401.04088; softmax router, top-k,
-//!   renormalised gates), Qwen2-MoE (a shared expert gated by a sigmoid), Qwen3-MoE.
+//!   renormalised gates), Qwen2-MoE (a shared expert gated by a sigmoid), Qwen3-MoE, OLMoE
+//!   (Muennighoff et al., arXiv:2409.02060; Q/K RMSNorm over the whole projection, Q/K/V clamp).
+//!   Whether a layer is dense or sparse is read from its tensors (a router `ffn_gate_inp`), and
+//!   experts may be stacked (`ffn_gate_exps`, GGUF) or stored one tensor each (HF).
+//!
+//! Hyper-parameters come from canonical metadata (`{arch}.block_count`…, see
+//! `u_sdk::naming`), RoPE pairing from `u.rope.pairing` (absent: llama.cpp's per-architecture
+//! rule, "normal" for `llama`, "neox" otherwise).
 //!
 //! Reference implementation: Hugging Face `transformers` (`modeling_llama.py`,
 //! `modeling_mistral.py`, `modeling_qwen2.py`, `modeling_qwen3.py`, `modeling_mixtral.py`,
-//! `modeling_qwen2_moe.py`, `modeling_qwen3_moe.py`), against which `tests/` checks logits on
+//! `modeling_qwen2_moe.py`, `modeling_qwen3_moe.py`, `modeling_olmoe.py`), against which `tests/` checks logits on
 //! tiny random-weight models; the tensor naming and GGUF conventions are llama.cpp's.
 //!
 //! Layout: [`config`] (typed hyper-parameters from metadata), [`weights`] (metadata access and
@@ -58,7 +65,8 @@ pub const FAMILIES: [&str; 10] = [
 
 fn describe() -> PluginInfo {
     PluginInfo {
-        summary: "Llama-family decoder: Llama 2/3, Mistral, Qwen2/3, Mixtral, Qwen2/3-MoE".into(),
+        summary: "Llama-family decoder: Llama 2/3, Mistral, Qwen2/3, Mixtral, Qwen2/3-MoE, OLMoE"
+            .into(),
         details: RVec::from(vec![RString::from(format!(
             "families={}",
             FAMILIES.join(",")
@@ -71,10 +79,14 @@ pub fn instantiate(_host: HostBox) -> u_sdk::Result<PluginInstance> {
     Ok(PluginInstance::Architecture(LlamaArchitecture.into_box()))
 }
 
-u_sdk::export_plugin! {
-    manifest: "plugin.toml",
-    describe: describe,
-    instantiate: instantiate,
+/// The exported root module and embedded manifest (in a private module: the macro's items are
+/// the plugin's ABI, not this crate's Rust API).
+mod export {
+    u_sdk::export_plugin! {
+        manifest: "plugin.toml",
+        describe: super::describe,
+        instantiate: super::instantiate,
+    }
 }
 
 /// The `architecture` entry object.

@@ -71,6 +71,7 @@ struct FfnScratch {
     shared: Vec<f32>,
     shared_gate: Vec<f32>,
     routes: Vec<Vec<(usize, f32)>>,
+    picked: Vec<(usize, f32)>,
 }
 
 /// `v[..n]`, growing `v` when needed (never shrinking, so steady-state decoding allocates
@@ -99,7 +100,8 @@ fn f32_bytes(x: &[f32]) -> &[u8] {
 }
 
 /// Multi-head self-attention with grouped-query KV heads and rotary positions (RoFormer), with
-/// the optional Q/K/V biases of Qwen2 and the per-head Q/K RMSNorm of Qwen3.
+/// the optional Q/K/V biases of Qwen2, the Q/K RMSNorm of Qwen3 (per head) and OLMoE (over the
+/// whole projection), and OLMoE's Q/K/V clamp.
 pub struct Attention {
     layer: u32,
     q: Linear,
@@ -114,6 +116,7 @@ pub struct Attention {
     kv_heads: usize,
     head_dim: usize,
     window: u32,
+    clip: Option<f32>,
     eps: f32,
 }
 
@@ -135,9 +138,21 @@ impl Attention {
                 cfg.heads, cfg.kv_heads
             )));
         }
-        let norm = |t: &str| {
+        // Q/K norms scale one head (`head_dim` values) or the whole projection.
+        let norm = |t: &str, heads: usize| -> Result<Option<Vec<f32>>> {
             let name = blk(i, t, "weight");
-            w.has(&name).then(|| w.vector(&name, hd)).transpose()
+            if !w.has(&name) {
+                return Ok(None);
+            }
+            let v = w.f32(&name)?;
+            if v.len() != hd && v.len() != heads * hd {
+                return Err(UError::invalid(format!(
+                    "arch-llama: {name} has {} values, expected {hd} or {}",
+                    v.len(),
+                    heads * hd
+                )));
+            }
+            Ok(Some(v))
         };
         let rope = |heads: usize| RopeParams {
             style: cfg.rope.style,
@@ -153,14 +168,15 @@ impl Attention {
             k,
             v,
             o,
-            q_norm: norm("attn_q_norm")?,
-            k_norm: norm("attn_k_norm")?,
+            q_norm: norm("attn_q_norm", cfg.heads)?,
+            k_norm: norm("attn_k_norm", cfg.kv_heads)?,
             rope_q: rope(cfg.heads),
             rope_k: rope(cfg.kv_heads),
             heads: cfg.heads,
             kv_heads: cfg.kv_heads,
             head_dim: hd,
             window: cfg.window[i],
+            clip: cfg.clip_qkv,
             eps: cfg.rms_eps,
         })
     }
@@ -196,6 +212,11 @@ impl Attention {
             None => self.k.forward(c.w, c.k, h, t, k)?,
         }
         self.v.forward(c.w, c.k, h, t, v)?;
+        if let Some(c) = self.clip {
+            for x in q.iter_mut().chain(k.iter_mut()).chain(v.iter_mut()) {
+                *x = x.clamp(-c, c);
+            }
+        }
         let pos = RSlice::from_slice(positions);
         c.k.rope(RSliceMut::from_mut_slice(q), pos, &self.rope_q)
             .into_result()?;
@@ -251,33 +272,36 @@ impl Attention {
     }
 }
 
-/// The keys and values of `pages` as contiguous slices: the page itself when there is one,
-/// otherwise gathered into `keys`/`values` (the attention kernel takes one buffer).
+/// The keys and values of `pages` as contiguous f32 slices: borrowed from the page when there
+/// is a single f32 page, otherwise gathered (and int8 pages dequantized) into `keys`/`values`,
+/// since the attention kernel takes one buffer.
 fn contiguous<'p>(
     pages: &'p [KvPage<'p>],
     kd: usize,
     keys: &'p mut Vec<f32>,
     values: &'p mut Vec<f32>,
 ) -> Result<(&'p [f32], &'p [f32])> {
-    for p in pages {
+    let short = |p: &KvPage<'_>| {
+        UError::new(
+            u_sdk::ErrorKind::Internal,
+            format!("arch-llama: KV page of {} tokens is short", p.tokens),
+        )
+    };
+    if let [p] = pages
+        && p.dtype == DType::F32
+    {
         let n = p.tokens as usize * kd;
-        if p.keys.len() < n || p.values.len() < n {
-            return Err(UError::new(
-                u_sdk::ErrorKind::Internal,
-                format!("arch-llama: KV page of {} tokens is short", p.tokens),
-            ));
-        }
-    }
-    if let [p] = pages {
-        let n = p.tokens as usize * kd;
-        return Ok((&p.keys.as_slice()[..n], &p.values.as_slice()[..n]));
+        let k = p.keys.as_slice().get(..n).ok_or_else(|| short(p))?;
+        let v = p.values.as_slice().get(..n).ok_or_else(|| short(p))?;
+        return Ok((k, v));
     }
     keys.clear();
     values.clear();
     for p in pages {
         let n = p.tokens as usize * kd;
-        keys.extend_from_slice(&p.keys.as_slice()[..n]);
-        values.extend_from_slice(&p.values.as_slice()[..n]);
+        let (k, v) = (p.keys_f32(), p.values_f32());
+        keys.extend_from_slice(k.get(..n).ok_or_else(|| short(p))?);
+        values.extend_from_slice(v.get(..n).ok_or_else(|| short(p))?);
     }
     Ok((keys, values))
 }
@@ -408,7 +432,7 @@ impl MoE {
         // Route: per expert, the tokens it serves and their gate weights.
         s.routes.resize_with(n_exp, Vec::new);
         s.routes.iter_mut().for_each(Vec::clear);
-        let mut picked: Vec<(usize, f32)> = Vec::with_capacity(n_exp);
+        let picked = &mut s.picked;
         for (tok, row) in probs.chunks_exact(n_exp).enumerate() {
             picked.clear();
             picked.extend(row.iter().copied().enumerate());
@@ -464,6 +488,7 @@ impl MoE {
 
 /// A block's feed-forward part: dense or mixture of experts, chosen per layer by whether the
 /// layer has a router (`ffn_gate_inp`).
+#[allow(clippy::large_enum_variant)] // one per layer, built once
 pub enum FeedForward {
     /// Dense SwiGLU.
     Dense(Mlp),

@@ -80,13 +80,8 @@ impl Radix {
     }
 
     /// Nodes besides the root.
-    pub fn len(&self) -> usize {
+    pub fn node_count(&self) -> usize {
         self.nodes.iter().filter(|n| n.is_some()).count() - 1
-    }
-
-    /// Whether the tree holds no prefix.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Number of edges on the path of `tokens` (for tests: a long shared prefix is one edge).

@@ -469,7 +469,7 @@ impl Store {
             bytes: self.counters.bytes.load(Ordering::Relaxed),
             pages: self.counters.pages.load(Ordering::Relaxed),
             sequences: lock(&self.seqs).len() as u64,
-            prefix_nodes: lock(&self.radix).len() as u64,
+            prefix_nodes: lock(&self.radix).node_count() as u64,
             checkpoints: names.len() as u64,
             evictions: lock(&self.radix).evictions,
         }

@@ -4,7 +4,12 @@
 //! `cargo bench -p u-kernels-cpu --bench matvec` (env: `U_THREADS` threads, default all cores;
 //! `U_BENCH_MB` working set per dtype, default 1024 — larger than the last-level cache, so the
 //! weights stream from DRAM as in a real decode; `U_ISA=scalar|avx2|avx512|vnni` forces a path;
-//! `U_M` activation rows, default 1).
+//! `U_M` activation rows, default 1; `U_N`/`U_K` the weight shape, default 4096 × 4096;
+//! `U_DTYPE=Q4_0,Q8_0` a subset; `U_ROUNDS` timing rounds, default 5, best kept).
+//!
+//! `cpu-us/op` is process CPU time per product divided by the thread count: on a machine shared
+//! with other work, wall time also counts time descheduled, CPU time does not (it still counts
+//! rayon's idle spinning, so it is an upper bound on the kernel's own time).
 //!
 //! Prints, for a 4096 × 4096 weight: time per product, weight bytes read per second, and that as
 //! a fraction of the streaming-read bandwidth (a plain parallel sum over the same working set).
@@ -15,6 +20,18 @@ use u_kernels_cpu::testutil::{Rng, random_weight};
 use u_kernels_cpu::{CpuKernels, Isa};
 use u_sdk::abi_stable::std_types::{RSlice, RVec};
 use u_sdk::{DType, TensorView};
+
+/// CPU time consumed by the whole process (all threads), in seconds: unlike wall time it does
+/// not count time the threads spend descheduled, so it stays meaningful on a loaded machine.
+fn process_cpu_time() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write into.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -78,8 +95,8 @@ fn main() {
     );
     println!("streaming read bandwidth: {bw:.1} GB/s");
     println!(
-        "{:<6} {:>9} {:>10} {:>9} {:>8} {:>9}",
-        "dtype", "MiB", "us/op", "GB/s", "of bw", "GFLOP/s"
+        "{:<6} {:>9} {:>10} {:>9} {:>8} {:>9} {:>12} {:>10}",
+        "dtype", "MiB", "us/op", "GB/s", "of bw", "GFLOP/s", "cpu-us/op", "cpu-GB/s"
     );
     let mut rng = Rng::new(1);
     let x = rng.vec(m * k, 1.0);
@@ -121,27 +138,32 @@ fn main() {
         // Best of several rounds (each at least one pass and 150 ms): robust to other load on
         // a shared machine.
         let mut per = f64::MAX;
+        let mut cpu_per = f64::MAX;
         let mut total_ops = 0usize;
-        for _ in 0..5 {
+        for _ in 0..env_usize("U_ROUNDS", 5) {
             let mut ops = 0usize;
             let t = Instant::now();
+            let c = process_cpu_time();
             while ops < copies || t.elapsed() < Duration::from_millis(150) {
                 kern.matmul(&views[ops % copies], &x, m, &mut y)
                     .expect("matmul");
                 ops += 1;
             }
             per = per.min(t.elapsed().as_secs_f64() / ops as f64);
+            cpu_per = cpu_per.min((process_cpu_time() - c) / ops as f64 / threads as f64);
             total_ops += ops;
         }
         let gbs = one.len() as f64 / per / 1e9;
         println!(
-            "{:<6} {:>9.2} {:>10.1} {:>9.1} {:>7.0}% {:>9.1}",
+            "{:<6} {:>9.2} {:>10.1} {:>9.1} {:>7.0}% {:>9.1} {:>12.1} {:>10.1}",
             dtype.name(),
             one.len() as f64 / (1 << 20) as f64,
             per * 1e6,
             gbs,
             100.0 * gbs / bw,
-            2.0 * (m * n * k) as f64 / per / 1e9
+            2.0 * (m * n * k) as f64 / per / 1e9,
+            cpu_per * 1e6,
+            one.len() as f64 / cpu_per / 1e9
         );
         std::hint::black_box(&y);
         if std::env::var_os("U_VERBOSE").is_some() {

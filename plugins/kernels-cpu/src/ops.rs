@@ -102,18 +102,16 @@ pub fn rope(x: &mut [f32], positions: &[u32], p: &RopeParams) -> Result<()> {
             positions.len()
         )));
     }
-    let mut cs = vec![(0f32, 0f32); half];
+    // cos/sin once per (token, pair), applied to every head: no allocation.
     for (tok, &pos) in x.chunks_exact_mut(heads * hd).zip(positions) {
-        for (c, &f) in cs.iter_mut().zip(p.inv_freq.iter()) {
+        for (i, &f) in p.inv_freq.iter().enumerate() {
             let theta = pos as f32 * f;
-            *c = (theta.cos() * p.attn_factor, theta.sin() * p.attn_factor);
-        }
-        for head in tok.chunks_exact_mut(hd) {
-            for (i, &(c, s)) in cs.iter().enumerate() {
-                let (a, b) = match p.style {
-                    RopeStyle::Normal => (2 * i, 2 * i + 1),
-                    RopeStyle::NeoX => (i, i + half),
-                };
+            let (c, s) = (theta.cos() * p.attn_factor, theta.sin() * p.attn_factor);
+            let (a, b) = match p.style {
+                RopeStyle::Normal => (2 * i, 2 * i + 1),
+                RopeStyle::NeoX => (i, i + half),
+            };
+            for head in tok.chunks_exact_mut(hd) {
                 let (x0, x1) = (head[a], head[b]);
                 head[a] = x0 * c - x1 * s;
                 head[b] = x0 * s + x1 * c;

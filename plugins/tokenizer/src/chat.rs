@@ -30,6 +30,7 @@ impl ChatMessage {
 }
 
 /// Renders `template` for `messages`, with `bos_token`/`eos_token` as the template sees them.
+/// As in transformers, `tools` and `documents` are defined and `none`.
 pub fn render_chat(
     template: &str,
     messages: &[ChatMessage],
@@ -39,6 +40,8 @@ pub fn render_chat(
 ) -> Result<String, UError> {
     let ctx = serde_json::json!({
         "messages": messages,
+        "tools": null,
+        "documents": null,
         "add_generation_prompt": add_generation_prompt,
         "bos_token": bos_token,
         "eos_token": eos_token,

@@ -112,6 +112,11 @@ impl Tok {
         }
     }
 
+    /// The type of a token (added tokens from tokenizer.json are control or user-defined).
+    pub fn token_type(&self, id: u32) -> Option<TokenType> {
+        self.p().types.get(id as usize).copied()
+    }
+
     /// Whether `id` is a special (control or unknown) token.
     pub fn is_special(&self, id: u32) -> bool {
         self.p()

@@ -13,7 +13,7 @@ use u_sdk::{
     ErrorKind, Host, Host_TO, HostBox, LogLevel, MetaValue, PluginInstance, TensorInfo, TensorView,
     TokenizerFactoryBox, UError, WeightSet, WeightSet_TO, WriteMode,
 };
-use u_tokenizer::Tok;
+use u_tokenizer::{Tok, vocab::TokenType};
 
 const ALL: [&str; 8] = [
     "llama-spm",
@@ -118,7 +118,7 @@ fn special_tokens_in_text_are_parsed_only_when_asked() {
     let spm = load("llama-spm");
     let ids = spm.encode_with("<s>Hi", false, true).unwrap();
     assert_eq!(ids[0], 1);
-    assert_eq!(spm.decode(&ids, true).unwrap(), " Hi".trim_start());
+    assert_eq!(spm.decode(&ids, true).unwrap(), "Hi");
 }
 
 #[test]
@@ -184,11 +184,10 @@ fn streaming_equals_decode_on_every_vector() {
         for (text, ids) in cases(name) {
             let whole = String::from_utf8(tok.decode_bytes(&ids, false).unwrap()).unwrap();
             let streamed = stream(&tok, &ids);
-            // Streaming keeps the SentencePiece / WordPiece leading space; decode drops it.
-            assert_eq!(
-                streamed.strip_prefix(' ').unwrap_or(&streamed),
-                whole.strip_prefix(' ').unwrap_or(&whole),
-                "{name}: {text:?}"
+            // Streaming keeps the SentencePiece / WordPiece leading space that decode drops.
+            assert!(
+                streamed == whole || streamed == format!(" {whole}"),
+                "{name}: {text:?}: streamed {streamed:?}, decoded {whole:?}"
             );
         }
     }
@@ -196,9 +195,15 @@ fn streaming_equals_decode_on_every_vector() {
 
 /// llama.cpp's `test-tokenizer-1-{bpe,spm}`: every token's text re-encodes (with special tokens
 /// parsed) and decodes back to the same text. Checked on every 7th id to keep debug builds
-/// quick, plus all special and user-defined tokens.
+/// quick (`U_TOKENIZER_ALL_TOKENS=1` checks every id), plus every token that is not a normal
+/// piece.
 #[test]
 fn per_token_round_trip() {
+    let stride = if std::env::var_os("U_TOKENIZER_ALL_TOKENS").is_some() {
+        1
+    } else {
+        7
+    };
     for name in [
         "llama-spm",
         "phi-3",
@@ -212,10 +217,7 @@ fn per_token_round_trip() {
         let mut checked = 0;
         let mut failures = Vec::new();
         for id in 0..tok.vocab_size() {
-            if id % 7 != 0 && !tok.is_special(id) && id < 1000 {
-                continue;
-            }
-            if id % 7 != 0 && !tok.is_special(id) {
+            if id % stride != 0 && tok.token_type(id) == Some(TokenType::Normal) {
                 continue;
             }
             let Ok(text) = String::from_utf8(tok.decode_bytes(&[id], false).unwrap()) else {
@@ -252,11 +254,13 @@ fn tokenizer_json_export_round_trips() {
             tok.special_tokens().add_bos,
             "{name}"
         );
-        assert_eq!(
-            back.special_tokens().bos,
-            tok.special_tokens().bos,
-            "{name}"
-        );
+        if tok.special_tokens().add_bos {
+            assert_eq!(
+                back.special_tokens().bos,
+                tok.special_tokens().bos,
+                "{name}"
+            );
+        }
         for (text, want) in cases(name) {
             assert_eq!(
                 back.encode_with(&text, false, false).unwrap(),
@@ -356,6 +360,13 @@ impl WeightSet for MetaOnly {
     }
 }
 
+fn fails<T>(r: RResult<T, UError>) -> UError {
+    match r {
+        RResult::ROk(_) => panic!("expected an error"),
+        RResult::RErr(e) => e,
+    }
+}
+
 fn factory(grants: Vec<PathBuf>) -> TokenizerFactoryBox {
     let host: HostBox = Host_TO::from_value(TestHost { grants }, TD_Opaque);
     match u_tokenizer::instantiate(host).unwrap() {
@@ -387,7 +398,7 @@ fn plugin_builds_from_weights() {
     let mut bad = meta("gpt-2");
     bad.remove("tokenizer.ggml.tokens");
     let ws = WeightSet_TO::from_value(MetaOnly(bad), TD_Opaque);
-    let e = f.build_from_weights(ws).unwrap_err();
+    let e = fails(f.build_from_weights(ws));
     assert_eq!(e.kind, ErrorKind::NotFound, "{e}");
 }
 
@@ -419,15 +430,11 @@ fn plugin_builds_from_tokenizer_json_through_the_host() {
     assert!(tok.special_tokens().eos.contains(&32007));
 
     // Without the grant the host refuses, and the error says so.
-    let e = factory(vec![])
-        .build_from_file(path_str.into())
-        .unwrap_err();
+    let e = fails(factory(vec![]).build_from_file(path_str.into()));
     assert_eq!(e.kind, ErrorKind::PermissionDenied, "{e}");
     // A file that is not a tokenizer.json.
     std::fs::write(dir.join("tokenizer.json"), "{\"nope\": 1}").unwrap();
-    let e = factory(vec![dir.clone()])
-        .build_from_file(path_str.into())
-        .unwrap_err();
+    let e = fails(factory(vec![dir.clone()]).build_from_file(path_str.into()));
     assert_eq!(e.kind, ErrorKind::InvalidInput, "{e}");
     assert!(e.message.contains("tokenizer.json"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();

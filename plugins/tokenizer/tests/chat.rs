@@ -77,3 +77,9 @@ fn strftime_now_gives_a_date() {
     assert_eq!(out.len(), 11, "{out}");
     assert!(out[7..].parse::<u32>().unwrap() >= 2024);
 }
+
+#[test]
+fn tools_and_documents_are_defined_and_none() {
+    let t = "{% if tools is defined and tools is none %}T{% endif %}{% if documents is none %}D{% endif %}";
+    assert_eq!(render_chat(t, &[], false, "", "").unwrap(), "TD");
+}

@@ -18,18 +18,33 @@ use rayon::prelude::*;
 use std::cell::RefCell;
 use u_sdk::{DType, Result, TensorView, UError};
 
-/// A dot product of one stored weight row with one activation row.
+/// One weight row against 1 or 4 activation rows (the weight blocks decoded once for all).
+#[derive(Clone, Copy, Debug)]
+pub struct Multi<B: 'static> {
+    /// One activation row (decode).
+    pub one: unsafe fn(&[u8], &[&[B]; 1]) -> [f32; 1],
+    /// Four activation rows (prefill).
+    pub four: unsafe fn(&[u8], &[&[B]; 4]) -> [f32; 4],
+}
+
+/// A dot product of one stored weight row with activation rows.
 #[derive(Clone, Copy, Debug)]
 pub enum RowDot {
     /// Float weights against f32 activations.
     Float(unsafe fn(&[u8], &[f32]) -> f32),
     /// 32-value blocks against [`Q8Block`] activations.
-    Q8(unsafe fn(&[u8], &[Q8Block]) -> f32),
+    Q8(Multi<Q8Block>),
     /// 256-value blocks against [`Q8KBlock`] activations.
-    Q8K(unsafe fn(&[u8], &[Q8KBlock]) -> f32),
+    Q8K(Multi<Q8KBlock>),
     /// Any other dtype: each row is dequantized (with [`u_sdk::quant`]) into a scratch row and
     /// dotted in f32. Correct but not fast; for formats without a dedicated kernel.
     Dequant,
+}
+
+macro_rules! multi {
+    ($v:ident, $($f:tt)*) => {
+        RowDot::$v(Multi { one: $($f)*::<1>, four: $($f)*::<4> })
+    };
 }
 
 /// The kernel for `dtype` weights on `isa` (which must be available on this CPU).
@@ -48,22 +63,22 @@ pub fn select(isa: Isa, dtype: DType) -> RowDot {
             F32 if int => Some(RowDot::Float(avx2::f32_row)),
             F16 if int => Some(RowDot::Float(avx2::f16_row)),
             BF16 if int => Some(RowDot::Float(avx2::bf16_row)),
-            Q8_0 if v => Some(RowDot::Q8(vnni::q8_0)),
-            Q4_0 if v => Some(RowDot::Q8(vnni::q4_0)),
-            Q4_1 if v => Some(RowDot::Q8(vnni::q4_1)),
-            Q5_0 if v => Some(RowDot::Q8(vnni::q5_0)),
-            Q4_K if v => Some(RowDot::Q8K(vnni::q4_k)),
-            Q5_K if v => Some(RowDot::Q8K(vnni::q5_k)),
-            Q6_K if v => Some(RowDot::Q8K(vnni::q6_k)),
-            TQ2_0 if v => Some(RowDot::Q8K(vnni::tq2_0)),
-            Q8_0 if int => Some(RowDot::Q8(avx2::q8_0)),
-            Q4_0 if int => Some(RowDot::Q8(avx2::q4_0)),
-            Q4_1 if int => Some(RowDot::Q8(avx2::q4_1)),
-            Q5_0 if int => Some(RowDot::Q8(avx2::q5_0)),
-            Q4_K if int => Some(RowDot::Q8K(avx2::q4_k)),
-            Q5_K if int => Some(RowDot::Q8K(avx2::q5_k)),
-            Q6_K if int => Some(RowDot::Q8K(avx2::q6_k)),
-            TQ2_0 if int => Some(RowDot::Q8K(avx2::tq2_0)),
+            Q8_0 if v => Some(multi!(Q8, vnni::q8_0)),
+            Q4_0 if v => Some(multi!(Q8, vnni::q4_0)),
+            Q4_1 if v => Some(multi!(Q8, vnni::q4_1)),
+            Q5_0 if v => Some(multi!(Q8, vnni::q5_0)),
+            Q4_K if v => Some(multi!(Q8K, vnni::q4_k)),
+            Q5_K if v => Some(multi!(Q8K, vnni::q5_k)),
+            Q6_K if v => Some(multi!(Q8K, vnni::q6_k)),
+            TQ2_0 if v => Some(multi!(Q8K, vnni::tq2_0)),
+            Q8_0 if int => Some(multi!(Q8, avx2::q8_0)),
+            Q4_0 if int => Some(multi!(Q8, avx2::q4_0)),
+            Q4_1 if int => Some(multi!(Q8, avx2::q4_1)),
+            Q5_0 if int => Some(multi!(Q8, avx2::q5_0)),
+            Q4_K if int => Some(multi!(Q8K, avx2::q4_k)),
+            Q5_K if int => Some(multi!(Q8K, avx2::q5_k)),
+            Q6_K if int => Some(multi!(Q8K, avx2::q6_k)),
+            TQ2_0 if int => Some(multi!(Q8K, avx2::tq2_0)),
             _ => None,
         };
         if let Some(k) = k {
@@ -75,14 +90,14 @@ pub fn select(isa: Isa, dtype: DType) -> RowDot {
         F32 => RowDot::Float(scalar::f32_row),
         F16 => RowDot::Float(scalar::f16_row),
         BF16 => RowDot::Float(scalar::bf16_row),
-        Q8_0 => RowDot::Q8(scalar::q8_0),
-        Q4_0 => RowDot::Q8(scalar::q4_0),
-        Q4_1 => RowDot::Q8(scalar::q4_1),
-        Q5_0 => RowDot::Q8(scalar::q5_0),
-        Q4_K => RowDot::Q8K(scalar::q4_k),
-        Q5_K => RowDot::Q8K(scalar::q5_k),
-        Q6_K => RowDot::Q8K(scalar::q6_k),
-        TQ2_0 => RowDot::Q8K(scalar::tq2_0),
+        Q8_0 => multi!(Q8, scalar::q8_0_n),
+        Q4_0 => multi!(Q8, scalar::q4_0_n),
+        Q4_1 => multi!(Q8, scalar::q4_1_n),
+        Q5_0 => multi!(Q8, scalar::q5_0_n),
+        Q4_K => multi!(Q8K, scalar::q4_k_n),
+        Q5_K => multi!(Q8K, scalar::q5_k_n),
+        Q6_K => multi!(Q8K, scalar::q6_k_n),
+        TQ2_0 => multi!(Q8K, scalar::tq2_0_n),
         _ => RowDot::Dequant,
     }
 }
@@ -164,8 +179,9 @@ pub fn matmul(eng: &Engine, w: &TensorView<'_>, x: &[f32], m: usize, y: &mut [f3
     match select(eng.isa, dtype) {
         RowDot::Float(f) => eng.pool.install(|| {
             // SAFETY: `select` returned a kernel for an available ISA; row and x lengths match.
-            run(eng, n, m, y, |r, i| unsafe {
-                f(row(r), &x[i * k..(i + 1) * k])
+            let one = |r: usize, i: usize| unsafe { f(row(r), &x[i * k..(i + 1) * k]) };
+            run(eng, n, m, y, one, |r, i| {
+                core::array::from_fn(|j| one(r, i + j))
             })
         }),
         RowDot::Q8(f) => {
@@ -173,11 +189,7 @@ pub fn matmul(eng: &Engine, w: &TensorView<'_>, x: &[f32], m: usize, y: &mut [f3
             with_scratch(&Q8_SCRATCH, m * nb, |qx| {
                 eng.pool.install(|| {
                     quantize_rows(x, k, qx, nb, quantize_q8);
-                    let qx = &*qx;
-                    // SAFETY: as above; `qx` holds `nb` blocks per activation row.
-                    run(eng, n, m, y, |r, i| unsafe {
-                        f(row(r), &qx[i * nb..(i + 1) * nb])
-                    })
+                    run_blocks(eng, n, m, y, row, qx, nb, f)
                 })
             })
         }
@@ -186,30 +198,50 @@ pub fn matmul(eng: &Engine, w: &TensorView<'_>, x: &[f32], m: usize, y: &mut [f3
             with_scratch(&Q8K_SCRATCH, m * nb, |qx| {
                 eng.pool.install(|| {
                     quantize_rows(x, k, qx, nb, quantize_q8k);
-                    let qx = &*qx;
-                    // SAFETY: as above.
-                    run(eng, n, m, y, |r, i| unsafe {
-                        f(row(r), &qx[i * nb..(i + 1) * nb])
-                    })
+                    run_blocks(eng, n, m, y, row, qx, nb, f)
                 })
             })
         }
         RowDot::Dequant => {
             let vec = eng.vec;
+            let one = |r: usize, i: usize| {
+                with_scratch(&ROW_SCRATCH, k, |buf| {
+                    // Lengths were checked above, so this cannot fail; NaN marks a bug.
+                    match u_sdk::quant::dequantize(dtype, row(r), buf) {
+                        Ok(()) => vec.dot(buf, &x[i * k..(i + 1) * k]),
+                        Err(_) => f32::NAN,
+                    }
+                })
+            };
             eng.pool.install(|| {
-                run(eng, n, m, y, |r, i| {
-                    with_scratch(&ROW_SCRATCH, k, |buf| {
-                        // Lengths were checked above, so this cannot fail; NaN marks a bug.
-                        match u_sdk::quant::dequantize(dtype, row(r), buf) {
-                            Ok(()) => vec.dot(buf, &x[i * k..(i + 1) * k]),
-                            Err(_) => f32::NAN,
-                        }
-                    })
+                run(eng, n, m, y, one, |r, i| {
+                    core::array::from_fn(|j| one(r, i + j))
                 })
             })
         }
     }
     Ok(())
+}
+
+/// [`run`] for block kernels over quantized activations `qx` (`nb` blocks per row).
+#[allow(clippy::too_many_arguments)]
+fn run_blocks<'w, B: Sync>(
+    eng: &Engine,
+    n: usize,
+    m: usize,
+    y: &mut [f32],
+    row: impl Fn(usize) -> &'w [u8] + Sync,
+    qx: &[B],
+    nb: usize,
+    f: Multi<B>,
+) {
+    let xr = |i: usize| &qx[i * nb..(i + 1) * nb];
+    // SAFETY: `select` returned kernels for an available ISA; each activation row holds one
+    // block per weight block.
+    let one = |r: usize, i: usize| unsafe { (f.one)(row(r), &[xr(i)])[0] };
+    let four =
+        |r: usize, i: usize| unsafe { (f.four)(row(r), &[xr(i), xr(i + 1), xr(i + 2), xr(i + 3)]) };
+    run(eng, n, m, y, one, four)
 }
 
 /// Quantizes `m` activation rows of `k` values into `nb` blocks each, in parallel for prefill.
@@ -241,15 +273,23 @@ impl OutPtr {
 /// Activation rows per tile in prefill.
 const M_TILE: usize = 16;
 
-/// Fills `y[i·n + r] = f(r, i)` in parallel over runs of weight rows `r`. Must run inside the
-/// engine's pool.
-fn run(eng: &Engine, n: usize, m: usize, y: &mut [f32], f: impl Fn(usize, usize) -> f32 + Sync) {
+/// Fills `y[i·n + r] = one(r, i)` in parallel over runs of weight rows `r`; for several
+/// activation rows, `four(r, i)` computes rows `i..i + 4` at once. Must run inside the engine's
+/// pool.
+fn run(
+    eng: &Engine,
+    n: usize,
+    m: usize,
+    y: &mut [f32],
+    one: impl Fn(usize, usize) -> f32 + Sync,
+    four: impl Fn(usize, usize) -> [f32; 4] + Sync,
+) {
     let threads = eng.threads.max(1);
     if m == 1 {
         let chunk = (n / (threads * 16)).clamp(4, 256);
         y.par_chunks_mut(chunk).enumerate().for_each(|(c, ys)| {
             for (j, v) in ys.iter_mut().enumerate() {
-                *v = f(c * chunk + j, 0);
+                *v = one(c * chunk + j, 0);
             }
         });
         return;
@@ -262,10 +302,21 @@ fn run(eng: &Engine, n: usize, m: usize, y: &mut [f32], f: impl Fn(usize, usize)
         for i0 in (0..m).step_by(M_TILE) {
             let i1 = (i0 + M_TILE).min(m);
             for r in r0..r1 {
-                for i in i0..i1 {
-                    let v = f(r, i);
-                    // SAFETY: i < m, r < n, so i·n + r < y.len(); only this task writes row r.
+                let mut i = i0;
+                while i + 4 <= i1 {
+                    let v = four(r, i);
+                    for (j, &vj) in v.iter().enumerate() {
+                        // SAFETY: i + j < m, r < n, so the index is inside y; only this task
+                        // writes column r.
+                        unsafe { *out.ptr().add((i + j) * n + r) = vj };
+                    }
+                    i += 4;
+                }
+                while i < i1 {
+                    let v = one(r, i);
+                    // SAFETY: as above.
                     unsafe { *out.ptr().add(i * n + r) = v };
+                    i += 1;
                 }
             }
         }

@@ -233,6 +233,28 @@ pub fn tq2_0(w: &[u8], x: &[Q8KBlock]) -> f32 {
     acc
 }
 
+/// Multi-row forms of the one-row kernels (`R` activation rows against one weight row), with
+/// the signature of the SIMD kernels.
+macro_rules! rows {
+    ($($name:ident = $one:ident($b:ty);)*) => {$(
+        #[doc = concat!("[`", stringify!($one), "`] for `R` activation rows.")]
+        pub fn $name<const R: usize>(w: &[u8], xs: &[&[$b]; R]) -> [f32; R] {
+            core::array::from_fn(|r| $one(w, xs[r]))
+        }
+    )*};
+}
+
+rows! {
+    q8_0_n = q8_0(Q8Block);
+    q4_0_n = q4_0(Q8Block);
+    q4_1_n = q4_1(Q8Block);
+    q5_0_n = q5_0(Q8Block);
+    q4_k_n = q4_k(Q8KBlock);
+    q5_k_n = q5_k(Q8KBlock);
+    q6_k_n = q6_k(Q8KBlock);
+    tq2_0_n = tq2_0(Q8KBlock);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -91,11 +91,17 @@ fn dot_avx2(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
     )
 }
 
-/// As [`dot_avx2`], with `lo` scaling values 0–15 and `hi` values 16–31.
+/// Scale vector for [`dots_avx2`]: `lo` for values 0–15, `hi` for 16–31 (i16 lanes).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn dots_avx2(acc: __m256i, u: __m256i, s: __m256i, lo: i32, hi: i32) -> __m256i {
-    let sc = _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16));
+fn scales_avx2(lo: i32, hi: i32) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16))
+}
+
+/// As [`dot_avx2`], each value's product scaled by its lane of `sc` ([`scales_avx2`]).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn dots_avx2(acc: __m256i, u: __m256i, s: __m256i, sc: __m256i) -> __m256i {
     _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), sc))
 }
 
@@ -106,50 +112,62 @@ fn dot_vnni(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
     _mm256_dpbusd_epi32(acc, u, s)
 }
 
-/// As [`dot_vnni`], with `lo` scaling values 0–15 and `hi` values 16–31.
+/// Scale vector for [`dots_vnni`] (i32 lanes: lanes 0–3 cover values 0–15).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn scales_vnni(lo: i32, hi: i32) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi32(hi), _mm_set1_epi32(lo))
+}
+
+/// As [`dot_vnni`], scaled per lane by `sc` ([`scales_vnni`]).
 #[inline]
 #[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
-fn dots_vnni(acc: __m256i, u: __m256i, s: __m256i, lo: i32, hi: i32) -> __m256i {
+fn dots_vnni(acc: __m256i, u: __m256i, s: __m256i, sc: __m256i) -> __m256i {
     let p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-    let sc = _mm256_set_m128i(_mm_set1_epi32(hi), _mm_set1_epi32(lo));
     _mm256_add_epi32(acc, _mm256_mullo_epi32(p, sc))
 }
 
+/// The integer kernels, generic over `R` activation rows: each weight block is decoded once and
+/// dotted with the same block of every row (prefill reuses the decode work; decode uses `R = 1`).
+/// Per row the operations are those of the one-row kernel, so results do not depend on `R`.
 macro_rules! int_kernels {
-    ($feat:literal, $dot:ident, $dots:ident) => {
+    ($feat:literal, $dot:ident, $dots:ident, $scales:ident) => {
         use super::*;
 
         /// Q8_0 weights.
         #[target_feature(enable = $feat)]
-        pub unsafe fn q8_0(w: &[u8], x: &[Q8Block]) -> f32 {
-            // SAFETY: see the module docs; every load stays inside its 34-byte block.
+        pub unsafe fn q8_0<const R: usize>(w: &[u8], xs: &[&[Q8Block]; R]) -> [f32; R] {
+            // SAFETY: see the module docs; every load stays inside its 34-byte block, and each
+            // activation row holds one block per weight block.
             unsafe {
-                let mut acc0 = _mm256_setzero_ps();
-                let mut acc1 = _mm256_setzero_ps();
-                let mut blocks = w.chunks_exact(68).zip(x.chunks_exact(2));
-                for (b, xb) in &mut blocks {
-                    let p = b.as_ptr();
-                    let (wq0, wq1) = (load(p.add(2)), load(p.add(36)));
-                    let (xq0, xq1) = (load_i8(xb[0].qs.as_ptr()), load_i8(xb[1].qs.as_ptr()));
-                    let z = _mm256_setzero_si256();
-                    let p0 = $dot(z, _mm256_sign_epi8(wq0, wq0), _mm256_sign_epi8(xq0, wq0));
-                    let p1 = $dot(z, _mm256_sign_epi8(wq1, wq1), _mm256_sign_epi8(xq1, wq1));
-                    let d0 = _mm256_set1_ps(f16c(p) * xb[0].d);
-                    let d1 = _mm256_set1_ps(f16c(p.add(34)) * xb[1].d);
-                    acc0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(p0), acc0);
-                    acc1 = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(p1), acc1);
+                let mut acc = [[_mm256_setzero_ps(); 2]; R];
+                let nb = w.len() / 34;
+                // Two blocks per step into two accumulator sets (the `h` loop unrolls, so the
+                // indices are constants and everything stays in registers; a closure called per
+                // block was not inlined and spilled the accumulators).
+                let mut bi = 0;
+                while bi < nb {
+                    for h in 0..2 {
+                        if bi + h < nb {
+                            let p = w.as_ptr().add((bi + h) * 34);
+                            let wq = load(p.add(2));
+                            let aw = _mm256_sign_epi8(wq, wq);
+                            let d = f16c(p);
+                            for r in 0..R {
+                                let xb = xs[r].get_unchecked(bi + h);
+                                let xq = _mm256_sign_epi8(load_i8(xb.qs.as_ptr()), wq);
+                                let s = $dot(_mm256_setzero_si256(), aw, xq);
+                                acc[r][h] = _mm256_fmadd_ps(
+                                    _mm256_set1_ps(d * xb.d),
+                                    _mm256_cvtepi32_ps(s),
+                                    acc[r][h],
+                                );
+                            }
+                        }
+                    }
+                    bi += 2;
                 }
-                let nb = x.len() & !1;
-                for (b, xb) in w[nb * 34..].chunks_exact(34).zip(&x[nb..]) {
-                    let p = b.as_ptr();
-                    let wq = load(p.add(2));
-                    let xq = load_i8(xb.qs.as_ptr());
-                    let z = _mm256_setzero_si256();
-                    let p0 = $dot(z, _mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
-                    let d0 = _mm256_set1_ps(f16c(p) * xb.d);
-                    acc0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(p0), acc0);
-                }
-                hsum_ps(_mm256_add_ps(acc0, acc1))
+                core::array::from_fn(|r| hsum_ps(_mm256_add_ps(acc[r][0], acc[r][1])))
             }
         }
 
@@ -168,69 +186,69 @@ macro_rules! int_kernels {
         /// Shared loop of Q4_0/Q4_1/Q5_0: `Σ d_w·d_x·Σq·x` over blocks, plus `Σ off(b)·s_x`.
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn q32(
+        unsafe fn q32<const R: usize>(
             w: &[u8],
-            x: &[Q8Block],
+            xs: &[&[Q8Block]; R],
             bb: usize,
             codes: impl Fn(*const u8) -> __m256i,
             off: impl Fn(*const u8) -> f32,
-        ) -> f32 {
+        ) -> [f32; R] {
             // SAFETY: see the module docs; `codes`/`off` read inside the block.
             unsafe {
-                let mut acc0 = _mm256_setzero_ps();
-                let mut acc1 = _mm256_setzero_ps();
-                let mut corr = 0f32;
-                let mut blocks = w.chunks_exact(2 * bb).zip(x.chunks_exact(2));
-                for (b, xb) in &mut blocks {
-                    let p = b.as_ptr();
-                    let z = _mm256_setzero_si256();
-                    let p0 = $dot(z, codes(p), load_i8(xb[0].qs.as_ptr()));
-                    let p1 = $dot(z, codes(p.add(bb)), load_i8(xb[1].qs.as_ptr()));
-                    let d0 = f16c(p);
-                    let d1 = f16c(p.add(bb));
-                    acc0 =
-                        _mm256_fmadd_ps(_mm256_set1_ps(d0 * xb[0].d), _mm256_cvtepi32_ps(p0), acc0);
-                    acc1 =
-                        _mm256_fmadd_ps(_mm256_set1_ps(d1 * xb[1].d), _mm256_cvtepi32_ps(p1), acc1);
-                    corr += off(p) * xb[0].s + off(p.add(bb)) * xb[1].s;
+                let mut acc = [[_mm256_setzero_ps(); 2]; R];
+                let mut corr = [[0f32; 2]; R];
+                let nb = w.len() / bb;
+                // As in `q8_0`: two blocks per step, constant accumulator indices.
+                let mut bi = 0;
+                while bi < nb {
+                    for h in 0..2 {
+                        if bi + h < nb {
+                            let p = w.as_ptr().add((bi + h) * bb);
+                            let q = codes(p);
+                            let d = f16c(p);
+                            let o = off(p);
+                            for r in 0..R {
+                                let xb = xs[r].get_unchecked(bi + h);
+                                let s = $dot(_mm256_setzero_si256(), q, load_i8(xb.qs.as_ptr()));
+                                acc[r][h] = _mm256_fmadd_ps(
+                                    _mm256_set1_ps(d * xb.d),
+                                    _mm256_cvtepi32_ps(s),
+                                    acc[r][h],
+                                );
+                                corr[r][h] += o * xb.s;
+                            }
+                        }
+                    }
+                    bi += 2;
                 }
-                let nb = x.len() & !1;
-                for (b, xb) in w[nb * bb..].chunks_exact(bb).zip(&x[nb..]) {
-                    let p = b.as_ptr();
-                    let p0 = $dot(_mm256_setzero_si256(), codes(p), load_i8(xb.qs.as_ptr()));
-                    acc0 = _mm256_fmadd_ps(
-                        _mm256_set1_ps(f16c(p) * xb.d),
-                        _mm256_cvtepi32_ps(p0),
-                        acc0,
-                    );
-                    corr += off(p) * xb.s;
-                }
-                hsum_ps(_mm256_add_ps(acc0, acc1)) + corr
+                core::array::from_fn(|r| {
+                    hsum_ps(_mm256_add_ps(acc[r][0], acc[r][1])) + (corr[r][0] + corr[r][1])
+                })
             }
         }
 
         /// Q4_0 weights.
         #[target_feature(enable = $feat)]
-        pub unsafe fn q4_0(w: &[u8], x: &[Q8Block]) -> f32 {
+        pub unsafe fn q4_0<const R: usize>(w: &[u8], xs: &[&[Q8Block]; R]) -> [f32; R] {
             // SAFETY: 18-byte blocks: d at 0, nibbles at 2..18.
-            unsafe { q32(w, x, 18, |p| nibbles(p.add(2)), |p| -8.0 * f16c(p)) }
+            unsafe { q32(w, xs, 18, |p| nibbles(p.add(2)), |p| -8.0 * f16c(p)) }
         }
 
         /// Q4_1 weights.
         #[target_feature(enable = $feat)]
-        pub unsafe fn q4_1(w: &[u8], x: &[Q8Block]) -> f32 {
+        pub unsafe fn q4_1<const R: usize>(w: &[u8], xs: &[&[Q8Block]; R]) -> [f32; R] {
             // SAFETY: 20-byte blocks: d at 0, m at 2, nibbles at 4..20.
-            unsafe { q32(w, x, 20, |p| nibbles(p.add(4)), |p| f16c(p.add(2))) }
+            unsafe { q32(w, xs, 20, |p| nibbles(p.add(4)), |p| f16c(p.add(2))) }
         }
 
         /// Q5_0 weights.
         #[target_feature(enable = $feat)]
-        pub unsafe fn q5_0(w: &[u8], x: &[Q8Block]) -> f32 {
+        pub unsafe fn q5_0<const R: usize>(w: &[u8], xs: &[&[Q8Block]; R]) -> [f32; R] {
             // SAFETY: 22-byte blocks: d at 0, qh at 2..6, nibbles at 6..22.
             unsafe {
                 q32(
                     w,
-                    x,
+                    xs,
                     22,
                     |p| {
                         let qh = (p.add(2) as *const u32).read_unaligned();
@@ -244,28 +262,33 @@ macro_rules! int_kernels {
 
         /// Q4_K weights (integer sums exact, so equal to the scalar kernel bit for bit).
         #[target_feature(enable = $feat)]
-        pub unsafe fn q4_k(w: &[u8], x: &[Q8KBlock]) -> f32 {
+        pub unsafe fn q4_k<const R: usize>(w: &[u8], xs: &[&[Q8KBlock]; R]) -> [f32; R] {
             // SAFETY: 144-byte blocks: d, dmin, scales[12], qs[128].
             unsafe {
                 let m4 = _mm256_set1_epi8(0x0f);
-                let mut acc = 0f32;
-                for (b, xb) in w.chunks_exact(144).zip(x) {
+                let mut acc = [0f32; R];
+                for (bi, b) in w.chunks_exact(144).enumerate() {
                     let p = b.as_ptr();
                     let (sc, mn) = k_scale_min(&b[4..16]);
-                    let mut sumi = _mm256_setzero_si256();
+                    let mut sumi = [_mm256_setzero_si256(); R];
                     for j in 0..4 {
                         let raw = load(p.add(16 + 32 * j));
                         let lo = _mm256_and_si256(raw, m4);
                         let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4);
-                        let x0 = load_i8(xb.qs.as_ptr().add(64 * j));
-                        let x1 = load_i8(xb.qs.as_ptr().add(64 * j + 32));
                         let (s0, s1) = (i32::from(sc[2 * j]), i32::from(sc[2 * j + 1]));
-                        sumi = $dots(sumi, lo, x0, s0, s0);
-                        sumi = $dots(sumi, hi, x1, s1, s1);
+                        let (v0, v1) = ($scales(s0, s0), $scales(s1, s1));
+                        for r in 0..R {
+                            let xq = xs[r].get_unchecked(bi).qs.as_ptr();
+                            sumi[r] = $dots(sumi[r], lo, load_i8(xq.add(64 * j)), v0);
+                            sumi[r] = $dots(sumi[r], hi, load_i8(xq.add(64 * j + 32)), v1);
+                        }
                     }
-                    let summ = k_min_sum(&mn, &xb.bsums);
                     let (d, dmin) = (f16c(p), f16c(p.add(2)));
-                    acc += xb.d * (d * hsum_epi32(sumi) as f32 - dmin * summ as f32);
+                    for r in 0..R {
+                        let xb = xs[r].get_unchecked(bi);
+                        let summ = k_min_sum(&mn, &xb.bsums);
+                        acc[r] += xb.d * (d * hsum_epi32(sumi[r]) as f32 - dmin * summ as f32);
+                    }
                 }
                 acc
             }
@@ -273,17 +296,17 @@ macro_rules! int_kernels {
 
         /// Q5_K weights (bit-exact with the scalar kernel).
         #[target_feature(enable = $feat)]
-        pub unsafe fn q5_k(w: &[u8], x: &[Q8KBlock]) -> f32 {
+        pub unsafe fn q5_k<const R: usize>(w: &[u8], xs: &[&[Q8KBlock]; R]) -> [f32; R] {
             // SAFETY: 176-byte blocks: d, dmin, scales[12], qh[32], qs[128].
             unsafe {
                 let m4 = _mm256_set1_epi8(0x0f);
                 let one = _mm256_set1_epi8(1);
-                let mut acc = 0f32;
-                for (b, xb) in w.chunks_exact(176).zip(x) {
+                let mut acc = [0f32; R];
+                for (bi, b) in w.chunks_exact(176).enumerate() {
                     let p = b.as_ptr();
                     let (sc, mn) = k_scale_min(&b[4..16]);
                     let mut qh = load(p.add(16));
-                    let mut sumi = _mm256_setzero_si256();
+                    let mut sumi = [_mm256_setzero_si256(); R];
                     for j in 0..4 {
                         let raw = load(p.add(48 + 32 * j));
                         let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(qh, one));
@@ -293,15 +316,20 @@ macro_rules! int_kernels {
                         let lo = _mm256_or_si256(_mm256_and_si256(raw, m4), h0);
                         let hi =
                             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4), h1);
-                        let x0 = load_i8(xb.qs.as_ptr().add(64 * j));
-                        let x1 = load_i8(xb.qs.as_ptr().add(64 * j + 32));
                         let (s0, s1) = (i32::from(sc[2 * j]), i32::from(sc[2 * j + 1]));
-                        sumi = $dots(sumi, lo, x0, s0, s0);
-                        sumi = $dots(sumi, hi, x1, s1, s1);
+                        let (v0, v1) = ($scales(s0, s0), $scales(s1, s1));
+                        for r in 0..R {
+                            let xq = xs[r].get_unchecked(bi).qs.as_ptr();
+                            sumi[r] = $dots(sumi[r], lo, load_i8(xq.add(64 * j)), v0);
+                            sumi[r] = $dots(sumi[r], hi, load_i8(xq.add(64 * j + 32)), v1);
+                        }
                     }
-                    let summ = k_min_sum(&mn, &xb.bsums);
                     let (d, dmin) = (f16c(p), f16c(p.add(2)));
-                    acc += xb.d * (d * hsum_epi32(sumi) as f32 - dmin * summ as f32);
+                    for r in 0..R {
+                        let xb = xs[r].get_unchecked(bi);
+                        let summ = k_min_sum(&mn, &xb.bsums);
+                        acc[r] += xb.d * (d * hsum_epi32(sumi[r]) as f32 - dmin * summ as f32);
+                    }
                 }
                 acc
             }
@@ -309,17 +337,17 @@ macro_rules! int_kernels {
 
         /// Q6_K weights (bit-exact with the scalar kernel).
         #[target_feature(enable = $feat)]
-        pub unsafe fn q6_k(w: &[u8], x: &[Q8KBlock]) -> f32 {
+        pub unsafe fn q6_k<const R: usize>(w: &[u8], xs: &[&[Q8KBlock]; R]) -> [f32; R] {
             // SAFETY: 210-byte blocks: ql[128], qh[64], scales[16], d.
             unsafe {
                 let m4 = _mm256_set1_epi8(0x0f);
                 let m2 = _mm256_set1_epi8(3);
-                let mut acc = 0f32;
-                for (b, xb) in w.chunks_exact(210).zip(x) {
+                let mut acc = [0f32; R];
+                for (bi, b) in w.chunks_exact(210).enumerate() {
                     let p = b.as_ptr();
                     let sc = &b[192..208];
                     let s = |g: usize| i32::from(sc[g] as i8);
-                    let mut sumi = _mm256_setzero_si256();
+                    let mut sumi = [_mm256_setzero_si256(); R];
                     for j in 0..2 {
                         let ql0 = load(p.add(64 * j));
                         let ql1 = load(p.add(64 * j + 32));
@@ -338,14 +366,21 @@ macro_rules! int_kernels {
                         ];
                         for g in 0..4 {
                             let q = _mm256_or_si256(lows[g], _mm256_slli_epi16::<4>(highs[g]));
-                            let xq = load_i8(xb.qs.as_ptr().add(128 * j + 32 * g));
                             let k = 8 * j + 2 * g;
-                            sumi = $dots(sumi, q, xq, s(k), s(k + 1));
+                            let v = $scales(s(k), s(k + 1));
+                            for r in 0..R {
+                                let xq = xs[r].get_unchecked(bi).qs.as_ptr();
+                                sumi[r] = $dots(sumi[r], q, load_i8(xq.add(128 * j + 32 * g)), v);
+                            }
                         }
                     }
-                    let sumb: i32 = (0..16).map(|g| s(g) * i32::from(xb.bsums[g])).sum();
-                    let total = hsum_epi32(sumi) - 32 * sumb;
-                    acc += (f16c_tail(p.add(208)) * xb.d) * total as f32;
+                    let d = f16c_tail(p.add(208));
+                    for r in 0..R {
+                        let xb = xs[r].get_unchecked(bi);
+                        let sumb: i32 = (0..16).map(|g| s(g) * i32::from(xb.bsums[g])).sum();
+                        let total = hsum_epi32(sumi[r]) - 32 * sumb;
+                        acc[r] += (d * xb.d) * total as f32;
+                    }
                 }
                 acc
             }
@@ -353,14 +388,14 @@ macro_rules! int_kernels {
 
         /// TQ2_0 weights (bit-exact with the scalar kernel).
         #[target_feature(enable = $feat)]
-        pub unsafe fn tq2_0(w: &[u8], x: &[Q8KBlock]) -> f32 {
+        pub unsafe fn tq2_0<const R: usize>(w: &[u8], xs: &[&[Q8KBlock]; R]) -> [f32; R] {
             // SAFETY: 66-byte blocks: qs[64], d.
             unsafe {
                 let m2 = _mm256_set1_epi8(3);
-                let mut acc = 0f32;
-                for (b, xb) in w.chunks_exact(66).zip(x) {
+                let mut acc = [0f32; R];
+                for (bi, b) in w.chunks_exact(66).enumerate() {
                     let p = b.as_ptr();
-                    let mut sumi = _mm256_setzero_si256();
+                    let mut sumi = [_mm256_setzero_si256(); R];
                     for j in 0..2 {
                         let raw = load(p.add(32 * j));
                         let qs = [
@@ -370,12 +405,18 @@ macro_rules! int_kernels {
                             _mm256_and_si256(_mm256_srli_epi16::<6>(raw), m2),
                         ];
                         for (s, q) in qs.into_iter().enumerate() {
-                            let xq = load_i8(xb.qs.as_ptr().add(128 * j + 32 * s));
-                            sumi = $dot(sumi, q, xq);
+                            for r in 0..R {
+                                let xq = xs[r].get_unchecked(bi).qs.as_ptr();
+                                sumi[r] = $dot(sumi[r], q, load_i8(xq.add(128 * j + 32 * s)));
+                            }
                         }
                     }
-                    let sumx: i32 = xb.bsums.iter().map(|&v| i32::from(v)).sum();
-                    acc += (f16c_tail(p.add(64)) * xb.d) * (hsum_epi32(sumi) - sumx) as f32;
+                    let d = f16c_tail(p.add(64));
+                    for r in 0..R {
+                        let xb = xs[r].get_unchecked(bi);
+                        let sumx: i32 = xb.bsums.iter().map(|&v| i32::from(v)).sum();
+                        acc[r] += (d * xb.d) * (hsum_epi32(sumi[r]) - sumx) as f32;
+                    }
                 }
                 acc
             }
@@ -385,7 +426,7 @@ macro_rules! int_kernels {
 
 /// AVX2 + FMA + F16C integer kernels.
 pub mod avx2 {
-    int_kernels!("avx2,fma,f16c", dot_avx2, dots_avx2);
+    int_kernels!("avx2,fma,f16c", dot_avx2, dots_avx2, scales_avx2);
 
     /// f32 weights.
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -477,7 +518,8 @@ pub mod vnni {
     int_kernels!(
         "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
         dot_vnni,
-        dots_vnni
+        dots_vnni,
+        scales_vnni
     );
 }
 

@@ -40,6 +40,15 @@ fn instantiate(host: HostBox) -> Result<PluginInstance> {
         read_denied: text("read_denied"),
         connect: text("connect"),
     };
+    // A thread started while the plugin is being created (as a compute pool would be) must be
+    // as confined as everything else.
+    if let Some(path) = probe.read_denied.clone() {
+        let outcome =
+            std::thread::spawn(move || std::fs::read(path).map(|b| format!("{} bytes", b.len())))
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("thread panicked")));
+        probe.report("instantiate-thread-read-denied", outcome);
+    }
     Ok(PluginInstance::Transport(TransportBox::from_value(
         probe,
         abi_stable::sabi_trait::TD_Opaque,

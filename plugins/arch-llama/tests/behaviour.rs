@@ -1,0 +1,180 @@
+//! Behaviour of the model beyond the numbers: batch validation, rollback, forks, chunked
+//! prefill, context limits and clear errors for malformed weight sets.
+
+mod support;
+
+use abi_stable::sabi_trait::TD_Opaque;
+use anyhow::Result;
+use std::sync::Arc;
+use support::{build, cases, forward, max_abs_diff, reference_cache::ReferenceCache};
+use u_loader_safetensors::{SafetensorsModel, SafetensorsWeights};
+use u_sdk::{ErrorKind, LogitsWanted, WeightSet_TO, WeightSetBox};
+
+fn fixture_with_config(
+    model: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> Result<WeightSetBox> {
+    let d = support::dir(model);
+    let file = std::fs::read(d.join("model.safetensors"))?;
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("config.json"))?)?;
+    edit(&mut config);
+    let m = SafetensorsModel::from_bytes(file, Some(&serde_json::to_vec(&config)?))?;
+    Ok(WeightSet_TO::from_value(
+        SafetensorsWeights(Arc::new(m)),
+        TD_Opaque,
+    ))
+}
+
+#[test]
+fn model_config_reports_the_family_and_sizes() -> Result<()> {
+    let m = build(support::safetensors("mixtral")?, ReferenceCache::new_box(4))?;
+    let c = m.config();
+    assert_eq!(c.family.as_str(), "mixtral");
+    assert_eq!(
+        (c.vocab_size, c.layers, c.hidden, c.experts),
+        (128, 2, 32, 4)
+    );
+    assert_eq!(c.context_length, 256);
+    let m = build(support::gguf("qwen3")?, ReferenceCache::new_box(4))?;
+    assert_eq!(m.config().family.as_str(), "qwen3");
+    assert_eq!(m.config().experts, 0);
+    Ok(())
+}
+
+#[test]
+fn malformed_batches_are_refused_and_leave_the_cache_untouched() -> Result<()> {
+    let m = build(support::safetensors("llama")?, ReferenceCache::new_box(4))?;
+    let cache = m.cache();
+    let s = cache.create().into_result()?;
+    forward(&m, &[(s, &[5, 6, 7], LogitsWanted::None)])?;
+
+    let err = |r: Result<Vec<f32>>| r.expect_err("refused").to_string();
+    let e = err(forward(
+        &m,
+        &[(s, &[1], LogitsWanted::Last), (s, &[2], LogitsWanted::Last)],
+    ));
+    assert!(e.contains("twice"), "{e}");
+    let e = err(forward(&m, &[(s, &[128], LogitsWanted::Last)]));
+    assert!(e.contains("outside the vocabulary"), "{e}");
+    let e = err(forward(&m, &[(s, &[], LogitsWanted::Last)]));
+    assert!(e.contains("no tokens"), "{e}");
+    let e = err(forward(&m, &[(9999, &[1], LogitsWanted::Last)]));
+    assert!(!e.is_empty());
+    // A logits buffer of the wrong size.
+    let chunk = [u_sdk::SeqChunk {
+        seq: s,
+        tokens: abi_stable::std_types::RSlice::from_slice(&[1]),
+        logits: LogitsWanted::Last,
+    }];
+    let mut small = vec![0f32; 10];
+    let r = m.forward(
+        abi_stable::std_types::RSlice::from_slice(&chunk),
+        abi_stable::std_types::RSliceMut::from_mut_slice(&mut small),
+    );
+    assert_eq!(r.into_result().unwrap_err().kind, ErrorKind::InvalidInput);
+
+    assert_eq!(
+        cache.len(s).into_result()?,
+        3,
+        "refused batches appended nothing"
+    );
+    // Nothing asked: no logits, KV still appended.
+    assert!(forward(&m, &[(s, &[8], LogitsWanted::None)])?.is_empty());
+    assert_eq!(cache.len(s).into_result()?, 4);
+    Ok(())
+}
+
+#[test]
+fn chunked_prefill_and_forks_give_the_same_logits() -> Result<()> {
+    let (vocab, cases) = cases("qwen2_moe")?;
+    let case = cases.iter().max_by_key(|c| c.prompt.len()).unwrap();
+    let m = build(
+        support::safetensors("qwen2_moe")?,
+        ReferenceCache::new_box(4),
+    )?;
+    let cache = m.cache();
+
+    // Prefill in chunks of 3, all logits: the same rows as one pass.
+    let s = cache.create().into_result()?;
+    let mut rows = Vec::new();
+    for part in case.prompt.chunks(3) {
+        rows.extend(forward(&m, &[(s, part, LogitsWanted::All)])?);
+    }
+    assert!(max_abs_diff(&rows, &case.logits) <= 1e-4);
+
+    // A fork continues exactly as its parent.
+    let f = cache.fork(s).into_result()?;
+    let a = forward(&m, &[(s, &[42], LogitsWanted::Last)])?;
+    let b = forward(&m, &[(f, &[42], LogitsWanted::Last)])?;
+    assert_eq!(a.len(), vocab);
+    assert!(max_abs_diff(&a, &b) <= 1e-6);
+    Ok(())
+}
+
+#[test]
+fn the_context_length_is_enforced() -> Result<()> {
+    let w = fixture_with_config("mistral", |c| c["max_position_embeddings"] = 4.into())?;
+    let m = build(w, ReferenceCache::new_box(4))?;
+    let s = m.cache().create().into_result()?;
+    forward(&m, &[(s, &[1, 2, 3], LogitsWanted::Last)])?;
+    let e = forward(&m, &[(s, &[4, 5], LogitsWanted::Last)]).unwrap_err();
+    assert!(e.to_string().contains("context length"), "{e}");
+    assert_eq!(m.cache().len(s).into_result()?, 3);
+    Ok(())
+}
+
+#[test]
+fn malformed_weight_sets_get_clear_errors() -> Result<()> {
+    let build_err = |w: WeightSetBox| {
+        build(w, ReferenceCache::new_box(4))
+            .err()
+            .map(|e| e.to_string())
+            .expect("refused")
+    };
+    let e = build_err(fixture_with_config("llama", |c| {
+        c.as_object_mut().unwrap().remove("num_hidden_layers");
+    })?);
+    assert!(e.contains("block_count"), "{e}");
+    let e = build_err(fixture_with_config("llama", |c| {
+        c["num_attention_heads"] = 3.into()
+    })?);
+    assert!(e.contains("heads"), "{e}");
+    let e = build_err(fixture_with_config("llama", |c| {
+        c["num_hidden_layers"] = 3.into()
+    })?);
+    assert!(e.contains("blk.2."), "{e}");
+    let e = build_err(fixture_with_config("llama", |c| {
+        c["rope_parameters"]["rope_type"] = "dynamic-ntk-magic".into()
+    })?);
+    assert!(e.contains("rope scaling"), "{e}");
+    let e = build_err(fixture_with_config("mixtral", |c| {
+        c.as_object_mut().unwrap().remove("num_local_experts");
+    })?);
+    assert!(e.contains("router"), "{e}");
+    Ok(())
+}
+
+/// int8 KV pages (cache-kv's `set_dtype`) are dequantized for attention: close to, not equal to,
+/// the f32 reference. Tolerance: max |Δlogit| ≤ 0.05 (int8 with one scale per 32 values).
+#[test]
+fn int8_kv_pages_from_the_cache_plugin_are_read() -> Result<()> {
+    let (_, cases) = cases("qwen3")?;
+    let m = build(support::safetensors("qwen3")?, support::cache_kv())?;
+    let cache = m.cache();
+    let mut worst = 0f32;
+    for case in &cases {
+        let s = cache.create().into_result()?;
+        cache.set_dtype(s, u_sdk::DType::I8).into_result()?;
+        // The first token alone (its own KV), then the rest attending over int8 pages.
+        let mut rows = forward(&m, &[(s, &case.prompt[..1], LogitsWanted::All)])?;
+        if case.prompt.len() > 1 {
+            rows.extend(forward(&m, &[(s, &case.prompt[1..], LogitsWanted::All)])?);
+        }
+        worst = worst.max(max_abs_diff(&rows, &case.logits));
+    }
+    eprintln!("int8 KV: max |Δlogit| = {worst:.2e}");
+    assert!(worst <= 0.05, "int8 KV logits off by {worst}");
+    assert!(worst > 0.0, "int8 KV should differ from f32 at all");
+    Ok(())
+}

@@ -1,0 +1,142 @@
+//! Logit conformance against `transformers` on tiny random-weight models
+//! (`tests/fixtures/gen_llama_family.py`): every family from safetensors and from GGUF F32.
+//!
+//! Tolerance: max |logit − reference| ≤ 1e-4 (f32 weights, f32 KV; logits are O(1..10)), and
+//! the greedy continuation of 32 tokens identical to `model.generate` (the fixtures record the
+//! smallest top-2 gap along each generation; all are ≥ 1e-3, far above the tolerance).
+
+mod support;
+
+use anyhow::Result;
+use support::{MODELS, argmax, build, cases, max_abs_diff};
+use u_sdk::{KvCacheBox, LogitsWanted, ModelBox, WeightSetBox};
+
+/// Stated tolerance on logits.
+const TOL: f32 = 1e-4;
+
+/// Prefill of each prompt alone (all logits), then greedy decoding one token at a time.
+fn check_sequential(name: &str, model: &ModelBox) -> Result<f32> {
+    let (vocab, cases) = cases(name)?;
+    let cache = model.cache();
+    let mut worst = 0f32;
+    for case in &cases {
+        let seq = cache.create().into_result()?;
+        let logits = support::forward(model, &[(seq, &case.prompt, LogitsWanted::All)])?;
+        let diff = max_abs_diff(&logits, &case.logits);
+        worst = worst.max(diff);
+        assert!(
+            diff <= TOL,
+            "{name}: prompt {:?}: max |Δlogit| {diff} > {TOL}",
+            case.prompt
+        );
+
+        let mut next = argmax(&logits[logits.len() - vocab..]);
+        let mut generated = vec![next];
+        while generated.len() < case.generated.len() {
+            let l = support::forward(model, &[(seq, &[next], LogitsWanted::Last)])?;
+            next = argmax(&l);
+            generated.push(next);
+        }
+        assert_eq!(
+            generated, case.generated,
+            "{name}: greedy generation differs"
+        );
+        cache.release(seq).into_result()?;
+    }
+    Ok(worst)
+}
+
+/// All prompts in one batch (prefill split in two chunks, the first without logits), then all
+/// sequences decoded together, one batch per step.
+fn check_batched(name: &str, model: &ModelBox) -> Result<()> {
+    let (vocab, cases) = cases(name)?;
+    let cache = model.cache();
+    let seqs: Vec<u64> = cases
+        .iter()
+        .map(|_| cache.create().into_result())
+        .collect::<Result<_, _>>()?;
+    // First part of each prompt (all but the last token) without logits.
+    let heads: Vec<_> = cases
+        .iter()
+        .zip(&seqs)
+        .filter(|(c, _)| c.prompt.len() > 1)
+        .map(|(c, &s)| (s, &c.prompt[..c.prompt.len() - 1], LogitsWanted::None))
+        .collect();
+    support::forward(model, &heads)?;
+    let tails: Vec<_> = cases
+        .iter()
+        .zip(&seqs)
+        .map(|(c, &s)| {
+            let from = c.prompt.len().saturating_sub(1);
+            (s, &c.prompt[from..], LogitsWanted::All)
+        })
+        .collect();
+    let logits = support::forward(model, &tails)?;
+    let mut next: Vec<u32> = Vec::new();
+    for (i, case) in cases.iter().enumerate() {
+        let row = &logits[i * vocab..(i + 1) * vocab];
+        let want = &case.logits[case.logits.len() - vocab..];
+        let diff = max_abs_diff(row, want);
+        assert!(diff <= TOL, "{name}: batched last logits off by {diff}");
+        next.push(argmax(row));
+    }
+    let mut generated: Vec<Vec<u32>> = next.iter().map(|&t| vec![t]).collect();
+    for _ in 1..cases[0].generated.len() {
+        let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+        let batch: Vec<_> = seqs
+            .iter()
+            .zip(&toks)
+            .map(|(&s, t)| (s, &t[..], LogitsWanted::Last))
+            .collect();
+        let l = support::forward(model, &batch)?;
+        for (i, g) in generated.iter_mut().enumerate() {
+            let t = argmax(&l[i * vocab..(i + 1) * vocab]);
+            next[i] = t;
+            g.push(t);
+        }
+    }
+    for (case, g) in cases.iter().zip(&generated) {
+        assert_eq!(
+            g, &case.generated,
+            "{name}: batched greedy generation differs"
+        );
+    }
+    for s in seqs {
+        cache.release(s).into_result()?;
+    }
+    Ok(())
+}
+
+fn run_all(
+    format: &str,
+    weights: fn(&str) -> Result<WeightSetBox>,
+    cache: fn() -> KvCacheBox,
+) -> Result<()> {
+    for name in MODELS {
+        let model = build(weights(name)?, cache())?;
+        let worst = check_sequential(name, &model)?;
+        check_batched(name, &model)?;
+        eprintln!("{format:>11} {name:<10} max |Δlogit| = {worst:.2e}, greedy 32 tokens identical");
+    }
+    Ok(())
+}
+
+#[test]
+fn safetensors_logits_and_generation_match_transformers() -> Result<()> {
+    // Pages of 4 tokens: attention over many pages.
+    run_all("safetensors", support::safetensors, || {
+        support::reference_cache::ReferenceCache::new_box(4)
+    })
+}
+
+#[test]
+fn gguf_f32_logits_and_generation_match_transformers() -> Result<()> {
+    run_all("gguf", support::gguf, || {
+        support::reference_cache::ReferenceCache::new_box(4)
+    })
+}
+
+#[test]
+fn safetensors_with_the_cache_kv_plugin() -> Result<()> {
+    run_all("cache-kv", support::safetensors, support::cache_kv)
+}
