@@ -155,26 +155,37 @@ fn malformed_weight_sets_get_clear_errors() -> Result<()> {
     Ok(())
 }
 
-/// int8 KV pages (cache-kv's `set_dtype`) are dequantized for attention: close to, not equal to,
-/// the f32 reference. Tolerance: max |Δlogit| ≤ 0.05 (int8 with one scale per 32 values).
+/// int8 KV pages (cache-kv's `set_dtype`) are dequantized for attention: the logits equal those
+/// of a cache that stores the same int8 round trip as f32 (≤ 1e-5), and stay near the f32
+/// reference (≤ 0.25 here: unit-scale random weights amplify the 1/254 quantization step).
 #[test]
 fn int8_kv_pages_from_the_cache_plugin_are_read() -> Result<()> {
     let (_, cases) = cases("qwen3")?;
-    let m = build(support::safetensors("qwen3")?, support::cache_kv())?;
-    let cache = m.cache();
-    let mut worst = 0f32;
+    let int8 = build(support::safetensors("qwen3")?, support::cache_kv())?;
+    let simulated = build(
+        support::safetensors("qwen3")?,
+        ReferenceCache::with_transform(4, Some(u_cache_kv::quant::round_trip)),
+    )?;
+    let (mut vs_sim, mut vs_f32) = (0f32, 0f32);
     for case in &cases {
-        let s = cache.create().into_result()?;
-        cache.set_dtype(s, u_sdk::DType::I8).into_result()?;
-        // The first token alone (its own KV), then the rest attending over int8 pages.
-        let mut rows = forward(&m, &[(s, &case.prompt[..1], LogitsWanted::All)])?;
-        if case.prompt.len() > 1 {
-            rows.extend(forward(&m, &[(s, &case.prompt[1..], LogitsWanted::All)])?);
+        let s = int8.cache().create().into_result()?;
+        int8.cache().set_dtype(s, u_sdk::DType::I8).into_result()?;
+        let r = simulated.cache().create().into_result()?;
+        // The first token alone, then the rest attending over stored int8 pages.
+        let split = 1.min(case.prompt.len());
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        for part in [&case.prompt[..split], &case.prompt[split..]] {
+            if !part.is_empty() {
+                a.extend(forward(&int8, &[(s, part, LogitsWanted::All)])?);
+                b.extend(forward(&simulated, &[(r, part, LogitsWanted::All)])?);
+            }
         }
-        worst = worst.max(max_abs_diff(&rows, &case.logits));
+        vs_sim = vs_sim.max(max_abs_diff(&a, &b));
+        vs_f32 = vs_f32.max(max_abs_diff(&a, &case.logits));
     }
-    eprintln!("int8 KV: max |Δlogit| = {worst:.2e}");
-    assert!(worst <= 0.05, "int8 KV logits off by {worst}");
-    assert!(worst > 0.0, "int8 KV should differ from f32 at all");
+    eprintln!("int8 KV: max |Δlogit| {vs_sim:.2e} vs simulated int8, {vs_f32:.2e} vs f32");
+    assert!(vs_sim <= 1e-5, "int8 pages read wrongly: {vs_sim}");
+    assert!(vs_f32 <= 0.25, "int8 KV logits off by {vs_f32}");
     Ok(())
 }

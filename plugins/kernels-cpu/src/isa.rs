@@ -1,7 +1,7 @@
 //! Instruction-set detection, done once when the plugin is instantiated.
 //!
 //! The chosen [`Isa`] selects every kernel's function pointer up front (see
-//! [`crate::matmul::Table`] and [`crate::vecops::VecOps`]), so the hot path never re-checks CPU
+//! [`crate::matmul::select`] and [`crate::vecops::VecOps`]), so the hot path never re-checks CPU
 //! features.
 
 /// An instruction-set path the kernels can run on.

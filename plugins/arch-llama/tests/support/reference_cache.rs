@@ -28,6 +28,8 @@ struct State {
 pub struct ReferenceCache {
     state: Arc<Mutex<State>>,
     page_tokens: usize,
+    /// Applied to appended keys and values (`data`, row length), e.g. an int8 round trip.
+    transform: Option<fn(&[f32], usize) -> Vec<f32>>,
     /// Snapshot storage keeping lent pages alive for the cache's lifetime.
     lent: Arc<Mutex<Vec<Arc<Vec<f32>>>>>,
 }
@@ -35,10 +37,19 @@ pub struct ReferenceCache {
 impl ReferenceCache {
     /// A boxed cache with `page_tokens` tokens per page.
     pub fn new_box(page_tokens: usize) -> KvCacheBox {
+        Self::with_transform(page_tokens, None)
+    }
+
+    /// A boxed cache that stores `transform(keys/values, row)` instead of what is appended.
+    pub fn with_transform(
+        page_tokens: usize,
+        transform: Option<fn(&[f32], usize) -> Vec<f32>>,
+    ) -> KvCacheBox {
         KvCache_TO::from_value(
             ReferenceCache {
                 state: Arc::default(),
                 page_tokens,
+                transform,
                 lent: Arc::default(),
             },
             TD_Opaque,
@@ -127,8 +138,16 @@ impl KvCache for ReferenceCache {
             return RResult::RErr(UError::invalid("append: bad lengths"));
         }
         let (k, v) = &mut layers[layer as usize];
-        k.extend_from_slice(&keys);
-        v.extend_from_slice(&values);
+        match self.transform {
+            Some(f) => {
+                k.extend(f(&keys, row));
+                v.extend(f(&values, row));
+            }
+            None => {
+                k.extend_from_slice(&keys);
+                v.extend_from_slice(&values);
+            }
+        }
         RResult::ROk(())
     }
 

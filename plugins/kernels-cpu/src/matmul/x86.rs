@@ -1,7 +1,7 @@
 //! x86-64 dot-product kernels: AVX2 (`vpmaddubsw` + `vpmaddwd`), AVX-512 VNNI (`vpdpbusd` on
 //! 256-bit vectors through AVX-512 VL) and 512-bit float kernels.
 //!
-//! The integer kernels are written once ([`int_kernels!`]) and stamped out per ISA with a
+//! The integer kernels are written once (`int_kernels!`) and stamped out per ISA with a
 //! different `u8 × i8 → i32` primitive. Unsigned weight codes (Q4_0, Q4_1, Q5_0, k-quants, TQ2_0)
 //! go straight into the unsigned operand; offsets (`q − 8`, `q − 32`, …) and minimums are applied
 //! afterwards with the activation sums, as the scalar reference does.

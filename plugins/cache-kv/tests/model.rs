@@ -1,0 +1,305 @@
+//! Randomized sequences of cache operations (fixed seeds, thousands of operations) against a
+//! copy-everything model: after every check, each sequence's KV equals the model's exactly.
+
+mod common;
+
+use common::{Rng, cache, contents, layout};
+use std::collections::HashMap;
+use u_cache_kv::{Config, KvCachePlugin, PAGE_TOKENS, quant};
+use u_sdk::{DType, KvPage};
+
+const LAYERS: u32 = 3;
+const ROW: usize = 40; // 2 heads × 20: int8 groups of 32 + 8
+
+#[derive(Clone)]
+struct MSeq {
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+    /// Whether each page (by index) is int8, fixed when the page was started.
+    page_int8: Vec<bool>,
+    int8: bool,
+}
+
+impl MSeq {
+    fn new() -> Self {
+        Self {
+            keys: vec![Vec::new(); LAYERS as usize],
+            values: vec![Vec::new(); LAYERS as usize],
+            page_int8: Vec::new(),
+            int8: false,
+        }
+    }
+    fn len(&self) -> usize {
+        self.keys[0].len() / ROW
+    }
+}
+
+fn check(c: &KvCachePlugin, id: u64, m: &MSeq) {
+    assert_eq!(c.store().len(id).unwrap() as usize, m.len());
+    for l in 0..LAYERS as usize {
+        let (k, v) = contents(c, id, l as u32);
+        assert!(k == m.keys[l], "seq {id} layer {l}: keys differ from the model");
+        assert!(v == m.values[l], "seq {id} layer {l}: values differ from the model");
+    }
+}
+
+fn run_ops(seed: u64, ops: usize) {
+    let c = cache(Config::default(), None, layout(LAYERS, 2, 20, "m"));
+    let s = c.store();
+    let reader = c.clone();
+    let mut leases: Vec<(KvPage<'_>, Vec<f32>, Vec<f32>)> = Vec::new();
+    let mut rng = Rng(seed);
+    let mut model: HashMap<u64, MSeq> = HashMap::new();
+    let mut ids: Vec<u64> = Vec::new();
+    let mut counts = [0usize; 8];
+    for _ in 0..ops {
+        let op = if ids.is_empty() { 0 } else { rng.below(8) };
+        counts[op] += 1;
+        match op {
+            0 => {
+                let id = s.create().unwrap();
+                model.insert(id, MSeq::new());
+                ids.push(id);
+            }
+            1 => {
+                let src = ids[rng.below(ids.len())];
+                let id = s.fork(src).unwrap();
+                model.insert(id, model[&src].clone());
+                ids.push(id);
+            }
+            2 | 3 => {
+                let id = ids[rng.below(ids.len())];
+                let n = 1 + rng.below(if rng.below(4) == 0 { 150 } else { 8 });
+                let m = model.get_mut(&id).unwrap();
+                let start = m.len();
+                for pos in start..start + n {
+                    if pos % PAGE_TOKENS == 0 {
+                        m.page_int8.push(m.int8);
+                    }
+                }
+                for l in 0..LAYERS as usize {
+                    let (k, v) = (rng.vec(n * ROW), rng.vec(n * ROW));
+                    s.append(id, l as u32, &k, &v).unwrap();
+                    for i in 0..n {
+                        let int8 = m.page_int8[(start + i) / PAGE_TOKENS];
+                        for (src, dst) in [(&k, &mut m.keys[l]), (&v, &mut m.values[l])] {
+                            let r = &src[i * ROW..(i + 1) * ROW];
+                            if int8 {
+                                dst.extend(quant::round_trip(r, ROW));
+                            } else {
+                                dst.extend_from_slice(r);
+                            }
+                        }
+                    }
+                }
+            }
+            4 => {
+                let id = ids[rng.below(ids.len())];
+                let m = model.get_mut(&id).unwrap();
+                let t = rng.below(m.len() + 1);
+                s.truncate(id, t as u64).unwrap();
+                for l in 0..LAYERS as usize {
+                    m.keys[l].truncate(t * ROW);
+                    m.values[l].truncate(t * ROW);
+                }
+                m.page_int8.truncate(t.div_ceil(PAGE_TOKENS));
+            }
+            5 => {
+                let i = rng.below(ids.len());
+                let id = ids.swap_remove(i);
+                s.release(id).unwrap();
+                model.remove(&id);
+            }
+            6 => {
+                let id = ids[rng.below(ids.len())];
+                let int8 = rng.below(3) == 0;
+                s.set_dtype(id, if int8 { DType::I8 } else { DType::F32 })
+                    .unwrap();
+                model.get_mut(&id).unwrap().int8 = int8;
+            }
+            _ => {
+                let id = ids[rng.below(ids.len())];
+                check(&c, id, &model[&id]);
+                if leases.len() < 200 {
+                    let layer = rng.below(LAYERS as usize) as u32;
+                    for p in reader.pages_of(id, layer).unwrap() {
+                        let (k, v) = (p.keys_f32().into_owned(), p.values_f32().into_owned());
+                        leases.push((p, k, v));
+                    }
+                }
+            }
+        }
+    }
+    for id in &ids {
+        check(&c, *id, &model[id]);
+    }
+    // Lent pages never changed, whatever happened to their sequences since.
+    for (p, k, v) in &leases {
+        assert_eq!(&*p.keys_f32(), k.as_slice());
+        assert_eq!(&*p.values_f32(), v.as_slice());
+    }
+    eprintln!("seed {seed}: ops by kind {counts:?}, live {}", ids.len());
+    drop(leases);
+    drop(reader);
+    for id in ids {
+        s.release(id).unwrap();
+    }
+    let st = s.stats();
+    assert_eq!((st.bytes, st.pages), (0, 0), "pages leaked");
+}
+
+#[test]
+fn random_fork_append_truncate_release_against_the_model() {
+    for seed in [1, 2, 3, 4] {
+        run_ops(seed, 3000);
+    }
+}
+
+/// KV as a deterministic function of the token prefix, like a real model's.
+fn kv(tokens: &[u32], layer: u32) -> (Vec<f32>, Vec<f32>) {
+    let (mut k, mut v) = (Vec::new(), Vec::new());
+    let mut h = 0x1234_5678u64;
+    for &t in tokens {
+        h = Rng(h ^ t as u64).next();
+        let mut r = Rng(h ^ layer as u64);
+        k.extend(r.vec(ROW));
+        v.extend(r.vec(ROW));
+    }
+    (k, v)
+}
+
+fn fill(c: &KvCachePlugin, id: u64, tokens: &[u32], from: usize) {
+    for l in 0..LAYERS {
+        let (k, v) = kv(tokens, l);
+        c.store()
+            .append(id, l, &k[from * ROW..], &v[from * ROW..])
+            .unwrap();
+    }
+}
+
+fn check_tokens(c: &KvCachePlugin, id: u64, tokens: &[u32]) {
+    assert_eq!(c.store().len(id).unwrap() as usize, tokens.len());
+    for l in 0..LAYERS {
+        let (k, v) = contents(c, id, l);
+        let (ek, ev) = kv(tokens, l);
+        assert!(k == ek && v == ev, "seq {id} layer {l} differs from the model");
+    }
+}
+
+fn run_prefix_ops(seed: u64, ops: usize, max_bytes: Option<u64>) {
+    let config = Config {
+        max_bytes,
+        ..Config::default()
+    };
+    let c = cache(config, None, layout(LAYERS, 2, 20, "m"));
+    let s = c.store();
+    let mut rng = Rng(seed);
+    let prompts: Vec<Vec<u32>> = (0..4)
+        .map(|_| (0..rng.below(300) + 1).map(|_| rng.below(50) as u32).collect())
+        .collect();
+    let mut model: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut ids: Vec<u64> = Vec::new();
+    let mut inserted: Vec<Vec<u32>> = Vec::new();
+    let mut hits = 0;
+    for _ in 0..ops {
+        let op = if ids.is_empty() { 0 } else { rng.below(7) };
+        match op {
+            0 => {
+                let mut t = prompts[rng.below(prompts.len())].clone();
+                t.truncate(rng.below(t.len()) + 1);
+                t.extend((0..rng.below(40)).map(|_| rng.below(50) as u32));
+                let id = s.create().unwrap();
+                fill(&c, id, &t, 0);
+                model.insert(id, t);
+                ids.push(id);
+            }
+            1 => {
+                let id = ids[rng.below(ids.len())];
+                let t = model.get_mut(&id).unwrap();
+                let from = t.len();
+                t.extend((0..1 + rng.below(70)).map(|_| rng.below(50) as u32));
+                fill(&c, id, t, from);
+            }
+            2 => {
+                let id = ids[rng.below(ids.len())];
+                let t = model.get_mut(&id).unwrap();
+                let n = rng.below(t.len() + 1);
+                t.truncate(n);
+                s.truncate(id, n as u64).unwrap();
+            }
+            3 => {
+                let id = ids[rng.below(ids.len())];
+                let t = &model[&id];
+                let p = t[..rng.below(t.len() + 1)].to_vec();
+                s.insert_prefix(&p, id).unwrap();
+                inserted.push(p);
+            }
+            4 => {
+                let mut q = model[&ids[rng.below(ids.len())]].clone();
+                q.truncate(rng.below(q.len() + 1));
+                q.extend((0..rng.below(20)).map(|_| rng.below(50) as u32));
+                let (id, matched) = s.lookup_prefix(&q).unwrap();
+                let matched = matched as usize;
+                if max_bytes.is_none() {
+                    let floor = inserted
+                        .iter()
+                        .filter(|p| q.starts_with(p))
+                        .map(|p| p.len())
+                        .max()
+                        .unwrap_or(0);
+                    assert!(matched >= floor, "lookup matched {matched} < inserted {floor}");
+                }
+                hits += (matched > 0) as usize;
+                q.truncate(matched);
+                check_tokens(&c, id, &q);
+                model.insert(id, q);
+                ids.push(id);
+            }
+            5 => {
+                let id = ids.swap_remove(rng.below(ids.len()));
+                s.release(id).unwrap();
+                model.remove(&id);
+            }
+            _ => {
+                if rng.below(10) == 0 {
+                    s.evict_all();
+                    inserted.clear();
+                } else {
+                    let id = ids[rng.below(ids.len())];
+                    check_tokens(&c, id, &model[&id]);
+                }
+            }
+        }
+        if let Some(max) = max_bytes {
+            // Only pinned entries and live sequences may keep the cache over budget.
+            let _ = max;
+        }
+    }
+    for id in &ids {
+        check_tokens(&c, *id, &model[id]);
+    }
+    let st = s.stats();
+    eprintln!(
+        "seed {seed} budget {max_bytes:?}: hits {hits}, nodes {}, evictions {}",
+        st.prefix_nodes, st.evictions
+    );
+    if max_bytes.is_some() {
+        assert!(st.evictions > 0, "the budget never evicted");
+    }
+    for id in ids {
+        s.release(id).unwrap();
+    }
+    s.evict_all();
+    let st = s.stats();
+    assert_eq!((st.bytes, st.prefix_nodes), (0, 0), "pages or nodes leaked");
+}
+
+#[test]
+fn random_prefix_insert_lookup_evict_against_the_model() {
+    for seed in [11, 12, 13] {
+        run_prefix_ops(seed, 2000, None);
+    }
+    for seed in [21, 22] {
+        run_prefix_ops(seed, 2000, Some(2 << 20));
+    }
+}
