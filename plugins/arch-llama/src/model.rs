@@ -2,7 +2,7 @@
 //!
 //! Every forward pass runs all tokens of all sequences of a batch together through the
 //! projections (one matmul per weight per pass); only attention runs per sequence, over that
-//! sequence's KV pages. Activations live in a reused [`Scratch`].
+//! sequence's KV pages. Activations live in reused scratch buffers.
 
 use crate::{
     config::{Config, MoeConfig},
@@ -16,7 +16,7 @@ use u_sdk::{
 };
 
 /// What every layer computes with.
-pub struct Ctx<'a> {
+pub(crate) struct Ctx<'a> {
     /// The weights.
     pub w: &'a Weights,
     /// The kernels.
@@ -27,7 +27,7 @@ pub struct Ctx<'a> {
 
 /// One sequence's run of tokens inside the batch.
 #[derive(Debug, Clone, Copy)]
-pub struct Segment {
+pub(crate) struct Segment {
     /// The sequence.
     pub seq: SeqId,
     /// Tokens already cached before this pass (the position of the first new token).
@@ -40,7 +40,7 @@ pub struct Segment {
 
 /// Reused activation buffers, grown to the largest batch seen.
 #[derive(Default)]
-pub struct Scratch {
+pub(crate) struct Scratch {
     tokens: Vec<u32>,
     positions: Vec<u32>,
     x: Vec<f32>,
@@ -93,6 +93,7 @@ fn rms_norm(k: &KernelsBox, x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) -> Re
     .into_result()
 }
 
+/// The bytes of an f32 slice (native order, which the kernels read as `DType::F32`).
 fn f32_bytes(x: &[f32]) -> &[u8] {
     // SAFETY: u8 has alignment 1 and no invalid bit patterns; the length covers exactly the
     // bytes of `x`, and the lifetime is tied to it.

@@ -1,7 +1,9 @@
 //! Shared test helpers: fixtures, loaders, kernels and caches wired as the host wires them.
 #![allow(dead_code)]
 
+pub mod dequantized;
 pub mod reference_cache;
+pub mod reference_kernels;
 
 use abi_stable::{
     sabi_trait::TD_Opaque,
@@ -95,6 +97,12 @@ pub fn gguf(model: &str) -> Result<WeightSetBox> {
     Ok(w.into_box())
 }
 
+/// The fixture's GGUF Q8_0 weights (llama and mixtral only).
+pub fn gguf_q8_0(model: &str) -> Result<WeightSetBox> {
+    let w = u_loader_gguf::plugin::GgufWeights::open_path(&dir(model).join("model.q8_0.gguf"))?;
+    Ok(w.into_box())
+}
+
 /// The CPU kernels plugin (as an rlib).
 pub fn kernels() -> KernelsBox {
     u_kernels_cpu::CpuKernels::new(2)
@@ -109,8 +117,17 @@ pub fn cache_kv() -> KvCacheBox {
 
 /// Builds a model as the host does.
 pub fn build(weights: WeightSetBox, cache: KvCacheBox) -> Result<ModelBox> {
+    build_with(weights, kernels(), cache)
+}
+
+/// Builds a model with the given kernels.
+pub fn build_with(
+    weights: WeightSetBox,
+    kernels: KernelsBox,
+    cache: KvCacheBox,
+) -> Result<ModelBox> {
     Ok(LlamaArchitecture
-        .build(weights, kernels(), cache)
+        .build(weights, kernels, cache)
         .into_result()?)
 }
 

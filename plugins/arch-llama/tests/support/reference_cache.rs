@@ -12,6 +12,9 @@ use std::{
 };
 use u_sdk::{KvCache, KvCache_TO, KvCacheBox, KvLayout, KvPage, PrefixMatch, SeqId, UError};
 
+/// A transform of appended KV data (`data`, row length), e.g. an int8 round trip.
+pub type Transform = fn(&[f32], usize) -> Vec<f32>;
+
 /// One layer's keys and values (tokens × row each).
 type LayerKv = (Vec<f32>, Vec<f32>);
 
@@ -29,7 +32,7 @@ pub struct ReferenceCache {
     state: Arc<Mutex<State>>,
     page_tokens: usize,
     /// Applied to appended keys and values (`data`, row length), e.g. an int8 round trip.
-    transform: Option<fn(&[f32], usize) -> Vec<f32>>,
+    transform: Option<Transform>,
     /// Snapshot storage keeping lent pages alive for the cache's lifetime.
     lent: Arc<Mutex<Vec<Arc<Vec<f32>>>>>,
 }
@@ -41,10 +44,7 @@ impl ReferenceCache {
     }
 
     /// A boxed cache that stores `transform(keys/values, row)` instead of what is appended.
-    pub fn with_transform(
-        page_tokens: usize,
-        transform: Option<fn(&[f32], usize) -> Vec<f32>>,
-    ) -> KvCacheBox {
+    pub fn with_transform(page_tokens: usize, transform: Option<Transform>) -> KvCacheBox {
         KvCache_TO::from_value(
             ReferenceCache {
                 state: Arc::default(),

@@ -1,0 +1,121 @@
+//! Test-only kernels: `matmul` in plain f32 on weights dequantized through `u_sdk::quant`
+//! (no activation quantization), every other op delegated to the CPU kernels plugin. Used to
+//! check that the architecture hands quantized weights (and slices of them) to the kernels
+//! correctly, independently of the kernels' int8 activation path.
+
+use abi_stable::{
+    sabi_trait::TD_Opaque,
+    std_types::{RResult, RSlice, RSliceMut},
+};
+use u_sdk::{
+    Activation, AttentionParams, BackendInfo, DType, Kernels, Kernels_TO, KernelsBox, Op,
+    RopeParams, TensorView, UError,
+};
+
+/// Reference f32 matmul over dequantized weights; the rest from `inner`.
+#[derive(Clone)]
+pub struct DequantMatmul {
+    inner: KernelsBox,
+}
+
+impl DequantMatmul {
+    /// Wraps `inner`.
+    pub fn new_box(inner: KernelsBox) -> KernelsBox {
+        Kernels_TO::from_value(DequantMatmul { inner }, TD_Opaque)
+    }
+}
+
+impl Kernels for DequantMatmul {
+    fn info(&self) -> BackendInfo {
+        self.inner.info()
+    }
+
+    fn supports(&self, op: Op, dtype: DType) -> bool {
+        self.inner.supports(op, dtype)
+    }
+
+    fn matmul(
+        &self,
+        weight: &TensorView<'_>,
+        x: RSlice<'_, f32>,
+        m: u32,
+        mut y: RSliceMut<'_, f32>,
+    ) -> RResult<(), UError> {
+        let w = match u_sdk::quant::dequantize_view(weight) {
+            Ok(w) => w,
+            Err(e) => return RResult::RErr(e.into()),
+        };
+        let k = weight.row_len() as usize;
+        let n = weight.rows() as usize;
+        let m = m as usize;
+        if x.len() != m * k || y.len() != m * n || w.len() != n * k {
+            return RResult::RErr(UError::invalid("reference matmul: shapes"));
+        }
+        for i in 0..m {
+            let xr = &x[i * k..(i + 1) * k];
+            for j in 0..n {
+                let wr = &w[j * k..(j + 1) * k];
+                y[i * n + j] = xr.iter().zip(wr).map(|(a, b)| a * b).sum();
+            }
+        }
+        RResult::ROk(())
+    }
+
+    fn rms_norm(
+        &self,
+        x: RSlice<'_, f32>,
+        weight: RSlice<'_, f32>,
+        eps: f32,
+        y: RSliceMut<'_, f32>,
+    ) -> RResult<(), UError> {
+        self.inner.rms_norm(x, weight, eps, y)
+    }
+
+    fn layer_norm(
+        &self,
+        x: RSlice<'_, f32>,
+        weight: RSlice<'_, f32>,
+        bias: RSlice<'_, f32>,
+        eps: f32,
+        y: RSliceMut<'_, f32>,
+    ) -> RResult<(), UError> {
+        self.inner.layer_norm(x, weight, bias, eps, y)
+    }
+
+    fn rope(
+        &self,
+        x: RSliceMut<'_, f32>,
+        positions: RSlice<'_, u32>,
+        params: &RopeParams,
+    ) -> RResult<(), UError> {
+        self.inner.rope(x, positions, params)
+    }
+
+    fn attention(
+        &self,
+        q: RSlice<'_, f32>,
+        k: RSlice<'_, u8>,
+        v: RSlice<'_, u8>,
+        params: &AttentionParams,
+        out: RSliceMut<'_, f32>,
+    ) -> RResult<(), UError> {
+        self.inner.attention(q, k, v, params, out)
+    }
+
+    fn activation(&self, x: RSliceMut<'_, f32>, act: Activation) -> RResult<(), UError> {
+        self.inner.activation(x, act)
+    }
+
+    fn softmax(&self, x: RSliceMut<'_, f32>, row_len: u32) -> RResult<(), UError> {
+        self.inner.softmax(x, row_len)
+    }
+
+    fn embedding(
+        &self,
+        table: &TensorView<'_>,
+        ids: RSlice<'_, u32>,
+        out: RSliceMut<'_, f32>,
+    ) -> RResult<(), UError> {
+        self.inner.embedding(table, ids, out)
+    }
+}
