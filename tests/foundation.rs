@@ -272,6 +272,7 @@ fn sandbox_denies_what_was_not_granted_and_the_host_survives() {
             .contains("denied (Permission denied (os error 13))")
     );
     assert!(outcome("socket").contains("denied (Operation not permitted (os error 1))"));
+    assert!(outcome("io-uring").contains("denied (Operation not permitted (os error 1))"));
     assert!(outcome("connect").contains("denied (Operation not permitted (os error 1))"));
     assert!(outcome("spawn-process").contains("denied (Operation not permitted (os error 1))"));
     assert!(outcome("spawn-thread").contains("ok (thread returned 42)"));

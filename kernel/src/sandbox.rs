@@ -7,7 +7,8 @@
 //!   few the runtime itself reads ([`RUNTIME_READ_PATHS`]), and TCP connects to granted ports.
 //! - **seccomp** (installed on every thread with TSYNC) makes `socket`, `connect`, `bind` and
 //!   `listen` fail with `EPERM` unless an outbound connection was granted, and `fork`, `vfork`,
-//!   `execve` and process-creating `clone` fail unless `process.fork` was granted. `clone3` gets
+//!   `execve` and process-creating `clone` fail unless `process.fork` was granted; `io_uring_setup`
+//!   always fails, since io_uring would bypass the filter. `clone3` gets
 //!   `ENOSYS` so the C library falls back to `clone`, whose flags seccomp can inspect.
 //!
 //! Where the kernel lacks either, [`lock_down`] reports it so the caller can say so loudly.
@@ -242,6 +243,8 @@ fn apply_seccomp(plan: &Plan) -> Enforcement {
         };
         deny(libc::SYS_bind, "bind", vec![]);
         deny(libc::SYS_listen, "listen", vec![]);
+        // io_uring can open sockets and files without the system calls filtered here.
+        deny(libc::SYS_io_uring_setup, "io_uring_setup", vec![]);
         if plan.connect.is_empty() {
             deny(libc::SYS_socket, "socket", vec![]);
             deny(libc::SYS_connect, "connect", vec![]);

@@ -114,6 +114,20 @@ impl Probe {
                 Err(std::io::Error::last_os_error())
             },
         );
+        // io_uring would reach sockets and files around the system-call filter.
+        let mut params = [0u8; 120];
+        // SAFETY: io_uring_setup with one entry and a zeroed, correctly sized params struct.
+        let ring = unsafe { libc::syscall(libc::SYS_io_uring_setup, 1u32, params.as_mut_ptr()) };
+        self.report(
+            "io-uring",
+            if ring >= 0 {
+                // SAFETY: `ring` is a descriptor this function just created.
+                unsafe { libc::close(ring as i32) };
+                Ok("ring created".into())
+            } else {
+                Err(std::io::Error::last_os_error())
+            },
+        );
         if let Some(addr) = &self.connect {
             self.report(
                 "connect",
