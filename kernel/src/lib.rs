@@ -13,7 +13,9 @@
 //! 4. instantiates each plugin with host services bound to its own grants ([`services`]) and
 //!    runs the transports ([`serve`]).
 //!
-//! [`inspect`] reads a model file through the deployment's loaders, for `u-runner inspect`.
+//! [`inspect`] reads a model file through the deployment's loaders, for `u-runner inspect`;
+//! [`wiring`] opens a model and wires it into a `u_engine::Generator`, for `u-runner generate`
+//! and `u-runner tokenize`.
 
 pub mod inspect;
 pub mod listeners;
@@ -21,6 +23,7 @@ pub mod loading;
 pub mod sandbox;
 pub mod serve;
 pub mod services;
+pub mod wiring;
 
 pub use loading::{
     LoadReport, LoadedPlugin, OpenReport, OpenedPlugin, Refusal, instantiate, load_deployment,

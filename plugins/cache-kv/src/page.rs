@@ -395,7 +395,7 @@ fn copy_into<T: Copy>(cells: &mut [UnsafeCell<T>], src: &[T]) {
 fn map_slice<T: Copy>(map: &Mmap, offset: usize, n: usize) -> &[T] {
     let size = std::mem::size_of::<T>();
     assert!(
-        offset + n * size <= map.len() && offset % std::mem::align_of::<T>() == 0,
+        offset + n * size <= map.len() && offset.is_multiple_of(std::mem::align_of::<T>()),
         "mapped page slice out of bounds or misaligned"
     );
     // SAFETY: in bounds and aligned (asserted; the map base is page-aligned); `T` is a plain

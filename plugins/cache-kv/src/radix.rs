@@ -196,7 +196,28 @@ impl Radix {
         self.node_mut(n.parent).children.remove(&n.edge[0]);
         self.free.push(v);
         self.evictions += 1;
+        self.merge_with_child(n.parent);
         true
+    }
+
+    /// Keeps edges compressed: an unpinned inner node left with one child is folded into it
+    /// (the child's snapshot already covers the whole prefix).
+    fn merge_with_child(&mut self, p: usize) {
+        let pn = self.node(p);
+        if p == 0 || pn.children.len() != 1 || pn.pins != 0 {
+            return;
+        }
+        let c = *pn.children.values().next().expect("one child");
+        let pn = self.nodes[p].take().expect("live parent");
+        let cn = self.node_mut(c);
+        let mut edge = pn.edge;
+        edge.append(&mut cn.edge);
+        cn.edge = edge;
+        cn.parent = pn.parent;
+        cn.last_use = cn.last_use.max(pn.last_use);
+        let first = cn.edge[0];
+        self.node_mut(pn.parent).children.insert(first, c);
+        self.free.push(p);
     }
 }
 

@@ -12,7 +12,7 @@ use u_sdk::{RopeParams, RopeStyle, UError};
 /// Checks `rope` against a head dimension.
 pub fn check(rope: &RopeParams, head_dim: usize) -> u_sdk::Result<()> {
     let rd = rope.rotary_dim as usize;
-    if rd % 2 != 0 || rd > head_dim || rope.inv_freq.len() != rd / 2 {
+    if !rd.is_multiple_of(2) || rd > head_dim || rope.inv_freq.len() != rd / 2 {
         return Err(UError::invalid(format!(
             "graft: rotary_dim {rd} must be even and ≤ head_dim {head_dim} with rotary_dim/2 \
              inverse frequencies (got {})",

@@ -307,7 +307,7 @@ impl Store {
     }
 
     /// A copy of `id`'s page references.
-    pub fn snapshot(&self, id: SeqId) -> u_sdk::Result<Snapshot> {
+    pub(crate) fn snapshot(&self, id: SeqId) -> u_sdk::Result<Snapshot> {
         Ok(lock(&*self.seq(id)?).data.clone())
     }
 
@@ -373,7 +373,7 @@ impl Store {
                 g.layers()
             )));
         }
-        if keys.len() != values.len() || keys.len() % row != 0 {
+        if keys.len() != values.len() || !keys.len().is_multiple_of(row) {
             return Err(UError::invalid(format!(
                 "cache-kv: append of {} keys and {} values is not a whole number of tokens of \
                  kv_heads × head_dim = {row}",
@@ -392,7 +392,7 @@ impl Store {
     }
 
     /// `layer`'s pages of `id` with the number of tokens of each.
-    pub fn pages(&self, id: SeqId, layer: u32) -> u_sdk::Result<Vec<(Arc<Page>, usize)>> {
+    pub(crate) fn pages(&self, id: SeqId, layer: u32) -> u_sdk::Result<Vec<(Arc<Page>, usize)>> {
         let s = self.seq(id)?;
         let s = lock(&s);
         let lane = s
@@ -464,14 +464,19 @@ impl Store {
         let mut names: std::collections::BTreeSet<String> =
             lock(&self.checkpoints).keys().cloned().collect();
         names.extend(disk);
+        let (prefix_nodes, evictions) = {
+            let r = lock(&self.radix);
+            (r.node_count() as u64, r.evictions)
+        };
+        let sequences = lock(&self.seqs).len() as u64;
         KvStats {
             page_tokens: PAGE_TOKENS as u32,
             bytes: self.counters.bytes.load(Ordering::Relaxed),
             pages: self.counters.pages.load(Ordering::Relaxed),
-            sequences: lock(&self.seqs).len() as u64,
-            prefix_nodes: lock(&self.radix).node_count() as u64,
+            sequences,
+            prefix_nodes,
             checkpoints: names.len() as u64,
-            evictions: lock(&self.radix).evictions,
+            evictions,
         }
     }
 

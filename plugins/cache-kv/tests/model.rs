@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Rng, cache, contents, layout};
+use common::{Rng, cache, contents, host, layout};
 use std::collections::HashMap;
 use u_cache_kv::{Config, KvCachePlugin, PAGE_TOKENS, quant};
 use u_sdk::{DType, KvPage};
@@ -50,16 +50,26 @@ fn check(c: &KvCachePlugin, id: u64, m: &MSeq) {
 }
 
 fn run_ops(seed: u64, ops: usize) {
-    let c = cache(Config::default(), None, layout(LAYERS, 2, 20, "m"));
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config {
+        dir: Some(dir.path().to_str().unwrap().to_string()),
+        ..Config::default()
+    };
+    let c = cache(
+        config,
+        Some(host(dir.path(), "")),
+        layout(LAYERS, 2, 20, "m"),
+    );
     let s = c.store();
+    let mut saved: HashMap<String, MSeq> = HashMap::new();
     let reader = c.clone();
     let mut leases: Vec<(KvPage<'_>, Vec<f32>, Vec<f32>)> = Vec::new();
     let mut rng = Rng(seed);
     let mut model: HashMap<u64, MSeq> = HashMap::new();
     let mut ids: Vec<u64> = Vec::new();
-    let mut counts = [0usize; 8];
+    let mut counts = [0usize; 9];
     for _ in 0..ops {
-        let op = if ids.is_empty() { 0 } else { rng.below(8) };
+        let op = if ids.is_empty() { 0 } else { rng.below(9) };
         counts[op] += 1;
         match op {
             0 => {
@@ -124,6 +134,25 @@ fn run_ops(seed: u64, ops: usize) {
                     .unwrap();
                 model.get_mut(&id).unwrap().int8 = int8;
             }
+            7 => {
+                // Checkpoints on the disk tier: save, or load (from the file when forgotten in
+                // memory, so the sequence continues on mapped, read-only pages).
+                let name = format!("ck{}", rng.below(6));
+                if rng.below(2) == 0 {
+                    let id = ids[rng.below(ids.len())];
+                    s.save_checkpoint(&name, id).unwrap();
+                    saved.insert(name, model[&id].clone());
+                } else if let Some(m) = saved.get(&name) {
+                    if rng.below(2) == 0 {
+                        s.forget_checkpoint(&name);
+                    }
+                    let id = s.load_checkpoint(&name).unwrap();
+                    let mut m = m.clone();
+                    m.int8 = false;
+                    model.insert(id, m);
+                    ids.push(id);
+                }
+            }
             _ => {
                 let id = ids[rng.below(ids.len())];
                 check(&c, id, &model[&id]);
@@ -150,6 +179,9 @@ fn run_ops(seed: u64, ops: usize) {
     drop(reader);
     for id in ids {
         s.release(id).unwrap();
+    }
+    for name in saved.keys() {
+        s.forget_checkpoint(name);
     }
     let st = s.stats();
     assert_eq!((st.bytes, st.pages), (0, 0), "pages leaked");

@@ -1,0 +1,166 @@
+//! Issue 5: `u-runner generate` and `u-runner tokenize` as an operator runs them — the built,
+//! signed host and plugins of the development deployment, on a tiny fixture model (the
+//! arch-llama Llama fixture with the engine's 128-token character tokenizer beside it).
+
+use serde_json::Value;
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+use u_conformance::{bin, root, run, text};
+
+/// A model directory: the Llama fixture's weights and config plus the tiny tokenizer.
+fn model_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let weights = root().join("plugins/arch-llama/tests/fixtures/models/llama");
+    let tokenizer = root().join("engine/tests/fixtures/tiny-tokenizer");
+    for (from, name) in [
+        (&weights, "config.json"),
+        (&weights, "model.safetensors"),
+        (&tokenizer, "tokenizer.json"),
+        (&tokenizer, "tokenizer_config.json"),
+    ] {
+        std::fs::copy(from.join(name), dir.path().join(name)).unwrap();
+    }
+    dir
+}
+
+fn runner(args: &[&str], model: &Path) -> Command {
+    let mut cmd = Command::new(bin("u-runner"));
+    cmd.args(args)
+        .arg("--model")
+        .arg(model)
+        .arg("--deployment")
+        .arg(root().join("manifests/dev.toml"));
+    cmd
+}
+
+fn generate_json(model: &Path, extra: &[&str]) -> Value {
+    let mut args = vec!["generate", "--json", "--prompt", "Hello, world", "-n", "16"];
+    args.extend_from_slice(extra);
+    let out = run(&mut runner(&args, model));
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON object ({e}): {}", text(&out)))
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v["tokens"]
+        .as_array()
+        .expect("tokens is an array")
+        .iter()
+        .map(|t| t.as_u64().expect("token ids are integers"))
+        .collect()
+}
+
+#[test]
+fn generate_json_has_tokens_text_and_timings_and_a_seed_reproduces_it() {
+    let dir = model_dir();
+    let sampled = [
+        "--temp", "20", "--top-k", "0", "--top-p", "1", "--min-p", "0",
+    ];
+    let with_seed = |seed: &str| {
+        let mut a = sampled.to_vec();
+        a.extend(["--seed", seed]);
+        generate_json(dir.path(), &a)
+    };
+    let a = with_seed("7");
+    let tokens = ids(&a);
+    assert_eq!(tokens.len(), 16, "{a}");
+    assert!(tokens.iter().all(|&t| t < 128), "{a}");
+    assert!(a["text"].is_string(), "{a}");
+    let t = &a["timings"];
+    // "Hello, world" is 12 characters, plus BOS.
+    assert_eq!(t["prompt_tokens"], 13, "{a}");
+    assert_eq!(t["generated_tokens"], 16, "{a}");
+    for key in ["prompt_tokens_per_s", "generated_tokens_per_s"] {
+        assert!(t[key].as_f64().is_some_and(|v| v > 0.0), "{key}: {a}");
+    }
+    let b = with_seed("7");
+    assert_eq!(a["tokens"], b["tokens"], "same seed, same tokens");
+    assert_eq!(a["text"], b["text"]);
+    let c = with_seed("8");
+    assert_ne!(a["tokens"], c["tokens"], "another seed, other tokens");
+
+    // Streaming prints the same text; speeds go to stderr.
+    let mut args = vec!["generate", "--prompt", "Hello, world", "-n", "16"];
+    args.extend_from_slice(&sampled);
+    args.extend(["--seed", "7"]);
+    let out = run(&mut runner(&args, dir.path()));
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8(out.stdout.clone()).unwrap();
+    assert_eq!(stdout.trim_end_matches('\n'), a["text"].as_str().unwrap());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("tokens/s") && stderr.contains("generated: 16 tokens"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn greedy_chat_generation_is_deterministic() {
+    let dir = model_dir();
+    let greedy = ["--temp", "0", "--chat"];
+    let a = generate_json(dir.path(), &greedy);
+    let b = generate_json(dir.path(), &greedy);
+    assert_eq!(a["tokens"], b["tokens"]);
+    // The template (`<s>user: …\nassistant:`) made the prompt longer than the plain one.
+    assert_eq!(
+        a["timings"]["prompt_tokens"],
+        1 + "user: Hello, world\nassistant:".len()
+    );
+}
+
+#[test]
+fn tokenize_encodes_and_decodes() {
+    let dir = model_dir();
+    let out = run(&mut runner(
+        &["tokenize", "--json", "--text", "Hi €"],
+        dir.path(),
+    ));
+    assert!(out.status.success(), "{}", text(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(ids(&v), vec![1, 43, 76, 3, 107]);
+    assert_eq!(v["pieces"][4], "€");
+    let out = run(&mut runner(
+        &[
+            "tokenize",
+            "--decode",
+            "--no-special",
+            "--text",
+            "1 43 76 3 107",
+        ],
+        dir.path(),
+    ));
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "Hi €\n");
+    let file = dir.path().join("prompt.txt");
+    std::fs::write(&file, "Hi").unwrap();
+    let out = run(&mut runner(
+        &["tokenize", "--file", file.to_str().unwrap()],
+        dir.path(),
+    ));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "1 43 76\n",
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn a_missing_model_or_template_is_a_clear_error() {
+    let missing = PathBuf::from("/nonexistent/model.gguf");
+    let out = run(&mut runner(&["generate", "--prompt", "x"], &missing));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).contains("does not exist"), "{}", text(&out));
+    // The same weights without a tokenizer cannot take text.
+    let dir = tempfile::tempdir().unwrap();
+    let weights = root().join("plugins/arch-llama/tests/fixtures/models/llama");
+    for name in ["config.json", "model.safetensors"] {
+        std::fs::copy(weights.join(name), dir.path().join(name)).unwrap();
+    }
+    let out = run(&mut runner(&["generate", "--prompt", "x"], dir.path()));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).contains("no tokenizer"), "{}", text(&out));
+}
