@@ -10,7 +10,8 @@
 //!   stop strings, `max_tokens`, timings.
 //! - [`sampler`]: greedy, temperature, top-k, top-p, min-p and penalties, seeded and reproducible.
 //! - [`chat`]: the model's chat template rendered with `minijinja`.
-//! - [`EngineHandle`]: a [`Generator`] as the ABI's [`u_sdk::Engine`], for transports.
+//! - [`EngineHandle`]: a [`Generator`] as the ABI's [`u_sdk::Engine`], for transports; a
+//!   request's chat `messages` are rendered here with the model's template.
 #![deny(missing_docs)]
 // `#[sabi_trait]` impls expand inside const blocks, which this lint flags.
 #![allow(non_local_definitions)]
@@ -140,10 +141,25 @@ impl Engine for EngineHandle {
                 stop: request.stop.iter().map(|s| s.to_string()).collect(),
                 ignore_eos: false,
             };
+            let chat;
+            let prompt = if request.messages.is_empty() {
+                request.prompt.as_str()
+            } else {
+                let messages: Vec<ChatMessage> = request
+                    .messages
+                    .iter()
+                    .map(|m| ChatMessage::new(m.role.as_str(), m.content.as_str()))
+                    .collect();
+                chat = self
+                    .generator
+                    .chat_prompt(&messages)
+                    .map_err(|e| e.to_uerror())?;
+                chat.as_str()
+            };
             let mut last = 0;
             let out = self
                 .generator
-                .generate(request.prompt.as_str(), &options, &mut |id, text| {
+                .generate(prompt, &options, &mut |id, text| {
                     last = id.unwrap_or(last);
                     sink.token(last, text.into())
                 })

@@ -265,6 +265,7 @@ fn the_abi_engine_streams_into_a_token_sink() -> Result<()> {
     let request = GenerateRequest {
         model: "tiny".into(),
         prompt: "Hello, world".into(),
+        messages: Default::default(),
         max_tokens: 12,
         sampling: sampled(3).sampling,
         stop: Default::default(),

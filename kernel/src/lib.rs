@@ -14,8 +14,8 @@
 //!    runs the transports ([`serve`]).
 //!
 //! [`inspect`] reads a model file through the deployment's loaders, for `u-runner inspect`;
-//! [`wiring`] opens a model and wires it into a `u_engine::Generator`, for `u-runner generate`
-//! and `u-runner tokenize`.
+//! [`wiring`] opens a model and wires it into a `u_engine::Generator`, for `u-runner generate`,
+//! `u-runner tokenize` and the deployment's `[model]` under `u-runner serve`.
 
 pub mod inspect;
 pub mod listeners;

@@ -82,8 +82,9 @@ enum Command {
         deployment: Option<PathBuf>,
     },
     /// Load a deployment, lock the process down and run its transports until SIGINT/SIGTERM.
-    /// Refused plugins are reported and skipped (exit status 1 at the end), or with `--strict`
-    /// nothing is served.
+    /// With a `[model]` in the deployment, the model is wired (loader, architecture, kernels,
+    /// cache, tokenizer) and served under its file or directory name. Refused plugins are
+    /// reported and skipped (exit status 1 at the end), or with `--strict` nothing is served.
     Serve {
         /// The deployment manifest.
         deployment: PathBuf,
@@ -412,7 +413,8 @@ fn run(cli: Cli) -> Result<i32> {
                     opened.refused.len()
                 );
             }
-            let (_, refused) = serve::run(opened, threads(&d))?;
+            let model = d.model.as_deref();
+            let (_, refused) = serve::run(opened, threads(&d), model)?;
             Ok(if refused == 0 { 0 } else { 1 })
         }
     }

@@ -1,9 +1,18 @@
 //! Running the transports of a loaded deployment inside the sandbox.
+//!
+//! When the deployment names a `[model]`, the model path is granted to the loader and tokenizer
+//! plugins, and after lock-down the model is wired (as for `u-runner generate`) into a
+//! `u_engine::EngineHandle` that every transport shares. Without a model the transports get an
+//! engine that serves nothing and says so.
 
-use crate::{OpenReport, instantiate, listeners, sandbox};
+use crate::{OpenReport, instantiate, listeners, sandbox, wiring};
 use abi_stable::std_types::{RResult, RVec};
 use std::{
-    sync::atomic::{AtomicBool, Ordering},
+    path::Path,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 use u_sdk::{
@@ -38,8 +47,8 @@ impl Shutdown for SignalShutdown {
     }
 }
 
-/// The engine the host offers transports. Until an architecture plugin is part of the
-/// deployment it serves no model and says so on every request.
+/// The engine the host offers transports when the deployment names no model: it serves nothing
+/// and says so on every request.
 #[derive(Clone)]
 struct HostEngine {
     models: Vec<String>,
@@ -58,18 +67,41 @@ impl Engine for HostEngine {
         RResult::RErr(UError::new(
             ErrorKind::NotFound,
             format!(
-                "model `{}` is not served: this deployment loads no architecture plugin",
+                "model `{}` is not served: this deployment names no [model]",
                 request.model
             ),
         ))
     }
 }
 
-/// Opens listeners, locks the process down, then instantiates the plugins and runs every
-/// transport until they return or a signal asks for shutdown. Returns the sandbox status and the
-/// number of plugins refused (at verification or at instantiation).
-pub fn run(opened: OpenReport, threads: u32) -> anyhow::Result<(sandbox::Status, usize)> {
+/// The name a model is served under: its directory's name, or its file name without the
+/// extension.
+pub fn model_name(model: &Path) -> String {
+    let name = if model.is_dir() {
+        model.file_name()
+    } else {
+        model.file_stem()
+    };
+    name.map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into())
+}
+
+/// Opens listeners, grants `model` (if any) to the loaders and tokenizers, locks the process
+/// down, then instantiates the plugins, wires the model into an engine and runs every transport
+/// until they return or a signal asks for shutdown. Returns the sandbox status and the number of
+/// plugins refused (at verification or at instantiation).
+pub fn run(
+    mut opened: OpenReport,
+    threads: u32,
+    model: Option<&Path>,
+) -> anyhow::Result<(sandbox::Status, usize)> {
     let mut plan = sandbox::Plan::default();
+    if let Some(model) = model {
+        if !model.exists() {
+            anyhow::bail!("the deployment's model {} does not exist", model.display());
+        }
+        plan.read.extend(wiring::grant_model(&mut opened, model));
+    }
     let mut sockets_by_plugin = std::collections::BTreeMap::new();
     for plugin in &opened.opened {
         plan.add(&plugin.grants);
@@ -91,7 +123,25 @@ pub fn run(opened: OpenReport, threads: u32) -> anyhow::Result<(sandbox::Status,
     }
     let status = sandbox::lock_down(&plan);
     let report = instantiate(opened, threads);
+    for r in &report.refused {
+        tracing::error!(plugin = %r.plugin, "refused: {}", r.reason);
+    }
     let refused = report.refused.len();
+    let engine = match model {
+        Some(model) => {
+            let built = wiring::build(&report, model, wiring::Want::Generator, status.clone())?;
+            let generator = built
+                .generator
+                .ok_or_else(|| anyhow::anyhow!("no model was built from {}", model.display()))?;
+            let name = model_name(model);
+            tracing::info!(model = %name, loader = %built.loader, "serving {}", model.display());
+            u_engine::EngineHandle::new(name, Arc::new(generator)).into_box()
+        }
+        None => EngineBox::from_value(
+            HostEngine { models: vec![] },
+            abi_stable::sabi_trait::TD_Opaque,
+        ),
+    };
     let mut transports = Vec::new();
     for plugin in report.loaded {
         if let PluginInstance::Transport(t) = plugin.instance {
@@ -103,10 +153,6 @@ pub fn run(opened: OpenReport, threads: u32) -> anyhow::Result<(sandbox::Status,
     if transports.is_empty() {
         anyhow::bail!("the deployment loads no transport plugin: nothing to serve");
     }
-    let engine = EngineBox::from_value(
-        HostEngine { models: vec![] },
-        abi_stable::sabi_trait::TD_Opaque,
-    );
     let shutdown = ShutdownBox::from_value(SignalShutdown, abi_stable::sabi_trait::TD_Opaque);
     let handles: Vec<_> = transports
         .into_iter()

@@ -4,7 +4,7 @@
 //! wired — loader → weight set → architecture (with kernels and cache) → model, and the
 //! tokenizer from `tokenizer.json` or the weight set's metadata.
 
-use crate::{inspect, instantiate, open_deployment, sandbox};
+use crate::{LoadReport, OpenReport, inspect, instantiate, open_deployment, sandbox};
 use abi_stable::std_types::RResult;
 use anyhow::{Context, Result, anyhow, bail};
 use std::path::{Path, PathBuf};
@@ -68,16 +68,11 @@ pub fn model_grants(model: &Path) -> Vec<PathGrant> {
     grants
 }
 
-/// Verifies the deployment, grants `model` to its loaders and tokenizers, locks the process
-/// down, instantiates the plugins and opens the model.
-pub fn open(deployment: &Deployment, model: &Path, threads: u32, want: Want) -> Result<Opened> {
-    let model = absolute(model);
-    if !model.exists() {
-        bail!("model {} does not exist", model.display());
-    }
-    let grants = model_grants(&model);
-    let mut opened = open_deployment(deployment);
-    let mut plan = sandbox::Plan::default();
+/// Grants read access to `model` to the loader and tokenizer plugins of `opened`; returns the
+/// grants, which the host's own sandbox plan needs too (it reads the model's first bytes to pick
+/// a loader). `model` must be absolute.
+pub fn grant_model(opened: &mut OpenReport, model: &Path) -> Vec<PathGrant> {
+    let grants = model_grants(model);
     for p in &mut opened.opened {
         if matches!(
             p.verified.manifest.kind,
@@ -85,16 +80,41 @@ pub fn open(deployment: &Deployment, model: &Path, threads: u32, want: Want) -> 
         ) {
             p.grants.fs_read.extend(grants.iter().cloned());
         }
+    }
+    grants
+}
+
+/// Verifies the deployment, grants `model` to its loaders and tokenizers, locks the process
+/// down, instantiates the plugins and opens the model.
+pub fn open(deployment: &Deployment, model: &Path, threads: u32, want: Want) -> Result<Opened> {
+    let model = absolute(model);
+    if !model.exists() {
+        bail!("model {} does not exist", model.display());
+    }
+    let mut opened = open_deployment(deployment);
+    let grants = grant_model(&mut opened, &model);
+    let mut plan = sandbox::Plan::default();
+    for p in &opened.opened {
         plan.add(&p.grants);
     }
-    // The host itself reads the model's first bytes to pick a loader.
     plan.read.extend(grants);
     let status = sandbox::lock_down(&plan);
     let report = instantiate(opened, threads);
     for r in &report.refused {
         eprintln!("u-runner: plugin {} refused: {}", r.plugin, r.reason);
     }
+    build(&report, &model, want, status)
+}
 
+/// Opens `model` with the loaded plugins of `report` and, for [`Want::Generator`], wires loader
+/// → weight set → architecture (with kernels and cache) → model, with its tokenizer. `status`
+/// is what the caller's lock-down achieved.
+pub fn build(
+    report: &LoadReport,
+    model: &Path,
+    want: Want,
+    status: sandbox::Status,
+) -> Result<Opened> {
     let mut archs: Vec<(String, ArchitectureBox)> = Vec::new();
     let mut kernels: Option<KernelsBox> = None;
     let mut cache: Option<KvCacheBox> = None;
@@ -110,9 +130,9 @@ pub fn open(deployment: &Deployment, model: &Path, threads: u32, want: Want) -> 
         }
     }
 
-    let (loader, weights) = open_weights(&model, &inspect::loaders(&report))?;
+    let (loader, weights) = open_weights(model, &inspect::loaders(report))?;
     let tokenizer = match &factory {
-        Some(f) => build_tokenizer(f, &model, &weights)?,
+        Some(f) => build_tokenizer(f, model, &weights)?,
         None => None,
     };
     let generator = if want == Want::Generator {

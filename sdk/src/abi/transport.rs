@@ -42,14 +42,28 @@ pub struct SamplingParams {
     pub seed: ROption<u64>,
 }
 
+/// One message of a chat conversation.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
+pub struct ChatTurn {
+    /// `system`, `user`, `assistant`…
+    pub role: RString,
+    /// The message text.
+    pub content: RString,
+}
+
 /// One generation request as the engine sees it.
 #[repr(C)]
 #[derive(StableAbi, Clone, Debug, PartialEq)]
 pub struct GenerateRequest {
     /// The model name the client asked for.
     pub model: RString,
-    /// The prompt text (chat templates already applied by the transport or engine).
+    /// The prompt text, used as is when `messages` is empty.
     pub prompt: RString,
+    /// A chat conversation. When non-empty, the engine renders it with the model's own chat
+    /// template (ready for the assistant's turn) and ignores `prompt`, so a transport never
+    /// needs model-specific template logic.
+    pub messages: RVec<ChatTurn>,
     /// Most tokens to generate.
     pub max_tokens: u32,
     /// Sampling settings.

@@ -1,0 +1,43 @@
+//! Running the blocking engine off the async runtime and streaming its tokens back.
+
+use abi_stable::{sabi_trait::TD_Opaque, std_types::RStr};
+use tokio::sync::mpsc;
+use u_sdk::{EngineBox, GenerateRequest, GenerateSummary, TokenSink, TokenSinkBox, UError};
+
+/// What a running generation reports.
+#[derive(Debug)]
+pub enum Event {
+    /// Newly produced text.
+    Text(String),
+    /// Generation ended.
+    Done(GenerateSummary),
+    /// Generation failed (possibly before any text).
+    Failed(UError),
+}
+
+struct ChannelSink(mpsc::Sender<Event>);
+
+impl TokenSink for ChannelSink {
+    fn token(&mut self, _id: u32, text: RStr<'_>) -> bool {
+        if text.is_empty() {
+            return !self.0.is_closed();
+        }
+        // A dropped receiver (the client went away) cancels the generation.
+        self.0.blocking_send(Event::Text(text.to_string())).is_ok()
+    }
+}
+
+/// Starts `request` on a blocking thread; its events arrive on the returned channel, the last
+/// one always `Done` or `Failed` (unless the receiver was dropped).
+pub fn start(engine: EngineBox, request: GenerateRequest) -> mpsc::Receiver<Event> {
+    let (tx, rx) = mpsc::channel(64);
+    tokio::task::spawn_blocking(move || {
+        let sink = TokenSinkBox::from_value(ChannelSink(tx.clone()), TD_Opaque);
+        let event = match engine.generate(&request, sink).into_result() {
+            Ok(summary) => Event::Done(summary),
+            Err(e) => Event::Failed(e),
+        };
+        let _ = tx.blocking_send(event);
+    });
+    rx
+}

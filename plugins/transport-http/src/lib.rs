@@ -1,0 +1,136 @@
+//! # transport-http — OpenAI-compatible HTTP/1.1 with SSE streaming
+//!
+//! The transport serves every listening socket the host opened for its `net.listen` grant
+//! (TCP and Unix sockets alike); it never creates a socket itself, which the sandbox would
+//! refuse after lock-down anyway. HTTP runs on `hyper` over a `tokio` runtime that lives inside
+//! this plugin only.
+//!
+//! Endpoints: `GET /health`, `GET /v1/models[/{id}]`, `POST /v1/completions` and
+//! `POST /v1/chat/completions`, each non-streaming or streaming (`"stream": true`, server-sent
+//! events formatted exactly as OpenAI's: `data: {json}\n\n` chunks and a final `data: [DONE]`).
+//! Chat messages travel to the engine as messages (`GenerateRequest::messages`): the engine
+//! renders them with the model's own chat template, so this plugin holds no model-specific
+//! logic.
+//!
+//! Limits (plugin config, TOML): `max_body_bytes` (default 1 MiB; larger bodies get 413),
+//! `header_read_timeout_ms` (default 10 s; a client that drips its headers slower is cut off),
+//! `body_read_timeout_ms` (default 30 s; 408), `default_max_tokens` (default 256),
+//! `shutdown_grace_ms` (default 60 s: how long in-flight streams may run after the shutdown
+//! signal before the connections are dropped).
+//!
+//! The engine's calls block, so each request runs on `spawn_blocking` and its tokens stream
+//! back through a channel; a client that goes away drops the channel, which cancels the
+//! generation at the next token.
+#![deny(missing_docs)]
+
+pub mod api;
+mod bridge;
+mod server;
+
+use u_sdk::{HostBox, PluginInfo, PluginInstance, Result, TransportBox, UError};
+
+u_sdk::export_plugin! {
+    manifest: "plugin.toml",
+    describe: describe,
+    instantiate: instantiate,
+}
+
+fn describe() -> PluginInfo {
+    PluginInfo {
+        summary: "OpenAI-compatible HTTP/1.1 + SSE transport".into(),
+        details: vec![
+            "GET /health".into(),
+            "GET /v1/models".into(),
+            "POST /v1/completions".into(),
+            "POST /v1/chat/completions".into(),
+        ]
+        .into(),
+    }
+}
+
+/// The transport's settings, from the deployment's `[plugins.config]` table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Largest request body accepted; larger ones get 413.
+    pub max_body_bytes: usize,
+    /// Time a client has to send a request's headers.
+    pub header_read_timeout_ms: u64,
+    /// Time a client has to send a request's body.
+    pub body_read_timeout_ms: u64,
+    /// `max_tokens` when a request does not say.
+    pub default_max_tokens: u32,
+    /// How long in-flight requests may run after shutdown is requested.
+    pub shutdown_grace_ms: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 1 << 20,
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 30_000,
+            default_max_tokens: 256,
+            shutdown_grace_ms: 60_000,
+        }
+    }
+}
+
+impl Config {
+    /// Parses the plugin's TOML configuration; unknown keys and bad values are errors.
+    pub fn parse(text: &str) -> std::result::Result<Self, String> {
+        let table: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
+        let mut c = Config::default();
+        for (key, value) in &table {
+            let int = || {
+                value
+                    .as_integer()
+                    .filter(|v| *v > 0)
+                    .ok_or_else(|| format!("`{key}` must be a positive integer"))
+            };
+            match key.as_str() {
+                "max_body_bytes" => c.max_body_bytes = int()? as usize,
+                "header_read_timeout_ms" => c.header_read_timeout_ms = int()? as u64,
+                "body_read_timeout_ms" => c.body_read_timeout_ms = int()? as u64,
+                "default_max_tokens" => {
+                    c.default_max_tokens =
+                        u32::try_from(int()?).map_err(|_| format!("`{key}` is too large"))?
+                }
+                "shutdown_grace_ms" => c.shutdown_grace_ms = int()? as u64,
+                other => {
+                    return Err(format!(
+                        "unknown key `{other}` (known: max_body_bytes, header_read_timeout_ms, \
+                         body_read_timeout_ms, default_max_tokens, shutdown_grace_ms)"
+                    ));
+                }
+            }
+        }
+        Ok(c)
+    }
+}
+
+fn instantiate(host: HostBox) -> Result<PluginInstance> {
+    let config = Config::parse(host.config().as_str())
+        .map_err(|e| UError::invalid(format!("transport-http config: {e}")))?;
+    Ok(PluginInstance::Transport(TransportBox::from_value(
+        server::Http { host, config },
+        abi_stable::sabi_trait::TD_Opaque,
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_defaults_and_overrides() {
+        assert_eq!(Config::parse("").unwrap(), Config::default());
+        let c = Config::parse("max_body_bytes = 10\ndefault_max_tokens = 3").unwrap();
+        assert_eq!((c.max_body_bytes, c.default_max_tokens), (10, 3));
+        assert!(Config::parse("max_body_bytes = -1").is_err());
+        assert!(
+            Config::parse("max_body = 1")
+                .unwrap_err()
+                .contains("unknown key")
+        );
+    }
+}
