@@ -5,7 +5,7 @@
 mod support;
 
 use support::*;
-use u_sdk::{KvCache, LogitsWanted};
+use u_sdk::LogitsWanted;
 
 const TOLERANCE: f32 = 1e-5;
 
