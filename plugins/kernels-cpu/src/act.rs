@@ -1,9 +1,10 @@
 //! On-the-fly int8 quantization of activations for integer dot products.
 //!
-//! Two internal block formats (never stored, never crossing the ABI, so both keep an exact `f32`
-//! scale rather than ggml's f16):
-//! - [`Q8Block`]: 32 values, for weights in 32-value blocks (Q8_0, Q4_0, Q4_1, Q5_0). `s` holds
-//!   `d · Σq`, so offset formats (`q − 8`, `d·q + m`) cost one multiply per block.
+//! Two internal block formats (never stored, never crossing the ABI):
+//! - [`Q8Block`]: 32 values, for weights in 32-value blocks (Q8_0, Q4_0, Q4_1, Q5_0). Its scale
+//!   `d` is rounded to f16 exactly as ggml's `block_q8_0`/`block_q8_1` store it, so products
+//!   match llama.cpp's; `s` holds `d · Σq` (the `q − 8`/`q − 16` offset term of Q4_0/Q5_0) and
+//!   `s1` holds ggml's Q8_1 sum `f16(d_f32 · Σq)` (the minimum term of Q4_1).
 //! - [`Q8KBlock`]: 256 values with the sum of every 16 values (`bsums`), for k-quants and TQ2_0,
 //!   whose minimums and offsets are then applied per sub-block with integer sums.
 //!
@@ -19,6 +20,8 @@ pub struct Q8Block {
     pub d: f32,
     /// `d · Σ qs`.
     pub s: f32,
+    /// `f16(d_f32 · Σ qs)` with the unrounded scale, as ggml's `block_q8_1` stores it.
+    pub s1: f32,
     /// Quantized values.
     pub qs: [i8; 32],
 }
@@ -64,9 +67,41 @@ pub fn quantize_q8(x: &[f32], out: &mut [Q8Block]) {
             *q = r as i8;
             sum += r;
         }
-        ob.d = d;
-        ob.s = d * sum as f32;
+        let d16 = round_to_f16(d);
+        ob.d = d16;
+        ob.s = d16 * sum as f32;
+        ob.s1 = round_to_f16(d * sum as f32);
     }
+}
+
+/// Rounds `x` to the nearest f16 value (ties to even, overflow to infinity), as f32.
+pub fn round_to_f16(x: f32) -> f32 {
+    u_sdk::quant::f16_to_f32(f32_to_f16_bits(x))
+}
+
+/// IEEE binary16 bits of `x`, rounded to nearest even (what F16C's `vcvtps2ph` produces).
+pub fn f32_to_f16_bits(x: f32) -> u16 {
+    let f = x.to_bits();
+    let sign = ((f >> 16) & 0x8000) as u16;
+    let a = f & 0x7fff_ffff;
+    if a >= 0x7f80_0000 {
+        // Infinity stays infinity; NaN becomes a quiet NaN.
+        return sign | if a > 0x7f80_0000 { 0x7e00 } else { 0x7c00 };
+    }
+    if a >= 0x477f_f000 {
+        // 65520 and above round to infinity.
+        return sign | 0x7c00;
+    }
+    if a < 0x3880_0000 {
+        // Below 2⁻¹⁴: an f16 subnormal (or zero) counting units of 2⁻²⁴. Scaling by 2²⁴ is
+        // exact, and rounding to an integer is the f16 rounding; 1024 encodes the smallest
+        // normal, as it should.
+        let units = round_even(f32::from_bits(a) * 16_777_216.0) as u16;
+        return sign | units;
+    }
+    // Normal: round the 13 dropped mantissa bits to nearest even, then rebias 127 → 15.
+    let rounded = a + 0x0fff + ((a >> 13) & 1);
+    sign | ((rounded - 0x3800_0000) >> 13) as u16
 }
 
 /// Quantizes `x` (a whole number of 256-value blocks) into `out`.
@@ -105,6 +140,47 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn f16_rounding_matches_the_hardware_conversion() {
+        if !std::is_x86_feature_detected!("f16c") {
+            return;
+        }
+        #[target_feature(enable = "f16c")]
+        unsafe fn hw(x: f32) -> u16 {
+            use std::arch::x86_64::*;
+            _mm_extract_epi16::<0>(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set1_ps(x))) as u16
+        }
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let specials = [
+            0.0f32,
+            -0.0,
+            1.0,
+            65504.0,
+            65519.0,
+            65520.0,
+            1e-8,
+            5.96e-8,
+            2.98e-8,
+            6.1e-5,
+            6.103_515_6e-5,
+            f32::INFINITY,
+            f32::MIN_POSITIVE,
+            1e30,
+        ];
+        let randoms = (0..200_000).map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            f32::from_bits(state as u32 & 0xbfff_ffff)
+        });
+        for x in specials.into_iter().chain(randoms).filter(|x| !x.is_nan()) {
+            // SAFETY: F16C was detected above.
+            let want = unsafe { hw(x) };
+            assert_eq!(f32_to_f16_bits(x), want, "{x:e} ({:#010x})", x.to_bits());
+        }
+    }
+
+    #[test]
     fn quantization_error_is_at_most_half_a_step_and_never_minus_128() {
         let x: Vec<f32> = (0..512)
             .map(|i| ((i * 7919) % 1000) as f32 / 37.0 - 13.0)
@@ -118,6 +194,7 @@ mod tests {
             assert!(blk.qs.iter().all(|&q| q != -128));
             let s: i32 = blk.qs.iter().map(|&q| i32::from(q)).sum();
             assert_eq!(blk.s, blk.d * s as f32);
+            assert_eq!(round_to_f16(blk.d), blk.d, "scale is an f16 value");
         }
         let mut k = vec![Q8KBlock::default(); 2];
         quantize_q8k(&x, &mut k);

@@ -116,7 +116,7 @@ pub fn q4_1(w: &[u8], x: &[Q8Block]) -> f32 {
     for (b, xb) in w.chunks_exact(20).zip(x) {
         let (d, m) = (f16_at(b, 0), f16_at(b, 2));
         let sumi = nib_dot(&b[4..20], &xb.qs);
-        acc += d * (xb.d * sumi as f32) + m * xb.s;
+        acc += d * (xb.d * sumi as f32) + m * xb.s1;
     }
     acc
 }

@@ -192,6 +192,7 @@ macro_rules! int_kernels {
             bb: usize,
             codes: impl Fn(*const u8) -> __m256i,
             off: impl Fn(*const u8) -> f32,
+            offset_sum: fn(&Q8Block) -> f32,
         ) -> [f32; R] {
             // SAFETY: see the module docs; `codes`/`off` read inside the block.
             unsafe {
@@ -215,7 +216,7 @@ macro_rules! int_kernels {
                                     _mm256_cvtepi32_ps(s),
                                     acc[r][h],
                                 );
-                                corr[r][h] += o * xb.s;
+                                corr[r][h] += o * offset_sum(xb);
                             }
                         }
                     }
@@ -231,14 +232,32 @@ macro_rules! int_kernels {
         #[target_feature(enable = $feat)]
         pub unsafe fn q4_0<const R: usize>(w: &[u8], xs: &[&[Q8Block]; R]) -> [f32; R] {
             // SAFETY: 18-byte blocks: d at 0, nibbles at 2..18.
-            unsafe { q32(w, xs, 18, |p| nibbles(p.add(2)), |p| -8.0 * f16c(p)) }
+            unsafe {
+                q32(
+                    w,
+                    xs,
+                    18,
+                    |p| nibbles(p.add(2)),
+                    |p| -8.0 * f16c(p),
+                    |b| b.s,
+                )
+            }
         }
 
         /// Q4_1 weights.
         #[target_feature(enable = $feat)]
         pub unsafe fn q4_1<const R: usize>(w: &[u8], xs: &[&[Q8Block]; R]) -> [f32; R] {
             // SAFETY: 20-byte blocks: d at 0, m at 2, nibbles at 4..20.
-            unsafe { q32(w, xs, 20, |p| nibbles(p.add(4)), |p| f16c(p.add(2))) }
+            unsafe {
+                q32(
+                    w,
+                    xs,
+                    20,
+                    |p| nibbles(p.add(4)),
+                    |p| f16c(p.add(2)),
+                    |b| b.s1,
+                )
+            }
         }
 
         /// Q5_0 weights.
@@ -256,6 +275,7 @@ macro_rules! int_kernels {
                         _mm256_or_si256(nibbles(p.add(6)), hi)
                     },
                     |p| -16.0 * f16c(p),
+                    |b| b.s,
                 )
             }
         }
