@@ -7,7 +7,6 @@
 //! host keeps going with the rest.
 
 use crate::services::PluginServices;
-use abi_stable::library::{AbiHeaderRef, RawLibrary};
 use std::{collections::BTreeSet, ffi::CString, io::Write, os::fd::FromRawFd, path::PathBuf};
 use u_attest::{
     Deployment, PluginEntry, Verified,
@@ -240,24 +239,7 @@ fn load_sealed(bytes: &[u8], name: &str, symbol: &str) -> Result<PluginModRef, S
     let fd = sealed_memfd(bytes, name).map_err(|e| format!("memfd for {name}: {e}"))?;
     // The memfd stays open for the life of the process: the mapping is the plugin's code.
     let path = format!("/proc/self/fd/{fd}");
-    let library = RawLibrary::load_at(std::path::Path::new(&path))
-        .map_err(|e| format!("dlopen failed: {e}"))?;
-    let mut symbol = symbol.as_bytes().to_vec();
-    symbol.push(0);
-    // SAFETY: the symbol is the `LibHeader` static that export_plugin! defines; the library is
-    // never unloaded (it is leaked below), so the 'static header stays valid.
-    let header = unsafe {
-        let abi_header: AbiHeaderRef = *library
-            .get::<AbiHeaderRef>(&symbol)
-            .map_err(|e| format!("root module symbol: {e}"))?;
-        abi_header
-            .upgrade()
-            .map_err(|e| format!("ABI header: {e}"))?
-    };
-    std::mem::forget(library);
-    header
-        .init_root_module::<PluginModRef>()
-        .map_err(|e| format!("ABI check after load failed: {e}"))
+    u_sdk::meta::load_root_module(std::path::Path::new(&path), symbol)
 }
 
 fn sealed_memfd(bytes: &[u8], name: &str) -> std::io::Result<i32> {

@@ -56,6 +56,39 @@ pub const MANIFEST_OFFSET: usize = 192;
 /// Longest manifest source that fits.
 pub const MANIFEST_CAPACITY: usize = META_SIZE - MANIFEST_OFFSET;
 
+/// The root-module symbol [`export_plugin!`](crate::export_plugin) exports for a crate
+/// (`crate_name` with `_`, as `CARGO_CRATE_NAME` spells it).
+pub fn root_symbol(crate_name: &str) -> String {
+    format!("{ROOT_SYMBOL_PREFIX}{crate_name}")
+}
+
+/// Loads the plugin library at `path` (never unloaded) and returns its root module, found under
+/// `symbol`, after `abi_stable`'s version and layout checks. The host calls this only on bytes
+/// it has verified.
+pub fn load_root_module(
+    path: &std::path::Path,
+    symbol: &str,
+) -> Result<crate::PluginModRef, String> {
+    use abi_stable::library::{AbiHeaderRef, RawLibrary};
+    let library = RawLibrary::load_at(path).map_err(|e| format!("dlopen failed: {e}"))?;
+    let mut name = symbol.as_bytes().to_vec();
+    name.push(0);
+    // SAFETY: the symbol is the `LibHeader` static that export_plugin! defines; the library is
+    // never unloaded (it is leaked below), so the 'static header stays valid.
+    let header = unsafe {
+        let abi_header: AbiHeaderRef = *library
+            .get::<AbiHeaderRef>(&name)
+            .map_err(|e| format!("root module symbol `{symbol}`: {e}"))?;
+        abi_header
+            .upgrade()
+            .map_err(|e| format!("ABI header: {e}"))?
+    };
+    std::mem::forget(library);
+    header
+        .init_root_module::<crate::PluginModRef>()
+        .map_err(|e| format!("ABI check after load failed: {e}"))
+}
+
 /// Builds the unsigned section at compile time. A manifest that does not fit is a compile error.
 pub const fn build_section(manifest: &str) -> [u8; META_SIZE] {
     let text = manifest.as_bytes();

@@ -1,9 +1,11 @@
 //! Loads the built plugin (`libu_loader_gguf.so`) the way the host does and checks its embedded
 //! manifest and its root module.
 
-use abi_stable::library::lib_header_from_path;
 use std::path::PathBuf;
-use u_sdk::{PluginModRef, manifest::PluginManifest, meta::MetaRecord};
+use u_sdk::{
+    manifest::PluginManifest,
+    meta::{MetaRecord, load_root_module, root_symbol},
+};
 
 fn cdylib() -> PathBuf {
     // Integration tests run from target/<profile>/deps, next to the freshly built cdylib.
@@ -15,10 +17,8 @@ fn cdylib() -> PathBuf {
 
 #[test]
 fn the_cdylib_exports_its_manifest_and_root_module() {
-    let header = lib_header_from_path(&cdylib()).expect("load the plugin");
-    let module = header
-        .init_root_module::<PluginModRef>()
-        .expect("root module layout matches the SDK");
+    let module = load_root_module(&cdylib(), &root_symbol("u_loader_gguf"))
+        .expect("load the plugin; root module layout matches the SDK");
     let record = MetaRecord::parse(&(module.meta_section())()).unwrap();
     assert_eq!(record.abi_hash, u_sdk::ABI_HASH);
     assert!(!record.is_signed());
