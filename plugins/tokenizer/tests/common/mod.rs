@@ -1,7 +1,6 @@
 //! Test helpers: a minimal GGUF metadata reader and the vocabulary files.
 //!
-//! `u-loader-gguf` cannot be linked into these tests: both crates' rlibs export the plugin root
-//! module symbol, which collides at link time. GGUF metadata is simple enough to read here.
+//! A small GGUF metadata reader keeps these tests independent of the loader plugin.
 #![allow(dead_code)]
 
 use abi_stable::std_types::{RString, RVec};
