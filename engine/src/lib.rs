@@ -27,11 +27,12 @@ pub use sampler::Sampler;
 
 use abi_stable::{
     sabi_trait::TD_Opaque,
-    std_types::{RResult, RString, RVec},
+    std_types::{ROption, RResult, RSlice, RStr, RString, RVec},
 };
 use std::sync::Arc;
 use u_sdk::{
-    Engine, Engine_TO, EngineBox, ErrorKind, GenerateRequest, GenerateSummary, TokenSinkBox, UError,
+    CheckpointInfo, CheckpointRequest, Engine, Engine_TO, EngineBox, EngineStats, ErrorKind,
+    GenerateRequest, GenerateSummary, GeneratedToken, TokenSinkBox, UError,
 };
 
 /// What can go wrong while generating.
@@ -161,15 +162,37 @@ impl Engine for EngineHandle {
                 .generator
                 .generate(prompt, &options, &mut |id, text| {
                     last = id.unwrap_or(last);
-                    sink.token(last, text.into())
+                    sink.token(&GeneratedToken {
+                        id: last,
+                        text: text.into(),
+                        logprob: ROption::RNone,
+                        top_logprobs: RSlice::EMPTY,
+                    })
                 })
                 .map_err(|e| e.to_uerror())?;
             Ok(GenerateSummary {
                 prompt_tokens: out.timings.prompt_tokens,
                 cached_tokens: 0,
+                cache_written_tokens: 0,
                 generated_tokens: out.timings.generated_tokens,
                 finish: out.finish_reason(),
             })
         })
+    }
+
+    fn stats(&self) -> EngineStats {
+        EngineStats::default()
+    }
+
+    fn checkpoint(&self, _request: &CheckpointRequest) -> RResult<RVec<CheckpointInfo>, UError> {
+        RResult::RErr(UError::unsupported(
+            "checkpoints are not wired into the engine yet",
+        ))
+    }
+
+    fn embed(&self, _model: RStr<'_>, _input: RStr<'_>) -> RResult<RVec<f32>, UError> {
+        RResult::RErr(UError::unsupported(
+            "embeddings are not wired into the engine yet",
+        ))
     }
 }

@@ -248,10 +248,10 @@ fn the_abi_engine_streams_into_a_token_sink() -> Result<()> {
 
     struct Collect(std::sync::Arc<std::sync::Mutex<(Vec<u32>, String)>>);
     impl TokenSink for Collect {
-        fn token(&mut self, id: u32, text: abi_stable::std_types::RStr<'_>) -> bool {
+        fn token(&mut self, token: &u_sdk::GeneratedToken<'_>) -> bool {
             let mut g = self.0.lock().unwrap();
-            g.0.push(id);
-            g.1.push_str(text.as_str());
+            g.0.push(token.id);
+            g.1.push_str(token.text.as_str());
             true
         }
     }
@@ -262,14 +262,7 @@ fn the_abi_engine_streams_into_a_token_sink() -> Result<()> {
         vec![abi_stable::std_types::RString::from("tiny")]
     );
     let seen = std::sync::Arc::new(std::sync::Mutex::new((Vec::new(), String::new())));
-    let request = GenerateRequest {
-        model: "tiny".into(),
-        prompt: "Hello, world".into(),
-        messages: Default::default(),
-        max_tokens: 12,
-        sampling: sampled(3).sampling,
-        stop: Default::default(),
-    };
+    let request = GenerateRequest::new("tiny", "Hello, world", 12, sampled(3).sampling);
     let sink = TokenSink_TO::from_value(Collect(seen.clone()), TD_Opaque);
     let summary = engine.generate(&request, sink).into_result()?;
     assert_eq!(summary.prompt_tokens, 13);

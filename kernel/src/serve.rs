@@ -6,7 +6,7 @@
 //! engine that serves nothing and says so.
 
 use crate::{OpenReport, instantiate, listeners, sandbox, wiring};
-use abi_stable::std_types::{RResult, RVec};
+use abi_stable::std_types::{RResult, RStr, RVec};
 use std::{
     path::Path,
     sync::{
@@ -16,8 +16,8 @@ use std::{
     time::{Duration, Instant},
 };
 use u_sdk::{
-    Engine, EngineBox, ErrorKind, GenerateRequest, GenerateSummary, PluginInstance, Shutdown,
-    ShutdownBox, TokenSinkBox, TransportContext, UError,
+    CheckpointInfo, CheckpointRequest, Engine, EngineBox, EngineStats, ErrorKind, GenerateRequest,
+    GenerateSummary, PluginInstance, Shutdown, ShutdownBox, TokenSinkBox, TransportContext, UError,
 };
 
 static SHUTDOWN: AtomicBool = AtomicBool::new(false);
@@ -54,6 +54,15 @@ struct HostEngine {
     models: Vec<String>,
 }
 
+impl HostEngine {
+    fn not_served(model: &str) -> UError {
+        UError::new(
+            ErrorKind::NotFound,
+            format!("model `{model}` is not served: this deployment names no [model]"),
+        )
+    }
+}
+
 impl Engine for HostEngine {
     fn models(&self) -> RVec<abi_stable::std_types::RString> {
         self.models.iter().map(|m| m.as_str().into()).collect()
@@ -64,13 +73,19 @@ impl Engine for HostEngine {
         request: &GenerateRequest,
         _sink: TokenSinkBox,
     ) -> RResult<GenerateSummary, UError> {
-        RResult::RErr(UError::new(
-            ErrorKind::NotFound,
-            format!(
-                "model `{}` is not served: this deployment names no [model]",
-                request.model
-            ),
-        ))
+        RResult::RErr(Self::not_served(&request.model))
+    }
+
+    fn stats(&self) -> EngineStats {
+        EngineStats::default()
+    }
+
+    fn checkpoint(&self, request: &CheckpointRequest) -> RResult<RVec<CheckpointInfo>, UError> {
+        RResult::RErr(Self::not_served(&request.model))
+    }
+
+    fn embed(&self, model: RStr<'_>, _input: RStr<'_>) -> RResult<RVec<f32>, UError> {
+        RResult::RErr(Self::not_served(model.as_str()))
     }
 }
 

@@ -392,6 +392,10 @@ pub fn parse(
                 .map(Into::into)
                 .collect::<Vec<abi_stable::std_types::RString>>()
                 .into(),
+            cache_breakpoints: Default::default(),
+            top_logprobs: Default::default(),
+            resume_from: Default::default(),
+            save_as: Default::default(),
         },
         stream,
         include_usage,
@@ -625,6 +629,7 @@ mod tests {
         let s = GenerateSummary {
             prompt_tokens: 3,
             cached_tokens: 1,
+            cache_written_tokens: 0,
             generated_tokens: 2,
             finish: FinishReason::Stop,
         };

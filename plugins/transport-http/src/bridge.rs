@@ -1,8 +1,10 @@
 //! Running the blocking engine off the async runtime and streaming its tokens back.
 
-use abi_stable::{sabi_trait::TD_Opaque, std_types::RStr};
+use abi_stable::sabi_trait::TD_Opaque;
 use tokio::sync::mpsc;
-use u_sdk::{EngineBox, GenerateRequest, GenerateSummary, TokenSink, TokenSinkBox, UError};
+use u_sdk::{
+    EngineBox, GenerateRequest, GenerateSummary, GeneratedToken, TokenSink, TokenSinkBox, UError,
+};
 
 /// What a running generation reports.
 #[derive(Debug)]
@@ -18,7 +20,8 @@ pub enum Event {
 struct ChannelSink(mpsc::Sender<Event>);
 
 impl TokenSink for ChannelSink {
-    fn token(&mut self, _id: u32, text: RStr<'_>) -> bool {
+    fn token(&mut self, token: &GeneratedToken<'_>) -> bool {
+        let text = token.text;
         if text.is_empty() {
             return !self.0.is_closed();
         }

@@ -23,6 +23,8 @@ pub enum ErrorKind {
     ResourceExhausted,
     /// The work was cancelled (client went away, shutdown).
     Cancelled,
+    /// The server is at capacity (its request queue is full); retry later.
+    Busy,
     /// A bug: an invariant did not hold.
     Internal,
     /// Plugin code panicked; the panic was caught at the boundary.

@@ -3,12 +3,12 @@
 use crate::abi::{
     cache::{KvCacheBox, SeqId},
     error::UError,
-    kernels::KernelsBox,
+    kernels::{KernelsBox, RopeParams},
     loader::WeightSetBox,
 };
 use abi_stable::{
     StableAbi, sabi_trait,
-    std_types::{RBox, RResult, RSlice, RSliceMut, RString, RVec},
+    std_types::{RBox, ROption, RResult, RSlice, RSliceMut, RString, RVec},
 };
 
 /// Hyper-parameters a server needs to know about a built model.
@@ -76,6 +76,18 @@ pub trait Model: Send + Sync {
 
     /// The cache its KV lives in (to create, fork and release sequences).
     fn cache(&self) -> KvCacheBox;
+
+    /// The rotation applied to cached keys (`None` for a model without RoPE), so a cache
+    /// graft can re-rotate keys to other positions.
+    fn key_rope(&self) -> ROption<RopeParams> {
+        ROption::RNone
+    }
+
+    /// Mean over `tokens` of the final hidden state (after the output norm), `hidden` floats,
+    /// computed in a scratch sequence that is released afterwards.
+    fn embed(&self, _tokens: RSlice<'_, u32>) -> RResult<RVec<f32>, UError> {
+        RResult::RErr(UError::unsupported("this model computes no embeddings"))
+    }
 
     /// Runs every chunk of `batch` in one pass, appending their KV, and writes the requested
     /// logits into `logits` in batch order (vocab_size floats per requested token).

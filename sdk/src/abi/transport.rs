@@ -7,7 +7,7 @@
 use crate::abi::error::UError;
 use abi_stable::{
     StableAbi, sabi_trait,
-    std_types::{RBox, ROption, RResult, RStr, RString, RVec},
+    std_types::{RBox, ROption, RResult, RSlice, RStr, RString, RVec},
 };
 
 /// A listening socket the host opened for the transport.
@@ -52,6 +52,18 @@ pub struct ChatTurn {
     pub content: RString,
 }
 
+/// A prompt-cache breakpoint: the KV of the rendered prompt up to the end of
+/// `messages[turn].content[..offset]` (a byte offset) is kept, so a later request that starts
+/// with the same text prefills only what follows. Any number of breakpoints may be given.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheBreakpoint {
+    /// Index into [`GenerateRequest::messages`].
+    pub turn: u32,
+    /// Byte offset into that turn's content where the cached block ends.
+    pub offset: u32,
+}
+
 /// One generation request as the engine sees it.
 #[repr(C)]
 #[derive(StableAbi, Clone, Debug, PartialEq)]
@@ -70,6 +82,62 @@ pub struct GenerateRequest {
     pub sampling: SamplingParams,
     /// Strings that end generation when produced.
     pub stop: RVec<RString>,
+    /// Where to keep prompt KV for later requests (on top of the engine's automatic prefix
+    /// caching of whole prompts).
+    pub cache_breakpoints: RVec<CacheBreakpoint>,
+    /// `RSome(n)`: report each generated token's log-probability and the `n` most likely
+    /// alternatives (see [`GeneratedToken`]).
+    pub top_logprobs: ROption<u32>,
+    /// Continue the named KV checkpoint: the prompt (encoded without BOS) is appended to the
+    /// checkpoint's tokens instead of starting a new sequence.
+    pub resume_from: ROption<RString>,
+    /// After generation, save the sequence (prompt and generated tokens) as this checkpoint.
+    pub save_as: ROption<RString>,
+}
+
+impl GenerateRequest {
+    /// A plain-prompt request with the given sampling settings and nothing else set.
+    pub fn new(model: &str, prompt: &str, max_tokens: u32, sampling: SamplingParams) -> Self {
+        Self {
+            model: model.into(),
+            prompt: prompt.into(),
+            messages: RVec::new(),
+            max_tokens,
+            sampling,
+            stop: RVec::new(),
+            cache_breakpoints: RVec::new(),
+            top_logprobs: ROption::RNone,
+            resume_from: ROption::RNone,
+            save_as: ROption::RNone,
+        }
+    }
+}
+
+/// A token and its log-probability under the sampling distribution's source logits.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    /// Token id.
+    pub id: u32,
+    /// The token's bytes (not necessarily valid UTF-8 on their own).
+    pub bytes: RVec<u8>,
+    /// Natural log of its probability under the model's logits (before sampling filters).
+    pub logprob: f32,
+}
+
+/// What the engine streams per generated token.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug)]
+pub struct GeneratedToken<'a> {
+    /// The token id (for the final flush of held-back text: the last token's id).
+    pub id: u32,
+    /// The text this token completes (possibly empty while a UTF-8 sequence or a possible stop
+    /// string is incomplete).
+    pub text: RStr<'a>,
+    /// The token with its log-probability, when the request asked for logprobs.
+    pub logprob: ROption<TokenLogprob>,
+    /// The most likely alternatives, best first, when the request asked for them.
+    pub top_logprobs: RSlice<'a, TokenLogprob>,
 }
 
 /// Why generation ended.
@@ -92,6 +160,8 @@ pub struct GenerateSummary {
     pub prompt_tokens: u32,
     /// Prompt tokens whose KV came from the cache.
     pub cached_tokens: u32,
+    /// Prompt tokens whose KV was newly stored at cache breakpoints.
+    pub cache_written_tokens: u32,
     /// Tokens generated.
     pub generated_tokens: u32,
     /// Why it ended.
@@ -101,9 +171,82 @@ pub struct GenerateSummary {
 /// Receives generated text as it is produced.
 #[sabi_trait]
 pub trait TokenSink: Send {
-    /// Called per token with its id and the text it completes (possibly empty while a UTF-8
-    /// sequence is incomplete). Returns `false` to cancel the request.
-    fn token(&mut self, id: u32, text: RStr<'_>) -> bool;
+    /// Called per generated token (and once more, with `text` only, for text held back until
+    /// the end). Returns `false` to cancel the request.
+    fn token(&mut self, token: &GeneratedToken<'_>) -> bool;
+}
+
+/// Counters of an engine, for `/metrics`.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Requests accepted since start.
+    pub requests: u64,
+    /// Requests refused because the queue was full.
+    pub rejected: u64,
+    /// Requests now decoding or prefilling.
+    pub running: u32,
+    /// Requests waiting for a slot.
+    pub queued: u32,
+    /// Most requests that may wait before new ones are refused.
+    pub queue_capacity: u32,
+    /// Prompt tokens seen.
+    pub prompt_tokens: u64,
+    /// Prompt tokens whose KV came from the cache.
+    pub cached_tokens: u64,
+    /// Tokens generated.
+    pub generated_tokens: u64,
+    /// Forward passes run (each may carry many requests).
+    pub forward_passes: u64,
+    /// Bytes of KV held by the cache.
+    pub kv_bytes: u64,
+}
+
+/// What to do with KV checkpoints.
+#[repr(u8)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckpointOp {
+    /// Prefill `prompt`/`messages` (continuing `source` when it is set) and save it as `name`.
+    Save,
+    /// Save a copy of checkpoint `source` as `name` (pages shared, nothing copied).
+    Fork,
+    /// Append checkpoint `source`'s tokens to checkpoint `target` (keys re-rotated to their new
+    /// positions) and save the result as `name`.
+    Graft,
+    /// List every checkpoint.
+    List,
+    /// Delete checkpoint `name`.
+    Delete,
+}
+
+/// A checkpoint command (fields a given op does not use are left empty).
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq)]
+pub struct CheckpointRequest {
+    /// The operation.
+    pub op: CheckpointOp,
+    /// The model name.
+    pub model: RString,
+    /// The checkpoint written (or deleted).
+    pub name: RString,
+    /// The checkpoint read (`Fork`, `Graft`, optionally `Save`).
+    pub source: RString,
+    /// The checkpoint grafted onto (`Graft`).
+    pub target: RString,
+    /// Text to prefill (`Save`), used as is when `messages` is empty.
+    pub prompt: RString,
+    /// A conversation to render with the chat template and prefill (`Save`).
+    pub messages: RVec<ChatTurn>,
+}
+
+/// A checkpoint as listed.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointInfo {
+    /// Its name.
+    pub name: RString,
+    /// Tokens it holds (0 when unknown without loading it).
+    pub tokens: u64,
 }
 
 /// The engine the host wires from loader, architecture, tokenizer and cache plugins.
@@ -112,12 +255,24 @@ pub trait Engine: Send + Sync + Clone {
     /// Names of the models this engine serves.
     fn models(&self) -> RVec<RString>;
 
-    /// Runs one request to completion, streaming into `sink`.
+    /// Runs one request to completion, streaming into `sink`. Fails with
+    /// [`ErrorKind::Busy`](crate::abi::error::ErrorKind::Busy) when the queue is full.
     fn generate(
         &self,
         request: &GenerateRequest,
         sink: TokenSinkBox,
     ) -> RResult<GenerateSummary, UError>;
+
+    /// Counters for monitoring.
+    fn stats(&self) -> EngineStats;
+
+    /// Saves, forks, grafts, lists or deletes KV checkpoints; returns the checkpoints the
+    /// command wrote (`Save`, `Fork`, `Graft`) or all of them (`List`).
+    fn checkpoint(&self, request: &CheckpointRequest) -> RResult<RVec<CheckpointInfo>, UError>;
+
+    /// A sentence embedding of `input`: the mean over its tokens of the model's final hidden
+    /// state, L2-normalised.
+    fn embed(&self, model: RStr<'_>, input: RStr<'_>) -> RResult<RVec<f32>, UError>;
 }
 
 /// Tells a transport when the host wants it to stop.
