@@ -41,12 +41,12 @@ pub use weights::Weights;
 
 use abi_stable::{
     sabi_trait::TD_Opaque,
-    std_types::{RResult, RSlice, RSliceMut, RString, RVec},
+    std_types::{ROption, RResult, RSlice, RSliceMut, RString, RVec},
 };
 use u_sdk::{
     Architecture, Architecture_TO, ArchitectureBox, HostBox, KernelsBox, KvCacheBox, Model,
-    Model_TO, ModelBox, ModelConfig, PluginInfo, PluginInstance, SeqChunk, UError, WeightSetBox,
-    guard, guard_infallible,
+    Model_TO, ModelBox, ModelConfig, PluginInfo, PluginInstance, RopeParams, SeqChunk, UError,
+    WeightSetBox, guard, guard_infallible,
 };
 
 /// The families this plugin builds (metadata architectures and HF model types).
@@ -137,6 +137,10 @@ impl Model for Llama {
 
     fn cache(&self) -> KvCacheBox {
         Llama::cache(self).clone()
+    }
+
+    fn key_rope(&self) -> ROption<RopeParams> {
+        ROption::RSome(Llama::key_rope(self))
     }
 
     fn forward(

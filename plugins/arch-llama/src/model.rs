@@ -100,6 +100,18 @@ fn f32_bytes(x: &[f32]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), std::mem::size_of_val(x)) }
 }
 
+/// The rotation of `heads` heads of `cfg.head_dim` values at a token's position.
+fn rope_params(cfg: &Config, heads: usize) -> RopeParams {
+    RopeParams {
+        style: cfg.rope.style,
+        rotary_dim: cfg.rope.rotary_dim as u32,
+        head_dim: cfg.head_dim as u32,
+        heads: heads as u32,
+        inv_freq: cfg.rope.inv_freq.clone().into(),
+        attn_factor: 1.0,
+    }
+}
+
 /// Multi-head self-attention with grouped-query KV heads and rotary positions (RoFormer), with
 /// the optional Q/K/V biases of Qwen2, the Q/K RMSNorm of Qwen3 (per head) and OLMoE (over the
 /// whole projection), and OLMoE's Q/K/V clamp.
@@ -155,14 +167,6 @@ impl Attention {
             }
             Ok(Some(v))
         };
-        let rope = |heads: usize| RopeParams {
-            style: cfg.rope.style,
-            rotary_dim: cfg.rope.rotary_dim as u32,
-            head_dim: hd as u32,
-            heads: heads as u32,
-            inv_freq: cfg.rope.inv_freq.clone().into(),
-            attn_factor: 1.0,
-        };
         Ok(Attention {
             layer: i as u32,
             q,
@@ -171,8 +175,8 @@ impl Attention {
             o,
             q_norm: norm("attn_q_norm", cfg.heads)?,
             k_norm: norm("attn_k_norm", cfg.kv_heads)?,
-            rope_q: rope(cfg.heads),
-            rope_k: rope(cfg.kv_heads),
+            rope_q: rope_params(cfg, cfg.heads),
+            rope_k: rope_params(cfg, cfg.kv_heads),
             heads: cfg.heads,
             kv_heads: cfg.kv_heads,
             head_dim: hd,
@@ -600,6 +604,11 @@ impl Llama {
             lm_head,
             scratch: Mutex::new(Scratch::default()),
         })
+    }
+
+    /// The rotation applied to one token's cached keys (all KV heads).
+    pub fn key_rope(&self) -> RopeParams {
+        rope_params(&self.cfg, self.cfg.kv_heads)
     }
 
     /// The cache the model's KV lives in.
