@@ -176,6 +176,7 @@ impl Engine for EngineHandle {
                 cache_written_tokens: 0,
                 generated_tokens: out.timings.generated_tokens,
                 finish: out.finish_reason(),
+                stop_sequence: ROption::RNone,
             })
         })
     }

@@ -632,6 +632,7 @@ mod tests {
             cache_written_tokens: 0,
             generated_tokens: 2,
             finish: FinishReason::Stop,
+            stop_sequence: Default::default(),
         };
         let u = m.chunk(None, false, None, Some(usage(&s)));
         assert_eq!(u["choices"], json!([]));

@@ -166,6 +166,8 @@ pub struct GenerateSummary {
     pub generated_tokens: u32,
     /// Why it ended.
     pub finish: FinishReason,
+    /// The stop string that ended generation, if one did (`finish` is then `Stop`).
+    pub stop_sequence: ROption<RString>,
 }
 
 /// Receives generated text as it is produced.
