@@ -3,14 +3,26 @@
 use abi_stable::sabi_trait::TD_Opaque;
 use tokio::sync::mpsc;
 use u_sdk::{
-    EngineBox, GenerateRequest, GenerateSummary, GeneratedToken, TokenSink, TokenSinkBox, UError,
+    EngineBox, GenerateRequest, GenerateSummary, GeneratedToken, TokenLogprob, TokenSink,
+    TokenSinkBox, UError,
 };
+
+/// One generated token as the transport keeps it.
+#[derive(Debug, Clone, Default)]
+pub struct Piece {
+    /// The text it completes (may be empty while held back).
+    pub text: String,
+    /// Its log-probability, when asked for.
+    pub logprob: Option<TokenLogprob>,
+    /// The most likely alternatives, when asked for.
+    pub top: Vec<TokenLogprob>,
+}
 
 /// What a running generation reports.
 #[derive(Debug)]
 pub enum Event {
-    /// Newly produced text.
-    Text(String),
+    /// A generated token (or held-back text at the end).
+    Piece(Piece),
     /// Generation ended.
     Done(GenerateSummary),
     /// Generation failed (possibly before any text).
@@ -21,12 +33,17 @@ struct ChannelSink(mpsc::Sender<Event>);
 
 impl TokenSink for ChannelSink {
     fn token(&mut self, token: &GeneratedToken<'_>) -> bool {
-        let text = token.text;
-        if text.is_empty() {
+        let logprob = token.logprob.clone().into_option();
+        if token.text.is_empty() && logprob.is_none() {
             return !self.0.is_closed();
         }
+        let piece = Piece {
+            text: token.text.to_string(),
+            logprob,
+            top: token.top_logprobs.to_vec(),
+        };
         // A dropped receiver (the client went away) cancels the generation.
-        self.0.blocking_send(Event::Text(text.to_string())).is_ok()
+        self.0.blocking_send(Event::Piece(piece)).is_ok()
     }
 }
 

@@ -1,30 +1,46 @@
-//! # transport-http — OpenAI-compatible HTTP/1.1 with SSE streaming
+//! # transport-http — OpenAI, Anthropic and Safebox APIs over HTTP/1.1 with SSE streaming
 //!
 //! The transport serves every listening socket the host opened for its `net.listen` grant
 //! (TCP and Unix sockets alike); it never creates a socket itself, which the sandbox would
 //! refuse after lock-down anyway. HTTP runs on `hyper` over a `tokio` runtime that lives inside
 //! this plugin only.
 //!
-//! Endpoints: `GET /health`, `GET /v1/models[/{id}]`, `POST /v1/completions` and
-//! `POST /v1/chat/completions`, each non-streaming or streaming (`"stream": true`, server-sent
-//! events formatted exactly as OpenAI's: `data: {json}\n\n` chunks and a final `data: [DONE]`).
+//! Endpoints:
+//! - OpenAI: `POST /v1/chat/completions`, `POST /v1/completions` (streaming or not, logprobs,
+//!   stop sequences, usage with cached prompt tokens), `POST /v1/embeddings`,
+//!   `GET /v1/models[/{id}]` ([`openai`]);
+//! - Anthropic: `POST /v1/messages` with prompt-caching breakpoints ([`anthropic`]);
+//! - Safebox: `POST /v1/safebox/llm`, and HMAC authentication of every request once a secret
+//!   is configured ([`safebox`]; wire format in `docs/safebox-protocol.md`);
+//! - KV checkpoints: `/v1/checkpoints…` ([`checkpoints`]); `GET /health`; `GET /metrics`
+//!   (Prometheus text, [`metrics`]).
+//!
 //! Chat messages travel to the engine as messages (`GenerateRequest::messages`): the engine
 //! renders them with the model's own chat template, so this plugin holds no model-specific
 //! logic.
 //!
-//! Limits (plugin config, TOML): `max_body_bytes` (default 1 MiB; larger bodies get 413),
-//! `header_read_timeout_ms` (default 10 s; a client that drips its headers slower is cut off),
-//! `body_read_timeout_ms` (default 30 s; 408), `default_max_tokens` (default 256),
+//! Limits and settings (plugin config, TOML): `max_body_bytes` (default 1 MiB; larger bodies
+//! get 413), `header_read_timeout_ms` (default 10 s; a client that drips its headers slower is
+//! cut off), `body_read_timeout_ms` (default 30 s; 408), `default_max_tokens` (default 256),
 //! `shutdown_grace_ms` (default 60 s: how long in-flight streams may run after the shutdown
-//! signal before the connections are dropped).
+//! signal before the connections are dropped), `hmac_secret_file` (a file under the plugin's
+//! `fs.read` grant; when set, every request must be signed), `hmac_window_s` (default 300: the
+//! replay window).
 //!
 //! The engine's calls block, so each request runs on `spawn_blocking` and its tokens stream
 //! back through a channel; a client that goes away drops the channel, which cancels the
-//! generation at the next token.
+//! generation at the next token. A full engine queue is answered 429 with `Retry-After`.
 #![deny(missing_docs)]
 
-pub mod api;
+pub mod anthropic;
 mod bridge;
+pub mod checkpoints;
+pub mod error;
+pub mod json;
+pub mod metrics;
+pub mod openai;
+pub mod reply;
+pub mod safebox;
 mod server;
 
 use u_sdk::{HostBox, PluginInfo, PluginInstance, Result, TransportBox, UError};
@@ -37,12 +53,17 @@ u_sdk::export_plugin! {
 
 fn describe() -> PluginInfo {
     PluginInfo {
-        summary: "OpenAI-compatible HTTP/1.1 + SSE transport".into(),
+        summary: "OpenAI, Anthropic and Safebox APIs over HTTP/1.1 + SSE".into(),
         details: vec![
             "GET /health".into(),
+            "GET /metrics".into(),
             "GET /v1/models".into(),
             "POST /v1/completions".into(),
             "POST /v1/chat/completions".into(),
+            "POST /v1/embeddings".into(),
+            "POST /v1/messages".into(),
+            "POST /v1/safebox/llm".into(),
+            "GET|POST /v1/checkpoints, POST /v1/checkpoints/{fork,graft}, DELETE /v1/checkpoints/{name}".into(),
         ]
         .into(),
     }
@@ -61,6 +82,10 @@ pub struct Config {
     pub default_max_tokens: u32,
     /// How long in-flight requests may run after shutdown is requested.
     pub shutdown_grace_ms: u64,
+    /// A file holding the HMAC secret; when set, every request must be signed.
+    pub hmac_secret_file: Option<String>,
+    /// Largest allowed distance, seconds, between a signed request's timestamp and the clock.
+    pub hmac_window_s: u64,
 }
 
 impl Default for Config {
@@ -71,6 +96,8 @@ impl Default for Config {
             body_read_timeout_ms: 30_000,
             default_max_tokens: 256,
             shutdown_grace_ms: 60_000,
+            hmac_secret_file: None,
+            hmac_window_s: 300,
         }
     }
 }
@@ -96,10 +123,21 @@ impl Config {
                         u32::try_from(int()?).map_err(|_| format!("`{key}` is too large"))?
                 }
                 "shutdown_grace_ms" => c.shutdown_grace_ms = int()? as u64,
+                "hmac_window_s" => c.hmac_window_s = int()? as u64,
+                "hmac_secret_file" => {
+                    c.hmac_secret_file = Some(
+                        value
+                            .as_str()
+                            .filter(|s| !s.is_empty())
+                            .ok_or_else(|| format!("`{key}` must be a path"))?
+                            .to_string(),
+                    )
+                }
                 other => {
                     return Err(format!(
                         "unknown key `{other}` (known: max_body_bytes, header_read_timeout_ms, \
-                         body_read_timeout_ms, default_max_tokens, shutdown_grace_ms)"
+                         body_read_timeout_ms, default_max_tokens, shutdown_grace_ms, \
+                         hmac_secret_file, hmac_window_s)"
                     ));
                 }
             }
@@ -108,11 +146,39 @@ impl Config {
     }
 }
 
+/// Reads the HMAC secret through the host (so the `fs.read` grant applies); surrounding
+/// whitespace is not part of it.
+fn read_secret(host: &HostBox, path: &str) -> Result<Vec<u8>> {
+    use std::{io::Read, os::fd::FromRawFd};
+    let fd = host.open_read(path.into()).into_result()?;
+    // SAFETY: the host hands over a freshly opened descriptor that we now own.
+    let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+    let mut secret = Vec::new();
+    file.read_to_end(&mut secret)
+        .map_err(|e| UError::io(format!("transport-http: reading {path}"), e))?;
+    let trimmed = secret.trim_ascii().to_vec();
+    if trimmed.len() < 16 {
+        return Err(UError::invalid(format!(
+            "transport-http: the HMAC secret in {path} is {} bytes; at least 16 are required",
+            trimmed.len()
+        )));
+    }
+    Ok(trimmed)
+}
+
 fn instantiate(host: HostBox) -> Result<PluginInstance> {
     let config = Config::parse(host.config().as_str())
         .map_err(|e| UError::invalid(format!("transport-http config: {e}")))?;
+    let secret = match &config.hmac_secret_file {
+        Some(path) => Some(read_secret(&host, path)?),
+        None => None,
+    };
     Ok(PluginInstance::Transport(TransportBox::from_value(
-        server::Http { host, config },
+        server::Http {
+            host,
+            config,
+            secret,
+        },
         abi_stable::sabi_trait::TD_Opaque,
     )))
 }

@@ -1,9 +1,14 @@
 //! The HTTP server: listeners from the host, hyper connections, routing, graceful shutdown.
 
 use crate::{
-    Config,
-    api::{self, ApiError, Endpoint, Meta},
+    Config, anthropic,
     bridge::{self, Event},
+    checkpoints,
+    error::{ApiError, Dialect},
+    metrics::Metrics,
+    openai::{self, Endpoint},
+    reply::Reply,
+    safebox::{self, Verifier},
 };
 use abi_stable::std_types::RResult;
 use bytes::Bytes;
@@ -27,13 +32,16 @@ use std::{
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
-    time::Duration,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 use tokio::{
     io::{AsyncRead, AsyncWrite},
     sync::{mpsc, watch},
 };
-use u_sdk::{EngineBox, HostBox, Listener, ShutdownBox, Transport, TransportContext, UError};
+use u_sdk::{
+    CheckpointOp, EngineBox, GenerateRequest, HostBox, Listener, ShutdownBox, Transport,
+    TransportContext, UError,
+};
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -41,12 +49,15 @@ type Body = BoxBody<Bytes, Infallible>;
 pub struct Http {
     pub(crate) host: HostBox,
     pub(crate) config: Config,
+    pub(crate) secret: Option<Vec<u8>>,
 }
 
 struct State {
     engine: EngineBox,
     config: Config,
     http: http1::Builder,
+    metrics: Metrics,
+    verifier: Option<Verifier>,
 }
 
 enum AnyListener {
@@ -89,10 +100,19 @@ impl Http {
         http.keep_alive(true)
             .timer(TokioTimer::new())
             .header_read_timeout(Duration::from_millis(self.config.header_read_timeout_ms));
+        let verifier = match &self.secret {
+            Some(secret) => Some(
+                Verifier::new(secret.clone(), self.config.hmac_window_s)
+                    .map_err(|e| UError::invalid(format!("transport-http: {e}")))?,
+            ),
+            None => None,
+        };
         let state = Arc::new(State {
             engine,
             config: self.config.clone(),
             http,
+            metrics: Metrics::default(),
+            verifier,
         });
         let host = self.host.clone();
         runtime.block_on(serve_all(host, state, bound, shutdown));
@@ -248,63 +268,278 @@ fn json_response(status: u16, value: &Value) -> Response<Body> {
     r
 }
 
-fn error_response(e: &ApiError) -> Response<Body> {
-    json_response(e.status, &e.body())
+fn error_response(e: &ApiError, dialect: Dialect) -> Response<Body> {
+    let mut r = json_response(e.status, &e.body(dialect));
+    if let Some(s) = e.retry_after {
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(s));
+    }
+    r
+}
+
+/// What a request is, for routing, metrics labels and error shapes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Route {
+    Health,
+    Metrics,
+    Models,
+    Model,
+    Chat,
+    Completions,
+    Messages,
+    Safebox,
+    Embeddings,
+    Checkpoints,
+    CheckpointFork,
+    CheckpointGraft,
+    Checkpoint,
+    Unknown,
+}
+
+impl Route {
+    fn of(path: &str) -> Route {
+        match path {
+            "/health" => Route::Health,
+            "/metrics" => Route::Metrics,
+            "/v1/models" => Route::Models,
+            "/v1/chat/completions" => Route::Chat,
+            "/v1/completions" => Route::Completions,
+            "/v1/messages" => Route::Messages,
+            safebox::PATH => Route::Safebox,
+            "/v1/embeddings" => Route::Embeddings,
+            "/v1/checkpoints" => Route::Checkpoints,
+            "/v1/checkpoints/fork" => Route::CheckpointFork,
+            "/v1/checkpoints/graft" => Route::CheckpointGraft,
+            p if p.starts_with("/v1/models/") => Route::Model,
+            p if p.starts_with("/v1/checkpoints/") => Route::Checkpoint,
+            _ => Route::Unknown,
+        }
+    }
+
+    /// The metrics label: the route's pattern, never the raw path.
+    fn label(self) -> &'static str {
+        match self {
+            Route::Health => "/health",
+            Route::Metrics => "/metrics",
+            Route::Models => "/v1/models",
+            Route::Model => "/v1/models/{id}",
+            Route::Chat => "/v1/chat/completions",
+            Route::Completions => "/v1/completions",
+            Route::Messages => "/v1/messages",
+            Route::Safebox => safebox::PATH,
+            Route::Embeddings => "/v1/embeddings",
+            Route::Checkpoints => "/v1/checkpoints",
+            Route::CheckpointFork => "/v1/checkpoints/fork",
+            Route::CheckpointGraft => "/v1/checkpoints/graft",
+            Route::Checkpoint => "/v1/checkpoints/{name}",
+            Route::Unknown => "other",
+        }
+    }
+
+    fn dialect(self) -> Dialect {
+        match self {
+            Route::Messages => Dialect::Anthropic,
+            Route::Safebox => Dialect::Safebox,
+            _ => Dialect::OpenAi,
+        }
+    }
+
+    /// The methods the route answers.
+    fn allows(self) -> &'static [Method] {
+        match self {
+            Route::Health | Route::Metrics | Route::Models | Route::Model => &[Method::GET],
+            Route::Checkpoints => &[Method::GET, Method::POST],
+            Route::Checkpoint => &[Method::DELETE],
+            Route::Unknown => &[],
+            _ => &[Method::POST],
+        }
+    }
+}
+
+/// How a handler answered: a response, and whether its metrics are still to be recorded
+/// (a stream records them when it ends).
+struct Answered {
+    response: Response<Body>,
+    recorded: bool,
+}
+
+impl From<Response<Body>> for Answered {
+    fn from(response: Response<Body>) -> Self {
+        Self {
+            response,
+            recorded: false,
+        }
+    }
 }
 
 async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
-    let path = req.uri().path().to_string();
+    let arrived = Instant::now();
+    let route = Route::of(req.uri().path());
+    let answered = match dispatch(&state, route, req, arrived).await {
+        Ok(a) => a,
+        Err(e) => error_response(&e, route.dialect()).into(),
+    };
+    if !answered.recorded {
+        state.metrics.request(
+            route.label(),
+            answered.response.status().as_u16(),
+            arrived.elapsed(),
+        );
+    }
+    answered.response
+}
+
+async fn dispatch(
+    state: &Arc<State>,
+    route: Route,
+    req: Request<Incoming>,
+    arrived: Instant,
+) -> Result<Answered, ApiError> {
     let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let path_and_query = req
+        .uri()
+        .path_and_query()
+        .map_or(path.clone(), |p| p.as_str().to_string());
+    let query = req.uri().query().map(str::to_string);
+    if route == Route::Unknown {
+        return Err(ApiError::status(
+            404,
+            "invalid_request_error",
+            format!("no endpoint {path}"),
+        ));
+    }
+    if !route.allows().contains(&method) {
+        let allow: Vec<&str> = route.allows().iter().map(Method::as_str).collect();
+        let mut r = error_response(
+            &ApiError::status(
+                405,
+                "invalid_request_error",
+                format!("{path} does not allow {method}"),
+            ),
+            route.dialect(),
+        );
+        if let Ok(v) = HeaderValue::from_str(&allow.join(", ")) {
+            r.headers_mut().insert(header::ALLOW, v);
+        }
+        return Ok(r.into());
+    }
+    let signed = signature_headers(req.headers());
+    let body = read_body(state, req).await?;
+    if let Some(v) = &state.verifier {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        let headers = safebox::Signed {
+            timestamp: signed[0].as_deref(),
+            nonce: signed[1].as_deref(),
+            signature: signed[2].as_deref(),
+        };
+        v.check(method.as_str(), &path_and_query, &headers, &body, now)?;
+    }
     let models: Vec<String> = state
         .engine
         .models()
         .iter()
         .map(|m| m.to_string())
         .collect();
-    let endpoint = match path.as_str() {
-        "/v1/chat/completions" => Some(Endpoint::Chat),
-        "/v1/completions" => Some(Endpoint::Completions),
-        _ => None,
-    };
-    match (method, path.as_str(), endpoint) {
-        (Method::GET, "/health", _) => {
-            json_response(200, &json!({"status": "ok", "models": models}))
+    let max = state.config.default_max_tokens;
+    match route {
+        Route::Health => {
+            let stats = state.engine.stats();
+            Ok(json_response(
+                200,
+                &json!({"status": "ok", "models": models, "running": stats.running,
+                    "queued": stats.queued}),
+            )
+            .into())
         }
-        (Method::GET, "/v1/models", _) => json_response(
+        Route::Metrics => {
+            let text = state.metrics.render(&state.engine.stats());
+            let mut r = Response::new(Full::new(Bytes::from(text)).boxed());
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            Ok(r.into())
+        }
+        Route::Models => Ok(json_response(
             200,
             &json!({"object": "list", "data": models.iter().map(|m| model_object(m)).collect::<Vec<_>>()}),
-        ),
-        (Method::GET, p, _) if p.starts_with("/v1/models/") => {
-            let id = &p["/v1/models/".len()..];
+        )
+        .into()),
+        Route::Model => {
+            let id = &path["/v1/models/".len()..];
             if models.iter().any(|m| m == id) {
-                json_response(200, &model_object(id))
+                Ok(json_response(200, &model_object(id)).into())
             } else {
-                error_response(&ApiError::model_not_found(id))
+                Err(ApiError::model_not_found(id))
             }
         }
-        (Method::POST, _, Some(endpoint)) => match completion(&state, endpoint, req, &models).await
-        {
-            Ok(r) => r,
-            Err(e) => error_response(&e),
-        },
-        (_, "/health" | "/v1/models", _) | (_, _, Some(_)) => {
-            let mut r = error_response(&ApiError::status(
-                405,
-                "invalid_request_error",
-                format!("{} does not allow this method", path),
-            ));
-            r.headers_mut().insert(
-                header::ALLOW,
-                HeaderValue::from_static(if endpoint.is_some() { "POST" } else { "GET" }),
-            );
-            r
+        Route::Chat | Route::Completions => {
+            let endpoint = if route == Route::Chat {
+                Endpoint::Chat
+            } else {
+                Endpoint::Completions
+            };
+            let parsed = openai::parse(endpoint, &body, &models, max)?;
+            let reply = openai::Meta::new(endpoint, &parsed);
+            generate(state, route, parsed.request, parsed.stream, reply, arrived).await
         }
-        _ => error_response(&ApiError::status(
-            404,
-            "invalid_request_error",
-            format!("no endpoint {path}"),
-        )),
+        Route::Messages => {
+            let parsed = anthropic::parse(&body, &models)?;
+            let reply = anthropic::Message::new(parsed.request.model.as_str());
+            generate(state, route, parsed.request, parsed.stream, reply, arrived).await
+        }
+        Route::Safebox => {
+            let parsed = safebox::parse(&body, &models, max)?;
+            let reply = safebox::Answer::new(parsed.request.model.as_str());
+            generate(state, route, parsed.request, parsed.stream, reply, arrived).await
+        }
+        Route::Embeddings => embeddings(state, &body, &models).await,
+        Route::Checkpoints | Route::CheckpointFork | Route::CheckpointGraft | Route::Checkpoint => {
+            let model = checkpoints::query_param(query.as_deref(), "model");
+            let request = match (route, &method) {
+                (Route::Checkpoints, &Method::GET) => {
+                    checkpoints::simple(CheckpointOp::List, "", model, &models)?
+                }
+                (Route::Checkpoints, _) => checkpoints::parse(CheckpointOp::Save, &body, &models)?,
+                (Route::CheckpointFork, _) => {
+                    checkpoints::parse(CheckpointOp::Fork, &body, &models)?
+                }
+                (Route::CheckpointGraft, _) => {
+                    checkpoints::parse(CheckpointOp::Graft, &body, &models)?
+                }
+                _ => {
+                    let name = &path["/v1/checkpoints/".len()..];
+                    checkpoints::simple(CheckpointOp::Delete, name, model, &models)?
+                }
+            };
+            let engine = state.engine.clone();
+            let op = request.op;
+            let infos = tokio::task::spawn_blocking(move || engine.checkpoint(&request).into_result())
+                .await
+                .map_err(|_| ApiError::status(500, "server_error", "the engine stopped"))?
+                .map_err(|e| ApiError::from_engine(&e))?;
+            let status = if matches!(op, CheckpointOp::List | CheckpointOp::Delete) {
+                200
+            } else {
+                201
+            };
+            Ok(json_response(status, &checkpoints::answer(op, &infos)).into())
+        }
+        Route::Unknown => unreachable!("answered above"),
     }
+}
+
+/// The Safebox authentication headers, as text: timestamp, nonce, signature.
+fn signature_headers(h: &hyper::HeaderMap) -> [Option<String>; 3] {
+    [safebox::TIMESTAMP, safebox::NONCE, safebox::SIGNATURE].map(|name| {
+        h.get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    })
 }
 
 fn model_object(id: &str) -> Value {
@@ -346,40 +581,108 @@ async fn read_body(state: &State, req: Request<Incoming>) -> Result<Bytes, ApiEr
     }
 }
 
-async fn completion(
-    state: &State,
-    endpoint: Endpoint,
-    req: Request<Incoming>,
+/// `POST /v1/embeddings`: `input` is a string or an array of strings.
+async fn embeddings(
+    state: &Arc<State>,
+    body: &[u8],
     models: &[String],
-) -> Result<Response<Body>, ApiError> {
-    let body = read_body(state, req).await?;
-    let parsed = api::parse(endpoint, &body, models, state.config.default_max_tokens)?;
-    let meta = Meta::new(endpoint, parsed.request.model.as_str());
-    let mut events = bridge::start(state.engine.clone(), parsed.request);
-    if !parsed.stream {
-        let mut text = String::new();
+) -> Result<Answered, ApiError> {
+    let o = crate::json::object(body)?;
+    let model = crate::json::required_string(&o, "model")?;
+    if !models.contains(&model) {
+        return Err(ApiError::model_not_found(&model));
+    }
+    let inputs = crate::json::strings(&o, "input")?;
+    if inputs.is_empty() || inputs.iter().any(String::is_empty) {
+        return Err(ApiError::param(
+            "input",
+            "`input` must be a non-empty string or an array of non-empty strings",
+        ));
+    }
+    if let Some(f) = crate::json::string(&o, "encoding_format")?
+        && f != "float"
+    {
+        return Err(ApiError::param(
+            "encoding_format",
+            "only `float` embeddings are supported",
+        ));
+    }
+    let engine = state.engine.clone();
+    let m = model.clone();
+    let vectors = tokio::task::spawn_blocking(move || {
+        inputs
+            .iter()
+            .map(|i| {
+                engine
+                    .embed(m.as_str().into(), i.as_str().into())
+                    .into_result()
+            })
+            .collect::<Result<Vec<_>, UError>>()
+    })
+    .await
+    .map_err(|_| ApiError::status(500, "server_error", "the engine stopped"))?
+    .map_err(|e| ApiError::from_engine(&e))?;
+    let data: Vec<Value> = vectors
+        .iter()
+        .enumerate()
+        .map(|(i, v)| json!({"object": "embedding", "index": i, "embedding": v.as_slice()}))
+        .collect();
+    Ok(json_response(
+        200,
+        &json!({"object": "list", "data": data, "model": model,
+            "usage": {"prompt_tokens": 0, "total_tokens": 0}}),
+    )
+    .into())
+}
+
+/// Runs `request` and answers in `reply`'s dialect, whole or streamed.
+async fn generate(
+    state: &Arc<State>,
+    route: Route,
+    request: GenerateRequest,
+    stream: bool,
+    mut reply: impl Reply,
+    arrived: Instant,
+) -> Result<Answered, ApiError> {
+    let mut events = bridge::start(state.engine.clone(), request);
+    let stopped = || ApiError::status(500, "server_error", "the engine stopped");
+    if !stream {
+        let mut pieces = Vec::new();
         loop {
             match events.recv().await {
-                Some(Event::Text(t)) => text.push_str(&t),
+                Some(Event::Piece(p)) => {
+                    if pieces.is_empty() {
+                        state.metrics.first_token(route.label(), arrived.elapsed());
+                    }
+                    pieces.push(p);
+                }
                 Some(Event::Done(summary)) => {
-                    return Ok(json_response(200, &meta.response(&text, &summary)));
+                    return Ok(json_response(200, &reply.whole(&pieces, &summary)).into());
                 }
                 Some(Event::Failed(e)) => return Err(ApiError::from_engine(&e)),
-                None => {
-                    return Err(ApiError::status(500, "server_error", "the engine stopped"));
-                }
+                None => return Err(stopped()),
             }
         }
     }
-    // Errors the engine finds before the first token (an empty prompt, a full context) are
-    // still answered with a status; after that the stream has begun.
+    // Errors the engine finds before the first token (a full queue, an empty prompt, a full
+    // context) are still answered with a status; after that the stream has begun.
     let first = match events.recv().await {
         Some(Event::Failed(e)) => return Err(ApiError::from_engine(&e)),
-        None => return Err(ApiError::status(500, "server_error", "the engine stopped")),
+        None => return Err(stopped()),
         Some(first) => first,
     };
+    if matches!(first, Event::Piece(_)) {
+        state.metrics.first_token(route.label(), arrived.elapsed());
+    }
     let (tx, rx) = mpsc::channel::<Bytes>(32);
-    tokio::spawn(stream_events(meta, first, events, tx, parsed.include_usage));
+    let opening = reply.opening();
+    let metrics_state = state.clone();
+    tokio::spawn(async move {
+        stream_events(opening, reply, first, events, tx).await;
+        metrics_state
+            .metrics
+            .request(route.label(), 200, arrived.elapsed());
+    });
     let mut r = Response::new(ChannelBody(rx).boxed());
     let h = r.headers_mut();
     h.insert(
@@ -387,32 +690,33 @@ async fn completion(
         HeaderValue::from_static("text/event-stream"),
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    Ok(r)
+    Ok(Answered {
+        response: r,
+        recorded: true,
+    })
 }
 
-/// Turns engine events into SSE chunks. Returning early (the client went away) drops
+/// Turns engine events into SSE frames. Returning early (the client went away) drops
 /// `events`, which cancels the generation.
 async fn stream_events(
-    meta: Meta,
+    opening: Vec<String>,
+    mut reply: impl Reply,
     first: Event,
     mut events: mpsc::Receiver<Event>,
     tx: mpsc::Sender<Bytes>,
-    include_usage: bool,
 ) {
-    let send = |s: String| {
+    let send = |frames: Vec<String>| {
         let tx = tx.clone();
-        async move { tx.send(Bytes::from(s)).await.is_ok() }
+        async move {
+            for f in frames {
+                if tx.send(Bytes::from(f)).await.is_err() {
+                    return false;
+                }
+            }
+            true
+        }
     };
-    let usage_null = include_usage.then_some(Value::Null);
-    if meta.endpoint == Endpoint::Chat
-        && !send(api::sse(&meta.chunk(
-            Some(""),
-            true,
-            None,
-            usage_null.clone(),
-        )))
-        .await
-    {
+    if !send(opening).await {
         return;
     }
     let mut next = Some(first);
@@ -421,44 +725,20 @@ async fn stream_events(
             Some(e) => Some(e),
             None => events.recv().await,
         };
-        match event {
-            Some(Event::Text(t)) => {
-                if !send(api::sse(&meta.chunk(
-                    Some(&t),
-                    false,
-                    None,
-                    usage_null.clone(),
-                )))
-                .await
-                {
-                    return;
-                }
-            }
+        let frames = match event {
+            Some(Event::Piece(p)) => reply.piece(&p),
             Some(Event::Done(summary)) => {
-                let text = (meta.endpoint == Endpoint::Completions).then_some("");
-                let last = meta.chunk(text, false, Some(summary.finish), usage_null.clone());
-                if !send(api::sse(&last)).await {
-                    return;
-                }
-                if include_usage
-                    && !send(api::sse(&meta.chunk(
-                        None,
-                        false,
-                        None,
-                        Some(api::usage(&summary)),
-                    )))
-                    .await
-                {
-                    return;
-                }
-                send(api::SSE_DONE.to_string()).await;
+                send(reply.closing(&summary)).await;
                 return;
             }
             Some(Event::Failed(e)) => {
-                send(api::sse(&ApiError::from_engine(&e).body())).await;
+                send(vec![reply.error(&ApiError::from_engine(&e))]).await;
                 return;
             }
             None => return,
+        };
+        if !send(frames).await {
+            return;
         }
     }
 }

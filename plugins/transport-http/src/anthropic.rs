@@ -1,0 +1,397 @@
+//! The Anthropic Messages API: `POST /v1/messages`, answered as Anthropic does (a `message`
+//! object, or the `message_start` … `message_stop` event stream), with prompt caching.
+//!
+//! Prompt caching: every text block of `system` or of a message may carry
+//! `"cache_control": {"type": "ephemeral"}`. Each such block becomes a cache breakpoint
+//! ([`CacheBreakpoint`]): the KV of the prompt up to the end of that block is kept, and a later
+//! request that starts the same way prefills only what follows. Unlike Anthropic's API, any
+//! number of breakpoints is accepted. `usage` reports them as Anthropic does:
+//! `cache_read_input_tokens` (prompt tokens whose KV came from the cache),
+//! `cache_creation_input_tokens` (tokens newly stored at breakpoints) and `input_tokens` (the
+//! rest). In a stream the final `message_delta` carries the complete `usage`; the counts in
+//! `message_start` are zero because the stream starts before they are known.
+
+use crate::{
+    bridge::Piece,
+    error::{ApiError, Dialect},
+    json::{self, Obj, type_name},
+    openai,
+    reply::{self, Reply, sse},
+};
+use serde_json::{Value, json};
+use u_sdk::{CacheBreakpoint, ChatTurn, FinishReason, GenerateRequest, GenerateSummary};
+
+/// A parsed `/v1/messages` request.
+#[derive(Debug, Clone)]
+pub struct Parsed {
+    /// The engine request.
+    pub request: GenerateRequest,
+    /// Stream the answer as server-sent events.
+    pub stream: bool,
+}
+
+/// Concatenates a `content` (a string or text blocks) and records the byte offsets at which
+/// blocks with `cache_control` end.
+fn blocks(v: &Value, at: &str) -> Result<(String, Vec<u32>), ApiError> {
+    match v {
+        Value::String(s) => Ok((s.clone(), Vec::new())),
+        Value::Array(list) => {
+            let (mut text, mut marks) = (String::new(), Vec::new());
+            for (i, b) in list.iter().enumerate() {
+                let at = format!("{at}[{i}]");
+                let Value::Object(b) = b else {
+                    return Err(ApiError::param(&at, format!("`{at}` must be an object")));
+                };
+                match b.get("type").and_then(Value::as_str) {
+                    Some("text") => {}
+                    Some(other) => {
+                        return Err(ApiError::param(
+                            &at,
+                            format!("content blocks of type `{other}` are not supported"),
+                        ));
+                    }
+                    None => {
+                        return Err(ApiError::param(&at, format!("`{at}.type` is required")));
+                    }
+                }
+                text.push_str(&json::required_string(b, "text").map_err(|e| ApiError {
+                    param: Some(format!("{at}.text")),
+                    ..e
+                })?);
+                match b.get("cache_control") {
+                    None | Some(Value::Null) => {}
+                    Some(Value::Object(c)) if c.get("type") == Some(&json!("ephemeral")) => {
+                        let offset = u32::try_from(text.len()).map_err(|_| {
+                            ApiError::param(&at, "a cached block ends past 4 GiB of text")
+                        })?;
+                        marks.push(offset);
+                    }
+                    Some(_) => {
+                        return Err(ApiError::param(
+                            &format!("{at}.cache_control"),
+                            "`cache_control` must be {\"type\": \"ephemeral\"}",
+                        ));
+                    }
+                }
+            }
+            Ok((text, marks))
+        }
+        other => Err(ApiError::param(
+            at,
+            format!(
+                "`{at}` must be a string or an array of content blocks, got {}",
+                type_name(other)
+            ),
+        )),
+    }
+}
+
+/// Fields this server does not implement; refused rather than silently ignored.
+const UNSUPPORTED: [&str; 3] = ["tools", "tool_choice", "thinking"];
+
+/// Parses a `/v1/messages` body. `models` are the names the engine serves.
+pub fn parse(body: &[u8], models: &[String]) -> Result<Parsed, ApiError> {
+    let o: Obj = json::object(body)?;
+    let model = json::required_string(&o, "model")?;
+    let max_tokens = json::max_tokens(&o, &["max_tokens"], None)?;
+    for key in UNSUPPORTED {
+        if o.get(key).is_some_and(|v| !v.is_null()) {
+            return Err(ApiError::param(
+                key,
+                format!("`{key}` is not supported by this server"),
+            ));
+        }
+    }
+    let mut turns = Vec::new();
+    let mut breakpoints = Vec::new();
+    if let Some(system) = o.get("system").filter(|v| !v.is_null()) {
+        let (text, marks) = blocks(system, "system")?;
+        breakpoints.extend(
+            marks
+                .into_iter()
+                .map(|offset| CacheBreakpoint { turn: 0, offset }),
+        );
+        turns.push(ChatTurn {
+            role: "system".into(),
+            content: text.into(),
+        });
+    }
+    let list = match o.get("messages") {
+        Some(Value::Array(list)) if !list.is_empty() => list,
+        Some(Value::Array(_)) => {
+            return Err(ApiError::param("messages", "`messages` must not be empty"));
+        }
+        None | Some(Value::Null) => {
+            return Err(ApiError::param("messages", "you must provide `messages`"));
+        }
+        Some(other) => {
+            return Err(ApiError::param(
+                "messages",
+                format!("`messages` must be an array, got {}", type_name(other)),
+            ));
+        }
+    };
+    for (i, m) in list.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let Value::Object(m) = m else {
+            return Err(ApiError::param(&at, format!("`{at}` must be an object")));
+        };
+        let role = match m.get("role").and_then(Value::as_str) {
+            Some(r @ ("user" | "assistant")) => r,
+            _ => {
+                return Err(ApiError::param(
+                    &at,
+                    format!("`{at}.role` must be `user` or `assistant`"),
+                ));
+            }
+        };
+        let content = m
+            .get("content")
+            .ok_or_else(|| ApiError::param(&at, format!("`{at}.content` is required")))?;
+        let (text, marks) = blocks(content, &format!("{at}.content"))?;
+        let turn = turns.len() as u32;
+        breakpoints.extend(
+            marks
+                .into_iter()
+                .map(|offset| CacheBreakpoint { turn, offset }),
+        );
+        turns.push(ChatTurn {
+            role: role.into(),
+            content: text.into(),
+        });
+    }
+    let sampling = openai::sampling(&o, 1.0)?;
+    let stop = json::strings(&o, "stop_sequences")?;
+    let stream = json::boolean(&o, "stream")?;
+    if !models.contains(&model) {
+        return Err(ApiError::model_not_found(&model));
+    }
+    let mut request = GenerateRequest::new(&model, "", max_tokens, sampling);
+    request.messages = turns.into();
+    request.stop = stop.into_iter().map(Into::into).collect();
+    request.cache_breakpoints = breakpoints.into();
+    Ok(Parsed { request, stream })
+}
+
+/// Anthropic's `stop_reason`.
+fn stop_reason(s: &GenerateSummary) -> &'static str {
+    match (s.finish, s.stop_sequence.is_some()) {
+        (FinishReason::Length, _) => "max_tokens",
+        (FinishReason::Stop, true) => "stop_sequence",
+        (FinishReason::Stop | FinishReason::Cancelled, _) => "end_turn",
+    }
+}
+
+/// Anthropic's `usage`: uncached input, cache writes and cache reads add up to the prompt.
+pub fn usage(s: &GenerateSummary) -> Value {
+    let input = s
+        .prompt_tokens
+        .saturating_sub(s.cached_tokens)
+        .saturating_sub(s.cache_written_tokens);
+    json!({
+        "input_tokens": input,
+        "output_tokens": s.generated_tokens,
+        "cache_creation_input_tokens": s.cache_written_tokens,
+        "cache_read_input_tokens": s.cached_tokens,
+    })
+}
+
+/// One `/v1/messages` response.
+#[derive(Debug, Clone)]
+pub struct Message {
+    id: String,
+    model: String,
+}
+
+impl Message {
+    /// A fresh message identity for `model`.
+    pub fn new(model: &str) -> Self {
+        Self {
+            id: reply::response_id("msg_").0,
+            model: model.to_string(),
+        }
+    }
+
+    fn object(&self, content: Value, summary: Option<&GenerateSummary>) -> Value {
+        json!({
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": content,
+            "stop_reason": summary.map(stop_reason),
+            "stop_sequence": summary.and_then(|s| s.stop_sequence.as_ref().map(|s| s.to_string()).into_option()),
+            "usage": match summary {
+                Some(s) => usage(s),
+                None => json!({"input_tokens": 0, "output_tokens": 0,
+                    "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}),
+            },
+        })
+    }
+}
+
+impl Reply for Message {
+    fn dialect(&self) -> Dialect {
+        Dialect::Anthropic
+    }
+
+    fn opening(&mut self) -> Vec<String> {
+        vec![
+            sse(
+                Some("message_start"),
+                &json!({"type": "message_start", "message": self.object(json!([]), None)}),
+            ),
+            sse(
+                Some("content_block_start"),
+                &json!({"type": "content_block_start", "index": 0,
+                    "content_block": {"type": "text", "text": ""}}),
+            ),
+            sse(Some("ping"), &json!({"type": "ping"})),
+        ]
+    }
+
+    fn piece(&mut self, piece: &Piece) -> Vec<String> {
+        if piece.text.is_empty() {
+            return Vec::new();
+        }
+        vec![sse(
+            Some("content_block_delta"),
+            &json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "text_delta", "text": piece.text}}),
+        )]
+    }
+
+    fn closing(&mut self, summary: &GenerateSummary) -> Vec<String> {
+        vec![
+            sse(
+                Some("content_block_stop"),
+                &json!({"type": "content_block_stop", "index": 0}),
+            ),
+            sse(
+                Some("message_delta"),
+                &json!({"type": "message_delta",
+                    "delta": {"stop_reason": stop_reason(summary),
+                        "stop_sequence": summary.stop_sequence.as_ref().map(|s| s.to_string()).into_option()},
+                    "usage": usage(summary)}),
+            ),
+            sse(Some("message_stop"), &json!({"type": "message_stop"})),
+        ]
+    }
+
+    fn error(&self, e: &ApiError) -> String {
+        sse(Some("error"), &e.body(Dialect::Anthropic))
+    }
+
+    fn whole(&self, pieces: &[Piece], summary: &GenerateSummary) -> Value {
+        self.object(
+            json!([{"type": "text", "text": reply::text(pieces)}]),
+            Some(summary),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn models() -> Vec<String> {
+        vec!["tiny".into()]
+    }
+
+    fn err(body: &str) -> ApiError {
+        parse(body.as_bytes(), &models()).unwrap_err()
+    }
+
+    #[test]
+    fn cache_control_blocks_become_breakpoints() {
+        let p = parse(
+            br#"{"model":"tiny","max_tokens":8,
+                "system":[{"type":"text","text":"You are terse.","cache_control":{"type":"ephemeral"}}],
+                "messages":[
+                  {"role":"user","content":[
+                    {"type":"text","text":"Doc A. ","cache_control":{"type":"ephemeral"}},
+                    {"type":"text","text":"Doc B. ","cache_control":{"type":"ephemeral","ttl":"1h"}},
+                    {"type":"text","text":"Question?"}]},
+                  {"role":"assistant","content":"Answer."},
+                  {"role":"user","content":"More?"}],
+                "stop_sequences":["\n\n"],"temperature":0.5,"top_k":4,"stream":true}"#,
+            &models(),
+        )
+        .unwrap();
+        let r = &p.request;
+        assert!(p.stream);
+        assert_eq!(r.messages.len(), 4);
+        assert_eq!(r.messages[1].content.as_str(), "Doc A. Doc B. Question?");
+        let b: Vec<(u32, u32)> = r
+            .cache_breakpoints
+            .iter()
+            .map(|b| (b.turn, b.offset))
+            .collect();
+        assert_eq!(b, vec![(0, 14), (1, 7), (1, 14)]);
+        assert_eq!(r.sampling.top_k, 4);
+        assert_eq!(r.stop[0].as_str(), "\n\n");
+    }
+
+    #[test]
+    fn bad_requests_are_refused_with_anthropic_errors() {
+        let e = err(r#"{"model":"tiny","messages":[{"role":"user","content":"x"}]}"#);
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        let e =
+            err(r#"{"model":"tiny","max_tokens":4,"messages":[{"role":"system","content":"x"}]}"#);
+        assert!(e.message.contains("user"), "{e:?}");
+        let e = err(
+            r#"{"model":"tiny","max_tokens":4,"messages":[{"role":"user","content":[{"type":"image"}]}]}"#,
+        );
+        assert!(e.message.contains("image"), "{e:?}");
+        let e = err(
+            r#"{"model":"tiny","max_tokens":4,"temperature":1.5,"messages":[{"role":"user","content":"x"}]}"#,
+        );
+        assert_eq!(e.param.as_deref(), Some("temperature"));
+        let e = err(
+            r#"{"model":"tiny","max_tokens":4,"tools":[{}],"messages":[{"role":"user","content":"x"}]}"#,
+        );
+        assert_eq!(e.param.as_deref(), Some("tools"));
+        let e =
+            err(r#"{"model":"nope","max_tokens":4,"messages":[{"role":"user","content":"x"}]}"#);
+        assert_eq!(
+            e.body(Dialect::Anthropic)["error"]["type"],
+            "not_found_error"
+        );
+        let e = err(
+            r#"{"model":"tiny","max_tokens":4,"messages":[{"role":"user","content":[{"type":"text","text":"x","cache_control":{"type":"forever"}}]}]}"#,
+        );
+        assert!(e.message.contains("ephemeral"), "{e:?}");
+    }
+
+    #[test]
+    fn usage_splits_the_prompt_like_anthropic() {
+        let s = GenerateSummary {
+            prompt_tokens: 100,
+            cached_tokens: 60,
+            cache_written_tokens: 30,
+            generated_tokens: 5,
+            finish: FinishReason::Stop,
+            stop_sequence: abi_stable::std_types::ROption::RSome("END".into()),
+        };
+        let u = usage(&s);
+        assert_eq!(u["input_tokens"], 10);
+        assert_eq!(u["cache_read_input_tokens"], 60);
+        assert_eq!(u["cache_creation_input_tokens"], 30);
+        let m = Message::new("tiny");
+        let whole = m.whole(
+            &[Piece {
+                text: "ok".into(),
+                ..Default::default()
+            }],
+            &s,
+        );
+        assert_eq!(whole["stop_reason"], "stop_sequence");
+        assert_eq!(whole["stop_sequence"], "END");
+        assert_eq!(whole["content"][0]["text"], "ok");
+        let mut stream = Message::new("tiny");
+        let open = stream.opening();
+        assert!(open[0].starts_with("event: message_start\ndata: {"));
+        let close = stream.closing(&s);
+        assert!(close[2].starts_with("event: message_stop"));
+    }
+}

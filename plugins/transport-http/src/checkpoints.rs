@@ -1,0 +1,217 @@
+//! KV checkpoint endpoints (internal, for the operator or the Safebox infrastructure):
+//!
+//! | method and path | body | engine op |
+//! | --- | --- | --- |
+//! | `GET /v1/checkpoints?model=M` | — | list |
+//! | `POST /v1/checkpoints` | `{model, name, prompt \| messages, source?}` | save |
+//! | `POST /v1/checkpoints/fork` | `{model, source, name}` | fork |
+//! | `POST /v1/checkpoints/graft` | `{model, target, source, name}` | graft |
+//! | `DELETE /v1/checkpoints/{name}?model=M` | — | delete |
+//!
+//! `model` may be left out when the engine serves one model. Answers are
+//! `{"object": "list", "data": [{"name", "tokens"}]}` for a list and `{"name", "tokens"}` for
+//! what a command wrote. Generation continues from a checkpoint with `resume_from` and saves
+//! one with `save_as` on the completion endpoints.
+
+use crate::{
+    error::ApiError,
+    json::{self, Obj},
+    openai,
+};
+use serde_json::{Value, json};
+use u_sdk::{ChatTurn, CheckpointInfo, CheckpointOp, CheckpointRequest};
+
+fn request(op: CheckpointOp, model: String) -> CheckpointRequest {
+    CheckpointRequest {
+        op,
+        model: model.into(),
+        name: Default::default(),
+        source: Default::default(),
+        target: Default::default(),
+        prompt: Default::default(),
+        messages: Default::default(),
+    }
+}
+
+/// The model a request names, or the only one served.
+pub fn model(named: Option<String>, models: &[String]) -> Result<String, ApiError> {
+    match (named, models) {
+        (Some(m), _) if models.contains(&m) => Ok(m),
+        (Some(m), _) => Err(ApiError::model_not_found(&m)),
+        (None, [only]) => Ok(only.clone()),
+        (None, _) => Err(ApiError::param(
+            "model",
+            "this server has several models: say which with `model`",
+        )),
+    }
+}
+
+/// Checkpoint names are file names on the disk tier: letters, digits, `-`, `_`, `.`, not
+/// starting with `.`, at most 128 bytes.
+fn name(o: &Obj, key: &str) -> Result<String, ApiError> {
+    let n = json::required_string(o, key)?;
+    check_name(&n).map_err(|m| ApiError::param(key, m))?;
+    Ok(n)
+}
+
+/// Why `n` is not a valid checkpoint name, if it is not.
+pub fn check_name(n: &str) -> Result<(), String> {
+    let ok = !n.is_empty()
+        && n.len() <= 128
+        && !n.starts_with('.')
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "checkpoint name `{n}` must be 1-128 letters, digits, `-`, `_` or `.`, not starting with `.`"
+        ))
+    }
+}
+
+/// Parses the body of `POST /v1/checkpoints[/fork|/graft]`.
+pub fn parse(
+    op: CheckpointOp,
+    body: &[u8],
+    models: &[String],
+) -> Result<CheckpointRequest, ApiError> {
+    let o = json::object(body)?;
+    let mut r = request(op, model(json::string(&o, "model")?, models)?);
+    r.name = name(&o, "name")?.into();
+    match op {
+        CheckpointOp::Save => {
+            if let Some(source) = json::string(&o, "source")? {
+                check_name(&source).map_err(|m| ApiError::param("source", m))?;
+                r.source = source.into();
+            }
+            match (o.get("messages"), json::string(&o, "prompt")?) {
+                (Some(Value::Array(_)), None) => {
+                    let parsed = openai::parse(
+                        openai::Endpoint::Chat,
+                        &serde_json::to_vec(
+                            &json!({"model": r.model.as_str(), "messages": o["messages"]}),
+                        )
+                        .unwrap_or_default(),
+                        models,
+                        1,
+                    )?;
+                    r.messages = parsed.request.messages;
+                }
+                (None, Some(p)) => r.prompt = p.into(),
+                _ => {
+                    return Err(ApiError::invalid(
+                        "a checkpoint is saved from either `prompt` (a string) or `messages` (an array)",
+                    ));
+                }
+            }
+        }
+        CheckpointOp::Fork => r.source = name(&o, "source")?.into(),
+        CheckpointOp::Graft => {
+            r.source = name(&o, "source")?.into();
+            r.target = name(&o, "target")?.into();
+        }
+        CheckpointOp::List | CheckpointOp::Delete => {}
+    }
+    Ok(r)
+}
+
+/// `GET /v1/checkpoints` and `DELETE /v1/checkpoints/{name}` requests.
+pub fn simple(
+    op: CheckpointOp,
+    name: &str,
+    model_param: Option<String>,
+    models: &[String],
+) -> Result<CheckpointRequest, ApiError> {
+    let mut r = request(op, model(model_param, models)?);
+    if op == CheckpointOp::Delete {
+        check_name(name).map_err(|m| ApiError::param("name", m))?;
+        r.name = name.into();
+    }
+    Ok(r)
+}
+
+/// The value of query parameter `key` in `query`, percent-decoding not needed for the
+/// characters names and model names may hold.
+pub fn query_param(query: Option<&str>, key: &str) -> Option<String> {
+    query?
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| v.to_string())
+}
+
+/// The answer to a command.
+pub fn answer(op: CheckpointOp, infos: &[CheckpointInfo]) -> Value {
+    let item = |i: &CheckpointInfo| json!({"name": i.name.as_str(), "tokens": i.tokens});
+    match op {
+        CheckpointOp::List => {
+            json!({"object": "list", "data": infos.iter().map(item).collect::<Vec<_>>()})
+        }
+        CheckpointOp::Delete => json!({"deleted": true}),
+        _ => infos.first().map(item).unwrap_or(Value::Null),
+    }
+}
+
+/// A chat turn from parts (for tests and the Safebox mapping).
+pub fn turn(role: &str, content: &str) -> ChatTurn {
+    ChatTurn {
+        role: role.into(),
+        content: content.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn models() -> Vec<String> {
+        vec!["tiny".into()]
+    }
+
+    #[test]
+    fn commands_parse_and_names_are_checked() {
+        let r = parse(
+            CheckpointOp::Save,
+            br#"{"name":"sys-1","prompt":"You are kind."}"#,
+            &models(),
+        )
+        .unwrap();
+        assert_eq!(
+            (r.model.as_str(), r.name.as_str(), r.prompt.as_str()),
+            ("tiny", "sys-1", "You are kind.")
+        );
+        let r = parse(
+            CheckpointOp::Save,
+            br#"{"model":"tiny","name":"c","messages":[{"role":"user","content":"hi"}]}"#,
+            &models(),
+        )
+        .unwrap();
+        assert_eq!(r.messages[0].content.as_str(), "hi");
+        let r = parse(
+            CheckpointOp::Graft,
+            br#"{"name":"g","source":"doc","target":"chat"}"#,
+            &models(),
+        )
+        .unwrap();
+        assert_eq!((r.source.as_str(), r.target.as_str()), ("doc", "chat"));
+        for bad in [
+            r#"{"name":"../x","prompt":"p"}"#,
+            r#"{"name":".hidden","prompt":"p"}"#,
+            r#"{"name":"a b","prompt":"p"}"#,
+            r#"{"name":"ok"}"#,
+            r#"{"name":"ok","prompt":"p","model":"other"}"#,
+        ] {
+            assert!(
+                parse(CheckpointOp::Save, bad.as_bytes(), &models()).is_err(),
+                "{bad}"
+            );
+        }
+        assert!(parse(CheckpointOp::Fork, br#"{"name":"a"}"#, &models()).is_err());
+        assert_eq!(
+            query_param(Some("a=1&model=tiny"), "model").as_deref(),
+            Some("tiny")
+        );
+        assert!(simple(CheckpointOp::Delete, "x/y", None, &models()).is_err());
+    }
+}

@@ -1,0 +1,143 @@
+//! Typed access to the fields of a JSON request body, with 400s that name the field.
+
+use crate::error::ApiError;
+use serde_json::{Map, Value};
+
+/// A JSON object.
+pub type Obj = Map<String, Value>;
+
+/// Parses `body` as a UTF-8 JSON object.
+pub fn object(body: &[u8]) -> Result<Obj, ApiError> {
+    let text = std::str::from_utf8(body)
+        .map_err(|e| ApiError::invalid(format!("the request body is not valid UTF-8 ({e})")))?;
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| ApiError::invalid(format!("the request body is not valid JSON: {e}")))?;
+    match value {
+        Value::Object(o) => Ok(o),
+        other => Err(ApiError::invalid(format!(
+            "the request body must be a JSON object, got {}",
+            type_name(&other)
+        ))),
+    }
+}
+
+/// A number in `lo..=hi`, if present.
+pub fn number(o: &Obj, key: &str, lo: f64, hi: f64) -> Result<Option<f64>, ApiError> {
+    match o.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => {
+            let v = n.as_f64().unwrap_or(f64::NAN);
+            if (lo..=hi).contains(&v) {
+                Ok(Some(v))
+            } else {
+                Err(ApiError::param(
+                    key,
+                    format!("`{key}` must be between {lo} and {hi}, got {v}"),
+                ))
+            }
+        }
+        Some(other) => Err(ApiError::param(
+            key,
+            format!("`{key}` must be a number, got {}", type_name(other)),
+        )),
+    }
+}
+
+/// An integer, if present.
+pub fn integer(o: &Obj, key: &str) -> Result<Option<i64>, ApiError> {
+    match o.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) if n.is_i64() || n.is_u64() => {
+            Ok(Some(n.as_i64().unwrap_or(i64::MAX)))
+        }
+        Some(other) => Err(ApiError::param(
+            key,
+            format!("`{key}` must be an integer, got {}", type_name(other)),
+        )),
+    }
+}
+
+/// An integer in `lo..=hi`, if present.
+pub fn integer_in(o: &Obj, key: &str, lo: i64, hi: i64) -> Result<Option<u32>, ApiError> {
+    match integer(o, key)? {
+        None => Ok(None),
+        Some(v) if (lo..=hi).contains(&v) => Ok(Some(v as u32)),
+        Some(v) => Err(ApiError::param(
+            key,
+            format!("`{key}` must be between {lo} and {hi}, got {v}"),
+        )),
+    }
+}
+
+/// A boolean; absent means `false`.
+pub fn boolean(o: &Obj, key: &str) -> Result<bool, ApiError> {
+    match o.get(key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(other) => Err(ApiError::param(
+            key,
+            format!("`{key}` must be a boolean, got {}", type_name(other)),
+        )),
+    }
+}
+
+/// A string, if present.
+pub fn string(o: &Obj, key: &str) -> Result<Option<String>, ApiError> {
+    match o.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(ApiError::param(
+            key,
+            format!("`{key}` must be a string, got {}", type_name(other)),
+        )),
+    }
+}
+
+/// A string that must be present.
+pub fn required_string(o: &Obj, key: &str) -> Result<String, ApiError> {
+    string(o, key)?.ok_or_else(|| ApiError::param(key, format!("you must provide `{key}`")))
+}
+
+/// A string or an array of strings (`stop` and `stop_sequences`), as a list.
+pub fn strings(o: &Obj, key: &str) -> Result<Vec<String>, ApiError> {
+    let bad = || {
+        ApiError::param(
+            key,
+            format!("`{key}` must be a string or an array of strings"),
+        )
+    };
+    match o.get(key) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(s)) => Ok(vec![s.clone()]),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|s| s.as_str().map(str::to_string).ok_or_else(bad))
+            .collect(),
+        Some(_) => Err(bad()),
+    }
+}
+
+/// How a value's type is named in error messages.
+pub fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// `max_tokens` (or a newer alias) as at least 1, or `default` when absent.
+pub fn max_tokens(o: &Obj, keys: &[&str], default: Option<u32>) -> Result<u32, ApiError> {
+    for key in keys {
+        if let Some(n) = integer(o, key)? {
+            return u32::try_from(n)
+                .ok()
+                .filter(|n| *n >= 1)
+                .ok_or_else(|| ApiError::param(key, format!("`{key}` must be at least 1")));
+        }
+    }
+    default.ok_or_else(|| ApiError::param(keys[0], format!("you must provide `{}`", keys[0])))
+}

@@ -1,0 +1,217 @@
+//! Request counters and latency histograms, rendered with the engine's counters as
+//! Prometheus text (`GET /metrics`).
+
+use std::{collections::BTreeMap, fmt::Write, sync::Mutex, time::Duration};
+use u_sdk::EngineStats;
+
+/// Upper bounds (seconds) of the latency histogram buckets.
+const BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+
+#[derive(Default, Clone)]
+struct Histogram {
+    counts: [u64; BUCKETS.len()],
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn observe(&mut self, seconds: f64) {
+        for (c, le) in self.counts.iter_mut().zip(BUCKETS) {
+            if seconds <= le {
+                *c += 1;
+            }
+        }
+        self.sum += seconds;
+        self.count += 1;
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        for (c, le) in self.counts.iter().zip(BUCKETS) {
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {c}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum);
+        let _ = writeln!(out, "{name}_count{{{labels}}} {}", self.count);
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    requests: BTreeMap<(String, u16), u64>,
+    duration: BTreeMap<String, Histogram>,
+    first_token: BTreeMap<String, Histogram>,
+}
+
+/// What the transport measures itself: answers by route and status, time to the whole answer,
+/// time to the first streamed token.
+#[derive(Default)]
+pub struct Metrics(Mutex<Inner>);
+
+impl Metrics {
+    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records an answered request: its route (a fixed label, never the raw path), status and
+    /// time from arrival to the end of the answer.
+    pub fn request(&self, route: &str, status: u16, took: Duration) {
+        let mut m = self.inner();
+        *m.requests.entry((route.to_string(), status)).or_default() += 1;
+        m.duration
+            .entry(route.to_string())
+            .or_default()
+            .observe(took.as_secs_f64());
+    }
+
+    /// Records the time from a generation request's arrival to its first token.
+    pub fn first_token(&self, route: &str, took: Duration) {
+        self.inner()
+            .first_token
+            .entry(route.to_string())
+            .or_default()
+            .observe(took.as_secs_f64());
+    }
+
+    /// Prometheus text exposition of these metrics and the engine's `stats`.
+    pub fn render(&self, stats: &EngineStats) -> String {
+        let mut out = String::new();
+        let m = self.inner();
+        out.push_str("# HELP u_http_requests_total HTTP requests answered, by route and status.\n");
+        out.push_str("# TYPE u_http_requests_total counter\n");
+        for ((route, status), n) in &m.requests {
+            let _ = writeln!(
+                out,
+                "u_http_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}"
+            );
+        }
+        out.push_str(
+            "# HELP u_request_duration_seconds Time from request to the end of the answer.\n",
+        );
+        out.push_str("# TYPE u_request_duration_seconds histogram\n");
+        for (route, h) in &m.duration {
+            h.render(
+                &mut out,
+                "u_request_duration_seconds",
+                &format!("route=\"{route}\""),
+            );
+        }
+        out.push_str("# HELP u_time_to_first_token_seconds Time from request to the first generated token.\n");
+        out.push_str("# TYPE u_time_to_first_token_seconds histogram\n");
+        for (route, h) in &m.first_token {
+            h.render(
+                &mut out,
+                "u_time_to_first_token_seconds",
+                &format!("route=\"{route}\""),
+            );
+        }
+        let engine: [(&str, &str, &str, u64); 10] = [
+            (
+                "u_engine_requests_total",
+                "counter",
+                "Generation requests accepted.",
+                stats.requests,
+            ),
+            (
+                "u_engine_rejected_total",
+                "counter",
+                "Requests refused because the queue was full.",
+                stats.rejected,
+            ),
+            (
+                "u_engine_running",
+                "gauge",
+                "Requests prefilling or decoding.",
+                stats.running.into(),
+            ),
+            (
+                "u_engine_queue_depth",
+                "gauge",
+                "Requests waiting for a slot.",
+                stats.queued.into(),
+            ),
+            (
+                "u_engine_queue_capacity",
+                "gauge",
+                "Most requests that may wait.",
+                stats.queue_capacity.into(),
+            ),
+            (
+                "u_prompt_tokens_total",
+                "counter",
+                "Prompt tokens seen.",
+                stats.prompt_tokens,
+            ),
+            (
+                "u_cache_hit_tokens_total",
+                "counter",
+                "Prompt tokens whose KV came from the cache.",
+                stats.cached_tokens,
+            ),
+            (
+                "u_generated_tokens_total",
+                "counter",
+                "Tokens generated.",
+                stats.generated_tokens,
+            ),
+            (
+                "u_forward_passes_total",
+                "counter",
+                "Batched forward passes run.",
+                stats.forward_passes,
+            ),
+            (
+                "u_kv_cache_bytes",
+                "gauge",
+                "Bytes of KV held in memory.",
+                stats.kv_bytes,
+            ),
+        ];
+        for (name, kind, help, value) in engine {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+            );
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_and_cumulative_buckets() {
+        let m = Metrics::default();
+        m.request("/v1/messages", 200, Duration::from_millis(30));
+        m.request("/v1/messages", 200, Duration::from_millis(300));
+        m.request("/v1/messages", 429, Duration::from_millis(1));
+        m.first_token("/v1/messages", Duration::from_millis(20));
+        let text = m.render(&EngineStats {
+            queued: 3,
+            cached_tokens: 42,
+            ..Default::default()
+        });
+        assert!(text.contains("u_http_requests_total{route=\"/v1/messages\",status=\"200\"} 2"));
+        assert!(text.contains("u_http_requests_total{route=\"/v1/messages\",status=\"429\"} 1"));
+        assert!(
+            text.contains(
+                "u_request_duration_seconds_bucket{route=\"/v1/messages\",le=\"0.05\"} 2"
+            )
+        );
+        assert!(
+            text.contains(
+                "u_request_duration_seconds_bucket{route=\"/v1/messages\",le=\"+Inf\"} 3"
+            )
+        );
+        assert!(text.contains("u_time_to_first_token_seconds_count{route=\"/v1/messages\"} 1"));
+        assert!(text.contains("u_engine_queue_depth 3"));
+        assert!(text.contains("u_cache_hit_tokens_total 42"));
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let value = line.rsplit(' ').next().unwrap();
+            assert!(value.parse::<f64>().is_ok(), "bad sample line {line}");
+        }
+    }
+}
