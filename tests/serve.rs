@@ -11,264 +11,13 @@ use serde_json::Value;
 use std::{
     io::{Read, Write},
     net::TcpStream,
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
-use u_conformance::{bin, deployment, plugin, root, run, text};
-
-const MODEL: &str = "tiny-llama";
-
-struct Server {
-    child: Child,
-    dir: tempfile::TempDir,
-    socket: PathBuf,
-    port: u16,
-    model: PathBuf,
-}
-
-impl Server {
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/v1", self.port)
-    }
-
-    /// SIGTERM, then waits (bounded) for the exit status.
-    fn stop(&mut self) -> Option<std::process::ExitStatus> {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        None
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() && self.stop().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("an ephemeral port")
-}
-
-/// The tiny Llama fixture and the tiny tokenizer in one model directory.
-fn model_dir(dir: &Path) -> PathBuf {
-    let model = dir.join(MODEL);
-    std::fs::create_dir_all(&model).unwrap();
-    let weights = root().join("plugins/arch-llama/tests/fixtures/models/llama");
-    let tokenizer = root().join("engine/tests/fixtures/tiny-tokenizer");
-    for (from, name) in [
-        (&weights, "config.json"),
-        (&weights, "model.safetensors"),
-        (&tokenizer, "tokenizer.json"),
-        (&tokenizer, "tokenizer_config.json"),
-    ] {
-        std::fs::copy(from.join(name), model.join(name)).unwrap();
-    }
-    model
-}
-
-/// Serves the tiny Llama fixture as `tiny-llama`.
-fn start() -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let model = model_dir(dir.path());
-    start_with(dir, &model, "loader-safetensors")
-}
-
-/// The default model (SmolLM2-135M-Instruct, GGUF): `$U_SMOLLM2_GGUF`, else the model cache
-/// `cargo xtask fetch-model` fills. Absent is a failure, never a skip.
-fn smollm2_path() -> PathBuf {
-    let path = std::env::var_os("U_SMOLLM2_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let cache = std::env::var_os("U_MODEL_CACHE")
-                .map(PathBuf::from)
-                .or_else(|| {
-                    std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("u/models"))
-                })
-                .unwrap_or_else(|| {
-                    PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                        .join(".cache/u/models")
-                });
-            cache.join("SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        path.is_file(),
-        "SmolLM2 model not found at {}: run `cargo xtask fetch-model` (or set U_SMOLLM2_GGUF)",
-        path.display()
-    );
-    path
-}
-
-/// Starts `u-runner serve --strict` on a deployment serving `model` (read by `loader`), on a
-/// Unix socket in `dir` and an ephemeral loopback port; returns once `/health` answers.
-fn start_with(dir: tempfile::TempDir, model: &Path, loader: &str) -> Server {
-    let socket = dir.path().join("u.sock");
-    let kv = dir.path().join("kv");
-    let port = free_port();
-    let read = if model.is_dir() {
-        format!("fs.read = [\"{}/**\"]", model.display())
-    } else {
-        format!("fs.read = [\"{}\"]", model.display())
-    };
-    let plugins = format!(
-        r#"
-[[plugins]]
-path = "{loader}"
-[plugins.grants]
-{read}
-
-[[plugins]]
-path = "{tokenizer}"
-[plugins.grants]
-{read}
-
-[[plugins]]
-path = "{kernels}"
-
-[[plugins]]
-path = "{arch}"
-
-[[plugins]]
-path = "{cache}"
-[plugins.grants]
-fs.read = ["{kv}/**"]
-fs.write = ["{kv}/**"]
-
-[[plugins]]
-path = "{http}"
-[plugins.grants]
-net.listen = ["unix:{socket}", "tcp:127.0.0.1:{port}"]
-[plugins.config]
-max_body_bytes = 65536
-header_read_timeout_ms = 1500
-default_max_tokens = 16
-
-[model]
-path = "{model}"
-"#,
-        loader = plugin(loader).display(),
-        tokenizer = plugin("tokenizer").display(),
-        kernels = plugin("kernels-cpu").display(),
-        arch = plugin("arch-llama").display(),
-        cache = plugin("cache-kv").display(),
-        http = plugin("transport-http").display(),
-        kv = kv.display(),
-        socket = socket.display(),
-        model = model.display(),
-    );
-    let manifest = deployment(dir.path(), "serve-test", &plugins);
-    let log = std::fs::File::create(dir.path().join("server.log")).unwrap();
-    let child = Command::new(bin("u-runner"))
-        .arg("serve")
-        .arg("--strict")
-        .arg(&manifest)
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start u-runner serve");
-    let mut server = Server {
-        child,
-        dir,
-        socket,
-        port,
-        model: model.to_path_buf(),
-    };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(Some(status)) = server.child.try_wait() {
-            panic!("u-runner serve exited early ({status}):\n{}", server.log());
-        }
-        if server.socket.exists()
-            && let Ok((200, _)) = http(
-                server.port,
-                "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".as_bytes(),
-            )
-        {
-            return server;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "u-runner serve not ready after 60 s:\n{}",
-            server.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// Sends `raw` on a new TCP connection and reads until the server closes it (bounded): the
-/// status and the body. A server that answers before reading a whole (refused) body may reset
-/// the connection; what arrived before the reset still counts.
-fn http(port: u16, raw: &[u8]) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    s.set_write_timeout(Some(Duration::from_secs(30)))?;
-    let written = s.write_all(raw);
-    let mut out = Vec::new();
-    let mut buf = [0u8; 8192];
-    loop {
-        match s.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-            Err(e) if out.is_empty() => return Err(written.err().unwrap_or(e)),
-            Err(_) => break,
-        }
-    }
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("no status line in {text:?}")))?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((status, body))
-}
-
-fn post(port: u16, path: &str, body: &[u8]) -> (u16, Value) {
-    let mut raw = format!(
-        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    )
-    .into_bytes();
-    raw.extend_from_slice(body);
-    let (status, body) = http(port, &raw).unwrap();
-    let json = serde_json::from_str(&body).unwrap_or(Value::Null);
-    (status, json)
-}
-
-fn generate_json(model: &Path, extra: &[&str]) -> Value {
-    let mut cmd = Command::new(bin("u-runner"));
-    cmd.args(["generate", "--json", "--temp", "0"])
-        .args(extra)
-        .arg("--model")
-        .arg(model)
-        .arg("--deployment")
-        .arg(root().join("manifests/dev.toml"));
-    let out = run(&mut cmd);
-    assert!(out.status.success(), "{}", text(&out));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
+use u_conformance::{
+    serving::{MODEL, Options, Server, generate_json, http, post, smollm2_path, start, start_with},
+    text,
+};
 
 /// The official client, streaming and not, over TCP and over the Unix socket.
 const CLIENT: &str = r#"
@@ -417,7 +166,14 @@ fn client_matches_generate(
         let cs = &r["chat_stream"];
         assert_eq!(cs["roles"], serde_json::json!(["assistant"]), "{cs}");
         assert_eq!(cs["objects"], serde_json::json!(["chat.completion.chunk"]));
-        assert_eq!(cs["usage"], r["chat"]["usage"], "include_usage: {cs}");
+        // The same prompt again: the usage matches, but its KV now comes from the cache.
+        for key in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+            assert_eq!(cs["usage"][key], r["chat"]["usage"][key], "include_usage: {cs}");
+        }
+        assert!(
+            cs["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() > Some(0),
+            "the repeated prompt's KV came from the cache: {cs}"
+        );
         let full = plain_ref["text"].as_str().unwrap();
         assert_eq!(r.get("stop").is_some(), full.len() >= 8, "{r}");
         if let Some(stop) = r.get("stop") {
@@ -440,7 +196,7 @@ fn openai_client_streaming_and_not_matches_generate_over_tcp_and_unix() {
 #[test]
 fn smollm2_chat_with_a_system_message_matches_generate() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = start_with(dir, &smollm2_path(), "loader-gguf");
+    let mut server = start_with(dir, &smollm2_path(), "loader-gguf", &Options::default());
     client_matches_generate(
         &server,
         "SmolLM2-135M-Instruct.Q4_1",

@@ -23,6 +23,9 @@
 //!
 //! [model]
 //! path = "/srv/models/smollm2.gguf"
+//! max_running = 16         # requests batched into one forward pass (default 16)
+//! max_queued = 64          # requests that may wait; past that, 429 (default 64)
+//! step_tokens = 512        # tokens per forward pass, decodes first, prefill chunks share the rest
 //! ```
 //!
 //! Grants use the capability names of [`u_sdk::manifest::Capability`]: `fs.read`/`fs.write`
@@ -267,6 +270,19 @@ pub struct Deployment {
     pub plugins: Vec<PluginEntry>,
     /// The model to serve, if any.
     pub model: Option<PathBuf>,
+    /// How the model is served (batching and queueing), from the `[model]` table.
+    pub serving: Serving,
+}
+
+/// Batching and queueing limits of the served model; `None` keeps the engine's default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Serving {
+    /// Requests decoded together in one forward pass.
+    pub max_running: Option<u32>,
+    /// Requests that may wait for a slot before new ones are refused (429).
+    pub max_queued: Option<u32>,
+    /// Tokens per forward pass.
+    pub step_tokens: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -310,6 +326,9 @@ struct RawPlugin {
 #[serde(deny_unknown_fields)]
 struct RawModel {
     path: String,
+    max_running: Option<u32>,
+    max_queued: Option<u32>,
+    step_tokens: Option<u32>,
 }
 
 impl Deployment {
@@ -371,6 +390,25 @@ impl Deployment {
             threads: raw.deployment.threads,
             trust,
             plugins,
+            serving: match &raw.model {
+                Some(m) => {
+                    for (key, v) in [
+                        ("max_running", m.max_running),
+                        ("max_queued", m.max_queued),
+                        ("step_tokens", m.step_tokens),
+                    ] {
+                        if v == Some(0) {
+                            return Err(invalid(format!("model.{key} must be at least 1")));
+                        }
+                    }
+                    Serving {
+                        max_running: m.max_running,
+                        max_queued: m.max_queued,
+                        step_tokens: m.step_tokens,
+                    }
+                }
+                None => Serving::default(),
+            },
             model: raw.model.map(|m| resolve(&dir, &m.path)),
         })
     }

@@ -5,6 +5,8 @@
 //! `target/plugins/`, the development key under `target/dev-keys/`); a missing artifact fails the
 //! test with the command to run, never skips it.
 
+pub mod serving;
+
 use std::{
     path::{Path, PathBuf},
     process::{Command, Output},

@@ -1,0 +1,304 @@
+//! Running `u-runner serve` as an operator does, for the serving tests: a deployment of the
+//! built, signed plugins serving a model on a Unix socket and an ephemeral loopback port, and
+//! small raw-HTTP helpers.
+
+use crate::{bin, deployment, plugin, root, run, text};
+use serde_json::Value;
+use std::{
+    io::{Read, Write},
+    net::TcpStream,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+/// The name the tiny Llama fixture is served under.
+pub const MODEL: &str = "tiny-llama";
+
+/// Extra settings of a test deployment.
+#[derive(Default, Clone)]
+pub struct Options {
+    /// Lines appended to transport-http's `[plugins.config]`.
+    pub transport_config: String,
+    /// Lines appended to the `[model]` table.
+    pub model_config: String,
+}
+
+/// A running `u-runner serve`; stopped (SIGTERM, then SIGKILL) when dropped.
+pub struct Server {
+    /// The process.
+    pub child: Child,
+    /// Its directory (deployment, socket, log, KV files).
+    pub dir: tempfile::TempDir,
+    /// The Unix socket it serves.
+    pub socket: PathBuf,
+    /// The loopback TCP port it serves.
+    pub port: u16,
+    /// The model file or directory.
+    pub model: PathBuf,
+}
+
+impl Server {
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    /// The OpenAI base URL over TCP.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/v1", self.port)
+    }
+
+    /// SIGTERM, then waits (bounded) for the exit status.
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() && self.stop().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("an ephemeral port")
+}
+
+/// The tiny Llama fixture and the tiny tokenizer in one model directory.
+pub fn model_dir(dir: &Path) -> PathBuf {
+    let model = dir.join(MODEL);
+    std::fs::create_dir_all(&model).unwrap();
+    let weights = root().join("plugins/arch-llama/tests/fixtures/models/llama");
+    let tokenizer = root().join("engine/tests/fixtures/tiny-tokenizer");
+    for (from, name) in [
+        (&weights, "config.json"),
+        (&weights, "model.safetensors"),
+        (&tokenizer, "tokenizer.json"),
+        (&tokenizer, "tokenizer_config.json"),
+    ] {
+        std::fs::copy(from.join(name), model.join(name)).unwrap();
+    }
+    model
+}
+
+/// Serves the tiny Llama fixture as `tiny-llama`.
+pub fn start() -> Server {
+    start_tiny(&Options::default())
+}
+
+/// Serves the tiny Llama fixture as `tiny-llama` with `options`.
+pub fn start_tiny(options: &Options) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model_dir(dir.path());
+    start_with(dir, &model, "loader-safetensors", options)
+}
+
+/// The default model (SmolLM2-135M-Instruct, GGUF): `$U_SMOLLM2_GGUF`, else the model cache
+/// `cargo xtask fetch-model` fills. Absent is a failure, never a skip.
+pub fn smollm2_path() -> PathBuf {
+    let path = std::env::var_os("U_SMOLLM2_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let cache = std::env::var_os("U_MODEL_CACHE")
+                .map(PathBuf::from)
+                .or_else(|| {
+                    std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("u/models"))
+                })
+                .unwrap_or_else(|| {
+                    PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                        .join(".cache/u/models")
+                });
+            cache.join("SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    assert!(
+        path.is_file(),
+        "SmolLM2 model not found at {}: run `cargo xtask fetch-model` (or set U_SMOLLM2_GGUF)",
+        path.display()
+    );
+    path
+}
+
+/// Starts `u-runner serve --strict` on a deployment serving `model` (read by `loader`), on a
+/// Unix socket in `dir` and an ephemeral loopback port; returns once `/health` answers.
+pub fn start_with(
+    dir: tempfile::TempDir,
+    model: &Path,
+    loader: &str,
+    options: &Options,
+) -> Server {
+    let socket = dir.path().join("u.sock");
+    let kv = dir.path().join("kv");
+    let port = free_port();
+    let read = if model.is_dir() {
+        format!("fs.read = [\"{}/**\"]", model.display())
+    } else {
+        format!("fs.read = [\"{}\"]", model.display())
+    };
+    let plugins = format!(
+        r#"
+[[plugins]]
+path = "{loader}"
+[plugins.grants]
+{read}
+
+[[plugins]]
+path = "{tokenizer}"
+[plugins.grants]
+{read}
+
+[[plugins]]
+path = "{kernels}"
+
+[[plugins]]
+path = "{arch}"
+
+[[plugins]]
+path = "{cache}"
+[plugins.grants]
+fs.read = ["{kv}/**"]
+fs.write = ["{kv}/**"]
+
+[[plugins]]
+path = "{http}"
+[plugins.grants]
+net.listen = ["unix:{socket}", "tcp:127.0.0.1:{port}"]
+fs.read = ["{secrets}/**"]
+[plugins.config]
+max_body_bytes = 65536
+header_read_timeout_ms = 1500
+default_max_tokens = 16
+{transport_config}
+
+[model]
+path = "{model}"
+{model_config}
+"#,
+        loader = plugin(loader).display(),
+        tokenizer = plugin("tokenizer").display(),
+        kernels = plugin("kernels-cpu").display(),
+        arch = plugin("arch-llama").display(),
+        cache = plugin("cache-kv").display(),
+        http = plugin("transport-http").display(),
+        kv = kv.display(),
+        secrets = dir.path().join("secrets").display(),
+        transport_config = options.transport_config,
+        model_config = options.model_config,
+        socket = socket.display(),
+        model = model.display(),
+    );
+    let manifest = deployment(dir.path(), "serve-test", &plugins);
+    let log = std::fs::File::create(dir.path().join("server.log")).unwrap();
+    let child = Command::new(bin("u-runner"))
+        .arg("serve")
+        .arg("--strict")
+        .arg(&manifest)
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start u-runner serve");
+    let mut server = Server {
+        child,
+        dir,
+        socket,
+        port,
+        model: model.to_path_buf(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(Some(status)) = server.child.try_wait() {
+            panic!("u-runner serve exited early ({status}):\n{}", server.log());
+        }
+        if server.socket.exists()
+            && let Ok((200, _)) = http(
+                server.port,
+                "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".as_bytes(),
+            )
+        {
+            return server;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "u-runner serve not ready after 60 s:\n{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Sends `raw` on a new TCP connection and reads until the server closes it (bounded): the
+/// status and the body. A server that answers before reading a whole (refused) body may reset
+/// the connection; what arrived before the reset still counts.
+pub fn http(port: u16, raw: &[u8]) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    s.set_write_timeout(Some(Duration::from_secs(30)))?;
+    let written = s.write_all(raw);
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if out.is_empty() => return Err(written.err().unwrap_or(e)),
+            Err(_) => break,
+        }
+    }
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("no status line in {text:?}")))?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// POSTs a JSON body; the status and the parsed answer (`null` when not JSON).
+pub fn post(port: u16, path: &str, body: &[u8]) -> (u16, Value) {
+    let mut raw = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    raw.extend_from_slice(body);
+    let (status, body) = http(port, &raw).unwrap();
+    let json = serde_json::from_str(&body).unwrap_or(Value::Null);
+    (status, json)
+}
+
+/// `u-runner generate --json --temp 0` on `model` with `extra` arguments.
+pub fn generate_json(model: &Path, extra: &[&str]) -> Value {
+    let mut cmd = Command::new(bin("u-runner"));
+    cmd.args(["generate", "--json", "--temp", "0"])
+        .args(extra)
+        .arg("--model")
+        .arg(model)
+        .arg("--deployment")
+        .arg(root().join("manifests/dev.toml"));
+    let out = run(&mut cmd);
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
