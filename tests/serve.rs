@@ -168,7 +168,10 @@ fn client_matches_generate(
         assert_eq!(cs["objects"], serde_json::json!(["chat.completion.chunk"]));
         // The same prompt again: the usage matches, but its KV now comes from the cache.
         for key in ["prompt_tokens", "completion_tokens", "total_tokens"] {
-            assert_eq!(cs["usage"][key], r["chat"]["usage"][key], "include_usage: {cs}");
+            assert_eq!(
+                cs["usage"][key], r["chat"]["usage"][key],
+                "include_usage: {cs}"
+            );
         }
         assert!(
             cs["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() > Some(0),

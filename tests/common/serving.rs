@@ -138,12 +138,7 @@ pub fn smollm2_path() -> PathBuf {
 
 /// Starts `u-runner serve --strict` on a deployment serving `model` (read by `loader`), on a
 /// Unix socket in `dir` and an ephemeral loopback port; returns once `/health` answers.
-pub fn start_with(
-    dir: tempfile::TempDir,
-    model: &Path,
-    loader: &str,
-    options: &Options,
-) -> Server {
+pub fn start_with(dir: tempfile::TempDir, model: &Path, loader: &str, options: &Options) -> Server {
     let socket = dir.path().join("u.sock");
     let kv = dir.path().join("kv");
     let port = free_port();
@@ -301,4 +296,3 @@ pub fn generate_json(model: &Path, extra: &[&str]) -> Value {
     assert!(out.status.success(), "{}", text(&out));
     serde_json::from_slice(&out.stdout).unwrap()
 }
-

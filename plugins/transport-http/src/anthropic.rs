@@ -5,7 +5,8 @@
 //! `"cache_control": {"type": "ephemeral"}`. Each such block becomes a cache breakpoint
 //! ([`CacheBreakpoint`]): the KV of the prompt up to the end of that block is kept, and a later
 //! request that starts the same way prefills only what follows. Unlike Anthropic's API, any
-//! number of breakpoints is accepted. `usage` reports them as Anthropic does:
+//! number of breakpoints is accepted, and a top-level `cache_control` marks the end of the
+//! last message. `usage` reports them as Anthropic does:
 //! `cache_read_input_tokens` (prompt tokens whose KV came from the cache),
 //! `cache_creation_input_tokens` (tokens newly stored at breakpoints) and `input_tokens` (the
 //! rest). In a stream the final `message_delta` carries the complete `usage`; the counts in
@@ -159,6 +160,24 @@ pub fn parse(body: &[u8], models: &[String]) -> Result<Parsed, ApiError> {
             role: role.into(),
             content: text.into(),
         });
+    }
+    // A top-level `cache_control` caches the whole conversation as sent.
+    match o.get("cache_control") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(c)) if c.get("type") == Some(&json!("ephemeral")) => {
+            if let Some(last) = turns.last() {
+                breakpoints.push(CacheBreakpoint {
+                    turn: turns.len() as u32 - 1,
+                    offset: last.content.len() as u32,
+                });
+            }
+        }
+        Some(_) => {
+            return Err(ApiError::param(
+                "cache_control",
+                "`cache_control` must be {\"type\": \"ephemeral\"}",
+            ));
+        }
     }
     let sampling = openai::sampling(&o, 1.0)?;
     let stop = json::strings(&o, "stop_sequences")?;
@@ -314,7 +333,8 @@ mod tests {
                     {"type":"text","text":"Question?"}]},
                   {"role":"assistant","content":"Answer."},
                   {"role":"user","content":"More?"}],
-                "stop_sequences":["\n\n"],"temperature":0.5,"top_k":4,"stream":true}"#,
+                "stop_sequences":["\n\n"],"temperature":0.5,"top_k":4,"stream":true,
+                "cache_control":{"type":"ephemeral"}}"#,
             &models(),
         )
         .unwrap();
@@ -327,7 +347,7 @@ mod tests {
             .iter()
             .map(|b| (b.turn, b.offset))
             .collect();
-        assert_eq!(b, vec![(0, 14), (1, 7), (1, 14)]);
+        assert_eq!(b, vec![(0, 14), (1, 7), (1, 14), (3, 5)]);
         assert_eq!(r.sampling.top_k, 4);
         assert_eq!(r.stop[0].as_str(), "\n\n");
     }

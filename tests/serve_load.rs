@@ -1,0 +1,106 @@
+//! Issue 7's load test: 64 concurrent streaming clients on loopback against `u-runner serve`
+//! with SmolLM2-135M-Instruct for a bounded time — zero errors, and the aggregate tokens/s
+//! with continuous batching at least 3× what one client alone gets (ratio printed).
+
+use serde_json::Value;
+use std::{
+    sync::atomic::{AtomicU64, Ordering},
+    time::{Duration, Instant},
+};
+use u_conformance::serving::{Options, http, smollm2_path, start_with};
+
+const CLIENTS: usize = 64;
+const TOKENS: u32 = 24;
+
+/// One streamed completion; the tokens it generated, from the usage chunk.
+fn stream_once(port: u16, i: usize) -> Result<u64, String> {
+    let body = format!(
+        r#"{{"model":"SmolLM2-135M-Instruct.Q4_1","prompt":"Story {i}: once upon a time","max_tokens":{TOKENS},"temperature":0.8,"seed":{i},"stream":true,"stream_options":{{"include_usage":true}}}}"#
+    );
+    let raw = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let (status, text) = http(port, raw.as_bytes()).map_err(|e| e.to_string())?;
+    if status != 200 {
+        return Err(format!("status {status}: {text}"));
+    }
+    if !text.contains("data: [DONE]") {
+        return Err(format!("stream did not finish: {text}"));
+    }
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find_map(|v| v["usage"]["completion_tokens"].as_u64())
+        .ok_or_else(|| format!("no usage chunk: {text}"))
+}
+
+/// Runs `clients` clients, each streaming completions back to back until `for_time` has
+/// passed; returns (tokens, wall time, errors).
+fn load(port: u16, clients: usize, for_time: Duration) -> (u64, Duration, Vec<String>) {
+    let tokens = AtomicU64::new(0);
+    let start = Instant::now();
+    let errors: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..clients)
+            .map(|c| {
+                let tokens = &tokens;
+                scope.spawn(move || {
+                    let mut errors = Vec::new();
+                    let mut n = 0;
+                    while start.elapsed() < for_time {
+                        match stream_once(port, c * 1000 + n) {
+                            Ok(t) => {
+                                tokens.fetch_add(t, Ordering::Relaxed);
+                            }
+                            Err(e) => errors.push(e),
+                        }
+                        n += 1;
+                    }
+                    errors
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    (tokens.into_inner(), start.elapsed(), errors)
+}
+
+#[test]
+fn sixty_four_streaming_clients_get_three_times_one_clients_throughput() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_with(
+        dir,
+        &smollm2_path(),
+        "loader-gguf",
+        &Options {
+            model_config: format!("max_running = {CLIENTS}\nmax_queued = {CLIENTS}"),
+            ..Options::default()
+        },
+    );
+    // Warm up (page in the weights).
+    stream_once(server.port, 0).unwrap();
+    let (one, one_time, errors) = load(server.port, 1, Duration::from_secs(6));
+    assert!(errors.is_empty(), "{errors:?}");
+    let (many, many_time, errors) = load(server.port, CLIENTS, Duration::from_secs(15));
+    let single = one as f64 / one_time.as_secs_f64();
+    let aggregate = many as f64 / many_time.as_secs_f64();
+    println!(
+        "one client: {single:.1} tok/s; {CLIENTS} clients: {aggregate:.1} tok/s aggregate ({many} tokens in {many_time:.1?}); ratio {:.2}",
+        aggregate / single
+    );
+    assert!(
+        errors.is_empty(),
+        "{} errors, first: {:?}\n{}",
+        errors.len(),
+        errors.first(),
+        server.log()
+    );
+    assert!(
+        aggregate >= 3.0 * single,
+        "batching gave {:.2}× one client's throughput, want ≥ 3×",
+        aggregate / single
+    );
+}
