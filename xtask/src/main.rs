@@ -362,12 +362,16 @@ fn fuzz(root: &Path, seconds: u32) -> Result<()> {
         let Ok(entries) = std::fs::read_dir(&targets) else {
             continue;
         };
+        // Seeds: the plugin's own `fuzz/seeds`, else a loader's fixtures of its format.
         let format = plugin
             .file_name()
             .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_prefix("loader-"))
-            .unwrap_or("");
-        let seeds = root.join("tests/fixtures").join(format);
+            .and_then(|n| n.strip_prefix("loader-"));
+        let seeds = match format {
+            _ if plugin.join("fuzz/seeds").is_dir() => plugin.join("fuzz/seeds"),
+            Some(format) => root.join("tests/fixtures").join(format),
+            None => plugin.join("fuzz/seeds"),
+        };
         for entry in entries {
             let target = entry?.path();
             let Some(name) = target.file_stem().and_then(|n| n.to_str()) else {
