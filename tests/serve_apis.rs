@@ -260,6 +260,34 @@ fn cache_breakpoints_make_the_second_call_prefill_only_the_suffix() {
         "{u3}"
     );
     assert!(u3["input_tokens"].as_u64().unwrap() < 60, "{u3}");
+
+    // A client that disconnects mid-stream cancels its request: the engine stops generating
+    // for it at the next step.
+    let generated_before = metric(server.port, "u_generated_tokens_total");
+    {
+        let body = br#"{"model":"SmolLM2-135M-Instruct.Q4_1","prompt":"Hello","max_tokens":100,"temperature":0,"stream":true}"#;
+        let mut raw = format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        raw.extend_from_slice(body);
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+        s.write_all(&raw).unwrap();
+        let mut first = [0u8; 512];
+        let n = s.read(&mut first).unwrap();
+        assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(server.port, "u_engine_running") > 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the abandoned request kept running"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let spent = metric(server.port, "u_generated_tokens_total") - generated_before;
+    assert!(spent < 100.0, "cancelled after {spent} of 100 tokens");
 }
 
 #[test]

@@ -117,21 +117,7 @@ pub fn parse(body: &[u8], models: &[String]) -> Result<Parsed, ApiError> {
             content: text.into(),
         });
     }
-    let list = match o.get("messages") {
-        Some(Value::Array(list)) if !list.is_empty() => list,
-        Some(Value::Array(_)) => {
-            return Err(ApiError::param("messages", "`messages` must not be empty"));
-        }
-        None | Some(Value::Null) => {
-            return Err(ApiError::param("messages", "you must provide `messages`"));
-        }
-        Some(other) => {
-            return Err(ApiError::param(
-                "messages",
-                format!("`messages` must be an array, got {}", type_name(other)),
-            ));
-        }
-    };
+    let list = json::nonempty_array(&o, "messages")?;
     for (i, m) in list.iter().enumerate() {
         let at = format!("messages[{i}]");
         let Value::Object(m) = m else {

@@ -117,6 +117,19 @@ pub fn strings(o: &Obj, key: &str) -> Result<Vec<String>, ApiError> {
     }
 }
 
+/// A non-empty array that must be present.
+pub fn nonempty_array<'a>(o: &'a Obj, key: &str) -> Result<&'a Vec<Value>, ApiError> {
+    match o.get(key) {
+        Some(Value::Array(list)) if !list.is_empty() => Ok(list),
+        Some(Value::Array(_)) => Err(ApiError::param(key, format!("`{key}` must not be empty"))),
+        None | Some(Value::Null) => Err(ApiError::param(key, format!("you must provide `{key}`"))),
+        Some(other) => Err(ApiError::param(
+            key,
+            format!("`{key}` must be an array, got {}", type_name(other)),
+        )),
+    }
+}
+
 /// How a value's type is named in error messages.
 pub fn type_name(v: &Value) -> &'static str {
     match v {

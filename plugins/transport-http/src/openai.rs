@@ -75,21 +75,7 @@ fn content(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
 }
 
 fn messages(o: &Obj) -> Result<Vec<ChatTurn>, ApiError> {
-    let list = match o.get("messages") {
-        Some(Value::Array(list)) if !list.is_empty() => list,
-        Some(Value::Array(_)) => {
-            return Err(ApiError::param("messages", "`messages` must not be empty"));
-        }
-        None | Some(Value::Null) => {
-            return Err(ApiError::param("messages", "you must provide `messages`"));
-        }
-        Some(other) => {
-            return Err(ApiError::param(
-                "messages",
-                format!("`messages` must be an array, got {}", type_name(other)),
-            ));
-        }
-    };
+    let list = json::nonempty_array(o, "messages")?;
     let mut turns = Vec::with_capacity(list.len());
     for (i, m) in list.iter().enumerate() {
         let at = format!("messages[{i}]");
