@@ -47,6 +47,8 @@ pub struct RopeConfig {
     pub rotary_dim: usize,
     /// `rotary_dim / 2` inverse frequencies.
     pub inv_freq: Vec<f32>,
+    /// Multiplier of cos and sin (YaRN's attention factor; 1 otherwise).
+    pub attn_factor: f32,
 }
 
 /// Routing of a sparse mixture-of-experts layer.
@@ -97,7 +99,7 @@ impl Config {
             .meta_f64(&key("attention.layer_norm_rms_epsilon"))
             .unwrap_or(1e-6) as f32;
 
-        let rope = RopeConfig::read(w, &arch, head_dim)?;
+        let rope = RopeConfig::read(w, &arch, head_dim, context_length)?;
         let window = sliding_windows(w, &arch, layers);
 
         let moe = match w.meta_u64(&key("expert_count")).filter(|&e| e > 0) {
@@ -148,7 +150,7 @@ impl Config {
 }
 
 impl RopeConfig {
-    fn read(w: &Weights, arch: &str, head_dim: usize) -> Result<RopeConfig> {
+    fn read(w: &Weights, arch: &str, head_dim: usize, context: usize) -> Result<RopeConfig> {
         let key = |k: &str| format!("{arch}.{k}");
         // transformers 5 writes `rope_parameters`, earlier versions `rope_theta` + `rope_scaling`.
         let hf_rope = w
@@ -200,6 +202,7 @@ impl RopeConfig {
             .and_then(Value::as_f64)
             .or_else(|| w.meta_f64(&key("rope.scaling.factor")))
             .unwrap_or(1.0) as f32;
+        let mut attn_factor = 1.0;
         match rope_type.as_deref() {
             None | Some("default") | Some("none") => {}
             Some("linear") => inv_freq.iter_mut().for_each(|f| *f /= factor),
@@ -212,6 +215,45 @@ impl RopeConfig {
                     get("high_freq_factor", 4.0),
                     get("original_max_position_embeddings", 8192.0),
                 );
+            }
+            Some("yarn") => {
+                let get = |k: &str, gguf: &str| {
+                    hf(k)
+                        .and_then(Value::as_f64)
+                        .or_else(|| w.meta_f64(&key(gguf)))
+                };
+                let original = get(
+                    "original_max_position_embeddings",
+                    "rope.scaling.original_context_length",
+                )
+                .unwrap_or(context as f64) as f32;
+                let yarn = Yarn {
+                    base: base as f32,
+                    factor,
+                    original_context: original,
+                    beta_fast: get("beta_fast", "rope.scaling.yarn_beta_fast").unwrap_or(32.0)
+                        as f32,
+                    beta_slow: get("beta_slow", "rope.scaling.yarn_beta_slow").unwrap_or(1.0)
+                        as f32,
+                    truncate: hf("truncate").and_then(Value::as_bool).unwrap_or(true),
+                };
+                inv_freq = yarn.inv_freq(rotary_dim);
+                let mscale = |m: f64| {
+                    if factor <= 1.0 {
+                        1.0
+                    } else {
+                        0.1 * m * (factor as f64).ln() + 1.0
+                    }
+                };
+                attn_factor = match (
+                    get("attention_factor", "rope.scaling.attn_factor"),
+                    hf("mscale").and_then(Value::as_f64),
+                    hf("mscale_all_dim").and_then(Value::as_f64),
+                ) {
+                    (Some(a), _, _) => a,
+                    (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => mscale(m) / mscale(all),
+                    _ => mscale(1.0),
+                } as f32;
             }
             Some(other) => {
                 return Err(UError::unsupported(format!(
@@ -235,7 +277,55 @@ impl RopeConfig {
             style,
             rotary_dim,
             inv_freq,
+            attn_factor,
         })
+    }
+}
+
+/// YaRN (Peng et al. 2023, "YaRN: Efficient Context Window Extension"): frequencies that turn
+/// fewer than `beta_slow` times over the original context are interpolated (divided by
+/// `factor`), those turning more than `beta_fast` times are kept, with a linear ramp between;
+/// computed as transformers' `_compute_yarn_parameters` does.
+pub struct Yarn {
+    /// RoPE base θ.
+    pub base: f32,
+    /// Context extension factor.
+    pub factor: f32,
+    /// The context length the model was trained with.
+    pub original_context: f32,
+    /// Rotations above which a frequency is kept.
+    pub beta_fast: f32,
+    /// Rotations below which a frequency is interpolated.
+    pub beta_slow: f32,
+    /// Round the ramp's ends outwards to whole dimensions.
+    pub truncate: bool,
+}
+
+impl Yarn {
+    /// The `dim / 2` scaled inverse frequencies.
+    pub fn inv_freq(&self, dim: usize) -> Vec<f32> {
+        let d = dim as f32;
+        // The dimension at which a frequency turns `rotations` times over the original context.
+        let correction = |rotations: f32| {
+            d * (self.original_context / (rotations * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * self.base.ln())
+        };
+        let (mut low, mut high) = (correction(self.beta_fast), correction(self.beta_slow));
+        if self.truncate {
+            (low, high) = (low.floor(), high.ceil());
+        }
+        let (low, mut high) = (low.max(0.0), high.min(d - 1.0));
+        if low == high {
+            high += 0.001;
+        }
+        (0..dim / 2)
+            .map(|i| {
+                let pos = self.base.powf((2 * i) as f32 / d);
+                let (extrapolated, interpolated) = (1.0 / pos, 1.0 / (self.factor * pos));
+                let keep = 1.0 - ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+                interpolated * (1.0 - keep) + extrapolated * keep
+            })
+            .collect()
     }
 }
 

@@ -108,7 +108,7 @@ fn rope_params(cfg: &Config, heads: usize) -> RopeParams {
         head_dim: cfg.head_dim as u32,
         heads: heads as u32,
         inv_freq: cfg.rope.inv_freq.clone().into(),
-        attn_factor: 1.0,
+        attn_factor: cfg.rope.attn_factor,
     }
 }
 

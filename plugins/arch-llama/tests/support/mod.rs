@@ -19,7 +19,7 @@ use u_sdk::{
 };
 
 /// Models the fixture generator writes.
-pub const MODELS: [&str; 8] = [
+pub const MODELS: [&str; 9] = [
     "llama",
     "mistral",
     "qwen2",
@@ -28,6 +28,7 @@ pub const MODELS: [&str; 8] = [
     "qwen2_moe",
     "qwen3_moe",
     "olmoe",
+    "qwen2_yarn",
 ];
 
 /// One prompt of a fixture: its tokens, the reference logits and the greedy continuation.
