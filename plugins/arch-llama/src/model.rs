@@ -319,6 +319,13 @@ pub struct Mlp {
 }
 
 impl Mlp {
+    /// Asks for the pages of its three weights ahead of use (see [`Linear::prefetch`]).
+    pub fn prefetch(&self, w: &Weights) -> Result<()> {
+        self.gate.prefetch(w)?;
+        self.up.prefetch(w)?;
+        self.down.prefetch(w)
+    }
+
     /// Loads `blk.{i}.ffn_{gate,up,down}{suffix}`.
     pub fn load(w: &Weights, hidden: usize, i: usize, suffix: &str) -> Result<Mlp> {
         let gate = Linear::load(w, &format!("blk.{i}.ffn_gate{suffix}"), hidden, false)?;
@@ -451,6 +458,12 @@ impl MoE {
             }
         }
 
+        // Only the routed experts' weights are read: ask for their pages before computing.
+        for (expert, routes) in self.experts.iter().zip(&s.routes) {
+            if !routes.is_empty() {
+                expert.prefetch(c.w)?;
+            }
+        }
         out[..t * hidden].fill(0.0);
         for (expert, routes) in self.experts.iter().zip(&s.routes) {
             if routes.is_empty() {

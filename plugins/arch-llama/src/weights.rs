@@ -182,6 +182,19 @@ impl Linear {
         })
     }
 
+    /// Asks the kernel to read this weight's pages ahead (`madvise(MADV_WILLNEED)` on the mapped
+    /// bytes), so a page fault does not stall the matmul that follows. Advice only: failures
+    /// (e.g. weights that are not file-mapped) are ignored.
+    pub fn prefetch(&self, w: &Weights) -> Result<()> {
+        let full = w.view(&self.name)?;
+        let data = match &self.bytes {
+            None => full.data.as_slice(),
+            Some(r) => full.data.as_slice().get(r.clone()).unwrap_or(&[]),
+        };
+        will_need(data);
+        Ok(())
+    }
+
     /// `y[m × out] = x[m × in]·Wᵀ + b`.
     pub fn forward(
         &self,
@@ -220,5 +233,24 @@ impl Linear {
             }
         }
         Ok(())
+    }
+}
+
+/// `madvise(MADV_WILLNEED)` over the pages holding `bytes`.
+fn will_need(bytes: &[u8]) {
+    if bytes.is_empty() {
+        return;
+    }
+    // SAFETY: sysconf has no preconditions.
+    let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        p if p > 0 => p as usize,
+        _ => 4096,
+    };
+    let start = bytes.as_ptr() as usize & !(page - 1);
+    let end = bytes.as_ptr() as usize + bytes.len();
+    // SAFETY: MADV_WILLNEED only schedules reads of pages of this process's own mappings; it
+    // changes no contents, and a range that is not mapped just makes the call fail.
+    unsafe {
+        libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_WILLNEED);
     }
 }
