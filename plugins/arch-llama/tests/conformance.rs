@@ -138,6 +138,18 @@ fn gguf_f32_logits_and_generation_match_transformers() -> Result<()> {
     run_all("gguf", support::gguf, || ReferenceCache::new_box(4))
 }
 
+/// The same weights as ONNX initializers (HF names) with the `config.json` beside them.
+#[test]
+fn onnx_logits_and_generation_match_transformers() -> Result<()> {
+    for name in ["llama", "qwen2", "mixtral"] {
+        let model = build(support::onnx(name)?, ReferenceCache::new_box(4))?;
+        let worst = check_sequential(name, &model)?;
+        check_batched(name, &model)?;
+        eprintln!("       onnx {name:<10} max |Δlogit| = {worst:.2e}, greedy 32 tokens identical");
+    }
+    Ok(())
+}
+
 #[test]
 fn safetensors_with_the_cache_kv_plugin() -> Result<()> {
     run_all("cache-kv", support::safetensors, support::cache_kv)

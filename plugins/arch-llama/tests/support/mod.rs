@@ -92,6 +92,16 @@ pub fn safetensors(model: &str) -> Result<WeightSetBox> {
     ))
 }
 
+/// The fixture's ONNX weights (llama, qwen2, mixtral: `model.onnx` beside `config.json`).
+pub fn onnx(model: &str) -> Result<WeightSetBox> {
+    use u_loader_onnx::{OnnxModel, OnnxWeights, StdFs};
+    let m = OnnxModel::open(&StdFs, &dir(model).join("model.onnx"))?;
+    Ok(WeightSet_TO::from_value(
+        OnnxWeights(Arc::new(m)),
+        TD_Opaque,
+    ))
+}
+
 /// The fixture's GGUF F32 weights.
 pub fn gguf(model: &str) -> Result<WeightSetBox> {
     let w = u_loader_gguf::plugin::GgufWeights::open_path(&dir(model).join("model.gguf"))?;
