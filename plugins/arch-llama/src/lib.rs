@@ -143,6 +143,12 @@ impl Model for Llama {
         ROption::RSome(Llama::key_rope(self))
     }
 
+    fn embed(&self, tokens: RSlice<'_, u32>) -> RResult<RVec<f32>, UError> {
+        guard("arch-llama.embed", || {
+            Llama::embed(self, tokens.as_slice()).map(RVec::from)
+        })
+    }
+
     fn forward(
         &self,
         batch: RSlice<'_, SeqChunk<'_>>,

@@ -698,7 +698,7 @@ impl Llama {
             .scratch
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let result = self.run(batch, &segs, &mut scratch, logits);
+        let result = self.run(batch, &segs, &mut scratch, Output::Logits(logits));
         if result.is_err() {
             for seg in &segs {
                 let _ = self.cache.truncate(seg.seq, seg.start as u64);
@@ -707,12 +707,74 @@ impl Llama {
         result
     }
 
+    /// The mean over `tokens` of the final hidden state (after the output norm), run in a
+    /// scratch sequence of the cache that is released afterwards (see [`u_sdk::Model::embed`]).
+    pub fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(UError::invalid("arch-llama: nothing to embed"));
+        }
+        if tokens.len() > self.cfg.context_length {
+            return Err(UError::new(
+                u_sdk::ErrorKind::ResourceExhausted,
+                format!(
+                    "arch-llama: {} tokens to embed, past the context length {}",
+                    tokens.len(),
+                    self.cfg.context_length
+                ),
+            ));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            return Err(UError::invalid(format!(
+                "arch-llama: token {bad} is outside the vocabulary of {}",
+                self.cfg.vocab_size
+            )));
+        }
+        let hidden = self.cfg.hidden;
+        let seq = self.cache.create().into_result()?;
+        let mut sum = vec![0f64; hidden];
+        let mut rows = Vec::new();
+        let mut result = Ok(());
+        let mut scratch = self
+            .scratch
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (i, chunk) in tokens.chunks(EMBED_CHUNK).enumerate() {
+            let batch = [SeqChunk {
+                seq,
+                tokens: RSlice::from_slice(chunk),
+                logits: LogitsWanted::None,
+            }];
+            let segs = [Segment {
+                seq,
+                start: i * EMBED_CHUNK,
+                offset: 0,
+                len: chunk.len(),
+            }];
+            result = self.run(&batch, &segs, &mut scratch, Output::Hidden(&mut rows));
+            if result.is_err() {
+                break;
+            }
+            for row in rows.chunks_exact(hidden) {
+                sum.iter_mut()
+                    .zip(row)
+                    .for_each(|(s, &v)| *s += f64::from(v));
+            }
+        }
+        drop(scratch);
+        self.cache.release(seq).into_result()?;
+        result?;
+        Ok(sum
+            .iter()
+            .map(|s| (s / tokens.len() as f64) as f32)
+            .collect())
+    }
+
     fn run(
         &self,
         batch: &[SeqChunk<'_>],
         segs: &[Segment],
         s: &mut Scratch,
-        logits: &mut [f32],
+        out: Output<'_>,
     ) -> Result<()> {
         // A handle per pass: the cache keeps every page it lends out alive until the handle that
         // borrowed it drops, so borrowing through the model's long-lived handle would keep every
@@ -744,6 +806,13 @@ impl Llama {
             block.forward(&c, segs, s)?;
         }
 
+        let logits = match out {
+            Output::Logits(logits) => logits,
+            Output::Hidden(rows) => {
+                rows.resize(t * hidden, 0.0);
+                return rms_norm(c.k, &s.x[..t * hidden], &self.norm, self.cfg.rms_eps, rows);
+            }
+        };
         // Gather the rows whose logits are wanted, then norm and project only those.
         let h = buf(&mut s.h, t * hidden);
         let mut rows = 0;
@@ -771,6 +840,17 @@ impl Llama {
         )?;
         self.lm_head.forward(c.w, c.k, normed, rows, logits)
     }
+}
+
+/// Tokens per pass when embedding.
+const EMBED_CHUNK: usize = 512;
+
+/// What a pass produces.
+enum Output<'a> {
+    /// The logits the batch asks for.
+    Logits(&'a mut [f32]),
+    /// The normed final hidden state of every token.
+    Hidden(&'a mut Vec<f32>),
 }
 
 /// An identity of the model for the cache: FNV-1a over the architecture, every tensor's name,

@@ -199,3 +199,36 @@ fn gguf_q8_0_runs_quantized_weights_in_place() -> Result<()> {
     }
     Ok(())
 }
+
+/// `Model::embed`: the mean final hidden state over a prompt equals transformers'
+/// `last_hidden_state.mean(0)`, and the scratch sequence it ran in is released.
+#[test]
+fn embeddings_match_transformers_mean_hidden_state() -> Result<()> {
+    for name in ["llama", "qwen3"] {
+        let reference: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(support::dir(name).join("embedding.json"))?)?;
+        let prompt: Vec<u32> = serde_json::from_value(reference["prompt"].clone())?;
+        let want: Vec<f32> = serde_json::from_value(reference["mean_hidden"].clone())?;
+        let cache = support::cache_kv();
+        let model = build(support::safetensors(name)?, cache.clone())?;
+        let got = model
+            .embed(abi_stable::std_types::RSlice::from_slice(&prompt))
+            .into_result()?;
+        let worst = max_abs_diff(&got, &want);
+        eprintln!(
+            "embed {name:<6} max |Δ| = {worst:.2e} over {} values",
+            want.len()
+        );
+        assert!(worst <= 1e-5, "{name}: {worst}");
+        assert_eq!(
+            cache.stats().into_result()?.sequences,
+            0,
+            "scratch sequence released"
+        );
+        let empty = model
+            .embed(abi_stable::std_types::RSlice::from_slice(&[]))
+            .into_result();
+        assert!(empty.is_err());
+    }
+    Ok(())
+}
