@@ -333,6 +333,32 @@ fn logprobs_checkpoints_metrics_and_back_pressure() {
         v["choices"][0]["message"]["content"].as_str().unwrap()
     );
 
+    // Embeddings: one L2-normalised vector of the model's hidden size per input.
+    let (s, v) = post(
+        port,
+        "/v1/embeddings",
+        br#"{"model":"tiny-llama","input":["Hello, world","Hello, world","Goodbye"]}"#,
+    );
+    assert_eq!(s, 200, "{v}");
+    let vectors: Vec<Vec<f64>> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| serde_json::from_value(d["embedding"].clone()).unwrap())
+        .collect();
+    assert_eq!(vectors.len(), 3);
+    assert_eq!(vectors[0].len(), 32, "hidden size of the fixture");
+    let norm: f64 = vectors[0].iter().map(|x| x * x).sum::<f64>().sqrt();
+    assert!((norm - 1.0).abs() < 1e-4, "{norm}");
+    assert_eq!(vectors[0], vectors[1], "same input, same vector");
+    assert_ne!(vectors[0], vectors[2]);
+    let (s, v) = post(
+        port,
+        "/v1/embeddings",
+        br#"{"model":"tiny-llama","input":""}"#,
+    );
+    assert_eq!(s, 400, "{v}");
+
     // Checkpoints: save a prefix, continue from it, fork, list, delete.
     let (s, v) = post(
         port,
