@@ -1,6 +1,7 @@
 //! Issue 6 speed, on the real SmolLM2-135M model: a 2,000-token prefix restored from the prefix
 //! tree vs prefilled, and, after a "restart" (a fresh cache and model), first token with the
-//! disk tier vs without. Prints both ratios.
+//! disk tier (a checkpoint, or the prefix tree rebuilt from its segment files) vs without.
+//! Prints the ratios.
 //!
 //! Run: `cargo xtask fetch-model && cargo bench -p u-cache-kv --bench model_restore`
 //! (model path: `$U_SMOLLM2_GGUF`, else the model cache `cargo xtask fetch-model` fills).
@@ -128,8 +129,20 @@ fn main() {
         .unwrap();
     let warm_next = run(&model, seq, &[next]);
     let warm = t.elapsed();
+    drop(model);
+    drop(cache);
+    let t = Instant::now();
+    let cache = disk();
+    let model = build(cache.clone());
+    let found = cache
+        .lookup_prefix(query.as_slice().into())
+        .into_result()
+        .unwrap();
+    assert_eq!(found.matched as usize, PREFIX, "the prefix tree survived");
+    let tree_next = run(&model, found.seq, &[next]);
+    let warm_tree = t.elapsed();
     assert_eq!(cold_next, next, "prefill is deterministic");
-    let _ = warm_next;
+    assert_eq!(tree_next, warm_next, "tree and checkpoint restore agree");
 
     println!("SmolLM2-135M Q4_1, {PREFIX}-token prefix, then one token:");
     println!("  prefill + token:               {prefill:>10.1?}");
@@ -143,5 +156,10 @@ fn main() {
     println!(
         "  ratio without / with disk tier: {:.1}x",
         cold.as_secs_f64() / warm.as_secs_f64()
+    );
+    println!("  restart, disk prefix tree:     {warm_tree:>10.1?}  (load + map tree + token)");
+    println!(
+        "  ratio without / with tree:      {:.1}x",
+        cold.as_secs_f64() / warm_tree.as_secs_f64()
     );
 }

@@ -1,17 +1,30 @@
-//! The disk tier: checkpoints as files under a directory the deployment grants `fs.write` on.
+//! The disk tier: checkpoints and prefix-tree segments as files under a directory the
+//! deployment grants `fs.write` on.
 //!
 //! Every file access goes through the host services (`open_write`, `open_read`, `rename`,
 //! `remove`), so the grant applies. Writes are crash-safe: the file is written under a temporary
-//! name (`.<name>.ukv.tmp.<pid>.<n>`), `fsync`ed, renamed over `<name>.ukv`, and the directory is
-//! `fsync`ed; a crash at any point leaves the previous checkpoint intact. Reads `mmap` the file,
+//! name (`.<name><ext>.tmp.<pid>.<n>`), `fsync`ed, renamed over `<name><ext>`, and the directory
+//! is `fsync`ed; a crash at any point leaves the previous file intact. Reads `mmap` the file,
 //! check it completely, and hand its pages to sequences in place (no parse into new buffers, no
 //! copy); the kernel pages them in when they are first read.
 //!
+//! Opening a directory ([`Disk::open`]) removes the temporary files of crashed writers: those
+//! whose `<pid>` is not a live process (`kill(pid, 0)` fails with `ESRCH`). A temporary file of a
+//! live process, this one included, may be a save in progress (another cache on the same
+//! directory) and is left alone; one whose pid was reused by an unrelated process is left until a
+//! later open finds that pid gone. Directories are meant to be shared only by processes of one
+//! pid namespace (otherwise a writer of another namespace looks dead, and its save fails at the
+//! rename — an error, never a torn file).
+//!
 //! # File format (version 1; integers little-endian)
+//!
+//! Two kinds of file share one layout: checkpoints (`<name>.ukv`, magic `UKVCKPT\0`) and
+//! prefix-tree segments (`p-<hash>.ukvp`, magic `UKVPREF\0`; see [`crate::store`] for when they
+//! are written and how the tree is rebuilt from them).
 //!
 //! | offset | size | field |
 //! | --- | --- | --- |
-//! | 0 | 8 | magic `UKVCKPT\0` |
+//! | 0 | 8 | magic `UKVCKPT\0` or `UKVPREF\0` |
 //! | 8 | 4 | format version (1) |
 //! | 12 | 4 | tokens per page (64) |
 //! | 16 | 4 | layers |
@@ -21,29 +34,35 @@
 //! | 32 | 8 | tokens in the sequence |
 //! | 40 | 8 | total file length in bytes |
 //! | 48 | 16 | checksum: XXH3-128 (seed 0) of the whole file with these 16 bytes zeroed |
-//! | 64 | 16 | reserved, zero |
+//! | 64 | 8 | first page `f` stored per layer (checkpoint: 0) |
+//! | 72 | 8 | segment start `s`: tokens `0..s` were already on disk when it was written (checkpoint: 0) |
 //! | 80 | 4 | model id length `m` |
-//! | 84 | 4 | checkpoint name length `k` |
+//! | 84 | 4 | label length `k` |
 //! | 88 | 4 | page count `P` (all layers) |
 //! | 92 | 4 | reserved, zero |
 //! | 96 | m | model id (UTF-8, [`u_sdk::KvLayout::model_id`]) |
-//! | 96+m | k | checkpoint name (UTF-8) |
-//! | T | 16·P | page table, T = 96+m+k rounded up to 64: per page `kind` u32 (0 = f32, 1 = int8), `tokens` u32, `offset` u64; layer by layer, pages in token order |
+//! | 96+m | k | label: checkpoint name (UTF-8), or a segment's whole token path (`u32` each, `k = 4 × tokens`) |
+//! | T | 16·P | page table, T = 96+m+k rounded up to 64: per page `kind` u32 (0 = f32, 1 = int8), `tokens` u32, `offset` u64; layer by layer, pages `f..` in token order |
 //! | … | | pages, each at a 64-byte-aligned offset |
 //!
 //! A page of `n` tokens and row `r = kv_heads × head_dim` holds, as in memory: f32 — keys
 //! `n·r` f32, then values `n·r` f32; int8 — key scales `n·g` f32, value scales `n·g` f32
 //! (`g = ⌈r/32⌉`), keys `n·r` i8, values `n·r` i8.
+//!
+//! A segment stores pages `f = ⌊s/64⌋..` of each layer: pages before `f` are whole pages of
+//! shorter segments on the same token path (shared, as in memory), and the page holding token
+//! `s` is stored again so that every page of a restored sequence maps one file region as is.
 
 use crate::{
     page::{Counters, Kind, PAGE_TOKENS, Page, Shape, View},
     quant::GROUP,
-    store::{Geometry, Lane, Snapshot},
+    store::{Geometry, Snapshot},
 };
 use memmap2::Mmap;
 use std::{
     fs::File,
     io::{BufWriter, Write},
+    ops::Range,
     os::{fd::FromRawFd, unix::fs::FileExt},
     sync::{
         Arc,
@@ -53,20 +72,54 @@ use std::{
 use u_sdk::{HostBox, UError, WriteMode};
 use xxhash_rust::xxh3::Xxh3;
 
-/// Magic bytes at offset 0.
+/// Magic bytes at offset 0 of a checkpoint file.
 pub const MAGIC: [u8; 8] = *b"UKVCKPT\0";
+/// Magic bytes at offset 0 of a prefix-tree segment file.
+pub const PREFIX_MAGIC: [u8; 8] = *b"UKVPREF\0";
 /// Format version.
 pub const VERSION: u32 = 1;
 const HEADER: usize = 96;
-const CHECKSUM: std::ops::Range<usize> = 48..64;
+const CHECKSUM: Range<usize> = 48..64;
 const ENTRY: usize = 16;
 const ALIGN: usize = 64;
-const EXT: &str = ".ukv";
 
 #[cfg(target_endian = "big")]
 compile_error!("the checkpoint format is little-endian and mapped in place");
 
-/// Why a checkpoint file was refused.
+/// What a file holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileKind {
+    /// A named checkpoint: a whole sequence.
+    Checkpoint,
+    /// A prefix-tree segment: a token path and its pages from page `f` on.
+    Prefix,
+}
+
+impl FileKind {
+    fn magic(self) -> [u8; 8] {
+        match self {
+            Self::Checkpoint => MAGIC,
+            Self::Prefix => PREFIX_MAGIC,
+        }
+    }
+
+    /// The file name extension.
+    pub fn ext(self) -> &'static str {
+        match self {
+            Self::Checkpoint => ".ukv",
+            Self::Prefix => ".ukvp",
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Self::Checkpoint => "checkpoint",
+            Self::Prefix => "prefix-tree segment",
+        }
+    }
+}
+
+/// Why a checkpoint or segment file was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum FormatError {
@@ -78,9 +131,9 @@ pub enum FormatError {
         /// Bytes expected.
         expected: u64,
     },
-    /// Not a checkpoint file.
-    #[error("not a U KV checkpoint (bad magic)")]
-    BadMagic,
+    /// Not a file of the expected kind.
+    #[error("not a U KV {0} (bad magic)")]
+    BadMagic(&'static str),
     /// Another format version.
     #[error("format version {0} is not supported (this build reads version {VERSION})")]
     Version(u32),
@@ -127,6 +180,21 @@ pub struct Entry {
     pub offsets: [usize; 4],
 }
 
+/// A checked file: its page table and header fields.
+#[derive(Debug)]
+pub struct Parsed {
+    /// Entries of pages `first_page..`, layer by layer.
+    pub layers: Vec<Vec<Entry>>,
+    /// Tokens in the sequence.
+    pub tokens: usize,
+    /// First page stored per layer.
+    pub first_page: usize,
+    /// Segment start (tokens already on disk when it was written).
+    pub start: usize,
+    /// Byte range of the label.
+    pub label: Range<usize>,
+}
+
 fn sections(kind: Kind, tokens: usize, shape: Shape, at: usize) -> ([usize; 4], usize) {
     let (r, g) = (tokens * shape.row, tokens * shape.groups);
     match kind {
@@ -167,8 +235,19 @@ fn layout_string(layers: u32, kv_heads: u32, head_dim: u32, page: u32, group: u3
     )
 }
 
-/// Checks a whole file against `g` and returns its page table, layer by layer.
-pub fn parse(bytes: &[u8], g: &Geometry) -> Result<Vec<Vec<Entry>>, FormatError> {
+fn our_layout(g: &Geometry) -> String {
+    let l = &g.layout;
+    layout_string(
+        l.layers,
+        l.kv_heads,
+        l.head_dim,
+        PAGE_TOKENS as u32,
+        GROUP as u32,
+    )
+}
+
+/// Checks a whole file of `kind` against `g` and returns its page table and header fields.
+pub fn parse(bytes: &[u8], kind: FileKind, g: &Geometry) -> Result<Parsed, FormatError> {
     let len = bytes.len() as u64;
     if bytes.len() < HEADER {
         return Err(FormatError::Truncated {
@@ -176,8 +255,8 @@ pub fn parse(bytes: &[u8], g: &Geometry) -> Result<Vec<Vec<Entry>>, FormatError>
             expected: HEADER as u64,
         });
     }
-    if bytes[..8] != MAGIC {
-        return Err(FormatError::BadMagic);
+    if bytes[..8] != kind.magic() {
+        return Err(FormatError::BadMagic(kind.what()));
     }
     let version = u32_at(bytes, 8);
     if version != VERSION {
@@ -200,7 +279,7 @@ pub fn parse(bytes: &[u8], g: &Geometry) -> Result<Vec<Vec<Entry>>, FormatError>
         return Err(FormatError::Checksum);
     }
     let bad = |m: &str| FormatError::Malformed(m.to_string());
-    let (mid_len, name_len) = (u32_at(bytes, 80) as usize, u32_at(bytes, 84) as usize);
+    let (mid_len, label_len) = (u32_at(bytes, 80) as usize, u32_at(bytes, 84) as usize);
     let count = u32_at(bytes, 88) as usize;
     let mid_end = HEADER
         .checked_add(mid_len)
@@ -213,14 +292,7 @@ pub fn parse(bytes: &[u8], g: &Geometry) -> Result<Vec<Vec<Entry>>, FormatError>
             expected: g.layout.model_id.to_string(),
         });
     }
-    let l = &g.layout;
-    let ours = layout_string(
-        l.layers,
-        l.kv_heads,
-        l.head_dim,
-        PAGE_TOKENS as u32,
-        GROUP as u32,
-    );
+    let ours = our_layout(g);
     let theirs = layout_string(
         u32_at(bytes, 16),
         u32_at(bytes, 20),
@@ -235,21 +307,38 @@ pub fn parse(bytes: &[u8], g: &Geometry) -> Result<Vec<Vec<Entry>>, FormatError>
         });
     }
     let tokens = u64_at(bytes, 32) as usize;
+    let (first_page, start) = (u64_at(bytes, 64) as usize, u64_at(bytes, 72) as usize);
     let per_layer = tokens.div_ceil(PAGE_TOKENS);
-    if count != per_layer * g.layers() {
+    let label_end = mid_end
+        .checked_add(label_len)
+        .filter(|&e| e <= bytes.len())
+        .ok_or_else(|| bad("label past the end"))?;
+    match kind {
+        FileKind::Checkpoint if first_page != 0 || start != 0 => {
+            return Err(bad("a checkpoint stores every page"));
+        }
+        FileKind::Prefix
+            if start >= tokens || first_page != start / PAGE_TOKENS || label_len != 4 * tokens =>
+        {
+            return Err(bad("segment start, first page and token path disagree"));
+        }
+        _ => {}
+    }
+    if count != (per_layer - first_page.min(per_layer)) * g.layers() {
         return Err(bad("page count does not match tokens × layers"));
     }
-    let table = align(mid_end + name_len);
+    let table = align(label_end);
     let table_end = count
         .checked_mul(ENTRY)
         .and_then(|n| n.checked_add(table))
         .filter(|&e| e <= bytes.len())
         .ok_or_else(|| bad("page table past the end"))?;
+    let stored = per_layer.saturating_sub(first_page);
     let mut layers = Vec::with_capacity(g.layers());
     for layer in 0..g.layers() {
-        let mut pages = Vec::with_capacity(per_layer);
-        for p in 0..per_layer {
-            let e = table + (layer * per_layer + p) * ENTRY;
+        let mut pages = Vec::with_capacity(stored);
+        for p in first_page..per_layer {
+            let e = table + (layer * stored + p - first_page) * ENTRY;
             let kind = match u32_at(bytes, e) {
                 0 => Kind::F32,
                 1 => Kind::I8,
@@ -276,27 +365,48 @@ pub fn parse(bytes: &[u8], g: &Geometry) -> Result<Vec<Vec<Entry>>, FormatError>
         }
         layers.push(pages);
     }
-    Ok(layers)
+    Ok(Parsed {
+        layers,
+        tokens,
+        first_page,
+        start,
+        label: mid_end..label_end,
+    })
 }
 
 fn bytes_of<T: Copy>(s: &[T]) -> &[u8] {
-    // SAFETY: `T` is f32 or i8 here: plain numbers without padding; any byte view is valid.
+    // SAFETY: `T` is f32, i8 or u32 here: plain numbers without padding; any byte view is valid.
     unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, std::mem::size_of_val(s)) }
+}
+
+/// What [`encode`] writes besides the pages.
+pub struct Header<'a> {
+    /// The kind of file.
+    pub kind: FileKind,
+    /// Checkpoint name, or the segment's token path as bytes.
+    pub label: &'a [u8],
+    /// Segment start (0 for a checkpoint); pages from `start / PAGE_TOKENS` on are written.
+    pub start: usize,
 }
 
 /// Serializes `snap` (its complete tokens) into `out`; returns the checksum to patch in.
 pub fn encode(
-    name: &str,
+    h: &Header<'_>,
     g: &Geometry,
     snap: &Snapshot,
     out: &mut impl Write,
 ) -> std::io::Result<([u8; 16], u64)> {
     let tokens = snap.len();
     let snap = snap.truncated(tokens);
+    let first_page = h.start / PAGE_TOKENS;
     let l = &g.layout;
     let mid = l.model_id.as_bytes();
-    let pages: Vec<(&Arc<Page>, usize)> = snap.lanes.iter().flat_map(|l| l.views()).collect();
-    let table = align(HEADER + mid.len() + name.len());
+    let pages: Vec<(&Arc<Page>, usize)> = snap
+        .lanes
+        .iter()
+        .flat_map(|l| l.views().skip(first_page))
+        .collect();
+    let table = align(HEADER + mid.len() + h.label.len());
     let mut at = align(table + pages.len() * ENTRY);
     let mut entries = Vec::with_capacity(pages.len() * ENTRY);
     for (p, n) in &pages {
@@ -308,7 +418,7 @@ pub fn encode(
     }
     let total = at as u64;
     let mut head = Vec::with_capacity(table + entries.len());
-    head.extend_from_slice(&MAGIC);
+    head.extend_from_slice(&h.kind.magic());
     for v in [
         VERSION,
         PAGE_TOKENS as u32,
@@ -319,14 +429,26 @@ pub fn encode(
     ] {
         head.extend_from_slice(&v.to_le_bytes());
     }
-    head.extend_from_slice(&(tokens as u64).to_le_bytes());
-    head.extend_from_slice(&total.to_le_bytes());
-    head.extend_from_slice(&[0u8; 32]);
-    for v in [mid.len() as u32, name.len() as u32, pages.len() as u32, 0] {
+    for v in [
+        tokens as u64,
+        total,
+        0,
+        0,
+        first_page as u64,
+        h.start as u64,
+    ] {
+        head.extend_from_slice(&v.to_le_bytes());
+    }
+    for v in [
+        mid.len() as u32,
+        h.label.len() as u32,
+        pages.len() as u32,
+        0,
+    ] {
         head.extend_from_slice(&v.to_le_bytes());
     }
     head.extend_from_slice(mid);
-    head.extend_from_slice(name.as_bytes());
+    head.extend_from_slice(h.label);
     head.resize(table, 0);
     head.extend_from_slice(&entries);
     head.resize(align(head.len()), 0);
@@ -376,18 +498,33 @@ impl<W: Write> Sink<'_, W> {
     }
 }
 
-/// Builds a snapshot whose pages point into `map` (checked by [`parse`]).
+/// A file's pages, pointing into its map, with its header fields.
+pub struct Mapped {
+    /// Pages `first_page..` of each layer, in token order.
+    pub pages: Vec<Vec<Arc<Page>>>,
+    /// Tokens in the sequence.
+    pub tokens: usize,
+    /// First page stored per layer.
+    pub first_page: usize,
+    /// Segment start.
+    pub start: usize,
+    /// The label's bytes (a copy: names and token ids, not KV).
+    pub label: Vec<u8>,
+}
+
+/// Builds pages that point into `map` (checked by [`parse`]).
 pub fn restore(
     map: Arc<Mmap>,
+    kind: FileKind,
     g: &Geometry,
     counters: &Arc<Counters>,
-) -> Result<Snapshot, FormatError> {
-    let table = parse(&map, g)?;
-    let tokens = u64_at(&map, 32) as usize;
-    let lanes = table
+) -> Result<Mapped, FormatError> {
+    let parsed = parse(&map, kind, g)?;
+    let pages = parsed
+        .layers
         .into_iter()
-        .map(|entries| Lane {
-            pages: entries
+        .map(|entries| {
+            entries
                 .into_iter()
                 .map(|e| {
                     Arc::new(Page::mapped(
@@ -399,11 +536,39 @@ pub fn restore(
                         counters,
                     ))
                 })
-                .collect(),
-            len: tokens,
+                .collect()
         })
         .collect();
-    Ok(Snapshot { lanes })
+    Ok(Mapped {
+        pages,
+        tokens: parsed.tokens,
+        first_page: parsed.first_page,
+        start: parsed.start,
+        label: map[parsed.label].to_vec(),
+    })
+}
+
+impl Mapped {
+    /// The sequence these pages continue: `base` (at least `first_page` whole pages long)
+    /// truncated to those pages, then this file's pages.
+    pub fn onto(self, base: &Snapshot) -> Snapshot {
+        let keep = self.first_page * PAGE_TOKENS;
+        let mut snap = base.truncated(keep);
+        for (lane, pages) in snap.lanes.iter_mut().zip(self.pages) {
+            debug_assert_eq!(lane.len, keep);
+            lane.pages.extend(pages);
+            lane.len = self.tokens;
+        }
+        snap
+    }
+
+    /// The label as token ids (a segment's token path).
+    pub fn token_path(&self) -> Vec<u32> {
+        self.label
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .collect()
+    }
 }
 
 /// Checks a checkpoint name: 1–128 of `[A-Za-z0-9_.-]`, not starting with a dot.
@@ -422,6 +587,40 @@ pub fn check_name(name: &str) -> u_sdk::Result<()> {
              starting with '.'"
         )))
     }
+}
+
+/// The file stem of the segment for `tokens` under layout `g`: `p-` and 32 hex digits of an
+/// XXH3-128 of the model id, the layout and the token ids, so models sharing a directory never
+/// collide.
+pub fn segment_stem(g: &Geometry, tokens: &[u32]) -> String {
+    let mut h = Xxh3::new();
+    h.update(g.layout.model_id.as_bytes());
+    h.update(&[0]);
+    h.update(our_layout(g).as_bytes());
+    h.update(&[0]);
+    h.update(bytes_of(tokens));
+    format!("p-{:032x}", h.digest128())
+}
+
+/// Whether `name` is the temporary file of a writer that is gone; `ours` is this process's pid.
+fn stale_temp(name: &str, ours: u32) -> Option<u32> {
+    let rest = name.strip_prefix('.')?;
+    let (rest, _serial) = rest
+        .rsplit_once('.')
+        .filter(|(_, n)| n.parse::<u64>().is_ok())?;
+    let (rest, pid) = rest.rsplit_once('.')?;
+    let pid: u32 = pid.parse().ok()?;
+    let tmp = [FileKind::Checkpoint, FileKind::Prefix]
+        .iter()
+        .any(|k| rest.ends_with(&format!("{}.tmp", k.ext())));
+    let dead = || {
+        i32::try_from(pid).is_ok_and(|p| {
+            // SAFETY: signal 0 sends nothing; it only asks whether `p` exists.
+            let r = unsafe { libc::kill(p, 0) };
+            r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+        })
+    };
+    (tmp && pid != ours && dead()).then_some(pid)
 }
 
 /// The disk tier of one cache.
@@ -443,25 +642,89 @@ fn owned_file(fd: i32, what: &str) -> u_sdk::Result<File> {
 }
 
 impl Disk {
-    /// Checkpoints under `dir`, reached through `host`.
-    pub fn new(host: HostBox, dir: &str) -> Self {
-        Self {
+    /// The disk tier under `dir`, reached through `host`; removes the temporary files that
+    /// crashed writers left there (see the module documentation), logging each.
+    pub fn open(host: HostBox, dir: &str) -> Self {
+        let disk = Self {
             host,
             dir: dir.trim_end_matches('/').to_string(),
             serial: AtomicU64::new(0),
+        };
+        disk.remove_stale_temps();
+        disk
+    }
+
+    fn remove_stale_temps(&self) {
+        let Ok(names) = self.entries() else { return };
+        let ours = std::process::id();
+        for name in names {
+            let Some(pid) = stale_temp(&name, ours) else {
+                continue;
+            };
+            let path = format!("{}/{name}", self.dir);
+            match self.host.remove(path.as_str().into()).into_result() {
+                Ok(()) => self.host.info(&format!(
+                    "cache-kv: removed {path}, left by a writer (pid {pid}) that is gone"
+                )),
+                Err(e) => self.host.warn(&format!(
+                    "cache-kv: cannot remove stale temporary file {path}: {}",
+                    e.message
+                )),
+            }
         }
     }
 
-    /// The path of checkpoint `name`.
-    pub fn path(&self, name: &str) -> String {
-        format!("{}/{name}{EXT}", self.dir)
+    /// Logs a warning through the host.
+    pub fn warn(&self, message: &str) {
+        self.host.warn(message);
     }
 
-    /// Writes checkpoint `name` crash-safely (temporary file, fsync, rename, fsync directory).
+    /// The path of the file `stem` of `kind`.
+    pub fn path(&self, stem: &str, kind: FileKind) -> String {
+        format!("{}/{stem}{}", self.dir, kind.ext())
+    }
+
+    /// Writes checkpoint `name` crash-safely.
     pub fn write(&self, name: &str, g: &Geometry, snap: &Snapshot) -> u_sdk::Result<()> {
+        let h = Header {
+            kind: FileKind::Checkpoint,
+            label: name.as_bytes(),
+            start: 0,
+        };
+        self.write_file(name, &h, g, snap)
+    }
+
+    /// Writes the segment of `tokens` (held by `snap`) from token `start` on, crash-safely;
+    /// returns its stem.
+    pub fn write_segment(
+        &self,
+        tokens: &[u32],
+        start: usize,
+        g: &Geometry,
+        snap: &Snapshot,
+    ) -> u_sdk::Result<String> {
+        let stem = segment_stem(g, tokens);
+        let h = Header {
+            kind: FileKind::Prefix,
+            label: bytes_of(tokens),
+            start,
+        };
+        self.write_file(&stem, &h, g, &snap.truncated(tokens.len()))?;
+        Ok(stem)
+    }
+
+    /// Writes `stem` (temporary file, fsync, rename, fsync directory).
+    fn write_file(
+        &self,
+        stem: &str,
+        h: &Header<'_>,
+        g: &Geometry,
+        snap: &Snapshot,
+    ) -> u_sdk::Result<()> {
         let n = self.serial.fetch_add(1, Ordering::Relaxed);
-        let tmp = format!("{}/.{name}{EXT}.tmp.{}.{n}", self.dir, std::process::id());
-        let path = self.path(name);
+        let ext = h.kind.ext();
+        let tmp = format!("{}/.{stem}{ext}.tmp.{}.{n}", self.dir, std::process::id());
+        let path = self.path(stem, h.kind);
         let result = (|| {
             let fd = self
                 .host
@@ -470,7 +733,7 @@ impl Disk {
             let file = owned_file(fd, &tmp)?;
             let io = |e| UError::io(format!("write {tmp}"), e);
             let mut w = BufWriter::with_capacity(1 << 20, &file);
-            let (sum, _) = encode(name, g, snap, &mut w).map_err(io)?;
+            let (sum, _) = encode(h, g, snap, &mut w).map_err(io)?;
             w.flush().map_err(io)?;
             drop(w);
             file.write_all_at(&sum, CHECKSUM.start as u64).map_err(io)?;
@@ -500,21 +763,33 @@ impl Disk {
         g: &Geometry,
         counters: &Arc<Counters>,
     ) -> u_sdk::Result<Snapshot> {
-        let path = self.path(name);
+        let m = self.map(name, FileKind::Checkpoint, g, counters)?;
+        Ok(m.onto(&Snapshot::empty(g.layers())))
+    }
+
+    /// Maps and checks the file `stem` of `kind`; the error names the file and why.
+    pub fn map(
+        &self,
+        stem: &str,
+        kind: FileKind,
+        g: &Geometry,
+        counters: &Arc<Counters>,
+    ) -> u_sdk::Result<Mapped> {
+        let path = self.path(stem, kind);
         let fd = self.host.open_read(path.as_str().into()).into_result()?;
         let file = owned_file(fd, &path)?;
-        // SAFETY: a private read-only map; checkpoint files are replaced by rename, never
-        // rewritten in place, so the mapped inode does not change under us.
+        // SAFETY: a private read-only map; these files are replaced by rename, never rewritten
+        // in place, so the mapped inode does not change under us.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| UError::io(format!("mmap {path}"), e))?;
-        restore(Arc::new(map), g, counters)
-            .map_err(|e| UError::invalid(format!("checkpoint {path} refused: {e}")))
+        restore(Arc::new(map), kind, g, counters)
+            .map_err(|e| UError::invalid(format!("{} {path} refused: {e}", kind.what())))
     }
 
     /// Removes checkpoint `name`; false if there was none.
     pub fn remove(&self, name: &str) -> u_sdk::Result<bool> {
         match self
             .host
-            .remove(self.path(name).as_str().into())
+            .remove(self.path(name, FileKind::Checkpoint).as_str().into())
             .into_result()
         {
             Ok(()) => Ok(true),
@@ -525,6 +800,24 @@ impl Disk {
 
     /// Names of the checkpoints in the directory.
     pub fn list(&self) -> u_sdk::Result<Vec<String>> {
+        self.stems(FileKind::Checkpoint)
+    }
+
+    /// Stems of the files of `kind` in the directory.
+    pub fn stems(&self, kind: FileKind) -> u_sdk::Result<Vec<String>> {
+        Ok(self
+            .entries()?
+            .into_iter()
+            .filter_map(|n| {
+                n.strip_suffix(kind.ext())
+                    .filter(|s| check_name(s).is_ok())
+                    .map(str::to_string)
+            })
+            .collect())
+    }
+
+    /// Every name in the directory.
+    fn entries(&self) -> u_sdk::Result<Vec<String>> {
         let fd = self
             .host
             .open_read(self.dir.as_str().into())
@@ -556,9 +849,7 @@ impl Disk {
                     break;
                 }
                 let raw = std::ffi::CStr::from_ptr((*ent).d_name.as_ptr());
-                if let Some(n) = raw.to_str().ok().and_then(|s| s.strip_suffix(EXT))
-                    && check_name(n).is_ok()
-                {
+                if let Ok(n) = raw.to_str() {
                     names.push(n.to_string());
                 }
             }

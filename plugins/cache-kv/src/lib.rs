@@ -13,14 +13,18 @@
 //! - [`quant`]: int8 KV per sequence (group 32, one f32 scale each), handed out as int8 pages
 //!   that [`u_sdk::KvPage::keys_f32`] dequantizes.
 //! - [`rope`]: re-rotation of keys for grafts at another position.
-//! - `disk` ([`FormatError`]): crash-safe, checksummed, model-bound checkpoint files, restored with `mmap`.
+//! - `disk` ([`FormatError`]): crash-safe, checksummed, model-bound checkpoint and prefix-tree
+//!   files, restored with `mmap`; the prefix tree is written through to disk and rebuilt from it
+//!   when a cache opens the directory again (see `store`).
 //!
 //! Configuration (`[plugins.config]` of the deployment):
 //!
 //! ```toml
-//! max_bytes = 8_589_934_592  # evict prefix-tree entries past this many bytes of KV
+//! max_bytes = 8_589_934_592  # evict prefix-tree entries past this many bytes of heap KV
+//!                            # (pages mapped from `dir` are the page cache's, not counted)
 //! dir = "/srv/kv"            # persist checkpoints here (needs an fs.write grant)
 //! max_checkpoints = 4096     # named checkpoints kept in memory
+//! persist_prefixes = true    # persist the prefix tree under `dir` too (the default)
 //! ```
 #![deny(missing_docs)]
 
@@ -32,7 +36,7 @@ mod radix;
 pub mod rope;
 mod store;
 
-pub use disk::{FormatError, MAGIC, VERSION};
+pub use disk::{FormatError, MAGIC, PREFIX_MAGIC, VERSION};
 pub use page::PAGE_TOKENS;
 pub use plugin::KvCachePlugin;
 pub use store::{Config, Store};

@@ -57,13 +57,34 @@ impl Shape {
     }
 }
 
-/// Live pages and their bytes, shared by every page of one cache.
+/// Live pages and their bytes, shared by every page of one cache. Heap pages and pages mapped
+/// from disk files are counted apart: only heap pages are memory this cache holds (and what the
+/// budget limits); mapped pages live in the kernel's page cache, which reads them on demand and
+/// drops them under memory pressure.
 #[derive(Default, Debug)]
 pub struct Counters {
-    /// Bytes of live pages.
+    /// Bytes of live heap pages.
     pub bytes: AtomicU64,
-    /// Live pages.
+    /// Live heap pages.
     pub pages: AtomicU64,
+    /// Bytes of live pages mapped from files.
+    pub mapped_bytes: AtomicU64,
+}
+
+impl Counters {
+    /// Counts a page of `bytes` in (`live`) or out.
+    fn count(&self, mapped: bool, bytes: u64, live: bool) {
+        let change = |c: &AtomicU64, n: u64| match live {
+            true => c.fetch_add(n, Ordering::Relaxed),
+            false => c.fetch_sub(n, Ordering::Relaxed),
+        };
+        if mapped {
+            change(&self.mapped_bytes, bytes);
+        } else {
+            change(&self.bytes, bytes);
+            change(&self.pages, 1);
+        }
+    }
 }
 
 type Cells<T> = Box<[UnsafeCell<T>]>;
@@ -176,8 +197,7 @@ impl Page {
         bytes: u64,
         counters: &Arc<Counters>,
     ) -> Self {
-        counters.bytes.fetch_add(bytes, Ordering::Relaxed);
-        counters.pages.fetch_add(1, Ordering::Relaxed);
+        counters.count(matches!(storage, Storage::Mapped { .. }), bytes, true);
         Self {
             claimed: AtomicU32::new(claimed),
             shape,
@@ -362,8 +382,7 @@ impl Page {
 
 impl Drop for Page {
     fn drop(&mut self) {
-        self.counters.bytes.fetch_sub(self.bytes, Ordering::Relaxed);
-        self.counters.pages.fetch_sub(1, Ordering::Relaxed);
+        self.counters.count(self.is_mapped(), self.bytes, false);
     }
 }
 

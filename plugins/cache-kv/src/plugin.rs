@@ -37,7 +37,7 @@ impl KvCachePlugin {
     /// A cache configured by `config`; the disk tier (if `config.dir` is set) goes through `host`.
     pub fn new(config: Config, host: Option<HostBox>) -> Self {
         let disk = match (&config.dir, host) {
-            (Some(dir), Some(host)) => Some(Disk::new(host, dir)),
+            (Some(dir), Some(host)) => Some(Disk::open(host, dir)),
             _ => None,
         };
         Self::from_store(Arc::new(Store::new(config, disk)))

@@ -4,7 +4,8 @@
 //! prefix up to its end — page references only, so a node shares its pages with its ancestors
 //! and with the sequences that were forked from it. A 2,000-token system prompt is one edge.
 //! Lookups pin the node they fork from until that sequence is released; eviction removes the
-//! least recently used unpinned leaf.
+//! least recently used unpinned leaf. Nodes whose pages are mapped from the disk tier are marked
+//! `on_disk`: evicting them frees no heap, so the budget passes them over.
 
 use crate::store::Snapshot;
 use std::collections::HashMap;
@@ -16,6 +17,7 @@ struct Node {
     kv: Option<Snapshot>,
     last_use: u64,
     pins: u32,
+    on_disk: bool,
 }
 
 /// The tree (an arena; index 0 is the root, which holds no KV).
@@ -43,6 +45,7 @@ impl Radix {
             kv: None,
             last_use: 0,
             pins: 0,
+            on_disk: false,
         };
         Self {
             nodes: vec![Some(root)],
@@ -100,8 +103,9 @@ impl Radix {
         edges
     }
 
-    /// Records that `snap` (at least `tokens.len()` long) holds the KV of `tokens`.
-    pub fn insert(&mut self, tokens: &[u32], snap: &Snapshot) {
+    /// Records that `snap` (at least `tokens.len()` long) holds the KV of `tokens`; `on_disk`
+    /// says its pages are mapped from the disk tier. Nodes already on the path are kept.
+    pub fn insert(&mut self, tokens: &[u32], snap: &Snapshot, on_disk: bool) {
         let (mut node, mut i) = (0usize, 0usize);
         while i < tokens.len() {
             let Some(&c) = self.node(node).children.get(&tokens[i]) else {
@@ -112,6 +116,7 @@ impl Radix {
                     kv: Some(snap.truncated(tokens.len())),
                     last_use: 0,
                     pins: 0,
+                    on_disk,
                 };
                 let idx = self.alloc(child);
                 self.node_mut(node).children.insert(tokens[i], idx);
@@ -122,10 +127,10 @@ impl Radix {
             if common < self.node(c).edge.len() {
                 // Split c's edge at `common`: a new middle node takes the shared part.
                 let depth = i + common;
-                let (head, kv) = {
+                let (head, kv, on_disk) = {
                     let cn = self.node(c);
                     let kv = cn.kv.as_ref().map(|s| s.truncated(depth));
-                    (cn.edge[..common].to_vec(), kv)
+                    (cn.edge[..common].to_vec(), kv, cn.on_disk)
                 };
                 let mid = self.alloc(Node {
                     edge: head,
@@ -134,6 +139,7 @@ impl Radix {
                     kv,
                     last_use: self.node(c).last_use,
                     pins: 0,
+                    on_disk,
                 });
                 let cn = self.node_mut(c);
                 cn.edge.drain(..common);
@@ -173,6 +179,29 @@ impl Radix {
         Some((n, matched, snap))
     }
 
+    /// How deep the nodes on disk cover `tokens`, and their snapshot of that prefix (at least
+    /// that long); nothing is pinned or touched.
+    pub fn disk_cover(&self, tokens: &[u32]) -> (usize, Option<Snapshot>) {
+        let (mut node, mut i) = (0usize, 0usize);
+        let mut best = (0, None);
+        while i < tokens.len() {
+            let Some(&c) = self.node(node).children.get(&tokens[i]) else {
+                break;
+            };
+            let cn = self.node(c);
+            let common = lcp(&cn.edge, &tokens[i..]);
+            if cn.on_disk {
+                best = (i + common, cn.kv.clone());
+            }
+            if common < cn.edge.len() {
+                break;
+            }
+            node = c;
+            i += common;
+        }
+        best
+    }
+
     /// Releases a pin taken by [`Radix::lookup`].
     pub fn unpin(&mut self, i: usize) {
         if let Some(Some(n)) = self.nodes.get_mut(i) {
@@ -180,15 +209,16 @@ impl Radix {
         }
     }
 
-    /// Evicts the least recently used unpinned leaf; false if there is none.
-    pub fn evict_one(&mut self) -> bool {
+    /// Evicts the least recently used unpinned leaf (only among those holding heap pages if
+    /// `heap_only`); false if there is none.
+    pub fn evict_one(&mut self, heap_only: bool) -> bool {
         let victim = self
             .nodes
             .iter()
             .enumerate()
             .skip(1)
             .filter_map(|(i, n)| n.as_ref().map(|n| (i, n)))
-            .filter(|(_, n)| n.children.is_empty() && n.pins == 0)
+            .filter(|(_, n)| n.children.is_empty() && n.pins == 0 && !(heap_only && n.on_disk))
             .min_by_key(|(_, n)| n.last_use)
             .map(|(i, _)| i);
         let Some(v) = victim else { return false };

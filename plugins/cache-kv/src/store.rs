@@ -2,9 +2,39 @@
 //!
 //! Locks: the sequence table, then one sequence; the prefix tree and the checkpoint table are
 //! never taken while a sequence is locked, so no two locks are ever waited for in opposite order.
+//!
+//! # The prefix tree on disk
+//!
+//! With a directory configured (and `persist_prefixes`, on by default), the prefix tree is
+//! **written through** to disk: [`Store::insert_prefix`] writes the new part of the path as a
+//! segment file (format in [`crate::disk`]) before it returns, then the tree node holds that
+//! file's *mapped* pages instead of the inserting sequence's heap pages. A segment starts at the
+//! page holding the first token not yet on disk (found by walking the tree) and leaves earlier
+//! pages to the segments already there, so a 2,000-token system prompt is written once however
+//! many conversations extend it; the cost is one page per layer written again at each branch
+//! point.
+//!
+//! - Cost: an insert that adds tokens writes their KV and waits for two `fsync`s (file and
+//!   directory), outside the tree's lock, so lookups are not held up; re-inserting a path already
+//!   on disk writes nothing. Write-through, rather than write-behind or write-on-eviction, means a
+//!   prefix survives `kill -9` as soon as its insert returns, and the tree never holds heap pages.
+//!   A write that fails is logged and the node keeps its heap pages (memory only).
+//! - Memory: mapped pages are not heap. They are counted apart ([`Store::mapped_bytes`]) and
+//!   not in [`u_sdk::KvStats::bytes`] or the `max_bytes` budget: the kernel's page cache holds
+//!   them, reads them on first use and drops them under memory pressure. So the budget evicts
+//!   only nodes that hold heap pages; nodes on disk stay in the tree (a token path and a map each).
+//! - Restart: when the layout is configured, every segment file of the directory is mapped and
+//!   checked completely (checksum, model identity, layout) — startup reads the tier once; later
+//!   reads come from the page cache or the disk on demand. Segments are then added in the order
+//!   they were written (by start), each on top of the tree's pages for its first `f` pages. A
+//!   refused file, or one whose earlier pages no other segment provides, is logged through the
+//!   host and skipped; startup does not fail.
+//! - Not yet: the cache never deletes segment files (the tier grows with what is inserted; no
+//!   disk budget), and each live segment holds one memory map, so a tier of very many segments
+//!   approaches the kernel's `vm.max_map_count`.
 
 use crate::{
-    disk::{self, Disk},
+    disk::{self, Disk, FileKind},
     page::{Counters, Kind, PAGE_TOKENS, Page, Shape},
     radix::Radix,
     rope,
@@ -31,10 +61,17 @@ pub struct Config {
     /// Most named checkpoints kept in memory.
     #[serde(default = "default_max_checkpoints")]
     pub max_checkpoints: usize,
+    /// Whether the prefix tree persists under `dir` too (when `dir` is set).
+    #[serde(default = "default_persist_prefixes")]
+    pub persist_prefixes: bool,
 }
 
 fn default_max_checkpoints() -> usize {
     4096
+}
+
+fn default_persist_prefixes() -> bool {
+    true
 }
 
 impl Default for Config {
@@ -43,6 +80,7 @@ impl Default for Config {
             max_bytes: None,
             dir: None,
             max_checkpoints: default_max_checkpoints(),
+            persist_prefixes: default_persist_prefixes(),
         }
     }
 }
@@ -203,7 +241,8 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    fn empty(layers: usize) -> Self {
+    /// `layers` empty lanes.
+    pub fn empty(layers: usize) -> Self {
         Self {
             lanes: vec![Lane::default(); layers],
         }
@@ -277,9 +316,60 @@ impl Store {
                 old.layout, layout
             ))),
             None => {
-                *g = Some(Arc::new(Geometry::new(layout)?));
+                let geometry = Arc::new(Geometry::new(layout)?);
+                *g = Some(geometry.clone());
+                drop(g);
+                self.load_segments(&geometry);
                 Ok(())
             }
+        }
+    }
+
+    /// The disk tier, if the prefix tree persists.
+    fn prefix_disk(&self) -> Option<&Disk> {
+        self.disk.as_ref().filter(|_| self.config.persist_prefixes)
+    }
+
+    /// Rebuilds the prefix tree from the directory's segment files (see the module
+    /// documentation); refused or orphaned files are logged and skipped.
+    fn load_segments(&self, g: &Geometry) {
+        let Some(d) = self.prefix_disk() else { return };
+        let stems = match d.stems(FileKind::Prefix) {
+            Ok(s) => s,
+            Err(e) => {
+                d.warn(&format!(
+                    "cache-kv: prefix tree not restored, cannot list the directory: {}",
+                    e.message
+                ));
+                return;
+            }
+        };
+        let mut segments = Vec::with_capacity(stems.len());
+        for stem in stems {
+            match d.map(&stem, FileKind::Prefix, g, &self.counters) {
+                Ok(m) => segments.push((stem, m)),
+                Err(e) => d.warn(&format!("cache-kv: skipping {}", e.message)),
+            }
+        }
+        // A segment's earlier pages come from segments written before it, whose start is lower.
+        segments.sort_by_key(|(_, m)| (m.start, m.tokens));
+        let mut r = lock(&self.radix);
+        for (stem, m) in segments {
+            let path = m.token_path();
+            let keep = m.first_page * PAGE_TOKENS;
+            let base = match r.disk_cover(&path[..keep]) {
+                (n, Some(s)) if n == keep => s,
+                _ if keep == 0 => Snapshot::empty(g.layers()),
+                (n, _) => {
+                    d.warn(&format!(
+                        "cache-kv: skipping {}: its first {keep} tokens are on no other prefix \
+                         segment (found {n})",
+                        d.path(&stem, FileKind::Prefix)
+                    ));
+                    continue;
+                }
+            };
+            r.insert(&path, &m.onto(&base), true);
         }
     }
 
@@ -416,7 +506,33 @@ impl Store {
         if tokens.is_empty() {
             return Ok(());
         }
-        lock(&self.radix).insert(tokens, &snap);
+        let (covered, base) = match self.prefix_disk() {
+            Some(_) => lock(&self.radix).disk_cover(tokens),
+            None => (0, None),
+        };
+        match self.prefix_disk().filter(|_| covered < tokens.len()) {
+            Some(d) => {
+                let g = self.geometry()?;
+                let mapped = d
+                    .write_segment(tokens, covered, &g, &snap)
+                    .and_then(|stem| d.map(&stem, FileKind::Prefix, &g, &self.counters));
+                match mapped {
+                    Ok(m) => {
+                        let base = base.unwrap_or_else(|| Snapshot::empty(g.layers()));
+                        lock(&self.radix).insert(tokens, &m.onto(&base), true);
+                    }
+                    Err(e) => {
+                        d.warn(&format!(
+                            "cache-kv: prefix of {} tokens kept in memory only: {}",
+                            tokens.len(),
+                            e.message
+                        ));
+                        lock(&self.radix).insert(tokens, &snap, false);
+                    }
+                }
+            }
+            None => lock(&self.radix).insert(tokens, &snap, false),
+        }
         self.enforce_budget();
         Ok(())
     }
@@ -445,13 +561,19 @@ impl Store {
             return;
         }
         let mut r = lock(&self.radix);
-        while self.counters.bytes.load(Ordering::Relaxed) > max && r.evict_one() {}
+        while self.counters.bytes.load(Ordering::Relaxed) > max && r.evict_one(true) {}
     }
 
-    /// Evicts every unpinned prefix-tree leaf, repeatedly (for tests and shutdown).
+    /// Evicts every unpinned prefix-tree leaf, repeatedly, those on disk too (for tests and
+    /// shutdown; their files stay).
     pub fn evict_all(&self) {
         let mut r = lock(&self.radix);
-        while r.evict_one() {}
+        while r.evict_one(false) {}
+    }
+
+    /// Bytes of live pages mapped from disk files (not counted in [`KvStats::bytes`]).
+    pub fn mapped_bytes(&self) -> u64 {
+        self.counters.mapped_bytes.load(Ordering::Relaxed)
     }
 
     /// Counters.

@@ -228,12 +228,17 @@ fn check_tokens(c: &KvCachePlugin, id: u64, tokens: &[u32]) {
     }
 }
 
-fn run_prefix_ops(seed: u64, ops: usize, max_bytes: Option<u64>) {
+/// With `disk`, the tree is written through to that directory, and at the end a new cache over
+/// it (a restart) must find every path ever inserted, whole and exact.
+fn run_prefix_ops(seed: u64, ops: usize, max_bytes: Option<u64>, disk: Option<&std::path::Path>) {
     let config = Config {
         max_bytes,
+        dir: disk.map(|d| d.to_str().unwrap().to_string()),
         ..Config::default()
     };
-    let c = cache(config, None, layout(LAYERS, 2, 20, "m"));
+    let h = disk.map(|d| host(d, ""));
+    let c = cache(config.clone(), h, layout(LAYERS, 2, 20, "m"));
+    let mut ever: Vec<Vec<u32>> = Vec::new();
     let s = c.store();
     let mut rng = Rng(seed);
     let prompts: Vec<Vec<u32>> = (0..4)
@@ -278,6 +283,7 @@ fn run_prefix_ops(seed: u64, ops: usize, max_bytes: Option<u64>) {
                 let t = &model[&id];
                 let p = t[..rng.below(t.len() + 1)].to_vec();
                 s.insert_prefix(&p, id).unwrap();
+                ever.push(p.clone());
                 inserted.push(p);
             }
             4 => {
@@ -337,14 +343,41 @@ fn run_prefix_ops(seed: u64, ops: usize, max_bytes: Option<u64>) {
     s.evict_all();
     let st = s.stats();
     assert_eq!((st.bytes, st.prefix_nodes), (0, 0), "pages or nodes leaked");
+    assert_eq!(s.mapped_bytes(), 0, "mapped pages leaked");
+    let Some(d) = disk else { return };
+    drop(c);
+    let c = cache(config, Some(host(d, "")), layout(LAYERS, 2, 20, "m"));
+    let s = c.store();
+    for p in ever.iter().filter(|p| !p.is_empty()) {
+        let (id, matched) = s.lookup_prefix(p).unwrap();
+        assert_eq!(
+            matched as usize,
+            p.len(),
+            "after a restart: a prefix is missing"
+        );
+        check_tokens(&c, id, p);
+        s.release(id).unwrap();
+    }
+    eprintln!(
+        "seed {seed}: {} inserts, all found after a restart",
+        ever.len()
+    );
 }
 
 #[test]
 fn random_prefix_insert_lookup_evict_against_the_model() {
     for seed in [11, 12, 13] {
-        run_prefix_ops(seed, 2000, None);
+        run_prefix_ops(seed, 2000, None, None);
     }
     for seed in [21, 22] {
-        run_prefix_ops(seed, 2000, Some(2 << 20));
+        run_prefix_ops(seed, 2000, Some(2 << 20), None);
+    }
+}
+
+#[test]
+fn random_prefix_ops_on_the_disk_tier_then_a_restart_against_the_model() {
+    for seed in [31, 32, 33] {
+        let dir = tempfile::tempdir().unwrap();
+        run_prefix_ops(seed, 2000, None, Some(dir.path()));
     }
 }

@@ -8,6 +8,7 @@ use abi_stable::{
 use std::{
     os::{fd::IntoRawFd, unix::fs::OpenOptionsExt},
     path::{Path, PathBuf},
+    sync::{Arc, Mutex},
 };
 use u_cache_kv::{Config, KvCachePlugin};
 use u_sdk::{DType, Host, Host_TO, HostBox, KvLayout, LogLevel, UError, WriteMode};
@@ -51,11 +52,12 @@ pub fn cache(config: Config, host: Option<HostBox>, layout: KvLayout) -> KvCache
     c
 }
 
-/// Grants reads and writes under `root` only, like the real host.
+/// Grants reads and writes under `root` only, like the real host; keeps what is logged.
 #[derive(Clone)]
 pub struct TestHost {
     pub root: PathBuf,
     pub config: String,
+    pub logs: Arc<Mutex<Vec<String>>>,
 }
 
 impl TestHost {
@@ -80,7 +82,10 @@ impl Host for TestHost {
     fn plugin_name(&self) -> RString {
         "cache-kv".into()
     }
-    fn log(&self, _level: LogLevel, _message: RStr<'_>) {}
+    fn log(&self, level: LogLevel, message: RStr<'_>) {
+        let line = format!("{level:?}: {message}");
+        self.logs.lock().unwrap().push(line);
+    }
     fn open_read(&self, path: RStr<'_>) -> RResult<i32, UError> {
         r(self.check(path.as_str()).and_then(|p| {
             std::fs::File::open(&p)
@@ -122,13 +127,18 @@ impl Host for TestHost {
 }
 
 pub fn host(root: &Path, config: &str) -> HostBox {
-    Host_TO::from_value(
-        TestHost {
-            root: root.to_path_buf(),
-            config: config.to_string(),
-        },
-        TD_Opaque,
-    )
+    host_logged(root, config).0
+}
+
+/// A host as [`host`], and the lines it logs.
+pub fn host_logged(root: &Path, config: &str) -> (HostBox, Arc<Mutex<Vec<String>>>) {
+    let logs = Arc::new(Mutex::new(Vec::new()));
+    let h = TestHost {
+        root: root.to_path_buf(),
+        config: config.to_string(),
+        logs: logs.clone(),
+    };
+    (Host_TO::from_value(h, TD_Opaque), logs)
 }
 
 /// All of `layer`'s keys and values of `seq`, as f32 (dequantizing int8 pages).

@@ -1,0 +1,371 @@
+//! Issue 6, disk tier of the prefix tree: prefixes inserted by one cache are found, bit for bit,
+//! by a new cache over the same directory (a restart); segments share pages as in memory;
+//! damaged, foreign and orphaned segment files are skipped with a logged reason, not fatal; the
+//! budget counts heap pages only; temporary files of dead writers are removed at open.
+
+mod common;
+
+use common::{Rng, contents, host_logged, layout};
+use std::{
+    collections::BTreeSet,
+    path::Path,
+    sync::{Arc, Mutex},
+};
+use u_cache_kv::{Config, KvCachePlugin, PAGE_TOKENS, PREFIX_MAGIC};
+use u_sdk::DType;
+
+const LAYERS: u32 = 2;
+const ROW: usize = 2 * 16;
+
+type Logs = Arc<Mutex<Vec<String>>>;
+/// Keys and values of each layer.
+type Kv = Vec<(Vec<f32>, Vec<f32>)>;
+
+/// A cache over `dir` (granted `grant`) serving `model`.
+fn open(dir: &Path, grant: &Path, model: &str, max_bytes: Option<u64>) -> (KvCachePlugin, Logs) {
+    let config = Config {
+        dir: Some(dir.to_str().unwrap().to_string()),
+        max_bytes,
+        ..Config::default()
+    };
+    let (h, logs) = host_logged(grant, "");
+    let c = KvCachePlugin::new(config, Some(h));
+    c.store().configure(layout(LAYERS, 2, 16, model)).unwrap();
+    (c, logs)
+}
+
+/// KV as a deterministic function of the token prefix, like a real model's.
+fn kv(tokens: &[u32], layer: u32) -> (Vec<f32>, Vec<f32>) {
+    let (mut k, mut v) = (Vec::new(), Vec::new());
+    let mut h = 0x9E37u64;
+    for &t in tokens {
+        h = Rng(h ^ t as u64).next();
+        let mut r = Rng(h ^ layer as u64);
+        k.extend(r.vec(ROW));
+        v.extend(r.vec(ROW));
+    }
+    (k, v)
+}
+
+/// A sequence holding the KV of `tokens`, int8 from token `int8_from` on, inserted into the
+/// tree; returns what it holds (what the tree must give back).
+fn insert(c: &KvCachePlugin, tokens: &[u32], int8_from: Option<usize>) -> Kv {
+    let s = c.store();
+    let seq = s.create().unwrap();
+    let split = int8_from.unwrap_or(tokens.len());
+    for l in 0..LAYERS {
+        let (k, v) = kv(tokens, l);
+        s.append(seq, l, &k[..split * ROW], &v[..split * ROW])
+            .unwrap();
+    }
+    if int8_from.is_some() {
+        s.set_dtype(seq, DType::I8).unwrap();
+        for l in 0..LAYERS {
+            let (k, v) = kv(tokens, l);
+            s.append(seq, l, &k[split * ROW..], &v[split * ROW..])
+                .unwrap();
+        }
+    }
+    s.insert_prefix(tokens, seq).unwrap();
+    let held = (0..LAYERS).map(|l| contents(c, seq, l)).collect();
+    s.release(seq).unwrap();
+    held
+}
+
+/// Looks `query` up; checks the match length and that its KV is `want`'s first tokens, bit for
+/// bit.
+fn found(c: &KvCachePlugin, query: &[u32], matched: usize, want: &Kv) {
+    let s = c.store();
+    let (seq, m) = s.lookup_prefix(query).unwrap();
+    assert_eq!(
+        m as usize,
+        matched,
+        "match length of a {}-token query",
+        query.len()
+    );
+    for l in 0..LAYERS {
+        let (k, v) = contents(c, seq, l);
+        let (wk, wv) = &want[l as usize];
+        assert!(
+            k == wk[..matched * ROW] && v == wv[..matched * ROW],
+            "layer {l}: restored KV differs from what was inserted"
+        );
+    }
+    s.release(seq).unwrap();
+}
+
+fn segments(dir: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".ukvp"))
+        .collect()
+}
+
+/// Inserts `tokens` and returns the one segment file that insert wrote.
+fn insert_new(
+    c: &KvCachePlugin,
+    dir: &Path,
+    tokens: &[u32],
+    int8_from: Option<usize>,
+) -> (Kv, String) {
+    let before = segments(dir);
+    let held = insert(c, tokens, int8_from);
+    let new: Vec<String> = segments(dir).difference(&before).cloned().collect();
+    assert_eq!(new.len(), 1, "one insert, one new segment file");
+    (held, new[0].clone())
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+fn path(n: impl IntoIterator<Item = u32>) -> Vec<u32> {
+    n.into_iter().collect()
+}
+
+#[test]
+fn prefixes_survive_a_restart_bit_for_bit_and_share_pages_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let prompt = path((0..300).map(|i| i * 7 % 1000));
+    let long = [prompt.clone(), path(2000..2050)].concat();
+    let branch = [prompt[..130].to_vec(), path(3000..3090)].concat();
+    let int8 = [prompt.clone(), path(4000..4100)].concat();
+    let (want_prompt, want_long, want_branch, want_int8, sizes) = {
+        let (c, _) = open(d, d, "model-a", None);
+        let (wp, fp) = insert_new(&c, d, &prompt, None);
+        let (wl, fl) = insert_new(&c, d, &long, None);
+        let (wb, fb) = insert_new(&c, d, &branch, None);
+        let (wi, fi) = insert_new(&c, d, &int8, Some(320));
+        // Re-inserting a path already on disk writes nothing.
+        insert(&c, &long[..200], None);
+        assert_eq!(segments(d).len(), 4);
+        // The tree holds mapped pages, no heap: sequences are released, so no heap is left.
+        let st = c.store().stats();
+        assert_eq!(st.bytes, 0, "tree nodes on disk should hold no heap pages");
+        assert!(c.store().mapped_bytes() > 0);
+        let header = |f: &str| {
+            let b = std::fs::read(d.join(f)).unwrap();
+            assert_eq!(b[..8], PREFIX_MAGIC);
+            (u64_at(&b, 64), u64_at(&b, 72), b.len())
+        };
+        // Each segment stores pages from the one holding its first new token on.
+        assert_eq!((header(&fp).0, header(&fp).1), (0, 0));
+        assert_eq!((header(&fl).0, header(&fl).1), (300 / 64, 300));
+        assert_eq!((header(&fb).0, header(&fb).1), (130 / 64, 130));
+        assert_eq!((header(&fi).0, header(&fi).1), (300 / 64, 300));
+        let sizes = [fp, fl, fb, fi].map(|f| header(&f).2);
+        (wp, wl, wb, wi, sizes)
+    };
+    println!("segment file sizes (prompt, +50, branch at 130, +100 int8): {sizes:?} bytes");
+    assert!(
+        sizes[1] < sizes[0] / 2,
+        "the extension rewrote the shared prompt"
+    );
+
+    // A restart: a new cache over the same directory.
+    let (c, logs) = open(d, d, "model-a", None);
+    assert!(
+        logs.lock().unwrap().iter().all(|l| !l.contains("skipping")),
+        "{:?}",
+        logs.lock().unwrap()
+    );
+    assert!(c.store().stats().prefix_nodes >= 4);
+    let mut q = long.clone();
+    q.push(9);
+    found(&c, &q, long.len(), &want_long);
+    found(&c, &prompt, prompt.len(), &want_prompt);
+    found(
+        &c,
+        &[prompt[..200].to_vec(), vec![7777]].concat(),
+        200,
+        &want_prompt,
+    );
+    found(&c, &branch, branch.len(), &want_branch);
+    found(
+        &c,
+        &[branch[..140].to_vec(), vec![1]].concat(),
+        140,
+        &want_branch,
+    );
+    found(&c, &int8, int8.len(), &want_int8);
+    found(&c, &[5555, 1], 0, &want_prompt);
+    assert_eq!(c.store().stats().bytes, 0, "lookups copied pages");
+    // Extending a restored path writes only the new pages.
+    let more = [long.clone(), path(6000..6010)].concat();
+    let (want_more, fm) = insert_new(&c, d, &more, None);
+    let b = std::fs::read(d.join(&fm)).unwrap();
+    assert_eq!(u64_at(&b, 64), (long.len() / PAGE_TOKENS) as u64);
+    drop(c);
+    let (c, _) = open(d, d, "model-a", None);
+    found(&c, &more, more.len(), &want_more);
+    found(&c, &long, long.len(), &want_long);
+}
+
+fn flip(p: &Path, at: usize) {
+    let mut b = std::fs::read(p).unwrap();
+    b[at] ^= 0x04;
+    std::fs::write(p, b).unwrap();
+}
+
+#[test]
+fn damaged_foreign_and_orphaned_segments_are_skipped_and_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let base = path(0..200);
+    let child = [base.clone(), path(500..560)].concat();
+    let flipped = path(1000..1100);
+    let good = path(2000..2070);
+    let (want_good, files) = {
+        let (c, _) = open(d, d, "model-a", None);
+        let (_, fbase) = insert_new(&c, d, &base, None);
+        let (_, fchild) = insert_new(&c, d, &child, None);
+        let (_, fflip) = insert_new(&c, d, &flipped, None);
+        let (wg, _) = insert_new(&c, d, &good, None);
+        (wg, [fbase, fchild, fflip])
+    };
+    {
+        let (other, _) = open(d, d, "model-b", None);
+        insert_new(&other, d, &path(0..80), None);
+    }
+    let [fbase, fchild, fflip] = &files;
+    let len = std::fs::metadata(d.join(fbase)).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(d.join(fbase))
+        .unwrap()
+        .set_len(len - 64)
+        .unwrap();
+    flip(&d.join(fflip), 5000);
+    std::fs::write(d.join("p-junk.ukvp"), [b'x'; 200]).unwrap();
+
+    let (c, logs) = open(d, d, "model-a", None);
+    let logs = logs.lock().unwrap().clone();
+    for l in &logs {
+        println!("{l}");
+    }
+    let has = |what: &str, file: &str| {
+        assert!(
+            logs.iter()
+                .any(|l| l.starts_with("Warn") && l.contains(what) && l.contains(file)),
+            "no warning about {what} for {file}: {logs:?}"
+        )
+    };
+    has("truncated", fbase);
+    has("checksum mismatch", fflip);
+    has("on no other prefix segment", fchild);
+    has("bad magic", "p-junk.ukvp");
+    has("made by model \"model-b\"", ".ukvp");
+    found(&c, &good, good.len(), &want_good);
+    for refused in [&base, &child, &flipped] {
+        let (seq, m) = c.store().lookup_prefix(refused).unwrap();
+        assert_eq!(m, 0, "a refused segment was used");
+        c.store().release(seq).unwrap();
+    }
+    // The other model's cache finds its own prefix and refuses this one's.
+    let (b, logs) = open(d, d, "model-b", None);
+    let (seq, m) = b.store().lookup_prefix(&path(0..80)).unwrap();
+    assert_eq!(m, 80);
+    b.store().release(seq).unwrap();
+    assert!(
+        logs.lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("\"model-a\""))
+    );
+}
+
+#[test]
+fn the_budget_counts_heap_pages_and_spares_prefixes_on_disk() {
+    let page = (2 * PAGE_TOKENS * ROW * 4) as u64;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let prompts: Vec<Vec<u32>> = (0..8).map(|i| path(i * 1000..i * 1000 + 128)).collect();
+    let (c, _) = open(d, d, "m", Some(3 * page));
+    let wants: Vec<_> = prompts.iter().map(|p| insert(&c, p, None)).collect();
+    let st = c.store().stats();
+    assert_eq!((st.bytes, st.evictions), (0, 0), "{st:?}");
+    assert_eq!(
+        c.store().mapped_bytes(),
+        8 * LAYERS as u64 * 2 * page,
+        "each prompt's two pages per layer, mapped once"
+    );
+    for (p, w) in prompts.iter().zip(&wants) {
+        found(&c, p, p.len(), w);
+    }
+    // Memory only (persistence off): the same inserts must evict.
+    assert!(Config::parse("dir = \"/kv\"").unwrap().persist_prefixes);
+    let text = format!(
+        "dir = {:?}\nmax_bytes = {}\npersist_prefixes = false",
+        d.to_str().unwrap(),
+        3 * page
+    );
+    let config = Config::parse(&text).unwrap();
+    let m = KvCachePlugin::new(config, Some(host_logged(d, "").0));
+    m.store().configure(layout(LAYERS, 2, 16, "m2")).unwrap();
+    for p in &prompts {
+        insert(&m, p, None);
+    }
+    assert!(m.store().stats().evictions > 0);
+    assert!(m.store().stats().bytes <= 3 * page);
+    assert_eq!(
+        segments(d).len(),
+        8,
+        "persist_prefixes = false wrote segments"
+    );
+}
+
+#[test]
+fn a_failed_segment_write_keeps_the_prefix_in_memory_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let grant = tempfile::tempdir().unwrap();
+    let (c, logs) = open(dir.path(), grant.path(), "m", None);
+    let p = path(0..100);
+    let want = insert(&c, &p, None);
+    found(&c, &p, 100, &want);
+    assert!(segments(dir.path()).is_empty());
+    assert!(
+        logs.lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("kept in memory only") && l.contains("outside the fs.write grant")),
+        "{:?}",
+        logs.lock().unwrap()
+    );
+}
+
+#[test]
+fn stale_temporary_files_of_dead_writers_are_removed_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // A pid that is certainly gone: a child that has exited and been reaped.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let ours = std::process::id();
+    let stale = [
+        format!(".p-0123.ukvp.tmp.{dead}.0"),
+        format!(".chat.ukv.tmp.{dead}.7"),
+    ];
+    let kept = [
+        format!(".chat.ukv.tmp.{ours}.3"), // a save in progress in this process
+        ".chat.ukv.tmp.1.0".to_string(),   // pid 1 is alive
+        format!(".notes.tmp.{dead}.0"),    // not ours
+        format!(".chat.ukv.tmp.{dead}.x"), // not a temporary file name of ours
+    ];
+    for n in stale.iter().chain(&kept) {
+        std::fs::write(d.join(n), b"partial").unwrap();
+    }
+    let (_c, logs) = open(d, d, "m", None);
+    for n in &stale {
+        assert!(!d.join(n).exists(), "{n} should be removed");
+        assert!(
+            logs.lock().unwrap().iter().any(|l| l.contains(n.as_str())),
+            "removal of {n} not logged"
+        );
+    }
+    for n in &kept {
+        assert!(d.join(n).exists(), "{n} should be kept");
+    }
+}
