@@ -1,18 +1,15 @@
-//! The decode loop: tokenize, prefill in chunks, sample, stream text, stop.
+//! A model and its tokenizer: encoding, chat prompts, and single-request generation.
 
 use crate::{
     Error, Result,
+    batch::Batch,
     chat::{self, ChatMessage},
-    sampler::{self, Sampler},
-    stream::{StopCheck, StopMatcher, Utf8Stream},
+    sampler,
+    sequence::{Origin, Sequence, Spec},
 };
-use abi_stable::std_types::{ROption, RSlice, RSliceMut};
+use abi_stable::std_types::ROption;
 use serde::Serialize;
-use std::{collections::HashSet, time::Instant};
-use u_sdk::{
-    FinishReason, LogitsWanted, ModelBox, ModelConfig, SamplingParams, SeqChunk, SeqId,
-    TokenizerBox,
-};
+use u_sdk::{FinishReason, ModelBox, ModelConfig, SamplingParams, TokenizerBox};
 
 /// Prompt tokens run per forward pass during prefill.
 pub const DEFAULT_PREFILL_CHUNK: usize = 512;
@@ -118,6 +115,33 @@ impl Generator {
         self.tokenizer.as_ref()
     }
 
+    /// The built model.
+    pub(crate) fn model(&self) -> &ModelBox {
+        &self.model
+    }
+
+    /// The raw bytes of token `id` (empty without a tokenizer).
+    pub(crate) fn token_bytes(&self, id: u32) -> Result<Vec<u8>> {
+        match &self.tokenizer {
+            Some(tok) => Ok(tok
+                .token_bytes(id)
+                .into_result()
+                .map_err(|e| Error::plugin("tokenizer.token_bytes", e))?
+                .into_vec()),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Encodes text that continues a sequence: no BOS or other special tokens are added.
+    pub(crate) fn encode_continuation(&self, text: &str) -> Result<Vec<u32>> {
+        Ok(self
+            .tok()?
+            .encode(text.into(), false)
+            .into_result()
+            .map_err(|e| Error::plugin("tokenizer.encode", e))?
+            .into_vec())
+    }
+
     fn tok(&self) -> Result<&TokenizerBox> {
         self.tokenizer.as_ref().ok_or(Error::NoTokenizer)
     }
@@ -153,6 +177,15 @@ impl Generator {
 
     /// Renders `messages` with the model's chat template, ready for the assistant's turn.
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<String> {
+        self.render_chat(messages, true)
+    }
+
+    /// Renders `messages` with the chat template, with or without the assistant's opening.
+    pub(crate) fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let tok = self.tok()?;
         let ROption::RSome(template) = tok.chat_template() else {
             return Err(Error::NoChatTemplate);
@@ -160,7 +193,8 @@ impl Generator {
         let special = tok.special_tokens();
         let bos = self.token_text(special.bos.into_option());
         let eos = self.token_text(special.eos.first().copied());
-        chat::render(&template, messages, true, &bos, &eos).map_err(Error::Template)
+        chat::render(&template, messages, add_generation_prompt, &bos, &eos)
+            .map_err(Error::Template)
     }
 
     /// Generates from prompt text; see [`Generator::generate_tokens`].
@@ -178,162 +212,61 @@ impl Generator {
     /// every generated token with its id and the text it completes (empty while a UTF-8
     /// character or a possible stop string is incomplete), and once with `None` for text held
     /// back until the end; it returns `false` to cancel.
+    ///
+    /// This drives the same per-request state machine and batch step as the scheduler behind
+    /// [`crate::EngineHandle`], with one request and a fresh cache sequence (nothing is shared
+    /// with the prefix cache).
     pub fn generate_tokens(
         &self,
         prompt: &[u32],
         options: &GenerateOptions,
         on_piece: &mut dyn FnMut(Option<u32>, &str) -> bool,
     ) -> Result<Generation> {
-        let vocab = self.config.vocab_size;
-        if prompt.is_empty() {
-            return Err(Error::EmptyPrompt);
-        }
-        if let Some(&bad) = prompt.iter().find(|&&t| t >= vocab) {
-            return Err(Error::TokenOutOfRange { id: bad, vocab });
-        }
-        let context = match self.config.context_length {
-            0 => usize::MAX,
-            n => n as usize,
-        };
-        if prompt.len() >= context {
-            return Err(Error::ContextFull {
-                prompt: prompt.len(),
-                context,
-            });
-        }
-        let budget = (options.max_tokens as usize).min(context - prompt.len());
-        let cache = self.model.cache();
-        let seq = cache
-            .create()
-            .into_result()
-            .map_err(|e| Error::plugin("cache.create", e))?;
-        let result = self.run(seq, prompt, budget, options, on_piece);
-        // Releasing can only fail for an unknown sequence; the result matters more.
-        let _ = cache.release(seq);
-        result
-    }
-
-    fn forward(
-        &self,
-        seq: SeqId,
-        tokens: &[u32],
-        logits: LogitsWanted,
-        out: &mut [f32],
-    ) -> Result<()> {
-        let chunk = [SeqChunk {
-            seq,
-            tokens: RSlice::from_slice(tokens),
-            logits,
-        }];
-        self.model
-            .forward(RSlice::from_slice(&chunk), RSliceMut::from_mut_slice(out))
-            .into_result()
-            .map_err(|e| Error::plugin("model.forward", e))
-    }
-
-    fn run(
-        &self,
-        seq: SeqId,
-        prompt: &[u32],
-        budget: usize,
-        options: &GenerateOptions,
-        on_piece: &mut dyn FnMut(Option<u32>, &str) -> bool,
-    ) -> Result<Generation> {
-        let mut logits = vec![0f32; self.config.vocab_size as usize];
-        let start = Instant::now();
-        let chunks = prompt.len().div_ceil(self.prefill_chunk);
-        for (i, chunk) in prompt.chunks(self.prefill_chunk).enumerate() {
-            if i + 1 == chunks {
-                self.forward(seq, chunk, LogitsWanted::Last, &mut logits)?;
-            } else {
-                self.forward(seq, chunk, LogitsWanted::None, &mut [])?;
-            }
-        }
-        let prompt_s = start.elapsed().as_secs_f64();
-
-        let eos: HashSet<u32> = match (&self.tokenizer, options.ignore_eos) {
-            (Some(tok), false) => tok.special_tokens().eos.into_iter().collect(),
-            _ => HashSet::new(),
-        };
-        let mut sampler = Sampler::new(&options.sampling);
-        let mut history = prompt.to_vec();
-        let mut tokens = Vec::new();
+        let seq = Sequence::admit(
+            self,
+            Spec {
+                prompt: prompt.to_vec(),
+                origin: Origin::Fresh,
+                options: options.clone(),
+                breakpoints: Vec::new(),
+                top_logprobs: None,
+                save_as: None,
+            },
+        )?;
+        let mut batch = Batch::new(self.prefill_chunk);
+        batch.push(seq, ());
         let mut text = String::new();
-        let mut utf8 = Utf8Stream::default();
-        let mut stops = StopMatcher::new(options.stop.iter().cloned());
-        let decode_start = Instant::now();
-        let finish = loop {
-            if tokens.len() >= budget {
-                break "length";
-            }
-            let id = sampler.sample(&mut logits, &history);
-            if eos.contains(&id) {
-                break "stop";
-            }
-            tokens.push(id);
-            history.push(id);
-            let bytes = match &self.tokenizer {
-                Some(tok) => tok
-                    .token_bytes(id)
-                    .into_result()
-                    .map_err(|e| Error::plugin("tokenizer.token_bytes", e))?
-                    .into_vec(),
-                None => Vec::new(),
-            };
-            match stops.push(&utf8.push(&bytes)) {
-                StopCheck::Emit(piece) => {
-                    text.push_str(&piece);
-                    if !on_piece(Some(id), &piece) {
-                        break "cancelled";
+        loop {
+            batch.step(self)?;
+            for (seq, ()) in batch.slots_mut() {
+                for piece in seq.take_pieces() {
+                    text.push_str(&piece.text);
+                    if !on_piece(piece.id, &piece.text) && piece.id.is_some() {
+                        seq.cancel();
                     }
                 }
-                StopCheck::Stop(piece) => {
-                    text.push_str(&piece);
-                    on_piece(Some(id), &piece);
-                    return Ok(self.finish(prompt, tokens, text, "stop", prompt_s, decode_start));
-                }
             }
-            if tokens.len() >= budget {
-                break "length";
+            if let Some((seq, ())) = batch.take_done().pop() {
+                let out = seq.close()?;
+                let rate = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+                return Ok(Generation {
+                    timings: Timings {
+                        prompt_tokens: out.prompt_tokens as u32,
+                        prompt_tokens_per_s: rate(out.prompt_tokens, out.prompt_s),
+                        generated_tokens: out.tokens.len() as u32,
+                        generated_tokens_per_s: rate(out.tokens.len(), out.decode_s),
+                        prompt_ms: out.prompt_s * 1e3,
+                        generate_ms: out.decode_s * 1e3,
+                    },
+                    tokens: out.tokens,
+                    text,
+                    finish: match out.finish {
+                        FinishReason::Stop => "stop",
+                        FinishReason::Length => "length",
+                        FinishReason::Cancelled => "cancelled",
+                    },
+                });
             }
-            self.forward(seq, &[id], LogitsWanted::Last, &mut logits)?;
-        };
-        if finish != "cancelled" {
-            let mut tail = match stops.push(&utf8.finish()) {
-                StopCheck::Emit(s) | StopCheck::Stop(s) => s,
-            };
-            tail.push_str(&stops.finish());
-            if !tail.is_empty() {
-                text.push_str(&tail);
-                on_piece(None, &tail);
-            }
-        }
-        Ok(self.finish(prompt, tokens, text, finish, prompt_s, decode_start))
-    }
-
-    fn finish(
-        &self,
-        prompt: &[u32],
-        tokens: Vec<u32>,
-        text: String,
-        finish: &'static str,
-        prompt_s: f64,
-        decode_start: Instant,
-    ) -> Generation {
-        let decode_s = decode_start.elapsed().as_secs_f64();
-        let rate = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
-        Generation {
-            timings: Timings {
-                prompt_tokens: prompt.len() as u32,
-                prompt_tokens_per_s: rate(prompt.len(), prompt_s),
-                generated_tokens: tokens.len() as u32,
-                generated_tokens_per_s: rate(tokens.len(), decode_s),
-                prompt_ms: prompt_s * 1e3,
-                generate_ms: decode_s * 1e3,
-            },
-            tokens,
-            text,
-            finish,
         }
     }
 }

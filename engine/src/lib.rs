@@ -10,33 +10,42 @@
 //!   stop strings, `max_tokens`, timings.
 //! - [`sampler`]: greedy, temperature, top-k, top-p, min-p and penalties, seeded and reproducible.
 //! - [`chat`]: the model's chat template rendered with `minijinja`.
-//! - [`EngineHandle`]: a [`Generator`] as the ABI's [`u_sdk::Engine`], for transports; a
-//!   request's chat `messages` are rendered here with the model's template.
+//! - [`EngineHandle`]: a [`Generator`] as the ABI's [`u_sdk::Engine`], for transports: a
+//!   scheduler thread batches every running request into shared forward passes (continuous
+//!   batching, chunked prefill, a bounded queue that answers `Busy`), reuses cached prompt
+//!   prefixes and cache breakpoints, reports logprobs, and saves, resumes, forks and grafts KV
+//!   checkpoints. A request's chat `messages` are rendered here with the model's template.
+//!   [`Limits`] sizes the batch, the queue and the tokens per pass.
+//!
+//! Inside, one request is one `sequence` state machine (prefix lookup, prefill, sampling,
+//! streaming, stop conditions, what is cached at the end), and one `batch` step runs a forward
+//! pass over many of them; [`Generator::generate`] drives the same two with a single request.
 #![deny(missing_docs)]
 // `#[sabi_trait]` impls expand inside const blocks, which this lint flags.
 #![allow(non_local_definitions)]
 
+mod batch;
 pub mod chat;
 mod generator;
+mod handle;
+mod logprobs;
+mod prompt;
 pub mod sampler;
+mod scheduler;
+mod sequence;
 pub mod stream;
 
 pub use chat::ChatMessage;
 pub use generator::{DEFAULT_PREFILL_CHUNK, GenerateOptions, Generation, Generator, Timings};
+pub use handle::EngineHandle;
+pub use logprobs::MAX_TOP_LOGPROBS;
 pub use sampler::Sampler;
+pub use scheduler::Limits;
 
-use abi_stable::{
-    sabi_trait::TD_Opaque,
-    std_types::{ROption, RResult, RSlice, RStr, RString, RVec},
-};
-use std::sync::Arc;
-use u_sdk::{
-    CheckpointInfo, CheckpointRequest, Engine, Engine_TO, EngineBox, EngineStats, ErrorKind,
-    GenerateRequest, GenerateSummary, GeneratedToken, TokenSinkBox, UError,
-};
+use u_sdk::{ErrorKind, UError};
 
 /// What can go wrong while generating.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A plugin call failed.
@@ -67,6 +76,22 @@ pub enum Error {
         /// The vocabulary size.
         vocab: u32,
     },
+    /// A malformed request (bad cache breakpoint, too many logprobs, nothing to save…).
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// Every running slot and queue place is taken.
+    #[error(
+        "the engine is at capacity ({running} running and {queued} queued requests); retry later"
+    )]
+    Busy {
+        /// Most requests running at once.
+        running: usize,
+        /// Most requests waiting.
+        queued: usize,
+    },
+    /// The scheduler thread is gone (shut down, or it could not start).
+    #[error("the engine's scheduler is not running")]
+    Stopped,
     /// The prompt fills the context.
     #[error("the prompt has {prompt} tokens; the model's context holds {context}")]
     ContextFull {
@@ -88,6 +113,8 @@ impl Error {
             Error::Plugin { source, .. } => source.kind,
             Error::NoTokenizer | Error::NoChatTemplate => ErrorKind::Unsupported,
             Error::ContextFull { .. } => ErrorKind::ResourceExhausted,
+            Error::Busy { .. } => ErrorKind::Busy,
+            Error::Stopped => ErrorKind::Internal,
             _ => ErrorKind::InvalidInput,
         };
         UError::new(kind, self.to_string())
@@ -97,103 +124,8 @@ impl Error {
 /// The engine's result type.
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// A shared [`Generator`] serving one model name through the ABI's [`Engine`] interface.
-#[derive(Clone)]
-pub struct EngineHandle {
-    name: String,
-    generator: Arc<Generator>,
-}
-
-impl EngineHandle {
-    /// Serves `generator` under the model name `name`.
-    pub fn new(name: impl Into<String>, generator: Arc<Generator>) -> Self {
-        Self {
-            name: name.into(),
-            generator,
-        }
-    }
-
-    /// As an ABI object for transports.
-    pub fn into_box(self) -> EngineBox {
-        Engine_TO::from_value(self, TD_Opaque)
-    }
-}
-
-impl Engine for EngineHandle {
-    fn models(&self) -> RVec<RString> {
-        RVec::from(vec![RString::from(self.name.as_str())])
-    }
-
-    fn generate(
-        &self,
-        request: &GenerateRequest,
-        mut sink: TokenSinkBox,
-    ) -> RResult<GenerateSummary, UError> {
-        u_sdk::guard("engine.generate", || {
-            if request.model.as_str() != self.name {
-                return Err(UError::not_found(format!(
-                    "model `{}` is not served (this engine serves `{}`)",
-                    request.model, self.name
-                )));
-            }
-            let options = GenerateOptions {
-                max_tokens: request.max_tokens,
-                sampling: request.sampling.clone(),
-                stop: request.stop.iter().map(|s| s.to_string()).collect(),
-                ignore_eos: false,
-            };
-            let chat;
-            let prompt = if request.messages.is_empty() {
-                request.prompt.as_str()
-            } else {
-                let messages: Vec<ChatMessage> = request
-                    .messages
-                    .iter()
-                    .map(|m| ChatMessage::new(m.role.as_str(), m.content.as_str()))
-                    .collect();
-                chat = self
-                    .generator
-                    .chat_prompt(&messages)
-                    .map_err(|e| e.to_uerror())?;
-                chat.as_str()
-            };
-            let mut last = 0;
-            let out = self
-                .generator
-                .generate(prompt, &options, &mut |id, text| {
-                    last = id.unwrap_or(last);
-                    sink.token(&GeneratedToken {
-                        id: last,
-                        text: text.into(),
-                        logprob: ROption::RNone,
-                        top_logprobs: RSlice::EMPTY,
-                    })
-                })
-                .map_err(|e| e.to_uerror())?;
-            Ok(GenerateSummary {
-                prompt_tokens: out.timings.prompt_tokens,
-                cached_tokens: 0,
-                cache_written_tokens: 0,
-                generated_tokens: out.timings.generated_tokens,
-                finish: out.finish_reason(),
-                stop_sequence: ROption::RNone,
-            })
-        })
-    }
-
-    fn stats(&self) -> EngineStats {
-        EngineStats::default()
-    }
-
-    fn checkpoint(&self, _request: &CheckpointRequest) -> RResult<RVec<CheckpointInfo>, UError> {
-        RResult::RErr(UError::unsupported(
-            "checkpoints are not wired into the engine yet",
-        ))
-    }
-
-    fn embed(&self, _model: RStr<'_>, _input: RStr<'_>) -> RResult<RVec<f32>, UError> {
-        RResult::RErr(UError::unsupported(
-            "embeddings are not wired into the engine yet",
-        ))
+impl From<Error> for UError {
+    fn from(e: Error) -> Self {
+        e.to_uerror()
     }
 }

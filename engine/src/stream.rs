@@ -59,8 +59,9 @@ pub struct StopMatcher {
 pub enum StopCheck {
     /// Text that is safe to emit now (no stop string can start in it).
     Emit(String),
-    /// A stop string was produced: emit this text (what preceded it) and stop.
-    Stop(String),
+    /// A stop string was produced: emit the text that preceded it (first field) and stop; the
+    /// second field is the stop string.
+    Stop(String, String),
 }
 
 impl StopMatcher {
@@ -81,12 +82,13 @@ impl StopMatcher {
         let first = self
             .stops
             .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
-            .min();
-        if let Some(at) = first {
+            .filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s)))
+            .min_by_key(|&(at, _)| at);
+        if let Some((at, stop)) = first {
             let before = self.held[..at].to_string();
+            let stop = stop.clone();
             self.held.clear();
-            return StopCheck::Stop(before);
+            return StopCheck::Stop(before, stop);
         }
         // Keep the longest suffix that is a proper prefix of some stop string.
         let mut keep_from = self.held.len();
@@ -131,7 +133,10 @@ mod tests {
         assert_eq!(m.push("/e"), StopCheck::Emit("".into()));
         assert_eq!(m.push("x"), StopCheck::Emit("</ex".into()));
         assert_eq!(m.push(" ST"), StopCheck::Emit(" ".into()));
-        assert_eq!(m.push("OP and more"), StopCheck::Stop("".into()));
+        assert_eq!(
+            m.push("OP and more"),
+            StopCheck::Stop("".into(), "STOP".into())
+        );
         let mut m = StopMatcher::new(["ab".to_string()]);
         assert_eq!(m.push("xa"), StopCheck::Emit("x".into()));
         assert_eq!(m.finish(), "a");

@@ -1,13 +1,14 @@
-//! The engine on the arch-llama fixture models (tiny random-weight models with
-//! `transformers` references), wired as the host wires them: loader → architecture with
-//! kernels-cpu and cache-kv → generator. Plugin rlibs stand in for the signed `.so` files.
+//! The engine on the arch-llama fixture models through the single-request [`Generator`].
+
+mod common;
 
 use abi_stable::{sabi_trait::TD_Opaque, std_types::ROption};
 use anyhow::{Context, Result};
+use common::{build, fixture, gguf, safetensors, tiny_tokenizer};
 use serde_json::Value;
-use std::{path::PathBuf, sync::Arc};
+use std::sync::Arc;
 use u_engine::{ChatMessage, GenerateOptions, Generator, sampler};
-use u_sdk::{Architecture, ModelBox, SamplingParams, TokenizerBox, WeightSet_TO, WeightSetBox};
+use u_sdk::SamplingParams;
 
 const MODELS: [&str; 8] = [
     "llama",
@@ -19,43 +20,6 @@ const MODELS: [&str; 8] = [
     "qwen3_moe",
     "olmoe",
 ];
-
-fn fixture(model: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../plugins/arch-llama/tests/fixtures/models")
-        .join(model)
-}
-
-fn safetensors(model: &str) -> Result<WeightSetBox> {
-    use u_loader_safetensors::{SafetensorsModel, SafetensorsWeights, StdFs};
-    let m = SafetensorsModel::open(&StdFs, &fixture(model))?;
-    Ok(WeightSet_TO::from_value(
-        SafetensorsWeights(Arc::new(m)),
-        TD_Opaque,
-    ))
-}
-
-fn gguf(model: &str) -> Result<WeightSetBox> {
-    Ok(
-        u_loader_gguf::plugin::GgufWeights::open_path(&fixture(model).join("model.gguf"))?
-            .into_box(),
-    )
-}
-
-fn build(weights: WeightSetBox) -> Result<ModelBox> {
-    let kernels = u_kernels_cpu::CpuKernels::new(2)?.into_box();
-    let cache = u_cache_kv::KvCachePlugin::new(u_cache_kv::Config::default(), None).into_box();
-    Ok(u_arch_llama::LlamaArchitecture
-        .build(weights, kernels, cache)
-        .into_result()?)
-}
-
-fn tiny_tokenizer() -> Result<TokenizerBox> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-tokenizer");
-    let json = std::fs::read_to_string(dir.join("tokenizer.json"))?;
-    let config = std::fs::read_to_string(dir.join("tokenizer_config.json"))?;
-    Ok(u_tokenizer::Tok::from_json(&json, Some(&config))?.into_box())
-}
 
 /// (prompt, transformers' greedy continuation) of each fixture case.
 fn cases(model: &str) -> Result<Vec<(Vec<u32>, Vec<u32>)>> {
@@ -86,7 +50,10 @@ fn greedy(max_tokens: u32) -> GenerateOptions {
 #[test]
 fn greedy_generation_equals_transformers_generate() -> Result<()> {
     for model in MODELS {
-        for (format, weights) in [("safetensors", safetensors(model)?), ("gguf", gguf(model)?)] {
+        for (format, weights) in [
+            ("safetensors", safetensors(model)?),
+            ("gguf", gguf(model, "model.gguf")?),
+        ] {
             // A small prefill chunk also exercises prompts split over several passes.
             for chunk in [512, 3] {
                 let g = Generator::new(build(weights.clone())?, None).with_prefill_chunk(chunk);

@@ -1,0 +1,118 @@
+//! A request's prompt as tokens, and its cache breakpoints as token counts.
+//!
+//! Locating a breakpoint `(turn, offset)` in the rendered prompt: the conversation is cut after
+//! `messages[turn].content[..offset]` and rendered without the generation prompt; the longest
+//! common byte prefix of that rendering and the full one (floored to a character boundary) is
+//! where the cached block ends in the text — it includes the turn's closing markup when the
+//! breakpoint is at the end of the turn and the template renders it alike in both. That text
+//! prefix is encoded on its own and the breakpoint is the length of the longest common *token*
+//! prefix with the full prompt's tokens: tokenization can only differ near the cut, so this is
+//! the most KV that is exactly reusable by any prompt starting with the same text. For a plain
+//! `prompt` (no messages) the breakpoint is `turn == 0` and `offset` bytes into the prompt.
+
+use crate::{ChatMessage, Error, Generator, Result};
+use u_sdk::{CacheBreakpoint, ChatTurn};
+
+/// The text of a prompt, rendered with the chat template when there are messages.
+pub(crate) struct Prompt {
+    messages: Vec<ChatMessage>,
+    plain: String,
+    text: String,
+    continuation: bool,
+}
+
+impl Prompt {
+    /// `prompt` as is, or `messages` rendered for the assistant's turn; a `continuation`
+    /// (resuming a checkpoint) is encoded without BOS.
+    pub(crate) fn new(
+        g: &Generator,
+        prompt: &str,
+        messages: &[ChatTurn],
+        continuation: bool,
+    ) -> Result<Self> {
+        let messages: Vec<ChatMessage> = messages
+            .iter()
+            .map(|m| ChatMessage::new(m.role.as_str(), m.content.as_str()))
+            .collect();
+        let text = if messages.is_empty() {
+            prompt.to_string()
+        } else {
+            g.render_chat(&messages, true)?
+        };
+        Ok(Self {
+            messages,
+            plain: prompt.to_string(),
+            text,
+            continuation,
+        })
+    }
+
+    /// Whether there is no text at all.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.text.is_empty()
+    }
+
+    fn encode(&self, g: &Generator, text: &str) -> Result<Vec<u32>> {
+        if self.continuation {
+            g.encode_continuation(text)
+        } else {
+            g.encode(text)
+        }
+    }
+
+    /// The prompt's tokens and, for each breakpoint that covers any, its token count.
+    pub(crate) fn tokens(
+        &self,
+        g: &Generator,
+        breakpoints: &[CacheBreakpoint],
+    ) -> Result<(Vec<u32>, Vec<usize>)> {
+        let tokens = self.encode(g, &self.text)?;
+        let mut counts = Vec::with_capacity(breakpoints.len());
+        for bp in breakpoints {
+            let bytes = self.breakpoint_bytes(g, bp)?;
+            let head = self.encode(g, &self.text[..bytes])?;
+            let n = head.iter().zip(&tokens).take_while(|(a, b)| a == b).count();
+            if n > 0 {
+                counts.push(n);
+            }
+        }
+        Ok((tokens, counts))
+    }
+
+    /// Where breakpoint `bp` ends in the prompt text, in bytes.
+    fn breakpoint_bytes(&self, g: &Generator, bp: &CacheBreakpoint) -> Result<usize> {
+        let (turn, offset) = (bp.turn as usize, bp.offset as usize);
+        let content = match self.messages.get(turn) {
+            Some(m) => &m.content,
+            None if self.messages.is_empty() && turn == 0 => &self.plain,
+            None => {
+                return Err(Error::InvalidRequest(format!(
+                    "cache breakpoint on turn {turn}, but the request has {} messages",
+                    self.messages.len()
+                )));
+            }
+        };
+        if offset > content.len() || !content.is_char_boundary(offset) {
+            return Err(Error::InvalidRequest(format!(
+                "cache breakpoint offset {offset} of turn {turn} is not a character boundary \
+                 of its {} bytes",
+                content.len()
+            )));
+        }
+        if self.messages.is_empty() {
+            return Ok(offset);
+        }
+        let mut cut = self.messages[..=turn].to_vec();
+        cut[turn].content.truncate(offset);
+        let rendered = g.render_chat(&cut, false)?;
+        let mut n = rendered
+            .bytes()
+            .zip(self.text.bytes())
+            .take_while(|(a, b)| a == b)
+            .count();
+        while !self.text.is_char_boundary(n) {
+            n -= 1;
+        }
+        Ok(n)
+    }
+}

@@ -1,0 +1,338 @@
+//! Continuous batching: one thread runs every admitted request in shared forward passes.
+//!
+//! Callers [`Scheduler::submit`] a tokenized request into a bounded queue (full: refused at
+//! once with [`Error::Busy`]). Before each pass the scheduler thread admits waiting requests
+//! into free running slots (prefix-cache lookup or checkpoint load), drops cancelled ones, runs
+//! one [`Batch`] step, and sends each request's streamed pieces and final outcome to that
+//! request's channel. It never calls a client's sink: the caller's own thread forwards the
+//! events, so a slow client delays nobody else, and marks its ticket cancelled when the client
+//! is gone.
+
+use crate::{
+    Error, Generator, Result,
+    batch::Batch,
+    sequence::{Origin, Outcome, Piece, Sequence, Spec},
+};
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::{
+        Arc, Condvar, Mutex, MutexGuard,
+        atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
+        mpsc::{self, Receiver, Sender},
+    },
+    thread::JoinHandle,
+};
+use u_sdk::EngineStats;
+
+/// How much work an engine takes on at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Requests decoding or prefilling together (one forward pass carries all of them).
+    pub max_running: usize,
+    /// Requests that may wait for a running slot; past that, new ones fail with `Busy`.
+    pub max_queued: usize,
+    /// Tokens per pass, roughly: each decoding request takes one, prefills share the rest.
+    pub step_tokens: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_running: 16,
+            max_queued: 64,
+            step_tokens: crate::DEFAULT_PREFILL_CHUNK,
+        }
+    }
+}
+
+/// What the scheduler sends a request's caller.
+pub(crate) enum Event {
+    /// Text for one generated token (or the final flush).
+    Piece(Piece),
+    /// The request ended (its sequence is released).
+    Done(Result<Outcome>),
+}
+
+/// A submitted request: its events, and the switch that cancels it.
+pub(crate) struct Ticket {
+    /// Pieces, then exactly one [`Event::Done`].
+    pub events: Receiver<Event>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl Ticket {
+    /// Asks the scheduler to drop the request before its next pass.
+    pub(crate) fn cancel(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+}
+
+struct Job {
+    spec: Spec,
+    events: Sender<Event>,
+    cancel: Arc<AtomicBool>,
+}
+
+#[derive(Default)]
+struct Counters {
+    requests: AtomicU64,
+    rejected: AtomicU64,
+    running: AtomicU32,
+    prompt_tokens: AtomicU64,
+    cached_tokens: AtomicU64,
+    generated_tokens: AtomicU64,
+    forward_passes: AtomicU64,
+}
+
+struct Queue {
+    pending: VecDeque<Job>,
+    /// Submitted requests not yet done (waiting or running).
+    in_flight: usize,
+    stop: bool,
+}
+
+struct Shared {
+    generator: Arc<Generator>,
+    limits: Limits,
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    counters: Counters,
+    checkpoints: Mutex<HashMap<String, Vec<u32>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The scheduler thread and its queue; dropping it stops the thread once its work is done.
+pub(crate) struct Scheduler {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        lock(&self.shared.queue).stop = true;
+        self.shared.wake.notify_all();
+        if let Some(t) = self.thread.take() {
+            // A panicked scheduler has nothing left to clean up.
+            let _ = t.join();
+        }
+    }
+}
+
+impl Scheduler {
+    /// Starts the scheduler thread for `generator`.
+    pub(crate) fn start(generator: Arc<Generator>, limits: Limits) -> Self {
+        let limits = Limits {
+            max_running: limits.max_running.max(1),
+            ..limits
+        };
+        let shared = Arc::new(Shared {
+            generator,
+            limits,
+            queue: Mutex::new(Queue {
+                pending: VecDeque::new(),
+                in_flight: 0,
+                stop: false,
+            }),
+            wake: Condvar::new(),
+            counters: Counters::default(),
+            checkpoints: Mutex::new(HashMap::new()),
+        });
+        let worker = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("u-engine-scheduler".into())
+            .spawn(move || {
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&worker)));
+                if ran.is_err() {
+                    // A bug: refuse new work; dropping the waiting jobs (and, while unwinding,
+                    // the running ones) closes their channels, which their callers report.
+                    let mut q = lock(&worker.queue);
+                    q.stop = true;
+                    q.pending.clear();
+                }
+            })
+            .ok();
+        Self { shared, thread }
+    }
+
+    /// The generator requests run on.
+    pub(crate) fn generator(&self) -> &Arc<Generator> {
+        &self.shared.generator
+    }
+
+    /// The limits in force.
+    pub(crate) fn limits(&self) -> Limits {
+        self.shared.limits
+    }
+
+    /// Token ids of the checkpoints this engine saved (by name).
+    pub(crate) fn checkpoints(&self) -> MutexGuard<'_, HashMap<String, Vec<u32>>> {
+        lock(&self.shared.checkpoints)
+    }
+
+    /// Queues a request, or refuses it with [`Error::Busy`] when every running slot and every
+    /// queue place is taken.
+    pub(crate) fn submit(&self, spec: Spec) -> Result<Ticket> {
+        let (tx, rx) = mpsc::channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let l = self.shared.limits;
+        {
+            let mut q = lock(&self.shared.queue);
+            if self.thread.is_none() || q.stop {
+                return Err(Error::Stopped);
+            }
+            if q.in_flight >= l.max_running + l.max_queued {
+                self.shared
+                    .counters
+                    .rejected
+                    .fetch_add(1, Ordering::Relaxed);
+                return Err(Error::Busy {
+                    running: l.max_running,
+                    queued: l.max_queued,
+                });
+            }
+            q.in_flight += 1;
+            q.pending.push_back(Job {
+                spec,
+                events: tx,
+                cancel: cancel.clone(),
+            });
+        }
+        self.shared
+            .counters
+            .requests
+            .fetch_add(1, Ordering::Relaxed);
+        self.shared.wake.notify_one();
+        Ok(Ticket { events: rx, cancel })
+    }
+
+    /// Counters (all but `kv_bytes`, which the cache knows).
+    pub(crate) fn stats(&self) -> EngineStats {
+        let c = &self.shared.counters;
+        let queued = lock(&self.shared.queue).pending.len();
+        EngineStats {
+            requests: c.requests.load(Ordering::Relaxed),
+            rejected: c.rejected.load(Ordering::Relaxed),
+            running: c.running.load(Ordering::Relaxed),
+            queued: queued as u32,
+            queue_capacity: self.shared.limits.max_queued as u32,
+            prompt_tokens: c.prompt_tokens.load(Ordering::Relaxed),
+            cached_tokens: c.cached_tokens.load(Ordering::Relaxed),
+            generated_tokens: c.generated_tokens.load(Ordering::Relaxed),
+            forward_passes: c.forward_passes.load(Ordering::Relaxed),
+            kv_bytes: 0,
+        }
+    }
+}
+
+/// Where a running request's output goes.
+struct Tag {
+    events: Sender<Event>,
+    cancel: Arc<AtomicBool>,
+}
+
+/// The scheduler thread: admit, step, stream, retire — until stopped with nothing left.
+fn run(shared: &Shared) {
+    let g = &*shared.generator;
+    let mut batch: Batch<Tag> = Batch::new(shared.limits.step_tokens);
+    loop {
+        let admitted: Vec<Job> = {
+            let mut q = lock(&shared.queue);
+            while batch.is_empty() && q.pending.is_empty() && !q.stop {
+                q = shared
+                    .wake
+                    .wait(q)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+            if batch.is_empty() && q.pending.is_empty() {
+                return;
+            }
+            let room = shared.limits.max_running.saturating_sub(batch.len());
+            let n = room.min(q.pending.len());
+            q.pending.drain(..n).collect()
+        };
+        for job in admitted {
+            admit(shared, &mut batch, job);
+        }
+        for (seq, tag) in batch.slots_mut() {
+            if tag.cancel.load(Ordering::Relaxed) {
+                seq.cancel();
+            }
+        }
+        shared
+            .counters
+            .running
+            .store(batch.len() as u32, Ordering::Relaxed);
+        match batch.step(g) {
+            Ok(true) => {
+                shared
+                    .counters
+                    .forward_passes
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(false) => {}
+            Err(e) => {
+                for (seq, _) in batch.slots_mut() {
+                    seq.fail(e.clone());
+                }
+            }
+        }
+        for (seq, tag) in batch.slots_mut() {
+            for piece in seq.take_pieces() {
+                if tag.events.send(Event::Piece(piece)).is_err() {
+                    seq.cancel();
+                }
+            }
+        }
+        let done = batch.take_done();
+        shared
+            .counters
+            .running
+            .store(batch.len() as u32, Ordering::Relaxed);
+        for (seq, tag) in done {
+            retire(shared, seq.close(), &tag.events);
+        }
+    }
+}
+
+/// Takes a cache sequence for `job` and adds it to the batch (or reports why not).
+fn admit(shared: &Shared, batch: &mut Batch<Tag>, mut job: Job) {
+    if let Origin::Checkpoint { name, tokens } = &mut job.spec.origin {
+        *tokens = lock(&shared.checkpoints).get(name).cloned();
+    }
+    match Sequence::admit(&shared.generator, job.spec) {
+        Ok(seq) => batch.push(
+            seq,
+            Tag {
+                events: job.events,
+                cancel: job.cancel,
+            },
+        ),
+        Err(e) => retire(shared, Err(e), &job.events),
+    }
+}
+
+/// Counts a finished request and sends its outcome.
+fn retire(shared: &Shared, outcome: Result<Outcome>, events: &Sender<Event>) {
+    if let Ok(o) = &outcome {
+        let c = &shared.counters;
+        c.prompt_tokens
+            .fetch_add(o.prompt_tokens as u64, Ordering::Relaxed);
+        c.cached_tokens
+            .fetch_add(o.cached_tokens as u64, Ordering::Relaxed);
+        c.generated_tokens
+            .fetch_add(o.tokens.len() as u64, Ordering::Relaxed);
+        if let Some((name, ids)) = &o.saved {
+            let mut known = lock(&shared.checkpoints);
+            match ids {
+                Some(ids) => known.insert(name.clone(), ids.clone()),
+                None => known.remove(name),
+            };
+        }
+    }
+    lock(&shared.queue).in_flight -= 1;
+    // The caller may be gone; its request is finished either way.
+    let _ = events.send(Event::Done(outcome));
+}
