@@ -20,6 +20,7 @@
 pub mod inspect;
 pub mod listeners;
 pub mod loading;
+pub mod runner;
 pub mod sandbox;
 pub mod serve;
 pub mod services;

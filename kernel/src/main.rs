@@ -6,7 +6,9 @@ use serde_json::json;
 use std::path::PathBuf;
 use u_attest::deployment::{PathGrant, absolute};
 use u_attest::{Deployment, signing::verify_bytes};
-use u_runner::{inspect, load_deployment, open_deployment, sandbox, serve, wiring};
+use u_runner::{inspect, load_deployment, open_deployment, runner, sandbox, serve, wiring};
+
+mod bench;
 
 // The host carries a signed manifest like every plugin, so `u-attest inspect` can prove its
 // surface too.
@@ -19,11 +21,27 @@ static U_META: [u8; u_sdk::meta::META_SIZE] =
 #[command(
     name = "u-runner",
     version,
-    about = "The U host: loads signed plugins and serves models"
+    about = "The U host: loads signed plugins and serves models",
+    override_usage = "u-runner <COMMAND> …\n       u-runner <MODEL> <SOCKET> [--secret-file F] [--deployment D]",
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
 )]
 struct Cli {
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
+    /// Safebox runner form: serve this model file or directory…
+    #[arg(required = true)]
+    model: Option<PathBuf>,
+    /// …on this Unix socket (mode 0600), every API of transport-http, with the default
+    /// deployment's plugins.
+    #[arg(required = true)]
+    socket: Option<PathBuf>,
+    /// Runner form: require HMAC-signed requests, with the secret in this file.
+    #[arg(long)]
+    secret_file: Option<PathBuf>,
+    /// Runner form: the deployment [default: as for `generate`].
+    #[arg(long)]
+    deployment: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -55,6 +73,9 @@ enum Command {
     /// the model path, locked down and wired (loader, architecture, kernels, cache, tokenizer).
     /// Text streams to stdout; prompt and generation speeds go to stderr.
     Generate(GenerateArgs),
+    /// Measure prompt-processing (ppP) and token-generation (tgN) speed of a model like
+    /// llama.cpp's `llama-bench`, wired as for `generate`: tokens/s, mean ± stddev over reps.
+    Bench(bench::BenchArgs),
     /// Tokenize text with a model's tokenizer (from its GGUF metadata or a tokenizer.json in or
     /// beside it), or with `--decode` turn token ids back into text.
     Tokenize {
@@ -154,7 +175,10 @@ fn main() {
     use std::io::IsTerminal;
     let cli = Cli::parse();
     // Generating and tokenizing print results; the host's progress logs would only be noise.
-    let quiet = matches!(cli.command, Command::Generate(_) | Command::Tokenize { .. });
+    let quiet = matches!(
+        cli.command,
+        Some(Command::Generate(_) | Command::Tokenize { .. } | Command::Bench(_))
+    );
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
@@ -219,7 +243,19 @@ fn host_status(deployment: &Deployment) -> String {
 }
 
 fn run(cli: Cli) -> Result<i32> {
-    match cli.command {
+    let Some(command) = cli.command else {
+        let (Some(model), Some(socket)) = (cli.model, cli.socket) else {
+            anyhow::bail!("give a command, or a model and a socket path (see --help)");
+        };
+        let d = runner::deployment(
+            load_default(cli.deployment)?,
+            &model,
+            &socket,
+            cli.secret_file.as_deref(),
+        )?;
+        return serve_deployment(d, true);
+    };
+    match command {
         Command::Plugins { deployment, json } => {
             let d = Deployment::load(&deployment)?;
             let support = sandbox::probe_support();
@@ -338,6 +374,7 @@ fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Generate(args) => generate(args),
+        Command::Bench(args) => bench::run(args),
         Command::Tokenize {
             model,
             text,
@@ -405,19 +442,25 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Serve { deployment, strict } => {
             let d = Deployment::load(&deployment)
                 .with_context(|| format!("loading {}", deployment.display()))?;
-            tracing::info!(deployment = %d.name, "host: {}", host_status(&d));
-            let opened = open_deployment(&d);
-            if strict && !opened.refused.is_empty() {
-                anyhow::bail!(
-                    "{} plugin(s) refused and --strict is set: not serving",
-                    opened.refused.len()
-                );
-            }
-            let model = d.model.as_deref();
-            let (_, refused) = serve::run(opened, threads(&d), model)?;
-            Ok(if refused == 0 { 0 } else { 1 })
+            serve_deployment(d, strict)
         }
     }
+}
+
+/// Verifies, locks down and serves `d` until a signal; with `strict`, any refused plugin stops
+/// it before anything is served.
+fn serve_deployment(d: Deployment, strict: bool) -> Result<i32> {
+    tracing::info!(deployment = %d.name, "host: {}", host_status(&d));
+    let opened = open_deployment(&d);
+    if strict && !opened.refused.is_empty() {
+        anyhow::bail!(
+            "{} plugin(s) refused and --strict is set: not serving",
+            opened.refused.len()
+        );
+    }
+    let model = d.model.as_deref();
+    let (_, refused) = serve::run(opened, threads(&d), model, d.serving)?;
+    Ok(if refused == 0 { 0 } else { 1 })
 }
 
 fn load_default(deployment: Option<PathBuf>) -> Result<Deployment> {

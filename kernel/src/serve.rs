@@ -15,6 +15,7 @@ use std::{
     },
     time::{Duration, Instant},
 };
+use u_attest::deployment::Serving;
 use u_sdk::{
     CheckpointInfo, CheckpointRequest, Engine, EngineBox, EngineStats, ErrorKind, GenerateRequest,
     GenerateSummary, PluginInstance, Shutdown, ShutdownBox, TokenSinkBox, TransportContext, UError,
@@ -109,6 +110,7 @@ pub fn run(
     mut opened: OpenReport,
     threads: u32,
     model: Option<&Path>,
+    serving: Serving,
 ) -> anyhow::Result<(sandbox::Status, usize)> {
     let mut plan = sandbox::Plan::default();
     if let Some(model) = model {
@@ -150,7 +152,20 @@ pub fn run(
                 .ok_or_else(|| anyhow::anyhow!("no model was built from {}", model.display()))?;
             let name = model_name(model);
             tracing::info!(model = %name, loader = %built.loader, "serving {}", model.display());
-            u_engine::EngineHandle::new(name, Arc::new(generator)).into_box()
+            let defaults = u_engine::Limits::default();
+            let pick = |v: Option<u32>, d: usize| v.map_or(d, |v| v as usize);
+            let limits = u_engine::Limits {
+                max_running: pick(serving.max_running, defaults.max_running),
+                max_queued: pick(serving.max_queued, defaults.max_queued),
+                step_tokens: pick(serving.step_tokens, defaults.step_tokens),
+            };
+            tracing::info!(
+                max_running = limits.max_running,
+                max_queued = limits.max_queued,
+                step_tokens = limits.step_tokens,
+                "batching"
+            );
+            u_engine::EngineHandle::with_limits(name, Arc::new(generator), limits).into_box()
         }
         None => EngineBox::from_value(
             HostEngine { models: vec![] },

@@ -1,4 +1,4 @@
-//! Opening one model through a deployment, for `u-runner generate` and `u-runner tokenize`:
+//! Opening one model through a deployment, for `u-runner generate`, `tokenize` and `bench`:
 //! the model path is granted to the loader and tokenizer plugins for this command, the process
 //! is locked down to the union of the grants, and only then are the plugins instantiated and
 //! wired — loader → weight set → architecture (with kernels and cache) → model, and the
@@ -14,8 +14,8 @@ use u_attest::{
 };
 use u_engine::Generator;
 use u_sdk::{
-    ArchitectureBox, KernelsBox, KvCacheBox, PluginInstance, TokenizerBox, TokenizerFactoryBox,
-    WeightSetBox, manifest::PluginKind,
+    ArchitectureBox, KernelsBox, KvCacheBox, ModelBox, PluginInstance, TokenizerBox,
+    TokenizerFactoryBox, WeightSetBox, manifest::PluginKind,
 };
 
 /// What to build from the model.
@@ -25,6 +25,8 @@ pub enum Want {
     Tokenizer,
     /// Model and tokenizer (for `generate`).
     Generator,
+    /// The model unwrapped, and the tokenizer (for `bench`, which calls `Model::forward`).
+    Model,
 }
 
 /// A model opened through the deployment's plugins, inside the sandbox.
@@ -37,6 +39,8 @@ pub struct Opened {
     pub tokenizer: Option<TokenizerBox>,
     /// The wired generator (for [`Want::Generator`]).
     pub generator: Option<Generator>,
+    /// The built model alone (for [`Want::Model`]).
+    pub model: Option<ModelBox>,
     /// What the sandbox achieved.
     pub sandbox: sandbox::Status,
 }
@@ -106,9 +110,9 @@ pub fn open(deployment: &Deployment, model: &Path, threads: u32, want: Want) -> 
     build(&report, &model, want, status)
 }
 
-/// Opens `model` with the loaded plugins of `report` and, for [`Want::Generator`], wires loader
-/// → weight set → architecture (with kernels and cache) → model, with its tokenizer. `status`
-/// is what the caller's lock-down achieved.
+/// Opens `model` with the loaded plugins of `report` and, for [`Want::Generator`] and
+/// [`Want::Model`], wires loader → weight set → architecture (with kernels and cache) → model,
+/// with its tokenizer. `status` is what the caller's lock-down achieved.
 pub fn build(
     report: &LoadReport,
     model: &Path,
@@ -135,7 +139,7 @@ pub fn build(
         Some(f) => build_tokenizer(f, model, &weights)?,
         None => None,
     };
-    let generator = if want == Want::Generator {
+    let model_box = if want != Want::Tokenizer {
         let arch = weights.architecture().into_option().map(|a| a.to_string());
         let (arch_name, architecture) = match &arch {
             Some(a) => archs
@@ -164,15 +168,23 @@ pub fn build(
             RResult::ROk(m) => m,
             RResult::RErr(e) => bail!("{arch_name}: cannot build the model: {e}"),
         };
-        Some(Generator::new(model_box, tokenizer.clone()))
+        Some(model_box)
     } else {
         None
+    };
+    let (generator, model_box) = match want {
+        Want::Generator => (
+            model_box.map(|m| Generator::new(m, tokenizer.clone())),
+            None,
+        ),
+        _ => (None, model_box),
     };
     Ok(Opened {
         weights,
         loader,
         tokenizer,
         generator,
+        model: model_box,
         sandbox: status,
     })
 }

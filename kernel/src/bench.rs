@@ -1,0 +1,195 @@
+//! `u-runner bench`: prompt-processing and token-generation speed of one model, measured the
+//! way llama.cpp's `llama-bench` measures them, so both can run on the same file side by side
+//! (`tests/bench/llama_bench.py` prints the ratios).
+//!
+//! The model is opened and wired exactly as for `u-runner generate` ([`wiring::open`]), and
+//! `Model::forward` is timed directly:
+//!
+//! - **ppP**: `P` random token ids on a fresh sequence, in the engine's prefill chunks
+//!   ([`u_engine::DEFAULT_PREFILL_CHUNK`] tokens per forward pass), logits for the last token
+//!   only — llama-bench's `pp` (one batch, last logits). Rate: `P` ÷ time.
+//! - **tgN**: `N` single-token forward passes on a fresh sequence, each producing its logits,
+//!   each fed a random token id (no sampling) — llama-bench's `tg`. Rate: `N` ÷ time.
+//!
+//! Each test runs once untimed (warm-up: page faults on the mapped weights, scratch buffers)
+//! and then `--reps` times; the mean and sample standard deviation of the per-rep rates are
+//! reported, as llama-bench does.
+
+use crate::{load_default, threads};
+use abi_stable::std_types::{RSlice, RSliceMut};
+use anyhow::{Context, Result, anyhow};
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::Instant;
+use u_engine::{DEFAULT_PREFILL_CHUNK, sampler::Rng};
+use u_runner::wiring;
+use u_sdk::{LogitsWanted, ModelBox, SeqChunk, SeqId};
+
+/// Options of `u-runner bench`.
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// The model file (or model directory).
+    #[arg(long, short = 'm')]
+    model: PathBuf,
+    /// Prompt tokens of the prompt-processing test (0 skips it).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    n_prompt: u32,
+    /// Tokens of the generation test (0 skips it).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    n_gen: u32,
+    /// Compute threads [default: the deployment's, else all cores].
+    #[arg(long, short = 't')]
+    threads: Option<u32>,
+    /// Timed repetitions of each test (after one untimed warm-up).
+    #[arg(long, short = 'r', default_value_t = 5)]
+    reps: u32,
+    /// Seed of the random prompt token ids.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Print one JSON array, one object per test (field names as llama-bench's `-o json`).
+    #[arg(long)]
+    json: bool,
+    /// The deployment [default: as for `generate`].
+    #[arg(long)]
+    deployment: Option<PathBuf>,
+}
+
+/// Mean and sample standard deviation (n − 1; 0 for one sample).
+fn mean_std(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len() as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    let var = if xs.len() > 1 {
+        xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    (mean, var.sqrt())
+}
+
+/// Seconds of one test on a fresh sequence: `n_prompt` tokens in prefill chunks, or `n_gen`
+/// single-token passes.
+fn run_once(model: &ModelBox, rng: &mut Rng, n_prompt: u32, n_gen: u32) -> Result<f64> {
+    let vocab = u64::from(model.config().vocab_size.max(1));
+    let prompt: Vec<u32> = (0..n_prompt)
+        .map(|_| (rng.next_u64() % vocab) as u32)
+        .collect();
+    let generated: Vec<u32> = (0..n_gen)
+        .map(|_| (rng.next_u64() % vocab) as u32)
+        .collect();
+    let mut logits = vec![0f32; vocab as usize];
+    let cache = model.cache();
+    let seq = cache
+        .create()
+        .into_result()
+        .map_err(|e| anyhow!("cache.create: {e}"))?;
+    let start = Instant::now();
+    let chunks = prompt.len().div_ceil(DEFAULT_PREFILL_CHUNK);
+    let result = prompt
+        .chunks(DEFAULT_PREFILL_CHUNK)
+        .enumerate()
+        .try_for_each(|(i, chunk)| {
+            if i + 1 == chunks {
+                forward(model, seq, chunk, &mut logits)
+            } else {
+                forward(model, seq, chunk, &mut [])
+            }
+        })
+        .and_then(|()| {
+            generated
+                .iter()
+                .try_for_each(|t| forward(model, seq, std::slice::from_ref(t), &mut logits))
+        })
+        .map(|()| start.elapsed().as_secs_f64());
+    // Releasing can only fail for an unknown sequence; the result matters more.
+    let _ = cache.release(seq);
+    result
+}
+
+/// One forward pass of `tokens` appended to `seq`; the last token's logits go to `logits`
+/// unless it is empty.
+fn forward(model: &ModelBox, seq: SeqId, tokens: &[u32], logits: &mut [f32]) -> Result<()> {
+    let chunk = [SeqChunk {
+        seq,
+        tokens: RSlice::from_slice(tokens),
+        logits: if logits.is_empty() {
+            LogitsWanted::None
+        } else {
+            LogitsWanted::Last
+        },
+    }];
+    model
+        .forward(
+            RSlice::from_slice(&chunk),
+            RSliceMut::from_mut_slice(logits),
+        )
+        .into_result()
+        .map_err(|e| anyhow!("model.forward: {e}"))
+}
+
+/// Runs `u-runner bench`.
+pub fn run(args: BenchArgs) -> Result<i32> {
+    let d = load_default(args.deployment)?;
+    let threads = args.threads.unwrap_or_else(|| threads(&d)).max(1);
+    let opened = wiring::open(&d, &args.model, threads, wiring::Want::Model)?;
+    let model = opened.model.context("no model was built")?;
+    let family = model.config().family;
+    let tensors = opened.weights.tensors();
+    let size: u64 = tensors.iter().map(|t| t.byte_len).sum();
+    let params: u64 = tensors
+        .iter()
+        .map(|t| t.shape.iter().product::<u64>())
+        .sum();
+    let mut rng = Rng::seeded(args.seed);
+    let reps = args.reps.max(1);
+    let tests = [(args.n_prompt, 0), (0, args.n_gen)]
+        .into_iter()
+        .filter(|&(p, n)| p + n > 0);
+    let mut results = Vec::new();
+    for (n_prompt, n_gen) in tests {
+        run_once(&model, &mut rng, n_prompt, n_gen)?;
+        let secs = (0..reps)
+            .map(|_| run_once(&model, &mut rng, n_prompt, n_gen))
+            .collect::<Result<Vec<f64>>>()?;
+        let n = f64::from(n_prompt + n_gen);
+        let ts: Vec<f64> = secs.iter().map(|s| n / s).collect();
+        let ns: Vec<u64> = secs.iter().map(|s| (s * 1e9).round() as u64).collect();
+        let (avg_ts, stddev_ts) = mean_std(&ts);
+        let (avg_s, stddev_s) = mean_std(&secs);
+        let test = if n_gen == 0 {
+            format!("pp{n_prompt}")
+        } else {
+            format!("tg{n_gen}")
+        };
+        if !args.json {
+            if results.is_empty() {
+                println!("| model | size | params | threads | test | t/s |");
+                println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+            }
+            println!(
+                "| {family} | {:.2} MiB | {:.2} M | {threads} | {test} | {avg_ts:.2} ± {stddev_ts:.2} |",
+                size as f64 / f64::from(1u32 << 20),
+                params as f64 / 1e6,
+            );
+        }
+        results.push(json!({
+            "model_filename": args.model.display().to_string(),
+            "model_type": family.as_str(),
+            "model_size": size,
+            "model_n_params": params,
+            "n_threads": threads,
+            "n_prompt": n_prompt,
+            "n_gen": n_gen,
+            "loader": opened.loader,
+            "avg_ns": (avg_s * 1e9).round() as u64,
+            "stddev_ns": (stddev_s * 1e9).round() as u64,
+            "avg_ts": avg_ts,
+            "stddev_ts": stddev_ts,
+            "samples_ns": ns,
+            "samples_ts": ts,
+        }));
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+    }
+    Ok(0)
+}
