@@ -52,8 +52,10 @@ use u_sdk::{DType, ErrorKind, KvLayout, KvStats, RopeParams, SeqId, UError};
 #[derive(Clone, Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// Byte budget: past it, least recently used prefix-tree entries are evicted.
-    #[serde(default)]
+    /// Byte budget: past it, least recently used prefix-tree entries are evicted. Default: a
+    /// quarter of the machine's physical memory, so a server that caches every prompt stays
+    /// bounded.
+    #[serde(default = "default_max_bytes")]
     pub max_bytes: Option<u64>,
     /// Directory (under an `fs.write` grant) where checkpoints persist.
     #[serde(default)]
@@ -64,6 +66,17 @@ pub struct Config {
     /// Whether the prefix tree persists under `dir` too (when `dir` is set).
     #[serde(default = "default_persist_prefixes")]
     pub persist_prefixes: bool,
+}
+
+fn default_max_bytes() -> Option<u64> {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    (pages > 0 && size > 0).then(|| pages as u64 * size as u64 / 4)
 }
 
 fn default_max_checkpoints() -> usize {
@@ -77,7 +90,7 @@ fn default_persist_prefixes() -> bool {
 impl Default for Config {
     fn default() -> Self {
         Self {
-            max_bytes: None,
+            max_bytes: default_max_bytes(),
             dir: None,
             max_checkpoints: default_max_checkpoints(),
             persist_prefixes: default_persist_prefixes(),

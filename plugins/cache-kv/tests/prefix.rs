@@ -174,6 +174,11 @@ fn budget_comes_from_the_plugin_config() {
     let st = c.stats().unwrap();
     assert!(st.bytes <= 100_000, "{st:?}");
     assert!(st.evictions > 0);
+    let default = u_cache_kv::Config::parse("").unwrap().max_bytes;
+    assert!(
+        default.is_some_and(|b| b > 0),
+        "a bounded default budget: {default:?}"
+    );
     let h = host(dir.path(), "max_bytes = \"lots\"\n");
     let Err(e) = u_cache_kv::instantiate(h) else {
         panic!("bad config accepted")
