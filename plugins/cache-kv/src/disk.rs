@@ -389,6 +389,24 @@ pub struct Header<'a> {
     pub start: usize,
 }
 
+/// The length of the file [`encode`] writes for `h` and `snap`.
+pub fn encoded_len(h: &Header<'_>, g: &Geometry, snap: &Snapshot) -> u64 {
+    let snap = snap.truncated(snap.len());
+    let first_page = h.start / PAGE_TOKENS;
+    let pages: Vec<(Kind, usize)> = snap
+        .lanes
+        .iter()
+        .flat_map(|l| l.views().skip(first_page))
+        .map(|(p, n)| (p.kind(), n))
+        .collect();
+    let table = align(HEADER + g.layout.model_id.len() + h.label.len());
+    let mut at = align(table + pages.len() * ENTRY);
+    for (kind, n) in pages {
+        at = align(at + sections(kind, n, g.shape, at).1);
+    }
+    at as u64
+}
+
 /// Serializes `snap` (its complete tokens) into `out`; returns the checksum to patch in.
 pub fn encode(
     h: &Header<'_>,
@@ -510,6 +528,8 @@ pub struct Mapped {
     pub start: usize,
     /// The label's bytes (a copy: names and token ids, not KV).
     pub label: Vec<u8>,
+    /// Length of the file.
+    pub bytes: u64,
 }
 
 /// Builds pages that point into `map` (checked by [`parse`]).
@@ -545,6 +565,7 @@ pub fn restore(
         first_page: parsed.first_page,
         start: parsed.start,
         label: map[parsed.label].to_vec(),
+        bytes: map.len() as u64,
     })
 }
 
@@ -691,36 +712,46 @@ impl Disk {
             label: name.as_bytes(),
             start: 0,
         };
-        self.write_file(name, &h, g, snap)
+        self.write_file(name, &h, g, snap).map(|_| ())
+    }
+
+    /// The length of the file [`Disk::write_segment`] writes for the same arguments.
+    pub fn segment_len(tokens: &[u32], start: usize, g: &Geometry, snap: &Snapshot) -> u64 {
+        let h = Header {
+            kind: FileKind::Prefix,
+            label: bytes_of(tokens),
+            start,
+        };
+        encoded_len(&h, g, &snap.truncated(tokens.len()))
     }
 
     /// Writes the segment of `tokens` (held by `snap`) from token `start` on, crash-safely;
-    /// returns its stem.
+    /// returns its stem and length.
     pub fn write_segment(
         &self,
         tokens: &[u32],
         start: usize,
         g: &Geometry,
         snap: &Snapshot,
-    ) -> u_sdk::Result<String> {
+    ) -> u_sdk::Result<(String, u64)> {
         let stem = segment_stem(g, tokens);
         let h = Header {
             kind: FileKind::Prefix,
             label: bytes_of(tokens),
             start,
         };
-        self.write_file(&stem, &h, g, &snap.truncated(tokens.len()))?;
-        Ok(stem)
+        let bytes = self.write_file(&stem, &h, g, &snap.truncated(tokens.len()))?;
+        Ok((stem, bytes))
     }
 
-    /// Writes `stem` (temporary file, fsync, rename, fsync directory).
+    /// Writes `stem` (temporary file, fsync, rename, fsync directory); returns its length.
     fn write_file(
         &self,
         stem: &str,
         h: &Header<'_>,
         g: &Geometry,
         snap: &Snapshot,
-    ) -> u_sdk::Result<()> {
+    ) -> u_sdk::Result<u64> {
         let n = self.serial.fetch_add(1, Ordering::Relaxed);
         let ext = h.kind.ext();
         let tmp = format!("{}/.{stem}{ext}.tmp.{}.{n}", self.dir, std::process::id());
@@ -733,7 +764,7 @@ impl Disk {
             let file = owned_file(fd, &tmp)?;
             let io = |e| UError::io(format!("write {tmp}"), e);
             let mut w = BufWriter::with_capacity(1 << 20, &file);
-            let (sum, _) = encode(h, g, snap, &mut w).map_err(io)?;
+            let (sum, total) = encode(h, g, snap, &mut w).map_err(io)?;
             w.flush().map_err(io)?;
             drop(w);
             file.write_all_at(&sum, CHECKSUM.start as u64).map_err(io)?;
@@ -741,19 +772,23 @@ impl Disk {
             drop(file);
             self.host
                 .rename(tmp.as_str().into(), path.as_str().into())
-                .into_result()
+                .into_result()?;
+            Ok(total)
         })();
-        if let Err(e) = result {
-            let _ = self.host.remove(tmp.as_str().into());
-            return Err(e);
-        }
+        let total = match result {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = self.host.remove(tmp.as_str().into());
+                return Err(e);
+            }
+        };
         // Make the rename durable; a host that cannot open directories only loses durability.
         if let Ok(fd) = self.host.open_read(self.dir.as_str().into()).into_result()
             && let Ok(d) = owned_file(fd, &self.dir)
         {
             let _ = d.sync_all();
         }
-        Ok(())
+        Ok(total)
     }
 
     /// Maps, checks and restores checkpoint `name`.
@@ -787,9 +822,15 @@ impl Disk {
 
     /// Removes checkpoint `name`; false if there was none.
     pub fn remove(&self, name: &str) -> u_sdk::Result<bool> {
+        self.remove_file(name, FileKind::Checkpoint)
+    }
+
+    /// Removes the file `stem` of `kind` (through the host, as every access); false if there
+    /// was none. Pages mapped from it stay valid: the map keeps the unlinked inode.
+    pub fn remove_file(&self, stem: &str, kind: FileKind) -> u_sdk::Result<bool> {
         match self
             .host
-            .remove(self.path(name, FileKind::Checkpoint).as_str().into())
+            .remove(self.path(stem, kind).as_str().into())
             .into_result()
         {
             Ok(()) => Ok(true),

@@ -25,6 +25,9 @@
 //! dir = "/srv/kv"            # persist checkpoints here (needs an fs.write grant)
 //! max_checkpoints = 4096     # named checkpoints kept in memory
 //! persist_prefixes = true    # persist the prefix tree under `dir` too (the default)
+//! max_disk_bytes = 34_359_738_368  # delete least recently used prefix segments past this many
+//!                            # bytes of segment files (default 4 × max_bytes; checkpoints are
+//!                            # not counted nor deleted)
 //! ```
 #![deny(missing_docs)]
 
@@ -39,7 +42,7 @@ mod store;
 pub use disk::{FormatError, MAGIC, PREFIX_MAGIC, VERSION};
 pub use page::PAGE_TOKENS;
 pub use plugin::KvCachePlugin;
-pub use store::{Config, Store};
+pub use store::{Config, DEFAULT_DISK_BUDGET_MULTIPLE, SegmentStats, Store};
 
 use abi_stable::std_types::RVec;
 use u_sdk::{HostBox, PluginInfo, PluginInstance};

@@ -22,21 +22,40 @@
 //! - Memory: mapped pages are not heap. They are counted apart ([`Store::mapped_bytes`]) and
 //!   not in [`u_sdk::KvStats::bytes`] or the `max_bytes` budget: the kernel's page cache holds
 //!   them, reads them on first use and drops them under memory pressure. So the budget evicts
-//!   only nodes that hold heap pages; nodes on disk stay in the tree (a token path and a map each).
+//!   only nodes that hold heap pages; nodes on disk stay in the tree (a token path and a map each)
+//!   until the disk budget deletes their file.
 //! - Restart: when the layout is configured, every segment file of the directory is mapped and
 //!   checked completely (checksum, model identity, layout) — startup reads the tier once; later
 //!   reads come from the page cache or the disk on demand. Segments are then added in the order
 //!   they were written (by start), each on top of the tree's pages for its first `f` pages. A
 //!   refused file, or one whose earlier pages no other segment provides, is logged through the
-//!   host and skipped; startup does not fail.
-//! - Not yet: the cache never deletes segment files (the tier grows with what is inserted; no
-//!   disk budget), and each live segment holds one memory map, so a tier of very many segments
-//!   approaches the kernel's `vm.max_map_count`.
+//!   host and skipped; startup does not fail. A segment whose base comes later in that order
+//!   (possible once segments were deleted, below) is tried again after the others.
+//! - Disk budget ([`Config::disk_budget`]: `max_disk_bytes`, by default 4 × `max_bytes`): the
+//!   tree keeps a table of its segment files (those it wrote and those it restored) with their
+//!   sizes and, for each, the segment its earlier pages come from (see [`crate::radix`]). Before
+//!   a segment is written, its size is reserved and least recently used segments are deleted
+//!   until it fits — only those no other segment (or write in progress) builds on, so leaves
+//!   first and an ancestor after its descendants, and never one whose tree node is pinned by a
+//!   live lookup. The deletion goes through the host's `remove`, under the tree's lock (so no
+//!   write of the same path races it), then the tree stops claiming the file: nodes holding its
+//!   pages take over a child's, or are removed. Sequences holding its pages keep them (an
+//!   unlinked file's map stays valid). A segment that cannot fit (larger than the budget, or
+//!   everything else pinned or needed) is not written: the prefix stays in memory only, counted
+//!   in [`SegmentStats::not_written`] and logged once. A budget lowered since the files were
+//!   written applies when the directory is opened. Checkpoints are not counted nor deleted.
+//!   Counts: [`Store::segment_stats`]. Choosing a victim scans the tree (linear in nodes and
+//!   segments, per deleted file). An unlink that a crash undoes leaves a file that the restart
+//!   restores, or skips with a warning if its ancestor's unlink was kept.
+//! - Not yet: each live segment holds one memory map, so a tier of very many segments (a large
+//!   disk budget of short prefixes) approaches the kernel's `vm.max_map_count`; the budget counts
+//!   only this cache's own segment files (another model's, or refused ones, in the same
+//!   directory are neither counted nor deleted), not the free space of the disk.
 
 use crate::{
     disk::{self, Disk, FileKind},
     page::{Counters, Kind, PAGE_TOKENS, Page, Shape},
-    radix::Radix,
+    radix::{Base, Radix},
     rope,
 };
 use std::{
@@ -66,6 +85,13 @@ pub struct Config {
     /// Whether the prefix tree persists under `dir` too (when `dir` is set).
     #[serde(default = "default_persist_prefixes")]
     pub persist_prefixes: bool,
+    /// Disk budget of the prefix tree's segment files under `dir`, in bytes (see
+    /// [`Config::disk_budget`] for the default). Before a segment is written, least recently
+    /// used segments that no other segment builds on and that no live lookup holds are deleted
+    /// until it fits; a segment that cannot fit is not written (the prefix stays in memory
+    /// only). Checkpoints are not counted and never deleted by it.
+    #[serde(default)]
+    pub max_disk_bytes: Option<u64>,
 }
 
 fn default_max_bytes() -> Option<u64> {
@@ -94,15 +120,50 @@ impl Default for Config {
             dir: None,
             max_checkpoints: default_max_checkpoints(),
             persist_prefixes: default_persist_prefixes(),
+            max_disk_bytes: None,
         }
     }
 }
+
+/// The disk budget's default, as a multiple of `max_bytes`.
+pub const DEFAULT_DISK_BUDGET_MULTIPLE: u64 = 4;
 
 impl Config {
     /// Parses the config TOML (empty means defaults).
     pub fn parse(text: &str) -> u_sdk::Result<Self> {
         toml::from_str(text).map_err(|e| UError::invalid(format!("cache-kv config: {e}")))
     }
+
+    /// The disk budget of the prefix segments: `max_disk_bytes`, or by default
+    /// [`DEFAULT_DISK_BUDGET_MULTIPLE`] (4) × `max_bytes`, which with the default `max_bytes`
+    /// (a quarter of physical memory) is about the machine's physical memory. Why: it is
+    /// bounded and scales with the machine like the heap budget, without a guess at the disk's
+    /// size; mapped pages are served through the page cache, which on that machine holds at
+    /// most about that much, so a larger tier is read back from the disk itself (still cheaper
+    /// than a prefill: a deployment with a dedicated cache disk should raise it); and it keeps
+    /// four times the KV the heap budget would (the tree on disk holds no heap). `None` (no
+    /// budget) only when `max_bytes` is `None` too, which only a [`Config`] built in code says.
+    pub fn disk_budget(&self) -> Option<u64> {
+        self.max_disk_bytes.or_else(|| {
+            self.max_bytes
+                .map(|b| b.saturating_mul(DEFAULT_DISK_BUDGET_MULTIPLE))
+        })
+    }
+}
+
+/// The disk tier of the prefix tree, as [`Store::segment_stats`] reports it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SegmentStats {
+    /// Segment files counted: written by this cache or restored when it opened the directory.
+    pub segments: u64,
+    /// Their bytes, with writes in progress.
+    pub bytes: u64,
+    /// The budget ([`Config::disk_budget`]).
+    pub budget: Option<u64>,
+    /// Segment files deleted to stay within it.
+    pub deleted: u64,
+    /// Prefixes kept in memory only because their segment did not fit in the budget.
+    pub not_written: u64,
 }
 
 /// The configured layout.
@@ -298,6 +359,8 @@ pub struct Store {
     checkpoints: Mutex<BTreeMap<String, Snapshot>>,
     counters: Arc<Counters>,
     disk: Option<Disk>,
+    /// Prefixes not written because they did not fit in the disk budget.
+    not_written: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -316,6 +379,7 @@ impl Store {
             checkpoints: Mutex::new(BTreeMap::new()),
             counters: Arc::new(Counters::default()),
             disk,
+            not_written: AtomicU64::new(0),
         }
     }
 
@@ -364,25 +428,59 @@ impl Store {
                 Err(e) => d.warn(&format!("cache-kv: skipping {}", e.message)),
             }
         }
-        // A segment's earlier pages come from segments written before it, whose start is lower.
+        // A segment's earlier pages mostly come from segments written before it, whose start is
+        // lower; one whose segment comes later in this order (possible once segments were
+        // deleted and nodes took over a child's pages) is tried again after the others.
         segments.sort_by_key(|(_, m)| (m.start, m.tokens));
         let mut r = lock(&self.radix);
-        for (stem, m) in segments {
-            let path = m.token_path();
-            let keep = m.first_page * PAGE_TOKENS;
-            let base = match r.disk_cover(&path[..keep]) {
-                (n, Some(s)) if n == keep => s,
-                _ if keep == 0 => Snapshot::empty(g.layers()),
-                (n, _) => {
+        loop {
+            let before = segments.len();
+            let mut left = Vec::new();
+            for (stem, m) in segments {
+                let path = m.token_path();
+                let keep = m.first_page * PAGE_TOKENS;
+                let (base, parent) = match r.disk_cover(&path[..keep]) {
+                    (n, Some(s), parent) if n == keep && keep > 0 => (s, parent),
+                    _ if keep == 0 => (Snapshot::empty(g.layers()), None),
+                    (n, ..) => {
+                        left.push((stem, m, n));
+                        continue;
+                    }
+                };
+                let seg = r.register(&stem, m.bytes, parent);
+                r.insert(&path, &m.onto(&base), Some(seg));
+            }
+            if left.is_empty() || left.len() == before {
+                for (stem, m, n) in left {
                     d.warn(&format!(
-                        "cache-kv: skipping {}: its first {keep} tokens are on no other prefix \
+                        "cache-kv: skipping {}: its first {} tokens are on no other prefix \
                          segment (found {n})",
-                        d.path(&stem, FileKind::Prefix)
+                        d.path(&stem, FileKind::Prefix),
+                        m.first_page * PAGE_TOKENS
                     ));
-                    continue;
                 }
-            };
-            r.insert(&path, &m.onto(&base), true);
+                break;
+            }
+            segments = left.into_iter().map(|(stem, m, _)| (stem, m)).collect();
+        }
+        // A budget lowered since the files were written applies now.
+        if let Some(max) = self.config.disk_budget() {
+            r.make_room(max, 0, &mut |stem| Self::remove_segment(d, stem));
+        }
+    }
+
+    /// Deletes segment file `stem` for the disk budget; false (logged) if it could not.
+    fn remove_segment(d: &Disk, stem: &str) -> bool {
+        match d.remove_file(stem, FileKind::Prefix) {
+            Ok(_) => true,
+            Err(e) => {
+                d.warn(&format!(
+                    "cache-kv: cannot delete prefix segment {} for the disk budget, kept: {}",
+                    d.path(stem, FileKind::Prefix),
+                    e.message
+                ));
+                false
+            }
         }
     }
 
@@ -519,34 +617,84 @@ impl Store {
         if tokens.is_empty() {
             return Ok(());
         }
-        let (covered, base) = match self.prefix_disk() {
-            Some(_) => lock(&self.radix).disk_cover(tokens),
-            None => (0, None),
-        };
-        match self.prefix_disk().filter(|_| covered < tokens.len()) {
-            Some(d) => {
-                let g = self.geometry()?;
-                let mapped = d
-                    .write_segment(tokens, covered, &g, &snap)
-                    .and_then(|stem| d.map(&stem, FileKind::Prefix, &g, &self.counters));
-                match mapped {
-                    Ok(m) => {
-                        let base = base.unwrap_or_else(|| Snapshot::empty(g.layers()));
-                        lock(&self.radix).insert(tokens, &m.onto(&base), true);
-                    }
-                    Err(e) => {
-                        d.warn(&format!(
-                            "cache-kv: prefix of {} tokens kept in memory only: {}",
-                            tokens.len(),
-                            e.message
-                        ));
-                        lock(&self.radix).insert(tokens, &snap, false);
-                    }
-                }
-            }
-            None => lock(&self.radix).insert(tokens, &snap, false),
+        match self.prefix_disk() {
+            Some(d) => self.insert_on_disk(d, tokens, &snap)?,
+            None => lock(&self.radix).insert(tokens, &snap, None),
         }
         self.enforce_budget();
+        Ok(())
+    }
+
+    /// Writes the part of `tokens` not yet on disk as a segment (within the disk budget) and
+    /// puts its mapped pages in the tree; heap pages (`snap`'s) where it is not written.
+    fn insert_on_disk(&self, d: &Disk, tokens: &[u32], snap: &Snapshot) -> u_sdk::Result<()> {
+        let g = self.geometry()?;
+        let stem = disk::segment_stem(&g, tokens);
+        let (covered, base, reserved) = {
+            let mut r = lock(&self.radix);
+            let Base::Partial {
+                covered,
+                snap: base,
+                parent,
+            } = r.segment_base(tokens, &stem)
+            else {
+                // All on disk already: nothing to write (this touches the path).
+                r.insert(tokens, snap, None);
+                return Ok(());
+            };
+            // Only a segment that keeps earlier pages builds on another.
+            let parent = parent.filter(|_| covered >= PAGE_TOKENS);
+            let need = Disk::segment_len(tokens, covered, &g, snap);
+            let budget = self.config.disk_budget();
+            let mut remove = |stem: &str| Self::remove_segment(d, stem);
+            match r.reserve(&stem, need, parent, budget, &mut remove) {
+                Some(res) => (covered, base, res),
+                None => {
+                    r.insert(tokens, snap, None);
+                    drop(r);
+                    if self.not_written.fetch_add(1, Ordering::Relaxed) == 0 {
+                        d.warn(&format!(
+                            "cache-kv: prefix of {} tokens kept in memory only: its segment of \
+                             {need} bytes does not fit in the disk budget of {} bytes beside \
+                             the segments in use (logged once; see not_written)",
+                            tokens.len(),
+                            budget.unwrap_or(u64::MAX)
+                        ));
+                    }
+                    return Ok(());
+                }
+            }
+        };
+        // Written and mapped (which checks the whole file) outside the lock; the reservation
+        // keeps the stem and its parent from being deleted meanwhile.
+        let written = d
+            .write_segment(tokens, covered, &g, snap)
+            .map(|(stem, bytes)| (bytes, d.map(&stem, FileKind::Prefix, &g, &self.counters)));
+        let mut r = lock(&self.radix);
+        let failed = match written {
+            Ok((bytes, Ok(m))) => {
+                let seg = r.commit(reserved, bytes);
+                let base = base.unwrap_or_else(|| Snapshot::empty(g.layers()));
+                r.insert(tokens, &m.onto(&base), Some(seg));
+                return Ok(());
+            }
+            Ok((bytes, Err(e))) => {
+                // The file stays counted (and deletable); the tree keeps heap pages.
+                r.commit(reserved, bytes);
+                e
+            }
+            Err(e) => {
+                r.abandon(reserved);
+                e
+            }
+        };
+        r.insert(tokens, snap, None);
+        drop(r);
+        d.warn(&format!(
+            "cache-kv: prefix of {} tokens kept in memory only: {}",
+            tokens.len(),
+            failed.message
+        ));
         Ok(())
     }
 
@@ -578,7 +726,7 @@ impl Store {
     }
 
     /// Evicts every unpinned prefix-tree leaf, repeatedly, those on disk too (for tests and
-    /// shutdown; their files stay).
+    /// shutdown; their files stay, and stay counted in the disk budget).
     pub fn evict_all(&self) {
         let mut r = lock(&self.radix);
         while r.evict_one(false) {}
@@ -587,6 +735,18 @@ impl Store {
     /// Bytes of live pages mapped from disk files (not counted in [`KvStats::bytes`]).
     pub fn mapped_bytes(&self) -> u64 {
         self.counters.mapped_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The prefix tree's disk tier: segment files, their bytes, the budget, deletions.
+    pub fn segment_stats(&self) -> SegmentStats {
+        let r = lock(&self.radix);
+        SegmentStats {
+            segments: r.segment_count() as u64,
+            bytes: r.disk_bytes(),
+            budget: self.prefix_disk().and_then(|_| self.config.disk_budget()),
+            deleted: r.deleted,
+            not_written: self.not_written.load(Ordering::Relaxed),
+        }
     }
 
     /// Counters.

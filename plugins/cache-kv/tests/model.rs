@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Rng, cache, contents, host, layout};
+use common::{Rng, cache, contents, host, host_logged, layout};
 use std::collections::HashMap;
 use u_cache_kv::{Config, KvCachePlugin, PAGE_TOKENS, quant};
 use u_sdk::{DType, KvPage};
@@ -228,12 +228,31 @@ fn check_tokens(c: &KvCachePlugin, id: u64, tokens: &[u32]) {
     }
 }
 
+/// Bytes of the prefix segment files in `dir`.
+fn tier_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_str().unwrap().ends_with(".ukvp"))
+        .map(|e| e.metadata().unwrap().len())
+        .sum()
+}
+
 /// With `disk`, the tree is written through to that directory, and at the end a new cache over
-/// it (a restart) must find every path ever inserted, whole and exact.
-fn run_prefix_ops(seed: u64, ops: usize, max_bytes: Option<u64>, disk: Option<&std::path::Path>) {
+/// it (a restart) must find every path ever inserted, whole and exact — or, with a disk budget
+/// `max_disk`, each path's KV exact as far as it is still found, the tier within the budget
+/// all along, and nothing logged.
+fn run_prefix_ops(
+    seed: u64,
+    ops: usize,
+    max_bytes: Option<u64>,
+    disk: Option<&std::path::Path>,
+    max_disk: Option<u64>,
+) {
     let config = Config {
         max_bytes,
         dir: disk.map(|d| d.to_str().unwrap().to_string()),
+        max_disk_bytes: max_disk,
         ..Config::default()
     };
     let h = disk.map(|d| host(d, ""));
@@ -283,6 +302,11 @@ fn run_prefix_ops(seed: u64, ops: usize, max_bytes: Option<u64>, disk: Option<&s
                 let t = &model[&id];
                 let p = t[..rng.below(t.len() + 1)].to_vec();
                 s.insert_prefix(&p, id).unwrap();
+                if let (Some(d), Some(max)) = (disk, max_disk) {
+                    let on_disk = tier_bytes(d);
+                    assert!(on_disk <= max, "{on_disk} bytes on disk > budget {max}");
+                    assert_eq!(s.segment_stats().bytes, on_disk);
+                }
                 ever.push(p.clone());
                 inserted.push(p);
             }
@@ -292,7 +316,7 @@ fn run_prefix_ops(seed: u64, ops: usize, max_bytes: Option<u64>, disk: Option<&s
                 q.extend((0..rng.below(20)).map(|_| rng.below(50) as u32));
                 let (id, matched) = s.lookup_prefix(&q).unwrap();
                 let matched = matched as usize;
-                if max_bytes.is_none() {
+                if max_bytes.is_none() && max_disk.is_none() {
                     let floor = inserted
                         .iter()
                         .filter(|p| q.starts_with(p))
@@ -345,32 +369,46 @@ fn run_prefix_ops(seed: u64, ops: usize, max_bytes: Option<u64>, disk: Option<&s
     assert_eq!((st.bytes, st.prefix_nodes), (0, 0), "pages or nodes leaked");
     assert_eq!(s.mapped_bytes(), 0, "mapped pages leaked");
     let Some(d) = disk else { return };
+    let st = s.segment_stats();
     drop(c);
-    let c = cache(config, Some(host(d, "")), layout(LAYERS, 2, 20, "m"));
+    let (h, logs) = host_logged(d, "");
+    let c = cache(config, Some(h), layout(LAYERS, 2, 20, "m"));
     let s = c.store();
+    assert!(
+        logs.lock().unwrap().is_empty(),
+        "restart: {:?}",
+        logs.lock().unwrap()
+    );
+    let mut whole = 0;
     for p in ever.iter().filter(|p| !p.is_empty()) {
         let (id, matched) = s.lookup_prefix(p).unwrap();
-        assert_eq!(
-            matched as usize,
-            p.len(),
-            "after a restart: a prefix is missing"
-        );
-        check_tokens(&c, id, p);
+        let matched = matched as usize;
+        if max_disk.is_none() {
+            assert_eq!(matched, p.len(), "after a restart: a prefix is missing");
+        }
+        whole += (matched == p.len()) as usize;
+        check_tokens(&c, id, &p[..matched]);
         s.release(id).unwrap();
     }
     eprintln!(
-        "seed {seed}: {} inserts, all found after a restart",
-        ever.len()
+        "seed {seed} disk budget {max_disk:?}: {} paths inserted, {whole} found whole after a \
+         restart; before it {st:?}",
+        ever.iter().filter(|p| !p.is_empty()).count()
     );
+    if let Some(max) = max_disk {
+        assert!(st.deleted > 0, "the disk budget never deleted");
+        assert!(tier_bytes(d) <= max);
+        assert!(whole > 0);
+    }
 }
 
 #[test]
 fn random_prefix_insert_lookup_evict_against_the_model() {
     for seed in [11, 12, 13] {
-        run_prefix_ops(seed, 2000, None, None);
+        run_prefix_ops(seed, 2000, None, None, None);
     }
     for seed in [21, 22] {
-        run_prefix_ops(seed, 2000, Some(2 << 20), None);
+        run_prefix_ops(seed, 2000, Some(2 << 20), None, None);
     }
 }
 
@@ -378,6 +416,15 @@ fn random_prefix_insert_lookup_evict_against_the_model() {
 fn random_prefix_ops_on_the_disk_tier_then_a_restart_against_the_model() {
     for seed in [31, 32, 33] {
         let dir = tempfile::tempdir().unwrap();
-        run_prefix_ops(seed, 2000, None, Some(dir.path()));
+        run_prefix_ops(seed, 2000, None, Some(dir.path()), None);
+    }
+}
+
+#[test]
+fn random_prefix_ops_on_the_disk_tier_within_a_small_disk_budget_then_a_restart() {
+    // About 6 paths of 300 tokens (5 pages × 3 layers × 20 KiB each).
+    for seed in [41, 42, 43] {
+        let dir = tempfile::tempdir().unwrap();
+        run_prefix_ops(seed, 2000, None, Some(dir.path()), Some(2 << 20));
     }
 }

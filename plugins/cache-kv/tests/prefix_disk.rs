@@ -1,7 +1,9 @@
 //! Issue 6, disk tier of the prefix tree: prefixes inserted by one cache are found, bit for bit,
 //! by a new cache over the same directory (a restart); segments share pages as in memory;
 //! damaged, foreign and orphaned segment files are skipped with a logged reason, not fatal; the
-//! budget counts heap pages only; temporary files of dead writers are removed at open.
+//! budget counts heap pages only; temporary files of dead writers are removed at open. The disk
+//! budget (`max_disk_bytes`) deletes least recently used segments, never a pinned one nor one
+//! another builds on, and a restart finds exactly the rest.
 
 mod common;
 
@@ -26,6 +28,8 @@ fn open(dir: &Path, grant: &Path, model: &str, max_bytes: Option<u64>) -> (KvCac
     let config = Config {
         dir: Some(dir.to_str().unwrap().to_string()),
         max_bytes,
+        // Not the default of 4 × max_bytes: the disk budget has tests of its own below.
+        max_disk_bytes: Some(1 << 40),
         ..Config::default()
     };
     let (h, logs) = host_logged(grant, "");
@@ -368,4 +372,314 @@ fn stale_temporary_files_of_dead_writers_are_removed_at_open() {
     for n in &kept {
         assert!(d.join(n).exists(), "{n} should be kept");
     }
+}
+
+// ---- The disk budget (`max_disk_bytes`) ----
+
+/// A cache over `dir` (granted) with a disk budget of `max_disk_bytes`.
+fn open_budget(dir: &Path, max_disk_bytes: u64) -> (KvCachePlugin, Logs) {
+    let config = Config {
+        dir: Some(dir.to_str().unwrap().to_string()),
+        max_disk_bytes: Some(max_disk_bytes),
+        ..Config::default()
+    };
+    let (h, logs) = host_logged(dir, "");
+    let c = KvCachePlugin::new(config, Some(h));
+    c.store().configure(layout(LAYERS, 2, 16, "m")).unwrap();
+    (c, logs)
+}
+
+/// Total bytes of the `.ukvp` files in `dir`, measured on disk.
+fn tier_bytes(dir: &Path) -> u64 {
+    segments(dir)
+        .iter()
+        .map(|f| std::fs::metadata(dir.join(f)).unwrap().len())
+        .sum()
+}
+
+fn size(dir: &Path, file: &str) -> u64 {
+    std::fs::metadata(dir.join(file)).unwrap().len()
+}
+
+fn warnings(logs: &Logs) -> Vec<String> {
+    let logs = logs.lock().unwrap();
+    logs.iter()
+        .filter(|l| l.starts_with("Warn"))
+        .cloned()
+        .collect()
+}
+
+/// A copy of `dir` in a new directory: a restart that leaves the running cache alone.
+fn copy_of(dir: &Path) -> tempfile::TempDir {
+    let to = tempfile::tempdir().unwrap();
+    for f in segments(dir) {
+        std::fs::copy(dir.join(&f), to.path().join(&f)).unwrap();
+    }
+    to
+}
+
+#[test]
+fn the_disk_budget_deletes_least_recently_used_prefixes_and_a_restart_finds_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let prompts: Vec<Vec<u32>> = (0..20).map(|i| path(i * 1000..i * 1000 + 100)).collect();
+    // Every segment has the same size (100 tokens, 2 pages per layer): learn it once.
+    let seg = {
+        let probe = tempfile::tempdir().unwrap();
+        let (c, _) = open_budget(probe.path(), u64::MAX);
+        let (_, f) = insert_new(&c, probe.path(), &prompts[0], None);
+        size(probe.path(), &f)
+    };
+    let budget = seg * 9 / 2; // room for 4 segments
+    let (c, logs) = open_budget(d, budget);
+    let mut files = Vec::new();
+    let mut wants = Vec::new();
+    for p in &prompts {
+        let (w, f) = insert_new(&c, d, p, None);
+        wants.push(w);
+        files.push(f);
+        let on_disk = tier_bytes(d);
+        assert!(
+            on_disk <= budget,
+            "{on_disk} bytes on disk > budget {budget}"
+        );
+        let st = c.store().segment_stats();
+        assert_eq!(
+            (st.bytes, st.segments),
+            (on_disk, segments(d).len() as u64),
+            "the counted tier differs from the directory"
+        );
+        // Prompt 0 is in constant use.
+        found(&c, &prompts[0], 100, &wants[0]);
+    }
+    let st = c.store().segment_stats();
+    println!(
+        "segment {seg} bytes, budget {budget}: {st:?}, {} bytes on disk",
+        tier_bytes(d)
+    );
+    assert_eq!(
+        (st.deleted, st.not_written, st.budget),
+        (16, 0, Some(budget))
+    );
+    let survivors = [0, 17, 18, 19];
+    let expect: BTreeSet<String> = survivors.iter().map(|&i| files[i].clone()).collect();
+    assert_eq!(
+        segments(d),
+        expect,
+        "the recently used prefixes are the ones kept"
+    );
+    // The tree no longer claims the deleted ones; the rest are whole.
+    for (i, p) in prompts.iter().enumerate() {
+        let n = if survivors.contains(&i) { 100 } else { 0 };
+        found(&c, p, n, &wants[i]);
+    }
+    assert!(warnings(&logs).is_empty(), "{:?}", warnings(&logs));
+    drop(c);
+
+    let (c, logs) = open_budget(d, budget);
+    assert!(warnings(&logs).is_empty(), "restart: {:?}", warnings(&logs));
+    assert_eq!(c.store().stats().prefix_nodes, 4);
+    assert_eq!(c.store().segment_stats().bytes, tier_bytes(d));
+    for (i, p) in prompts.iter().enumerate() {
+        let n = if survivors.contains(&i) { 100 } else { 0 };
+        found(&c, p, n, &wants[i]);
+    }
+    // A smaller budget applies when the directory is opened.
+    drop(c);
+    let (c, logs) = open_budget(d, seg * 5 / 2);
+    assert!(warnings(&logs).is_empty(), "{:?}", warnings(&logs));
+    assert_eq!(segments(d).len(), 2);
+    assert_eq!(c.store().segment_stats().deleted, 2);
+}
+
+#[test]
+fn a_pinned_prefix_is_never_deleted_for_the_disk_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let pinned = path(0..100);
+    let (want, file) = {
+        let probe = tempfile::tempdir().unwrap();
+        let (c, _) = open_budget(probe.path(), u64::MAX);
+        let (_, f) = insert_new(&c, probe.path(), &pinned, None);
+        (size(probe.path(), &f), f)
+    };
+    let (c, logs) = open_budget(d, want * 5 / 2); // room for 2 segments
+    let (wp, fp) = insert_new(&c, d, &pinned, None);
+    assert_eq!(fp, file);
+    let (held, m) = c.store().lookup_prefix(&pinned).unwrap();
+    assert_eq!(m, 100);
+    let mut last = String::new();
+    for i in 1..12 {
+        let (_, f) = insert_new(&c, d, &path(i * 1000..i * 1000 + 100), None);
+        assert!(d.join(&fp).exists(), "insert {i} deleted the pinned prefix");
+        assert!(tier_bytes(d) <= want * 5 / 2);
+        last = f;
+    }
+    assert_eq!(segments(d), BTreeSet::from([fp.clone(), last.clone()]));
+    // The pinned sequence reads the same KV all along.
+    for l in 0..LAYERS {
+        let (k, v) = contents(&c, held, l);
+        assert!(k == wp[l as usize].0 && v == wp[l as usize].1);
+    }
+    c.store().release(held).unwrap();
+    // Released, it is the least recently used: the next insert deletes it.
+    let (_, f) = insert_new(&c, d, &path(50_000..50_100), None);
+    assert_eq!(segments(d), BTreeSet::from([last, f]));
+    found(&c, &pinned, 0, &wp);
+    assert!(warnings(&logs).is_empty(), "{:?}", warnings(&logs));
+}
+
+#[test]
+fn an_ancestor_segment_outlives_the_segments_built_on_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let a = path(0..200);
+    let b = [a.clone(), path(500..600)].concat(); // pages 3.. on disk, 0..3 from a
+    let br = [a[..130].to_vec(), path(700..800)].concat(); // pages 2.., 0..2 from a
+    let unrelated: Vec<Vec<u32>> = (0..8)
+        .map(|i| path(10_000 * (i + 1)..10_000 * (i + 1) + 100))
+        .collect();
+    let (c, logs) = {
+        // Sizes first, in a scratch directory.
+        let probe = tempfile::tempdir().unwrap();
+        let p = probe.path();
+        let (c, _) = open_budget(p, u64::MAX);
+        let sizes: Vec<u64> = [&a, &b, &br, &unrelated[0]]
+            .iter()
+            .map(|t| size(p, &insert_new(&c, p, t, None).1))
+            .collect();
+        println!("segment sizes (a, b on a, branch on a, unrelated): {sizes:?}");
+        assert!(sizes[1] < sizes[0] && sizes[2] < sizes[0]);
+        // Room for a, b, the branch and one unrelated segment and a half.
+        open_budget(d, sizes[0] + sizes[1] + sizes[2] + sizes[3] * 3 / 2)
+    };
+    let (wa, fa) = insert_new(&c, d, &a, None);
+    let (wb, fb) = insert_new(&c, d, &b, None);
+    let (wbr, fbr) = insert_new(&c, d, &br, None);
+    let mut gone = Vec::new();
+    let mut mid_restart = None;
+    for (i, u) in unrelated.iter().enumerate() {
+        insert_new(&c, d, u, None);
+        let has = |f: &str| d.join(f).exists();
+        for f in [&fa, &fb, &fbr] {
+            if !has(f) && !gone.contains(f) {
+                gone.push(f.clone());
+            }
+        }
+        assert!(
+            has(&fa) || (!has(&fb) && !has(&fbr)),
+            "after unrelated insert {i}: a was deleted before a segment built on it"
+        );
+        if !has(&fb) && has(&fbr) && mid_restart.is_none() {
+            // b's pages past a are gone from the tree; a's are still there.
+            found(&c, &b, a.len(), &wb);
+            found(&c, &br, br.len(), &wbr);
+            mid_restart = Some(copy_of(d));
+        }
+    }
+    // Least recently used first, but a (the oldest) only after b and the branch.
+    assert_eq!(gone, [fb.clone(), fbr.clone(), fa.clone()]);
+    assert!(warnings(&logs).is_empty(), "{:?}", warnings(&logs));
+    // A restart between the deletions of b and of the branch restores a and the branch whole.
+    let copy = mid_restart.expect("a state with b deleted and the branch kept");
+    let (r, logs) = open_budget(copy.path(), u64::MAX);
+    assert!(warnings(&logs).is_empty(), "{:?}", warnings(&logs));
+    found(&r, &a, a.len(), &wa);
+    found(&r, &br, br.len(), &wbr);
+    found(&r, &b, a.len(), &wb);
+}
+
+#[test]
+fn a_segment_larger_than_the_disk_budget_stays_in_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (c, logs) = open_budget(d, 4096);
+    let p = path(0..100);
+    let want = insert(&c, &p, None);
+    insert(&c, &path(1000..1100), None);
+    assert!(segments(d).is_empty());
+    found(&c, &p, 100, &want);
+    let st = c.store().segment_stats();
+    assert_eq!((st.segments, st.bytes, st.not_written), (0, 0, 2));
+    let w = warnings(&logs);
+    assert!(
+        w.len() == 1 && w[0].contains("does not fit in the disk budget"),
+        "{w:?}"
+    );
+    assert!(c.store().stats().bytes > 0, "heap pages in the tree");
+}
+
+#[test]
+fn the_disk_budget_defaults_to_four_times_the_heap_budget() {
+    let c = |t: &str| Config::parse(t).unwrap().disk_budget();
+    assert_eq!(c("max_bytes = 1000"), Some(4000));
+    assert_eq!(c("max_bytes = 1000\nmax_disk_bytes = 7"), Some(7));
+    let default = Config::default();
+    assert_eq!(
+        default.disk_budget(),
+        default.max_bytes.map(|b| 4 * b),
+        "bounded by default"
+    );
+    assert!(default.disk_budget().is_some());
+}
+
+#[test]
+fn concurrent_inserts_stay_within_the_disk_budget_and_restart_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let system = path(0..150);
+    let budget = 1 << 20; // about 20 of the 60-token segments, beside the system prompt's
+    let (c, logs) = open_budget(d, budget);
+    let want_system = insert(&c, &system, None);
+    let prompts: Vec<Vec<Vec<u32>>> = (0..4u32)
+        .map(|t| {
+            (0..40u32)
+                .map(|i| {
+                    let at = 100_000 * (t + 1) + 100 * i;
+                    [system.clone(), path(at..at + 60)].concat()
+                })
+                .collect()
+        })
+        .collect();
+    let wants: Vec<Vec<Kv>> = std::thread::scope(|s| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|mine| {
+                let (c, system) = (c.clone(), &system);
+                s.spawn(move || {
+                    let mut wants = Vec::new();
+                    for (i, p) in mine.iter().enumerate() {
+                        wants.push(insert(&c, p, None));
+                        // Lookups pin nodes while other threads write and delete.
+                        let (seq, m) = c.store().lookup_prefix(&mine[i / 2]).unwrap();
+                        assert!(m as usize >= system.len());
+                        c.store().release(seq).unwrap();
+                    }
+                    wants
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let st = c.store().segment_stats();
+    println!("{st:?}, {} bytes on disk", tier_bytes(d));
+    assert!(tier_bytes(d) <= budget);
+    assert_eq!(st.bytes, tier_bytes(d));
+    assert!(st.deleted > 0);
+    assert!(warnings(&logs).is_empty(), "{:?}", warnings(&logs));
+    drop(c);
+    let (c, logs) = open_budget(d, budget);
+    assert!(warnings(&logs).is_empty(), "restart: {:?}", warnings(&logs));
+    found(&c, &system, system.len(), &want_system);
+    let mut whole = 0;
+    for (mine, wants) in prompts.iter().zip(&wants) {
+        for (p, w) in mine.iter().zip(wants) {
+            let (seq, m) = c.store().lookup_prefix(p).unwrap();
+            c.store().release(seq).unwrap();
+            assert!(m as usize == p.len() || m as usize == system.len());
+            whole += (m as usize == p.len()) as usize;
+            found(&c, p, m as usize, w);
+        }
+    }
+    assert_eq!(whole as u64 + 1, c.store().segment_stats().segments);
 }
