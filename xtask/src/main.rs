@@ -18,6 +18,11 @@
 //! - `fuzz [SECONDS]`: a short `cargo fuzz` run (default 30 s) of every parser target under
 //!   `plugins/*/fuzz`, seeded with the plugin's fixtures. Needs `cargo-fuzz` (installed on first
 //!   use) and uses `RUSTC_BOOTSTRAP=1` because only the stable toolchain is available.
+//! - `test-aarch64`: the `u-kernels-cpu` tests cross-built for `aarch64-unknown-linux-gnu` and
+//!   run under `qemu-aarch64`, on qemu's default CPU (NEON with the dot-product extension) and on
+//!   a Cortex-A53 (NEON without it). Installs the Debian packages `gcc-aarch64-linux-gnu` and
+//!   `qemu-user` when the tools are missing and it runs as root, and the Rust target's standard
+//!   library through `rustup` when that is missing. Builds into `target/aarch64`.
 
 use anyhow::{Context, Result, bail};
 use std::{
@@ -57,8 +62,9 @@ fn main() -> Result<()> {
             };
             fuzz(&root, seconds)
         }
+        Some("test-aarch64") => test_aarch64(&root),
         _ => bail!(
-            "usage: cargo xtask <build | test | fetch-model | run [PROMPT] [OPTIONS] | fuzz [SECONDS]>"
+            "usage: cargo xtask <build | test | fetch-model | run [PROMPT] [OPTIONS] | fuzz [SECONDS] | test-aarch64>"
         ),
     }
 }
@@ -403,6 +409,83 @@ fn fuzz(root: &Path, seconds: u32) -> Result<()> {
     }
     if !failures.is_empty() {
         bail!("fuzz targets found crashes: {}", failures.join(", "));
+    }
+    Ok(())
+}
+
+/// Runs the `u-kernels-cpu` tests for aarch64 under qemu-user, with and without the dot-product
+/// extension (see the module docs).
+fn test_aarch64(root: &Path) -> Result<()> {
+    const TARGET: &str = "aarch64-unknown-linux-gnu";
+    let works = |tool: &str| {
+        Command::new(tool)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !works("aarch64-linux-gnu-gcc") || !works("qemu-aarch64") {
+        let uid = Command::new("id").arg("-u").output()?;
+        if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+            bail!(
+                "aarch64-linux-gnu-gcc and qemu-aarch64 are needed: \
+                 apt-get install gcc-aarch64-linux-gnu qemu-user (as root)"
+            );
+        }
+        for args in [
+            &["update"][..],
+            &["install", "-y", "gcc-aarch64-linux-gnu", "qemu-user"],
+        ] {
+            let status = Command::new("apt-get")
+                .args(args)
+                .status()
+                .context("running apt-get (Debian or Ubuntu is assumed)")?;
+            if !status.success() {
+                bail!("apt-get {} failed", args.join(" "));
+            }
+        }
+    }
+    let sysroot = Command::new("rustc")
+        .args(["--print", "sysroot"])
+        .output()?;
+    let std = Path::new(String::from_utf8_lossy(&sysroot.stdout).trim()).join("lib/rustlib");
+    if !std.join(TARGET).is_dir()
+        && !Command::new("rustup")
+            .args(["target", "add", TARGET])
+            .status()
+            .context("running rustup target add")?
+            .success()
+    {
+        bail!("the {TARGET} standard library is missing and `rustup target add` failed");
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    // qemu's default CPU `max` has the dot-product extension; the Cortex-A53 has plain NEON.
+    for cpu in ["max", "cortex-a53"] {
+        eprintln!("xtask: u-kernels-cpu tests on aarch64 under qemu, CPU {cpu}");
+        let status = Command::new(&cargo)
+            .args([
+                "test",
+                "--release",
+                "-p",
+                "u-kernels-cpu",
+                "--target",
+                TARGET,
+            ])
+            .arg("--target-dir")
+            .arg(root.join("target/aarch64"))
+            .env(
+                "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER",
+                "aarch64-linux-gnu-gcc",
+            )
+            .env(
+                "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER",
+                "qemu-aarch64 -L /usr/aarch64-linux-gnu",
+            )
+            .env("QEMU_CPU", cpu)
+            .current_dir(root)
+            .status()?;
+        if !status.success() {
+            bail!("u-kernels-cpu tests failed on aarch64 (qemu CPU {cpu}): {status}");
+        }
     }
     Ok(())
 }
