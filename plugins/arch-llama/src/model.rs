@@ -204,19 +204,19 @@ impl Attention {
         let tmp = buf(&mut s.tmp, t * qd);
         match &self.q_norm {
             Some(nw) => {
-                self.q.forward(c.w, c.k, h, t, tmp)?;
+                self.q.forward(c.k, h, t, tmp)?;
                 rms_norm(c.k, tmp, nw, self.eps, q)?;
             }
-            None => self.q.forward(c.w, c.k, h, t, q)?,
+            None => self.q.forward(c.k, h, t, q)?,
         }
         match &self.k_norm {
             Some(nw) => {
-                self.k.forward(c.w, c.k, h, t, &mut tmp[..t * kd])?;
+                self.k.forward(c.k, h, t, &mut tmp[..t * kd])?;
                 rms_norm(c.k, &tmp[..t * kd], nw, self.eps, k)?;
             }
-            None => self.k.forward(c.w, c.k, h, t, k)?,
+            None => self.k.forward(c.k, h, t, k)?,
         }
-        self.v.forward(c.w, c.k, h, t, v)?;
+        self.v.forward(c.k, h, t, v)?;
         if let Some(c) = self.clip {
             for x in q.iter_mut().chain(k.iter_mut()).chain(v.iter_mut()) {
                 *x = x.clamp(-c, c);
@@ -273,7 +273,7 @@ impl Attention {
             )
             .into_result()?;
         }
-        self.o.forward(c.w, c.k, ctx, t, out)
+        self.o.forward(c.k, ctx, t, out)
     }
 }
 
@@ -356,12 +356,12 @@ impl Mlp {
         let ff = self.gate.outputs;
         let g = buf(gate, t * ff);
         let u = buf(up, t * ff);
-        self.gate.forward(c.w, c.k, x, t, g)?;
-        self.up.forward(c.w, c.k, x, t, u)?;
+        self.gate.forward(c.k, x, t, g)?;
+        self.up.forward(c.k, x, t, u)?;
         c.k.activation(RSliceMut::from_mut_slice(g), Activation::Silu)
             .into_result()?;
         g.iter_mut().zip(u.iter()).for_each(|(g, u)| *g *= u);
-        self.down.forward(c.w, c.k, g, t, out)
+        self.down.forward(c.k, g, t, out)
     }
 }
 
@@ -437,7 +437,7 @@ impl MoE {
     ) -> Result<()> {
         let (n_exp, hidden) = (self.experts.len(), self.router.inputs);
         let probs = buf(&mut s.router, t * n_exp);
-        self.router.forward(c.w, c.k, x, t, probs)?;
+        self.router.forward(c.k, x, t, probs)?;
         c.k.softmax(RSliceMut::from_mut_slice(probs), n_exp as u32)
             .into_result()?;
 
@@ -487,7 +487,7 @@ impl MoE {
             mlp.forward(c, x, t, &mut s.gate, &mut s.up, y)?;
             let sg = buf(&mut s.shared_gate, t);
             if let Some(gate) = gate {
-                gate.forward(c.w, c.k, x, t, sg)?;
+                gate.forward(c.k, x, t, sg)?;
                 sg.iter_mut().for_each(|g| *g = 1.0 / (1.0 + (-*g).exp()));
             } else {
                 sg.fill(1.0);
@@ -575,6 +575,8 @@ pub struct Llama {
     blocks: Vec<Block>,
     norm: Vec<f32>,
     lm_head: Linear,
+    /// The embedding table, `[vocab, hidden]`.
+    embed: Linear,
     scratch: Mutex<Scratch>,
 }
 
@@ -590,6 +592,7 @@ impl Llama {
         } else {
             "token_embd"
         };
+        let embed = Linear::load(&weights, "token_embd", cfg.hidden, false)?;
         let lm_head = Linear::load(&weights, head, cfg.hidden, false)?;
         if lm_head.outputs != cfg.vocab_size {
             return Err(UError::invalid(format!(
@@ -615,6 +618,7 @@ impl Llama {
             blocks,
             norm,
             lm_head,
+            embed,
             scratch: Mutex::new(Scratch::default()),
         })
     }
@@ -794,10 +798,9 @@ impl Llama {
                 .extend((seg.start..seg.start + seg.len).map(|p| p as u32));
         }
         let t = s.tokens.len();
-        let table = self.weights.view("token_embd.weight")?;
         let x = buf(&mut s.x, t * hidden);
         c.k.embedding(
-            &table,
+            self.embed.view(),
             RSlice::from_slice(&s.tokens),
             RSliceMut::from_mut_slice(x),
         )
@@ -838,7 +841,7 @@ impl Llama {
             self.cfg.rms_eps,
             normed,
         )?;
-        self.lm_head.forward(c.w, c.k, normed, rows, logits)
+        self.lm_head.forward(c.k, normed, rows, logits)
     }
 }
 

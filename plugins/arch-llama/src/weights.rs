@@ -1,12 +1,13 @@
 //! Access to the weight set: typed metadata, tensor shapes, and the linear layer.
 //!
-//! Large tensors are never copied: a [`Linear`] keeps the tensor's name and takes a fresh
-//! zero-copy view for each forward pass (views borrow the weight set, which the model owns).
-//! Small vectors (norm scales, biases) are decoded to `f32` once at load.
+//! Large tensors are never copied: a [`Linear`] takes one zero-copy view of its weight at load
+//! and keeps it, with a handle on the weight set that keeps the view's bytes alive, so a forward
+//! pass neither looks tensors up nor allocates. Small vectors (norm scales, biases) are decoded
+//! to `f32` once at load.
 
 use abi_stable::std_types::{RSlice, RSliceMut};
 use serde_json::Value;
-use u_sdk::{KernelsBox, MetaValue, Result, TensorView, UError, WeightSetBox};
+use u_sdk::{DType, KernelsBox, MetaValue, Result, TensorView, UError, WeightSetBox};
 
 /// The weight set with typed accessors.
 #[derive(Clone)]
@@ -112,12 +113,16 @@ impl Weights {
 
 /// `y = x·Wᵀ (+ b)`: a weight of shape `[out, in]` in any dtype the kernels take — or one
 /// expert's slice of a stacked `[E, out, in]` tensor (GGUF) — and an optional f32 bias.
-#[derive(Debug, Clone)]
 pub struct Linear {
     name: String,
     /// Byte range of this weight inside the tensor (`None`: all of it).
     bytes: Option<std::ops::Range<usize>>,
     bias: Option<Vec<f32>>,
+    /// The weight as the kernels take it, `[out, in]`. Its bytes borrow `set` (declared after
+    /// it, so dropped after it).
+    view: TensorView<'static>,
+    /// The weight set `view` was taken from, kept alive with it.
+    _set: WeightSetBox,
     /// Input features.
     pub inputs: usize,
     /// Output features.
@@ -145,10 +150,13 @@ impl Linear {
         } else {
             None
         };
+        let (view, set) = bind(w, &weight, None, outputs, inputs)?;
         Ok(Linear {
             name: weight,
             bytes: None,
             bias,
+            view,
+            _set: set,
             inputs,
             outputs,
         })
@@ -173,10 +181,14 @@ impl Linear {
         let per = dtype
             .bytes_for(outputs as u64 * inputs as u64)
             .ok_or_else(bad)? as usize;
+        let bytes = index * per..(index + 1) * per;
+        let (view, set) = bind(w, name, Some(&bytes), outputs, inputs)?;
         Ok(Linear {
             name: name.to_string(),
-            bytes: Some(index * per..(index + 1) * per),
+            bytes: Some(bytes),
             bias: None,
+            view,
+            _set: set,
             inputs,
             outputs,
         })
@@ -195,33 +207,21 @@ impl Linear {
         Ok(())
     }
 
+    /// The weight as the kernels take it (`[out, in]`).
+    pub fn view(&self) -> &TensorView<'_> {
+        &self.view
+    }
+
+    /// The weight's dtype.
+    pub fn dtype(&self) -> DType {
+        self.view.dtype
+    }
+
     /// `y[m × out] = x[m × in]·Wᵀ + b`.
-    pub fn forward(
-        &self,
-        w: &Weights,
-        k: &KernelsBox,
-        x: &[f32],
-        m: usize,
-        y: &mut [f32],
-    ) -> Result<()> {
-        let full = w.view(&self.name)?;
-        let data = match &self.bytes {
-            None => full.data.as_slice(),
-            Some(r) => full.data.as_slice().get(r.clone()).ok_or_else(|| {
-                UError::invalid(format!(
-                    "arch-llama: {} is shorter than its shape",
-                    self.name
-                ))
-            })?,
-        };
-        let view = TensorView {
-            dtype: full.dtype,
-            shape: vec![self.outputs as u64, self.inputs as u64].into(),
-            data: RSlice::from_slice(data),
-        };
+    pub fn forward(&self, k: &KernelsBox, x: &[f32], m: usize, y: &mut [f32]) -> Result<()> {
         let y = &mut y[..m * self.outputs];
         k.matmul(
-            &view,
+            &self.view,
             RSlice::from_slice(&x[..m * self.inputs]),
             m as u32,
             RSliceMut::from_mut_slice(y),
@@ -253,4 +253,34 @@ fn will_need(bytes: &[u8]) {
     unsafe {
         libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_WILLNEED);
     }
+}
+
+/// A view of `name` (its byte range `bytes`, if given) as an `[outputs, inputs]` weight, and the
+/// handle on the weight set that keeps its bytes alive.
+fn bind(
+    w: &Weights,
+    name: &str,
+    bytes: Option<&std::ops::Range<usize>>,
+    outputs: usize,
+    inputs: usize,
+) -> Result<(TensorView<'static>, WeightSetBox)> {
+    let set = w.set.clone();
+    let full = set.tensor(name.into()).into_result()?;
+    let all = full.data.as_slice();
+    let data = match bytes {
+        None => all,
+        Some(r) => all.get(r.clone()).ok_or_else(|| {
+            UError::invalid(format!("arch-llama: {name} is shorter than its shape"))
+        })?,
+    };
+    let view = TensorView {
+        dtype: full.dtype,
+        shape: vec![outputs as u64, inputs as u64].into(),
+        data: RSlice::from_slice(data),
+    };
+    // SAFETY: the bytes live in the weight set's memory map (a heap object behind `set`, which
+    // moving the handle does not move) and the set's API is immutable, so they stay valid and
+    // unchanged while `set` lives; `Linear` keeps `set` and drops the view first.
+    let view = unsafe { std::mem::transmute::<TensorView<'_>, TensorView<'static>>(view) };
+    Ok((view, set))
 }

@@ -3,8 +3,9 @@
 //!
 //! `cargo bench -p u-kernels-cpu --bench matvec` (env: `U_THREADS` threads, default all cores;
 //! `U_BENCH_MB` working set per dtype, default 1024 — larger than the last-level cache, so the
-//! weights stream from DRAM as in a real decode; `U_ISA=scalar|avx2|avx512|vnni` forces a path;
-//! `U_M` activation rows, default 1; `U_N`/`U_K` the weight shape, default 4096 × 4096;
+//! weights stream from DRAM as in a real decode;
+//! `U_ISA=scalar|avx2|avx512|vnni|neon|neondot` forces a path; `U_M` activation rows, default 1;
+//! `U_N`/`U_K` the weight shape, default 4096 × 4096;
 //! `U_DTYPE=Q4_0,Q8_0` a subset; `U_ROUNDS` timing rounds, default 5, best kept).
 //!
 //! `cpu-us/op` is process CPU time per product divided by the thread count: on a machine shared
@@ -83,6 +84,8 @@ fn main() {
         Ok("avx2") => Isa::Avx2,
         Ok("avx512") => Isa::Avx512,
         Ok("vnni") => Isa::Avx512Vnni,
+        Ok("neon") => Isa::Neon,
+        Ok("neondot") => Isa::NeonDot,
         _ => Isa::detect(),
     };
     let kern = CpuKernels::with_isa(isa, threads).expect("isa not available");

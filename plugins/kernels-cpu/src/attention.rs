@@ -1,39 +1,56 @@
 //! Flash attention on the CPU (FlashAttention-2 shape): never the full score matrix.
 //!
-//! One task owns a key/value head and a block of up to [`Q_BLOCK`] queries, i.e. every query
-//! head of that KV group (grouped-query attention) for those queries. It walks the visible keys
-//! in tiles of [`K_TILE`], converting each K/V tile to f32 once (f16 KV) or reading it in place
-//! (f32 KV), and keeps per row a running maximum `m`, normaliser `l` and unnormalised output `o`
-//! (online softmax): for a tile with scores `s`, `m' = max(m, max s)`,
-//! `l' = l·e^(m−m') + Σ e^(s−m')`, `o' = o·e^(m−m') + Σ e^(s−m')·v`; the result is `o/l`.
+//! One task owns a key/value head, a block of up to [`Q_BLOCK`] queries — every query head of
+//! that KV group (grouped-query attention) for those queries, so each key/value tile loaded
+//! serves `Q_BLOCK × group` rows — and a span of keys (all of them, unless there are too few
+//! tasks to occupy the threads: decode then splits the keys and merges the partial results).
+//! It walks its keys in tiles of [`K_TILE`], reading f32 K/V in place or converting each tile
+//! to f32 once (f16 KV), transposes the key tile, and runs the rows through the SIMD block step
+//! (`block`: four rows at a time, scores, online softmax, `p·v`). Per row it keeps a running
+//! maximum `m`, normaliser `l` and unnormalised output `o` (online softmax): for a tile with
+//! scores `s`, `m' = max(m, max s)`, `l' = l·e^(m−m') + Σ e^(s−m')`,
+//! `o' = o·e^(m−m') + Σ e^(s−m')·v`; the result is `o/l`. Exponentials are base 2 with the
+//! queries pre-scaled by `scale·log2 e` (`exp`: a polynomial within 1.2 ulp).
 //!
 //! Masking: query `i` (absolute position `p = first_query_pos + i`) sees keys
 //! `[max(0, p + 1 − window), min(p + 1, kv_len))` (`window` 0 = unlimited). Positions past
 //! `kv_len` are clamped, so `first_query_pos ≥ kv_len − 1` gives bidirectional attention. A query
 //! that sees no key gets zeros.
+//!
+//! Scratch is per thread (one thread-local lookup per task, reused across calls), so a call
+//! allocates only when a thread first sees a larger shape.
+
+mod block;
+mod exp;
 
 use crate::engine::Engine;
-use rayon::prelude::*;
-use std::cell::RefCell;
+use crate::vecops::VecOps;
+use block::{Block, Kernel};
+use std::cell::{Cell, RefCell};
 use u_sdk::{AttentionParams, DType, Result, UError};
 
 /// Queries per task.
 pub const Q_BLOCK: usize = 16;
-/// Keys per tile.
+/// Keys per tile (a multiple of the widest block step's score run, 64).
 pub const K_TILE: usize = 64;
 
 thread_local! {
+    /// Per-task scratch (see [`Scratch`]).
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The caller's buffer of per-task partial results when keys are split.
+    static PARTIAL: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
+/// A pointer into a buffer that tasks write in disjoint parts.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint (query, head) rows of the output, see `attention`.
-unsafe impl Send for OutPtr {}
+struct SyncPtr(*mut f32);
+// SAFETY: tasks write disjoint ranges (output rows of their (query block, KV head), or their
+// own partial slot), see `attention`.
+unsafe impl Send for SyncPtr {}
 // SAFETY: as above.
-unsafe impl Sync for OutPtr {}
+unsafe impl Sync for SyncPtr {}
 
-impl OutPtr {
+impl SyncPtr {
     /// The pointer (a method, so closures capture the whole `Sync` wrapper, not the field).
     fn ptr(self) -> *mut f32 {
         self.0
@@ -115,120 +132,295 @@ pub fn attention(
         return Ok(());
     }
     let group = h / kvh;
+    let kern = Kernel::new(eng.isa);
     let (kk, vv) = (Kv::new(k, p.kv_dtype), Kv::new(v, p.kv_dtype));
-    let blocks = nq.div_ceil(Q_BLOCK);
-    let outp = OutPtr(out.as_mut_ptr());
-    let first = p.first_query_pos as usize;
-    let window = p.window as usize;
-    let range = |qi: usize| {
-        let end = (first + qi + 1).min(nk);
-        let start = if window > 0 {
-            (first + qi + 1).saturating_sub(window)
-        } else {
-            0
-        };
-        (start.min(end), end)
+    let dp = d.next_multiple_of(kern.pad);
+    let span = Span {
+        first: p.first_query_pos as usize,
+        window: p.window as usize,
+        nk,
     };
-    let vec = eng.vec;
-    eng.pool.install(|| {
-        (0..kvh * blocks).into_par_iter().for_each(|task| {
-            let (g, qb) = (task / blocks, task % blocks);
-            let (q0, q1) = (qb * Q_BLOCK, ((qb + 1) * Q_BLOCK).min(nq));
-            let rows = (q1 - q0) * group;
-            let need = rows * (d + 2) + K_TILE * (1 + 2 * d);
-            SCRATCH.with(|cell| {
-                let mut own = Vec::new();
-                let mut guard = cell.try_borrow_mut().ok();
-                let buf: &mut Vec<f32> = match guard.as_deref_mut() {
-                    Some(b) => b,
-                    None => &mut own,
-                };
-                if buf.len() < need {
-                    buf.resize(need, 0.0);
-                }
-                let (o, rest) = buf.split_at_mut(rows * d);
-                let (ms, rest) = rest.split_at_mut(rows);
-                let (ls, rest) = rest.split_at_mut(rows);
-                let (sc, rest) = rest.split_at_mut(K_TILE);
-                let (kt, rest) = rest.split_at_mut(K_TILE * d);
-                let vt = &mut rest[..K_TILE * d];
-                o.fill(0.0);
-                ms.fill(f32::NEG_INFINITY);
-                ls.fill(0.0);
-                let lo = range(q0).0;
-                let hi = range(q1 - 1).1;
-                let mut t0 = lo;
-                while t0 < hi {
-                    let t1 = (t0 + K_TILE).min(hi);
-                    let krows = tile(&kk, t0, t1, g, kvh, d, kt, &vec);
-                    let vrows = tile(&vv, t0, t1, g, kvh, d, vt, &vec);
-                    for qi in q0..q1 {
-                        let (s, e) = range(qi);
-                        let (s, e) = (s.max(t0), e.min(t1));
-                        if s >= e {
-                            continue;
-                        }
-                        for hh in 0..group {
-                            let head = g * group + hh;
-                            let r = (qi - q0) * group + hh;
-                            let qrow = &q[(qi * h + head) * d..][..d];
-                            let scores = &mut sc[..e - s];
-                            let mut mt = f32::NEG_INFINITY;
-                            for (j, sv) in scores.iter_mut().enumerate() {
-                                *sv = p.scale * vec.dot(qrow, krows.row(s + j - t0));
-                                mt = mt.max(*sv);
-                            }
-                            let m_new = ms[r].max(mt);
-                            let orow = &mut o[r * d..(r + 1) * d];
-                            if ms[r] != f32::NEG_INFINITY && ms[r] != m_new {
-                                let c = (ms[r] - m_new).exp();
-                                ls[r] *= c;
-                                orow.iter_mut().for_each(|x| *x *= c);
-                            }
-                            ms[r] = m_new;
-                            for (j, &sv) in scores.iter().enumerate() {
-                                let pj = (sv - m_new).exp();
-                                ls[r] += pj;
-                                vec.axpy(orow, pj, vrows.row(s + j - t0));
-                            }
-                        }
-                    }
-                    t0 = t1;
-                }
-                for qi in q0..q1 {
-                    for hh in 0..group {
-                        let head = g * group + hh;
-                        let r = (qi - q0) * group + hh;
-                        let inv = if ls[r] > 0.0 { 1.0 / ls[r] } else { 0.0 };
-                        for (c, &x) in o[r * d..(r + 1) * d].iter().enumerate() {
-                            // SAFETY: (qi, head) < (queries, heads); this task alone owns
-                            // KV group g's heads for queries q0..q1.
-                            unsafe { *outp.ptr().add((qi * h + head) * d + c) = x * inv };
-                        }
+    let blocks = nq.div_ceil(Q_BLOCK);
+    // Keys any query sees, split into `chunks` spans of whole tiles when the (KV head, query
+    // block) tasks alone are too few to keep every thread busy.
+    let (klo, khi) = (span.range(0).0, span.range(nq - 1).1);
+    let keys = khi.saturating_sub(klo);
+    let base = kvh * blocks;
+    let mut chunks = 1;
+    if eng.threads > 1 && base < 4 * eng.threads && keys >= 2 * K_TILE {
+        chunks = (4 * eng.threads).div_ceil(base);
+        while !(base * chunks).is_multiple_of(eng.threads) {
+            chunks += 1;
+        }
+        chunks = chunks.min(keys / K_TILE);
+    }
+    let chunk_len = keys.div_ceil(chunks).next_multiple_of(K_TILE).max(K_TILE);
+    let chunks = keys.div_ceil(chunk_len).max(1);
+    let job = Job {
+        q,
+        kk,
+        vv,
+        kern,
+        vec: eng.vec,
+        h,
+        kvh,
+        d,
+        dp,
+        group,
+        nq,
+        span,
+        qscale: p.scale * std::f32::consts::LOG2_E,
+    };
+    let prow = (Q_BLOCK.min(nq) * group).next_multiple_of(block::R);
+    let per_kv = kvh * chunks;
+    let outp = SyncPtr(out.as_mut_ptr());
+    if chunks == 1 {
+        eng.split(blocks * kvh, |t| {
+            // Largest (latest, most keys) query blocks first, for balance under the causal mask.
+            let (qb, g) = (blocks - 1 - t / kvh, t % kvh);
+            job.with_scratch(qb, g, (klo, khi), |rows, sc| {
+                let q0 = qb * Q_BLOCK;
+                for r in 0..rows {
+                    let (qi, head) = (q0 + r / group, g * group + r % group);
+                    let l = sc.l[r];
+                    let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+                    let src = &sc.o[r * dp..][..d];
+                    // SAFETY: qi < queries, head < heads, so the row is inside `out`; this task
+                    // alone owns KV group g's heads for its queries.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(outp.ptr().add((qi * h + head) * d), d)
+                    };
+                    for (y, &x) in dst.iter_mut().zip(src) {
+                        *y = x * inv;
                     }
                 }
             });
         });
+        return Ok(());
+    }
+    // Split keys: each task leaves (o, m, l) for its rows in its slot; then merge per row.
+    let slot = prow * (dp + 2);
+    let mut partial = PARTIAL.take();
+    if partial.len() < blocks * per_kv * slot {
+        partial.resize(blocks * per_kv * slot, 0.0);
+    }
+    let pp = SyncPtr(partial.as_mut_ptr());
+    eng.split(blocks * per_kv, |t| {
+        let qb = blocks - 1 - t / per_kv;
+        let (g, c) = ((t % per_kv) / chunks, t % chunks);
+        let lo = klo + c * chunk_len;
+        let idx = (qb * kvh + g) * chunks + c;
+        job.with_scratch(qb, g, (lo, (lo + chunk_len).min(khi)), |rows, sc| {
+            // SAFETY: slot `idx` < blocks·kvh·chunks lies inside `partial`, and is this task's.
+            let dst = unsafe { std::slice::from_raw_parts_mut(pp.ptr().add(idx * slot), slot) };
+            let (o, ml) = dst.split_at_mut(prow * dp);
+            o[..rows * dp].copy_from_slice(&sc.o[..rows * dp]);
+            ml[..rows].copy_from_slice(&sc.m[..rows]);
+            ml[prow..prow + rows].copy_from_slice(&sc.l[..rows]);
+        });
     });
+    for qb in 0..blocks {
+        let q0 = qb * Q_BLOCK;
+        let rows = (Q_BLOCK.min(nq - q0)) * group;
+        for g in 0..kvh {
+            let slots = &partial[(qb * kvh + g) * chunks * slot..][..chunks * slot];
+            for r in 0..rows {
+                let (qi, head) = (q0 + r / group, g * group + r % group);
+                let dst = &mut out[(qi * h + head) * d..][..d];
+                let part = |c: usize| {
+                    let s = &slots[c * slot..][..slot];
+                    (&s[r * dp..][..d], s[prow * dp + r], s[prow * dp + prow + r])
+                };
+                let m = (0..chunks).fold(f32::NEG_INFINITY, |m, c| m.max(part(c).1));
+                dst.fill(0.0);
+                if m == f32::NEG_INFINITY {
+                    continue;
+                }
+                let mut l = 0.0;
+                for c in 0..chunks {
+                    let (o, mc, lc) = part(c);
+                    let w = exp::exp2(mc - m);
+                    l += w * lc;
+                    for (y, &x) in dst.iter_mut().zip(o) {
+                        *y += w * x;
+                    }
+                }
+                let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+                dst.iter_mut().for_each(|y| *y *= inv);
+            }
+        }
+    }
+    PARTIAL.set(partial);
     Ok(())
 }
 
-/// Rows of a K or V tile: `row(j)` is key `t0 + j` of the task's head.
-struct Rows<'a> {
-    data: &'a [f32],
-    base: usize,
-    stride: usize,
-    d: usize,
+/// The causal/window mask: which keys a query sees.
+#[derive(Clone, Copy)]
+struct Span {
+    first: usize,
+    window: usize,
+    nk: usize,
 }
 
-impl Rows<'_> {
+impl Span {
+    /// Keys `[start, end)` visible to query `qi` (empty when `start == end`).
     #[inline]
-    fn row(&self, j: usize) -> &[f32] {
-        &self.data[self.base + j * self.stride..][..self.d]
+    fn range(self, qi: usize) -> (usize, usize) {
+        let end = (self.first + qi + 1).min(self.nk);
+        let start = if self.window > 0 {
+            (self.first + qi + 1).saturating_sub(self.window)
+        } else {
+            0
+        };
+        (start.min(end), end)
     }
 }
 
-/// Makes keys `t0..t1` of KV head `g` readable as f32 rows (in place for aligned f32).
+/// A task's scratch, carved from the thread's buffer.
+struct Scratch<'a> {
+    /// Query rows, pre-scaled (`prow × d`, padding rows zero).
+    q: &'a mut [f32],
+    /// Unnormalised outputs (`prow × dp`).
+    o: &'a mut [f32],
+    /// Running maxima (base 2).
+    m: &'a mut [f32],
+    /// Running normalisers.
+    l: &'a mut [f32],
+    /// Transposed key tile (`d × K_TILE`).
+    kt: &'a mut [f32],
+    /// Key rows converted to f32 (`K_TILE × d`).
+    krow: &'a mut [f32],
+    /// Value rows converted to f32 (`K_TILE × dp`).
+    vrow: &'a mut [f32],
+}
+
+/// Everything a task reads.
+struct Job<'a> {
+    q: &'a [f32],
+    kk: Kv<'a>,
+    vv: Kv<'a>,
+    kern: Kernel,
+    vec: VecOps,
+    h: usize,
+    kvh: usize,
+    d: usize,
+    dp: usize,
+    group: usize,
+    nq: usize,
+    span: Span,
+    qscale: f32,
+}
+
+impl Job<'_> {
+    /// Runs query block `qb` of KV head `g` over keys `[keys.0, keys.1)` on this thread's
+    /// scratch, then hands `finish` the row count and the scratch holding `o`, `m`, `l`.
+    fn with_scratch(
+        &self,
+        qb: usize,
+        g: usize,
+        keys: (usize, usize),
+        finish: impl FnOnce(usize, &Scratch<'_>),
+    ) {
+        let (d, dp) = (self.d, self.dp);
+        let q0 = qb * Q_BLOCK;
+        let q1 = (q0 + Q_BLOCK).min(self.nq);
+        let rows = (q1 - q0) * self.group;
+        let prow = rows.next_multiple_of(block::R);
+        let need = prow * (d + dp + 2) + K_TILE * (2 * d + dp);
+        SCRATCH.with(|cell| {
+            let mut own = Vec::new();
+            let mut guard = cell.try_borrow_mut().ok();
+            let buf: &mut Vec<f32> = match guard.as_deref_mut() {
+                Some(b) => b,
+                None => &mut own,
+            };
+            if buf.len() < need {
+                buf.resize(need, 0.0);
+            }
+            let (qs, rest) = buf.split_at_mut(prow * d);
+            let (o, rest) = rest.split_at_mut(prow * dp);
+            let (m, rest) = rest.split_at_mut(prow);
+            let (l, rest) = rest.split_at_mut(prow);
+            let (kt, rest) = rest.split_at_mut(K_TILE * d);
+            let (krow, rest) = rest.split_at_mut(K_TILE * d);
+            let vrow = &mut rest[..K_TILE * dp];
+            let mut sc = Scratch {
+                q: qs,
+                o,
+                m,
+                l,
+                kt,
+                krow,
+                vrow,
+            };
+            self.run(q0, q1, g, keys, &mut sc);
+            finish(rows, &sc);
+        });
+    }
+
+    /// The task body (see the module docs).
+    fn run(&self, q0: usize, q1: usize, g: usize, keys: (usize, usize), sc: &mut Scratch<'_>) {
+        let (d, dp, group) = (self.d, self.dp, self.group);
+        let rows = (q1 - q0) * group;
+        for (r, dst) in sc.q.chunks_exact_mut(d).enumerate() {
+            if r < rows {
+                let (qi, head) = (q0 + r / group, g * group + r % group);
+                let src = &self.q[(qi * self.h + head) * d..][..d];
+                for (y, &x) in dst.iter_mut().zip(src) {
+                    *y = x * self.qscale;
+                }
+            } else {
+                dst.fill(0.0);
+            }
+        }
+        sc.o.fill(0.0);
+        sc.m.fill(f32::NEG_INFINITY);
+        sc.l.fill(0.0);
+        let lo = self.span.range(q0).0.max(keys.0);
+        let hi = self.span.range(q1 - 1).1.min(keys.1);
+        let mut t0 = lo;
+        while t0 < hi {
+            let t1 = (t0 + K_TILE).min(hi);
+            let n = t1 - t0;
+            let (krows, kstride) = tile(&self.kk, t0, t1, g, self.kvh, d, d, sc.krow, &self.vec);
+            self.kern.transpose(krows, kstride, n, d, sc.kt);
+            let (vdata, vstride) = tile(&self.vv, t0, t1, g, self.kvh, d, dp, sc.vrow, &self.vec);
+            for mb in (0..rows).step_by(block::R) {
+                let mut ranges = [(0, 0); block::R];
+                for (i, rg) in ranges.iter_mut().enumerate() {
+                    if mb + i < rows {
+                        let (s, e) = self.span.range(q0 + (mb + i) / group);
+                        let (s, e) = (s.max(t0), e.min(t1));
+                        if s < e {
+                            *rg = (s - t0, e - t0);
+                        }
+                    }
+                }
+                if ranges.iter().all(|&(a, b)| a >= b) {
+                    continue;
+                }
+                self.kern.run(&mut Block {
+                    q: &sc.q[mb * d..(mb + block::R) * d],
+                    d,
+                    kt: sc.kt,
+                    v: vdata,
+                    v_stride: vstride,
+                    dp,
+                    ranges,
+                    m: &mut sc.m[mb..mb + block::R],
+                    l: &mut sc.l[mb..mb + block::R],
+                    o: &mut sc.o[mb * dp..(mb + block::R) * dp],
+                });
+            }
+            t0 = t1;
+        }
+    }
+}
+
+/// Makes keys `t0..t1` of KV head `g` readable as f32 rows: returns the rows (key `t0 + j` at
+/// `j·stride`) and their stride. Aligned f32 with `stride == d` is read in place; otherwise the
+/// rows are converted into `buf` at `stride` (a padded stride leaves the columns past `d` as
+/// they are: the block step reads them, but they only reach output columns that are dropped).
 #[allow(clippy::too_many_arguments)]
 fn tile<'a>(
     kv: &'a Kv<'_>,
@@ -237,21 +429,24 @@ fn tile<'a>(
     g: usize,
     kvh: usize,
     d: usize,
+    stride: usize,
     buf: &'a mut [f32],
-    vec: &crate::vecops::VecOps,
-) -> Rows<'a> {
+    vec: &VecOps,
+) -> (&'a [f32], usize) {
     match kv {
-        Kv::F32(f) => Rows {
-            data: f,
-            base: (t0 * kvh + g) * d,
-            stride: kvh * d,
-            d,
-        },
+        Kv::F32(f) if stride == d => (&f[(t0 * kvh + g) * d..], kvh * d),
+        Kv::F32(f) => {
+            for t in t0..t1 {
+                let src = &f[(t * kvh + g) * d..][..d];
+                buf[(t - t0) * stride..][..d].copy_from_slice(src);
+            }
+            (buf, stride)
+        }
         Kv::Bytes(b, dtype) => {
             let es = if *dtype == DType::F16 { 2 } else { 4 };
             for t in t0..t1 {
                 let src = &b[(t * kvh + g) * d * es..][..d * es];
-                let dst = &mut buf[(t - t0) * d..][..d];
+                let dst = &mut buf[(t - t0) * stride..][..d];
                 if es == 2 {
                     vec.f16_to_f32(src, dst);
                 } else {
@@ -260,12 +455,7 @@ fn tile<'a>(
                     }
                 }
             }
-            Rows {
-                data: buf,
-                base: 0,
-                stride: d,
-                d,
-            }
+            (buf, stride)
         }
     }
 }

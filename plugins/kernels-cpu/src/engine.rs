@@ -1,6 +1,8 @@
-//! The kernels object: the ISA chosen once, its own rayon pool, and the [`Kernels`] interface.
+//! The kernels object: the ISA chosen once, its own threads (a [`Team`] and a rayon pool), and
+//! the [`Kernels`] interface.
 
 use crate::isa::{self, Isa};
+use crate::team::Team;
 use crate::vecops::VecOps;
 use crate::{attention, matmul, ops};
 use abi_stable::{
@@ -21,8 +23,18 @@ pub struct Engine {
     pub pool: rayon::ThreadPool,
     /// Threads in `pool`.
     pub threads: usize,
+    /// The caller plus `threads − 1` helpers, for decode-sized ops ([`Engine::split`]).
+    pub team: Team,
     /// f32 helpers for `isa`.
     pub vec: VecOps,
+}
+
+impl Engine {
+    /// Runs `f(t)` for every `t < tasks` on the calling thread and the team's helpers
+    /// ([`Team`]), so even a decode-sized op costs no round trip through a pool.
+    pub fn split(&self, tasks: usize, f: impl Fn(usize) + Sync) {
+        self.team.run(tasks, &f);
+    }
 }
 
 /// The CPU kernels backend. Cheap to clone (shared engine).
@@ -57,11 +69,18 @@ impl CpuKernels {
                     format!("kernels-cpu: cannot build a {threads}-thread pool: {e}"),
                 )
             })?;
+        let team = Team::new(threads).map_err(|e| {
+            UError::new(
+                u_sdk::ErrorKind::ResourceExhausted,
+                format!("kernels-cpu: cannot start the team helper threads: {e}"),
+            )
+        })?;
         Ok(CpuKernels {
             eng: Arc::new(Engine {
                 isa,
                 pool,
                 threads,
+                team,
                 vec: VecOps::new(isa),
             }),
         })

@@ -15,8 +15,10 @@ pub enum Isa {
     Avx512,
     /// [`Isa::Avx512`] with int8 dots through AVX-512 VNNI `vpdpbusd`.
     Avx512Vnni,
-    /// AArch64 NEON (float kernels; integer kernels currently use the scalar path).
+    /// AArch64 NEON (int8 dots through `smull`/`smlal` + `sadalp`).
     Neon,
+    /// [`Isa::Neon`] with int8 dots through the dot-product extension's `sdot`.
+    NeonDot,
 }
 
 impl Isa {
@@ -28,6 +30,7 @@ impl Isa {
             Isa::Avx512 => "avx512f+bw+vl",
             Isa::Avx512Vnni => "avx512f+bw+vl+vnni",
             Isa::Neon => "neon",
+            Isa::NeonDot => "neon+dotprod",
         }
     }
 
@@ -61,8 +64,12 @@ impl Isa {
         }
         #[cfg(target_arch = "aarch64")]
         {
-            if std::arch::is_aarch64_feature_detected!("neon") {
+            let neon = std::arch::is_aarch64_feature_detected!("neon");
+            if neon {
                 out.push(Isa::Neon);
+            }
+            if neon && std::arch::is_aarch64_feature_detected!("dotprod") {
+                out.push(Isa::NeonDot);
             }
         }
         out

@@ -3,7 +3,8 @@
 //! A `kernels` plugin implementing [`u_sdk::Kernels`] on the CPU. The instruction-set path is
 //! chosen once at instantiation ([`Isa::detect`]: AVX-512 VNNI, AVX-512, AVX2+FMA+F16C, NEON,
 //! scalar) and every kernel's function pointer is fixed then. Work runs on the plugin's own
-//! rayon pool, sized from the host's thread grant.
+//! threads, sized from the host's thread grant: a [`team`] in which the calling thread works
+//! alongside helpers (matmul, attention: decode-sized ops), and a rayon pool for the rest.
 //!
 //! - [`matmul`]: `y = x · Wᵀ` with weights used as stored — f32/f16/bf16, and Q8_0, Q4_0, Q4_1,
 //!   Q5_0, Q4_K, Q5_K, Q6_K, TQ2_0 in their compressed blocks against activations quantized on
@@ -22,6 +23,7 @@ mod engine;
 pub mod isa;
 pub mod matmul;
 pub mod ops;
+pub mod team;
 #[doc(hidden)]
 pub mod testutil;
 pub mod vecops;

@@ -29,6 +29,13 @@ impl VecOps {
                 axpy: x86::axpy_avx512,
                 f16: x86::f16_avx2,
             },
+            // NEON is the aarch64 baseline, so the portable dot and axpy already compile to it.
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon | Isa::NeonDot => VecOps {
+                dot: dot_scalar,
+                axpy: axpy_scalar,
+                f16: crate::matmul::neon::float::f16_to_f32,
+            },
             _ => VecOps {
                 dot: dot_scalar,
                 axpy: axpy_scalar,

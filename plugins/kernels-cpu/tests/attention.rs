@@ -171,6 +171,97 @@ fn random_shapes_match_the_naive_reference_on_every_isa() {
     }
 }
 
+/// Tile and task boundaries: query and key counts around multiples of the 64-key tile and the
+/// 16-query block, single keys, a long cache (decode and short prefills split their keys across
+/// tasks and merge), windows that start inside a tile, on 1–3 threads and every ISA.
+#[test]
+fn tile_and_split_boundaries_match_the_naive_reference() {
+    let mut rng = Rng::new(7);
+    let pools: Vec<CpuKernels> = Isa::available()
+        .into_iter()
+        .flat_map(|i| [1, 2, 3].map(|t| CpuKernels::with_isa(i, t).expect("isa")))
+        .collect();
+    let cases = [
+        // (heads, kv_heads, d, queries, kv_len, window, dtype)
+        (9, 3, 64, 1, 1, 0, DType::F32),
+        (9, 3, 64, 1, 63, 0, DType::F32),
+        (9, 3, 64, 1, 64, 0, DType::F32),
+        (9, 3, 64, 1, 65, 0, DType::F32),
+        (9, 3, 64, 1, 1100, 0, DType::F32),
+        (9, 3, 64, 1, 1100, 100, DType::F16),
+        (9, 3, 64, 1, 1100, 300, DType::F32),
+        (9, 3, 64, 5, 1100, 250, DType::F16),
+        (9, 3, 64, 3, 1027, 0, DType::F32),
+        (9, 3, 64, 17, 700, 70, DType::F32),
+        (9, 3, 64, 63, 63, 0, DType::F32),
+        (9, 3, 64, 64, 64, 0, DType::F16),
+        (9, 3, 64, 65, 65, 0, DType::F32),
+        (9, 3, 64, 65, 1040, 0, DType::F32),
+        (9, 3, 64, 129, 129, 65, DType::F32),
+        (4, 1, 128, 1, 1000, 0, DType::F32),
+        (4, 1, 128, 33, 200, 0, DType::F16),
+        (2, 2, 7, 1, 300, 0, DType::F32),
+        (2, 2, 7, 65, 65, 0, DType::F32),
+        (3, 1, 40, 20, 130, 0, DType::F32),
+    ];
+    for (heads, kv_heads, d, nq, nk, window, dtype) in cases {
+        let s = Shape {
+            heads,
+            kv_heads,
+            d,
+            nq,
+            nk,
+            first: nk - nq,
+            window,
+            dtype,
+        };
+        let q = rng.vec(nq * heads * d, 1.0);
+        let (kb, kf) = store(&rng.vec(nk * kv_heads * d, 1.0), dtype);
+        let (vb, vf) = store(&rng.vec(nk * kv_heads * d, 1.0), dtype);
+        let scale = 1.0 / (d as f32).sqrt();
+        let want = naive(&s, scale, &q, &kf, &vf);
+        for kern in &pools {
+            check(kern, &s, &q, &kb, &vb, scale, &want);
+        }
+    }
+}
+
+/// Sharply peaked scores (large logits): the running maximum must rescale earlier tiles exactly.
+#[test]
+fn large_scores_rescale_earlier_tiles() {
+    let mut rng = Rng::new(11);
+    let s = Shape {
+        heads: 2,
+        kv_heads: 1,
+        d: 64,
+        nq: 70,
+        nk: 300,
+        first: 230,
+        window: 0,
+        dtype: DType::F32,
+    };
+    let q = rng.vec(s.nq * s.heads * s.d, 2.0);
+    // Keys growing along the sequence, so later tiles keep raising the maximum (scores up to
+    // ~±30: larger ones exceed what f32 scores can give to 1e-5 against the f64 reference).
+    let k: Vec<f32> = (0..s.nk * s.d)
+        .map(|i| (0.5 + 2.0 * (i / s.d) as f32 / s.nk as f32) * rng.uniform())
+        .collect();
+    let (kb, kf) = store(&k, DType::F32);
+    let (vb, vf) = store(&rng.vec(s.nk * s.d, 1.0), DType::F32);
+    let want = naive(&s, 1.0, &q, &kf, &vf);
+    for isa in Isa::available() {
+        check(
+            &CpuKernels::with_isa(isa, 2).expect("isa"),
+            &s,
+            &q,
+            &kb,
+            &vb,
+            1.0,
+            &want,
+        );
+    }
+}
+
 #[test]
 fn pytorch_sdpa_fixtures() {
     let dir =

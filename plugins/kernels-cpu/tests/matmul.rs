@@ -297,3 +297,36 @@ fn bad_shapes_are_errors_naming_the_op() {
         assert!(e.message.contains("matmul"), "{}", e.message);
     }
 }
+
+/// The decode kernels that take four weight rows at once give each row exactly what the
+/// one-row kernel gives (so grouping rows never changes a result).
+#[test]
+fn four_row_decode_kernels_equal_the_one_row_kernels_bit_for_bit() {
+    use u_kernels_cpu::matmul::{RowDot, select};
+    for isa in Isa::available() {
+        for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0] {
+            let RowDot::Q8(f) = select(isa, dtype) else {
+                panic!("{dtype:?} has no 32-block kernel on {}", isa.name());
+            };
+            let Some(rows) = f.rows else { continue };
+            for (seed, k) in [32usize, 96, 576, 1536].into_iter().enumerate() {
+                let mut rng = Rng::new(40 + seed as u64);
+                let w = random_weight(&mut rng, dtype, 4, k);
+                let mut x = vec![Default::default(); k / 32];
+                quantize_q8(&rng.vec(k, 3.0), &mut x);
+                let rb = w.len() / 4;
+                // SAFETY: `select` chose kernels for an available ISA; whole blocks.
+                let got = unsafe { rows(&w, rb, &x) };
+                for (r, g) in got.iter().enumerate() {
+                    let want = unsafe { (f.one)(&w[r * rb..(r + 1) * rb], &[&x])[0] };
+                    assert_eq!(
+                        g.to_bits(),
+                        want.to_bits(),
+                        "{} {dtype:?} k{k} row {r}: {g} vs {want}",
+                        isa.name()
+                    );
+                }
+            }
+        }
+    }
+}

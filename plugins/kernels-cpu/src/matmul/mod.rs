@@ -1,12 +1,16 @@
 //! `y = x · Wᵀ` on weights as stored: f32/f16/bf16 rows against f32 activations, quantized rows
 //! in their compressed blocks against activations quantized on the fly ([`crate::act`]).
 //!
-//! Work split: the product is parallel across output rows (weight rows). For one activation row
-//! (decode) each task walks a contiguous run of weight rows; for several (prefill) each task
-//! takes a run of weight rows and sweeps the activation rows in tiles, so the weight rows stay in
-//! L1/L2 while a tile of activations is reused from L2. Quantized activations live in a
-//! thread-local scratch buffer that grows once and is reused on every call.
+//! Work split: the product is parallel across output rows (weight rows), in tasks that the
+//! calling thread and the team's helpers claim ([`Engine::split`]). For one activation row (decode) each
+//! task walks a contiguous run of weight rows, four at a time where the dtype has a four-row
+//! kernel; for several (prefill) each task takes a run of weight rows and sweeps the activation
+//! rows in tiles, so the weight rows stay in L1/L2 while a tile of activations is reused from L2.
+//! Quantized activations live in a thread-local scratch buffer that grows once and is reused on
+//! every call.
 
+#[cfg(target_arch = "aarch64")]
+pub mod neon;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
@@ -18,13 +22,22 @@ use rayon::prelude::*;
 use std::cell::RefCell;
 use u_sdk::{DType, Result, TensorView, UError};
 
-/// One weight row against 1 or 4 activation rows (the weight blocks decoded once for all).
+/// Four consecutive weight rows (in the slice; the `usize` is the row length in bytes) against
+/// one activation row.
+pub type RowsFn<B> = unsafe fn(&[u8], usize, &[B]) -> [f32; 4];
+
+/// One weight row against 1 or 4 activation rows (the weight blocks decoded once for all), and
+/// optionally four weight rows against one activation row.
 #[derive(Clone, Copy, Debug)]
 pub struct Multi<B: 'static> {
     /// One activation row (decode).
     pub one: unsafe fn(&[u8], &[&[B]; 1]) -> [f32; 1],
     /// Four activation rows (prefill).
     pub four: unsafe fn(&[u8], &[&[B]; 4]) -> [f32; 4],
+    /// Four consecutive weight rows against one activation row ([`RowsFn`]), equal bit for bit
+    /// to `one` on each row (decode: the activation block is loaded once for four rows, and more
+    /// loads are in flight).
+    pub rows: Option<RowsFn<B>>,
 }
 
 /// A dot product of one stored weight row with activation rows.
@@ -43,7 +56,19 @@ pub enum RowDot {
 
 macro_rules! multi {
     ($v:ident, $($f:tt)*) => {
-        RowDot::$v(Multi { one: $($f)*::<1>, four: $($f)*::<4> })
+        RowDot::$v(Multi { one: $($f)*::<1>, four: $($f)*::<4>, rows: None })
+    };
+}
+
+/// [`multi!`] with a four-weight-row decode kernel.
+#[cfg(target_arch = "x86_64")]
+macro_rules! multi_rows {
+    ($m:ident :: $f:ident, $rows:ident) => {
+        RowDot::Q8(Multi {
+            one: $m::$f::<1>,
+            four: $m::$f::<4>,
+            rows: Some($m::$rows),
+        })
     };
 }
 
@@ -63,18 +88,18 @@ pub fn select(isa: Isa, dtype: DType) -> RowDot {
             F32 if int => Some(RowDot::Float(avx2::f32_row)),
             F16 if int => Some(RowDot::Float(avx2::f16_row)),
             BF16 if int => Some(RowDot::Float(avx2::bf16_row)),
-            Q8_0 if v => Some(multi!(Q8, vnni::q8_0)),
-            Q4_0 if v => Some(multi!(Q8, vnni::q4_0)),
-            Q4_1 if v => Some(multi!(Q8, vnni::q4_1)),
-            Q5_0 if v => Some(multi!(Q8, vnni::q5_0)),
+            Q8_0 if v => Some(multi_rows!(vnni::q8_0, q8_0_rows)),
+            Q4_0 if v => Some(multi_rows!(vnni::q4_0, q4_0_rows)),
+            Q4_1 if v => Some(multi_rows!(vnni::q4_1, q4_1_rows)),
+            Q5_0 if v => Some(multi_rows!(vnni::q5_0, q5_0_rows)),
             Q4_K if v => Some(multi!(Q8K, vnni::q4_k)),
             Q5_K if v => Some(multi!(Q8K, vnni::q5_k)),
             Q6_K if v => Some(multi!(Q8K, vnni::q6_k)),
             TQ2_0 if v => Some(multi!(Q8K, vnni::tq2_0)),
-            Q8_0 if int => Some(multi!(Q8, avx2::q8_0)),
-            Q4_0 if int => Some(multi!(Q8, avx2::q4_0)),
-            Q4_1 if int => Some(multi!(Q8, avx2::q4_1)),
-            Q5_0 if int => Some(multi!(Q8, avx2::q5_0)),
+            Q8_0 if int => Some(multi_rows!(avx2::q8_0, q8_0_rows)),
+            Q4_0 if int => Some(multi_rows!(avx2::q4_0, q4_0_rows)),
+            Q4_1 if int => Some(multi_rows!(avx2::q4_1, q4_1_rows)),
+            Q5_0 if int => Some(multi_rows!(avx2::q5_0, q5_0_rows)),
             Q4_K if int => Some(multi!(Q8K, avx2::q4_k)),
             Q5_K if int => Some(multi!(Q8K, avx2::q5_k)),
             Q6_K if int => Some(multi!(Q8K, avx2::q6_k)),
@@ -84,6 +109,10 @@ pub fn select(isa: Isa, dtype: DType) -> RowDot {
         if let Some(k) = k {
             return k;
         }
+    }
+    #[cfg(target_arch = "aarch64")]
+    if let Some(k) = neon::select(isa, dtype) {
+        return k;
     }
     let _ = isa;
     match dtype {
@@ -177,29 +206,31 @@ pub fn matmul(eng: &Engine, w: &TensorView<'_>, x: &[f32], m: usize, y: &mut [f3
     let row = |r: usize| &data[r * rb..(r + 1) * rb];
     let dtype = w.dtype;
     match select(eng.isa, dtype) {
-        RowDot::Float(f) => eng.pool.install(|| {
+        RowDot::Float(f) => {
             // SAFETY: `select` returned a kernel for an available ISA; row and x lengths match.
             let one = |r: usize, i: usize| unsafe { f(row(r), &x[i * k..(i + 1) * k]) };
-            run(eng, n, m, y, one, |r, i| {
-                core::array::from_fn(|j| one(r, i + j))
-            })
-        }),
+            run(
+                eng,
+                n,
+                m,
+                y,
+                one,
+                |r, i| core::array::from_fn(|j| one(r, i + j)),
+                NO_ROWS,
+            )
+        }
         RowDot::Q8(f) => {
             let nb = k / 32;
             with_scratch(&Q8_SCRATCH, m * nb, |qx| {
-                eng.pool.install(|| {
-                    quantize_rows(x, k, qx, nb, quantize_q8);
-                    run_blocks(eng, n, m, y, row, qx, nb, f)
-                })
+                quantize_rows(eng, x, k, qx, nb, quantize_q8);
+                run_blocks(eng, n, m, y, (data, rb), qx, nb, f)
             })
         }
         RowDot::Q8K(f) => {
             let nb = k / 256;
             with_scratch(&Q8K_SCRATCH, m * nb, |qx| {
-                eng.pool.install(|| {
-                    quantize_rows(x, k, qx, nb, quantize_q8k);
-                    run_blocks(eng, n, m, y, row, qx, nb, f)
-                })
+                quantize_rows(eng, x, k, qx, nb, quantize_q8k);
+                run_blocks(eng, n, m, y, (data, rb), qx, nb, f)
             })
         }
         RowDot::Dequant => {
@@ -213,11 +244,15 @@ pub fn matmul(eng: &Engine, w: &TensorView<'_>, x: &[f32], m: usize, y: &mut [f3
                     }
                 })
             };
-            eng.pool.install(|| {
-                run(eng, n, m, y, one, |r, i| {
-                    core::array::from_fn(|j| one(r, i + j))
-                })
-            })
+            run(
+                eng,
+                n,
+                m,
+                y,
+                one,
+                |r, i| core::array::from_fn(|j| one(r, i + j)),
+                NO_ROWS,
+            )
         }
     }
     Ok(())
@@ -225,33 +260,47 @@ pub fn matmul(eng: &Engine, w: &TensorView<'_>, x: &[f32], m: usize, y: &mut [f3
 
 /// [`run`] for block kernels over quantized activations `qx` (`nb` blocks per row).
 #[allow(clippy::too_many_arguments)]
-fn run_blocks<'w, B: Sync>(
+fn run_blocks<B: Sync>(
     eng: &Engine,
     n: usize,
     m: usize,
     y: &mut [f32],
-    row: impl Fn(usize) -> &'w [u8] + Sync,
+    (data, rb): (&[u8], usize),
     qx: &[B],
     nb: usize,
     f: Multi<B>,
 ) {
+    let row = |r: usize| &data[r * rb..(r + 1) * rb];
     let xr = |i: usize| &qx[i * nb..(i + 1) * nb];
     // SAFETY: `select` returned kernels for an available ISA; each activation row holds one
     // block per weight block.
     let one = |r: usize, i: usize| unsafe { (f.one)(row(r), &[xr(i)])[0] };
     let four =
         |r: usize, i: usize| unsafe { (f.four)(row(r), &[xr(i), xr(i + 1), xr(i + 2), xr(i + 3)]) };
-    run(eng, n, m, y, one, four)
+    // SAFETY: as above; rows `r..r + 4` exist and are consecutive, `rb` bytes each.
+    let rows = f
+        .rows
+        .map(|g| move |r: usize| unsafe { g(&data[r * rb..(r + 4) * rb], rb, xr(0)) });
+    run(eng, n, m, y, one, four, rows)
 }
 
 /// Quantizes `m` activation rows of `k` values into `nb` blocks each, in parallel for prefill.
-fn quantize_rows<B: Send>(x: &[f32], k: usize, qx: &mut [B], nb: usize, q: fn(&[f32], &mut [B])) {
+fn quantize_rows<B: Send>(
+    eng: &Engine,
+    x: &[f32],
+    k: usize,
+    qx: &mut [B],
+    nb: usize,
+    q: fn(&[f32], &mut [B]),
+) {
     if x.len() <= k {
         q(x, qx);
     } else {
-        qx.par_chunks_mut(nb)
-            .zip(x.par_chunks(k))
-            .for_each(|(o, xr)| q(xr, o));
+        eng.pool.install(|| {
+            qx.par_chunks_mut(nb)
+                .zip(x.par_chunks(k))
+                .for_each(|(o, xr)| q(xr, o))
+        });
     }
 }
 
@@ -270,12 +319,15 @@ impl OutPtr {
     }
 }
 
+/// The `rows` argument of [`run`] for kernels without a four-weight-row form.
+const NO_ROWS: Option<fn(usize) -> [f32; 4]> = None;
+
 /// Activation rows per tile in prefill.
 const M_TILE: usize = 16;
 
 /// Fills `y[i·n + r] = one(r, i)` in parallel over runs of weight rows `r`; for several
-/// activation rows, `four(r, i)` computes rows `i..i + 4` at once. Must run inside the engine's
-/// pool.
+/// activation rows, `four(r, i)` computes rows `i..i + 4` at once; for one, `rows(r)` (when
+/// given) computes weight rows `r..r + 4`.
 fn run(
     eng: &Engine,
     n: usize,
@@ -283,21 +335,32 @@ fn run(
     y: &mut [f32],
     one: impl Fn(usize, usize) -> f32 + Sync,
     four: impl Fn(usize, usize) -> [f32; 4] + Sync,
+    rows: Option<impl Fn(usize) -> [f32; 4] + Sync>,
 ) {
     let threads = eng.threads.max(1);
+    let out = OutPtr(y.as_mut_ptr());
     if m == 1 {
-        let chunk = (n / (threads * 16)).clamp(4, 256);
-        y.par_chunks_mut(chunk).enumerate().for_each(|(c, ys)| {
-            for (j, v) in ys.iter_mut().enumerate() {
-                *v = one(c * chunk + j, 0);
+        // Whole groups of four rows per task, for `rows`.
+        let chunk = (n / (threads * 16)).clamp(4, 256).next_multiple_of(4);
+        eng.split(n.div_ceil(chunk), |c| {
+            let (r0, r1) = (c * chunk, ((c + 1) * chunk).min(n));
+            // SAFETY: tasks cover disjoint row ranges `r0..r1` of `y` (n values).
+            let ys = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(r0), r1 - r0) };
+            let mut j = 0;
+            if let Some(rows) = &rows {
+                while j + 4 <= ys.len() {
+                    ys[j..j + 4].copy_from_slice(&rows(r0 + j));
+                    j += 4;
+                }
+            }
+            for (j, v) in ys.iter_mut().enumerate().skip(j) {
+                *v = one(r0 + j, 0);
             }
         });
         return;
     }
     let chunk = (n / (threads * 8)).clamp(1, 64);
-    let out = OutPtr(y.as_mut_ptr());
-    let tasks = n.div_ceil(chunk);
-    (0..tasks).into_par_iter().for_each(|t| {
+    eng.split(n.div_ceil(chunk), |t| {
         let (r0, r1) = (t * chunk, ((t + 1) * chunk).min(n));
         for i0 in (0..m).step_by(M_TILE) {
             let i1 = (i0 + M_TILE).min(m);

@@ -33,6 +33,31 @@ unsafe fn f16c_tail(p: *const u8) -> f32 {
     unsafe { f16c(p) }
 }
 
+/// The two f16 values at `p` (4 readable bytes) as f32 in lanes 0 and 1, zeros above. F16C
+/// on a register loaded with `vmovd`, which clears the upper lanes, so there is no false
+/// dependency (see [`f16c`]); exact, so equal to [`half_to_f32`].
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn half2(p: *const u8) -> __m128 {
+    // SAFETY: the caller passes a pointer to four readable bytes.
+    _mm_cvtph_ps(_mm_cvtsi32_si128(unsafe {
+        (p as *const i32).read_unaligned()
+    }))
+}
+
+/// Prefetches into L1 the bytes of the next four rows after the four at `w` that block `bi` of
+/// a rows kernel will need (`4·bb` bytes per block), one group ahead: the rows are consecutive,
+/// so this runs one group ahead of the reads, whether this task or another takes those rows.
+#[inline(always)]
+fn prefetch_next(w: &[u8], stride: usize, bi: usize, bb: usize) {
+    let next = w.as_ptr().wrapping_add(4 * stride + bi * 4 * bb);
+    for off in (0..4 * bb).step_by(64) {
+        // SAFETY: a prefetch never faults, whatever the address (computed with wrapping
+        // arithmetic, so it may point past the weight without undefined behaviour).
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(off) as *const i8) };
+    }
+}
+
 #[inline]
 #[target_feature(enable = "avx2")]
 fn hsum_ps(v: __m256) -> f32 {
@@ -225,6 +250,155 @@ macro_rules! int_kernels {
                 core::array::from_fn(|r| {
                     hsum_ps(_mm256_add_ps(acc[r][0], acc[r][1])) + (corr[r][0] + corr[r][1])
                 })
+            }
+        }
+
+        /// Four weight rows (`stride` bytes apart from `w`) against one activation row:
+        /// per row the operations of [`q32`] with `R = 1` (so the same result bit for bit), with
+        /// the activation block loaded once for the four rows and the two block scales of a row
+        /// (`[d, off]` from `scales`) converted and multiplied in one vector.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn q32_rows(
+            w: &[u8],
+            stride: usize,
+            x: &[Q8Block],
+            bb: usize,
+            codes: impl Fn(*const u8) -> __m256i,
+            scales: impl Fn(*const u8) -> __m128,
+            offset_sum: fn(&Q8Block) -> f32,
+        ) -> [f32; 4] {
+            // SAFETY: see the module docs; `w` holds four rows of `stride` bytes, each a whole
+            // number of `bb`-byte blocks, and `x` one block per weight block.
+            unsafe {
+                let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+                let mut corr = [[_mm_setzero_ps(); 2]; 4];
+                let nb = stride / bb;
+                let mut bi = 0;
+                while bi < nb {
+                    for h in 0..2 {
+                        if bi + h < nb {
+                            let xb = x.get_unchecked(bi + h);
+                            let xq = load_i8(xb.qs.as_ptr());
+                            let xs = _mm_setr_ps(xb.d, offset_sum(xb), 0.0, 0.0);
+                            prefetch_next(w, stride, bi + h, bb);
+                            for r in 0..4 {
+                                let p = w.as_ptr().add(r * stride + (bi + h) * bb);
+                                // [d·d_x, off·s_x]: the two products of the one-row kernel.
+                                let ds = _mm_mul_ps(scales(p), xs);
+                                let s = $dot(_mm256_setzero_si256(), codes(p), xq);
+                                acc[r][h] = _mm256_fmadd_ps(
+                                    _mm256_broadcastss_ps(ds),
+                                    _mm256_cvtepi32_ps(s),
+                                    acc[r][h],
+                                );
+                                corr[r][h] = _mm_add_ps(corr[r][h], ds);
+                            }
+                        }
+                    }
+                    bi += 2;
+                }
+                core::array::from_fn(|r| {
+                    let c = _mm_add_ps(corr[r][0], corr[r][1]);
+                    hsum_ps(_mm256_add_ps(acc[r][0], acc[r][1])) + _mm_cvtss_f32(_mm_movehdup_ps(c))
+                })
+            }
+        }
+
+        /// Q8_0, four weight rows `stride` bytes apart against one activation row (the
+        /// operations of [`q8_0`] with `R = 1` per row, so the same result bit for bit).
+        #[target_feature(enable = $feat)]
+        pub unsafe fn q8_0_rows(w: &[u8], stride: usize, x: &[Q8Block]) -> [f32; 4] {
+            // SAFETY: see the module docs and `q32_rows`.
+            unsafe {
+                let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+                let nb = stride / 34;
+                let mut bi = 0;
+                while bi < nb {
+                    for h in 0..2 {
+                        if bi + h < nb {
+                            let xb = x.get_unchecked(bi + h);
+                            let xq = load_i8(xb.qs.as_ptr());
+                            let xd = _mm_set_ss(xb.d);
+                            prefetch_next(w, stride, bi + h, 34);
+                            for r in 0..4 {
+                                let p = w.as_ptr().add(r * stride + (bi + h) * 34);
+                                let wq = load(p.add(2));
+                                let aw = _mm256_sign_epi8(wq, wq);
+                                let s = $dot(_mm256_setzero_si256(), aw, _mm256_sign_epi8(xq, wq));
+                                let dd = _mm_mul_ss(half2(p), xd);
+                                acc[r][h] = _mm256_fmadd_ps(
+                                    _mm256_broadcastss_ps(dd),
+                                    _mm256_cvtepi32_ps(s),
+                                    acc[r][h],
+                                );
+                            }
+                        }
+                    }
+                    bi += 2;
+                }
+                core::array::from_fn(|r| hsum_ps(_mm256_add_ps(acc[r][0], acc[r][1])))
+            }
+        }
+
+        /// Q4_0, four weight rows (see `q32_rows`).
+        #[target_feature(enable = $feat)]
+        pub unsafe fn q4_0_rows(w: &[u8], stride: usize, x: &[Q8Block]) -> [f32; 4] {
+            // SAFETY: 18-byte blocks: d at 0, nibbles at 2..18.
+            unsafe {
+                q32_rows(
+                    w,
+                    stride,
+                    x,
+                    18,
+                    |p| nibbles(p.add(2)),
+                    |p| {
+                        let d = half2(p);
+                        _mm_unpacklo_ps(d, _mm_mul_ss(_mm_set_ss(-8.0), d))
+                    },
+                    |b| b.s,
+                )
+            }
+        }
+
+        /// Q4_1, four weight rows (see `q32_rows`).
+        #[target_feature(enable = $feat)]
+        pub unsafe fn q4_1_rows(w: &[u8], stride: usize, x: &[Q8Block]) -> [f32; 4] {
+            // SAFETY: 20-byte blocks: d at 0, m at 2 (converted together), nibbles at 4..20.
+            unsafe {
+                q32_rows(
+                    w,
+                    stride,
+                    x,
+                    20,
+                    |p| nibbles(p.add(4)),
+                    |p| half2(p),
+                    |b| b.s1,
+                )
+            }
+        }
+
+        /// Q5_0, four weight rows (see `q32_rows`).
+        #[target_feature(enable = $feat)]
+        pub unsafe fn q5_0_rows(w: &[u8], stride: usize, x: &[Q8Block]) -> [f32; 4] {
+            // SAFETY: 22-byte blocks: d at 0, qh at 2..6, nibbles at 6..22.
+            unsafe {
+                q32_rows(
+                    w,
+                    stride,
+                    x,
+                    22,
+                    |p| {
+                        let qh = (p.add(2) as *const u32).read_unaligned();
+                        let hi = _mm256_and_si256(bytes_from_bits_32(qh), _mm256_set1_epi8(0x10));
+                        _mm256_or_si256(nibbles(p.add(6)), hi)
+                    },
+                    |p| {
+                        let d = half2(p);
+                        _mm_unpacklo_ps(d, _mm_mul_ss(_mm_set_ss(-16.0), d))
+                    },
+                    |b| b.s,
+                )
             }
         }
 
