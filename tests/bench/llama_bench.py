@@ -17,6 +17,11 @@ token) unless the output matrix is tied to it. KV-cache reads (< 1% here) are no
     python3 tests/bench/llama_bench.py --types Q4_0 --reps 1   # a quick try
     python3 tests/bench/llama_bench.py --rounds 3 --isa avx2   # more interleaving; pip-like build
 
+llama.cpp runs with OMP_WAIT_POLICY=passive unless `--omp-active` is given: its OpenMP threads
+otherwise spin at every barrier, and on a machine shared with other work they then collapse
+(measured here at load average 5: tg64 Q4_0 13 ± 13 t/s spinning, 43 ± 1 passive), which would
+flatter U. On an idle machine `--omp-active` measures llama.cpp exactly as shipped.
+
 On first use it builds llama.cpp's tools and the model files (see gen_bench_llama.py; several
 minutes), and, if `target/release/u-runner` or the signed plugins are missing, runs
 `cargo xtask build`. Machines here are shared and noisy: quote the ratios, not the times, and
@@ -123,9 +128,12 @@ def run_llama(bin_dir: Path, model: Path, a) -> tuple[dict[str, list[float]], st
     out = subprocess.run(
         [str(bin_dir / "llama-bench"), "-m", str(model), "-p", str(a.p), "-n", str(a.n),
          "-t", str(a.threads), "-r", str(a.reps), "-o", "json"],
-        check=True, capture_output=True, text=True)
+        check=True, capture_output=True, text=True,
+        env=dict(os.environ) if a.omp_active else dict(os.environ, OMP_WAIT_POLICY="passive"))
     results = json.loads(out.stdout)
-    build = f"build {results[0]['build_number']} ({results[0]['build_commit']})" if results else ""
+    # The sdist carries no git metadata: build 0, commit "unknown".
+    known = results and results[0].get("build_commit", "unknown") != "unknown"
+    build = f"build {results[0]['build_number']} ({results[0]['build_commit']}) " if known else ""
     return split(results), build
 
 
@@ -144,7 +152,7 @@ def fmt(xs: list[float]) -> str:
     if not xs:
         return "-"
     sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
-    return f"{statistics.mean(xs):8.2f} ± {sd:5.2f}"
+    return f"{statistics.mean(xs):8.2f} ± {sd:6.2f}"
 
 
 def main() -> int:
@@ -160,6 +168,8 @@ def main() -> int:
     ap.add_argument("--isa", choices=list(fixtures.ISA_FLAGS), default=fixtures.default_isa(),
                     help="llama.cpp build: AVX-512 (+VNNI, BF16; no AMX), or AVX2/FMA/F16C "
                          "like the pip build (see gen_bench_llama.py)")
+    ap.add_argument("--omp-active", action="store_true",
+                    help="let llama.cpp's OpenMP threads spin (its default; for idle machines)")
     ap.add_argument("--bw-mib", type=int, default=1024, help="buffer of the bandwidth test")
     ap.add_argument("--json-out", type=Path, help="also write all samples here")
     a = ap.parse_args()
@@ -202,12 +212,12 @@ def main() -> int:
     pp, tg = f"pp{a.p}", f"tg{a.n}"
     shape = ", ".join(f"{k} {v}" for k, v in fixtures.SHAPE.items())
     print(f"\nbench Llama ~244M ({shape}), {a.threads} threads, {a.reps} reps x {a.rounds} "
-          f"round(s); llama.cpp {build} from the llama-cpp-python {fixtures.LLAMA_CPP_PYTHON} "
-          f"sdist, {a.isa} build")
+          f"round(s); llama.cpp {build}from the llama-cpp-python {fixtures.LLAMA_CPP_PYTHON} "
+          f"sdist, {a.isa} build, OMP_WAIT_POLICY={'default' if a.omp_active else 'passive'}")
     print(f"read bandwidth {bw:.1f} GB/s (before {bws[0]:.1f}, after {bws[1]:.1f}; {a.threads} "
           f"threads, {a.bw_mib} MiB); tg limit = bandwidth / weight bytes per token\n")
-    head = (f"| type   | test  | U t/s            | llama.cpp t/s    | U/llama.cpp | "
-            f"MiB/token | limit t/s | U of limit | llama.cpp of limit |")
+    head = ("| type   | test  | U t/s             | llama.cpp t/s     | U/llama.cpp | "
+            "MiB/token | limit t/s | U of limit | llama.cpp of limit |")
     print(head)
     print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
     mean = statistics.mean
@@ -221,7 +231,7 @@ def main() -> int:
                 uf = f"{mean(us) / limit:10.0%}" if us else "         -"
                 lf = f"{mean(ls) / limit:18.0%}" if ls else "                 -"
                 extra = f"| {r['bytes_per_token'] / 2**20:9.1f} | {limit:9.1f} | {uf} | {lf} |"
-            print(f"| {t:<6} | {test:<5} | {fmt(us):<16} | {fmt(ls):<16} | {ratio} {extra}")
+            print(f"| {t:<6} | {test:<5} | {fmt(us):<17} | {fmt(ls):<17} | {ratio} {extra}")
     for t, r in rows.items():
         if r["error"]:
             print(f"\n{t}: U failed: {r['error']}")
