@@ -330,3 +330,40 @@ fn four_row_decode_kernels_equal_the_one_row_kernels_bit_for_bit() {
         }
     }
 }
+
+/// The prefill kernels that take four activation rows at once give each row exactly what the
+/// one-row kernel gives (batched decoding relies on a row's result not depending on its batch
+/// neighbours).
+#[test]
+fn four_activation_row_kernels_equal_the_one_row_kernels_bit_for_bit() {
+    use u_kernels_cpu::matmul::{RowDot, select};
+    for isa in Isa::available() {
+        for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0] {
+            let RowDot::Q8(f) = select(isa, dtype) else {
+                panic!("{dtype:?} has no 32-block kernel on {}", isa.name());
+            };
+            for (seed, k) in [32usize, 64, 96, 576, 1536].into_iter().enumerate() {
+                let mut rng = Rng::new(70 + seed as u64);
+                let w = random_weight(&mut rng, dtype, 1, k);
+                let xs: Vec<Vec<_>> = (0..4)
+                    .map(|_| {
+                        let mut x = vec![Default::default(); k / 32];
+                        quantize_q8(&rng.vec(k, 3.0), &mut x);
+                        x
+                    })
+                    .collect();
+                // SAFETY: `select` chose kernels for an available ISA; whole blocks.
+                let got = unsafe { (f.four)(&w, &[&xs[0], &xs[1], &xs[2], &xs[3]]) };
+                for (r, g) in got.iter().enumerate() {
+                    let want = unsafe { (f.one)(&w, &[&xs[r]])[0] };
+                    assert_eq!(
+                        g.to_bits(),
+                        want.to_bits(),
+                        "{} {dtype:?} k{k} row {r}: {g} vs {want}",
+                        isa.name()
+                    );
+                }
+            }
+        }
+    }
+}

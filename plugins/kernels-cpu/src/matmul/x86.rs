@@ -253,6 +253,74 @@ macro_rules! int_kernels {
             }
         }
 
+        /// [`q32`] with four activation rows, per row and per lane the same operations in the
+        /// same order (so the same result bit for bit as `R = 1`), with less work per row: the
+        /// block scales come as one vector (`[d, off]` from `scales`, as in [`q32_rows`]), the
+        /// four products `off·s_x` are one vector multiply over the four rows, and each row's
+        /// `d·d_x` is a vector multiply by a broadcast load (no scalar multiply and shuffle).
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn q32_x4(
+            w: &[u8],
+            xs: &[&[Q8Block]; 4],
+            bb: usize,
+            codes: impl Fn(*const u8) -> __m256i,
+            scales: impl Fn(*const u8) -> __m128,
+            offset_sum: fn(&Q8Block) -> f32,
+        ) -> [f32; 4] {
+            // SAFETY: see the module docs; `codes`/`scales` read inside the block, and each
+            // activation row holds one block per weight block.
+            unsafe {
+                let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+                // Lane r: row r's `Σ off·s_x` for blocks of parity h.
+                let mut corr = [_mm_setzero_ps(); 2];
+                let nb = w.len() / bb;
+                let mut bi = 0;
+                while bi < nb {
+                    for h in 0..2 {
+                        if bi + h < nb {
+                            let b = bi + h;
+                            let p = w.as_ptr().add(b * bb);
+                            let q = codes(p);
+                            let sc = scales(p);
+                            let xb: [&Q8Block; 4] =
+                                core::array::from_fn(|r| xs[r].get_unchecked(b));
+                            let os = _mm_setr_ps(
+                                offset_sum(xb[0]),
+                                offset_sum(xb[1]),
+                                offset_sum(xb[2]),
+                                offset_sum(xb[3]),
+                            );
+                            // Lane r: off·s_x of row r, the one-row kernel's product.
+                            let oo = _mm_mul_ps(_mm_permute_ps::<0b01_01_01_01>(sc), os);
+                            corr[h] = _mm_add_ps(corr[h], oo);
+                            let mut d = _mm256_broadcastss_ps(sc);
+                            // Hide that `d` is a splat, or LLVM turns `d · splat(d_x)` back into
+                            // a scalar multiply and a register broadcast per row instead of one
+                            // multiply by a broadcast load.
+                            core::arch::asm!(
+                                "/* {0} */",
+                                inout(ymm_reg) d,
+                                options(pure, nomem, nostack, preserves_flags)
+                            );
+                            for r in 0..4 {
+                                let xq = load_i8(xb[r].qs.as_ptr());
+                                let s = $dot(_mm256_setzero_si256(), q, xq);
+                                // d·d_x in every lane (a broadcast load, no shuffle).
+                                let dr = _mm256_mul_ps(d, _mm256_set1_ps(xb[r].d));
+                                acc[r][h] = _mm256_fmadd_ps(dr, _mm256_cvtepi32_ps(s), acc[r][h]);
+                            }
+                        }
+                    }
+                    bi += 2;
+                }
+                let c = _mm_add_ps(corr[0], corr[1]);
+                let mut cs = [0f32; 4];
+                _mm_storeu_ps(cs.as_mut_ptr(), c);
+                core::array::from_fn(|r| hsum_ps(_mm256_add_ps(acc[r][0], acc[r][1])) + cs[r])
+            }
+        }
+
         /// Four weight rows (`stride` bytes apart from `w`) against one activation row:
         /// per row the operations of [`q32`] with `R = 1` (so the same result bit for bit), with
         /// the activation block loaded once for the four rows and the two block scales of a row
@@ -407,6 +475,20 @@ macro_rules! int_kernels {
         pub unsafe fn q4_0<const R: usize>(w: &[u8], xs: &[&[Q8Block]; R]) -> [f32; R] {
             // SAFETY: 18-byte blocks: d at 0, nibbles at 2..18.
             unsafe {
+                if R == 4 {
+                    let v = q32_x4(
+                        w,
+                        &core::array::from_fn(|r| xs[r]),
+                        18,
+                        |p| nibbles(p.add(2)),
+                        |p| {
+                            let d = half2(p);
+                            _mm_unpacklo_ps(d, _mm_mul_ss(_mm_set_ss(-8.0), d))
+                        },
+                        |b| b.s,
+                    );
+                    return core::array::from_fn(|r| v[r]);
+                }
                 q32(
                     w,
                     xs,
@@ -423,6 +505,17 @@ macro_rules! int_kernels {
         pub unsafe fn q4_1<const R: usize>(w: &[u8], xs: &[&[Q8Block]; R]) -> [f32; R] {
             // SAFETY: 20-byte blocks: d at 0, m at 2, nibbles at 4..20.
             unsafe {
+                if R == 4 {
+                    let v = q32_x4(
+                        w,
+                        &core::array::from_fn(|r| xs[r]),
+                        20,
+                        |p| nibbles(p.add(4)),
+                        |p| half2(p),
+                        |b| b.s1,
+                    );
+                    return core::array::from_fn(|r| v[r]);
+                }
                 q32(
                     w,
                     xs,
@@ -439,6 +532,25 @@ macro_rules! int_kernels {
         pub unsafe fn q5_0<const R: usize>(w: &[u8], xs: &[&[Q8Block]; R]) -> [f32; R] {
             // SAFETY: 22-byte blocks: d at 0, qh at 2..6, nibbles at 6..22.
             unsafe {
+                if R == 4 {
+                    let v = q32_x4(
+                        w,
+                        &core::array::from_fn(|r| xs[r]),
+                        22,
+                        |p| {
+                            let qh = (p.add(2) as *const u32).read_unaligned();
+                            let hi =
+                                _mm256_and_si256(bytes_from_bits_32(qh), _mm256_set1_epi8(0x10));
+                            _mm256_or_si256(nibbles(p.add(6)), hi)
+                        },
+                        |p| {
+                            let d = half2(p);
+                            _mm_unpacklo_ps(d, _mm_mul_ss(_mm_set_ss(-16.0), d))
+                        },
+                        |b| b.s,
+                    );
+                    return core::array::from_fn(|r| v[r]);
+                }
                 q32(
                     w,
                     xs,
