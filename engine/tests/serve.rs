@@ -289,6 +289,12 @@ fn long_request() -> GenerateRequest {
     greedy("Hello", 200)
 }
 
+/// Attempts for the two tests below: the tiny fixture decodes 200 tokens in a few
+/// milliseconds, and the scheduler never waits for a client, so the first request can finish
+/// before the test's next move lands. Each attempt either shows the behaviour or the request
+/// finished first; the behaviour must show in one of them.
+const ATTEMPTS: usize = 20;
+
 #[test]
 fn a_full_queue_answers_busy() -> Result<()> {
     let limits = Limits {
@@ -298,37 +304,43 @@ fn a_full_queue_answers_busy() -> Result<()> {
     };
     let (engine, cache) = llama_engine(limits)?;
     let abi = engine.clone().into_box();
-    let (tx, rx) = mpsc::channel();
-    let runner = {
-        let abi = abi.clone();
-        thread::spawn(move || {
-            let seen = Arc::new(Mutex::new(Seen::default()));
-            let sink = TokenSink_TO::from_value(
-                Collect {
-                    seen,
-                    cancel_after: None,
-                    started: Some(tx),
-                },
-                TD_Opaque,
-            );
-            abi.generate(&long_request(), sink).into_result()
-        })
-    };
-    rx.recv()?;
-    let e = abi
-        .generate(&greedy("Hi", 4), sink(&Default::default()))
-        .into_result()
-        .unwrap_err();
-    let first = runner.join().unwrap()?;
-    // It ran to its budget, so it was still running when the other one was refused.
-    assert_eq!(
-        (first.finish, first.generated_tokens),
-        (FinishReason::Length, 200)
-    );
+    let mut refused = None;
+    for _ in 0..ATTEMPTS {
+        let (tx, rx) = mpsc::channel();
+        let runner = {
+            let abi = abi.clone();
+            thread::spawn(move || {
+                let seen = Arc::new(Mutex::new(Seen::default()));
+                let sink = TokenSink_TO::from_value(
+                    Collect {
+                        seen,
+                        cancel_after: None,
+                        started: Some(tx),
+                    },
+                    TD_Opaque,
+                );
+                abi.generate(&long_request(), sink).into_result()
+            })
+        };
+        rx.recv()?;
+        let second = abi
+            .generate(&greedy("Hi", 4), sink(&Default::default()))
+            .into_result();
+        let first = runner.join().unwrap()?;
+        assert_eq!(
+            (first.finish, first.generated_tokens),
+            (FinishReason::Length, 200)
+        );
+        if let Err(e) = second {
+            refused = Some(e);
+            break;
+        }
+    }
+    let e = refused.expect("the second request was never refused while the first ran");
     assert_eq!(e.kind, ErrorKind::Busy, "{e}");
     assert!(e.message.contains("capacity"), "{e}");
     let stats = u_sdk::Engine::stats(&engine);
-    assert_eq!((stats.requests, stats.rejected), (1, 1));
+    assert!(stats.rejected == 1 && stats.requests >= 1, "{stats:?}");
     assert_eq!(stats.queue_capacity, 0);
     // Room again once it finished.
     ask(&abi, &greedy("Hi", 4))?;
@@ -340,23 +352,34 @@ fn a_full_queue_answers_busy() -> Result<()> {
 fn a_cancelling_sink_frees_its_slot() -> Result<()> {
     let (engine, cache) = llama_engine(Limits::default())?;
     let abi = engine.clone().into_box();
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    let sink = TokenSink_TO::from_value(
-        Collect {
-            seen: seen.clone(),
-            cancel_after: Some(3),
-            started: None,
-        },
-        TD_Opaque,
-    );
-    let summary = abi.generate(&long_request(), sink).into_result()?;
-    assert_eq!(summary.finish, FinishReason::Cancelled);
-    assert!(summary.generated_tokens < 200, "{summary:?}");
-    assert_eq!(
-        seen.lock().unwrap().ids.len(),
-        3,
-        "nothing after cancelling"
-    );
+    let mut cancelled = false;
+    for _ in 0..ATTEMPTS {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let sink = TokenSink_TO::from_value(
+            Collect {
+                seen: seen.clone(),
+                cancel_after: Some(3),
+                started: None,
+            },
+            TD_Opaque,
+        );
+        let summary = abi.generate(&long_request(), sink).into_result()?;
+        assert_eq!(
+            seen.lock().unwrap().ids.len(),
+            3,
+            "nothing forwarded after cancelling"
+        );
+        if summary.finish == FinishReason::Cancelled {
+            assert!(summary.generated_tokens < 200, "{summary:?}");
+            cancelled = true;
+            break;
+        }
+        assert_eq!(
+            (summary.finish, summary.generated_tokens),
+            (FinishReason::Length, 200)
+        );
+    }
+    assert!(cancelled, "no attempt was cancelled before it finished");
     let stats = u_sdk::Engine::stats(&engine);
     assert_eq!((stats.running, stats.queued), (0, 0));
     assert_eq!(live_sequences(&cache)?, 0);

@@ -27,6 +27,7 @@
 
 pub mod abi;
 pub mod convert;
+pub mod files;
 mod guard;
 pub mod manifest;
 pub mod meta;

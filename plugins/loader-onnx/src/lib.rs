@@ -37,10 +37,10 @@ use abi_stable::{
     sabi_trait::TD_Opaque,
     std_types::{RNone, ROption, RResult, RSlice, RSome, RStr, RString, RVec},
 };
-use std::{fs::File, os::fd::FromRawFd, path::Path, sync::Arc};
+use std::{path::Path, sync::Arc};
 use u_sdk::{
-    ErrorKind, HostBox, Loader, Loader_TO, MetaValue, PluginInfo, PluginInstance, TensorInfo,
-    TensorView, UError, WeightSet, WeightSet_TO, WeightSetBox, guard, guard_infallible,
+    HostBox, Loader, Loader_TO, MetaValue, PluginInfo, PluginInstance, TensorInfo, TensorView,
+    UError, WeightSet, WeightSet_TO, WeightSetBox, guard, guard_infallible,
 };
 
 u_sdk::export_plugin! {
@@ -83,41 +83,6 @@ pub fn sniff(path: &str, head: &[u8]) -> bool {
     }
 }
 
-/// Opens files through the host's `open_read`, which checks the plugin's `fs.read` grant.
-struct HostOpener<'h>(&'h HostBox);
-
-impl FileOpener for HostOpener<'_> {
-    fn open(&self, path: &Path) -> error::Result<File> {
-        let text = path.to_str().ok_or_else(|| Error::Io {
-            path: path.to_path_buf(),
-            reason: "path is not UTF-8".to_string(),
-        })?;
-        match self.0.open_read(text.into()) {
-            RResult::ROk(fd) if fd >= 0 => {
-                // SAFETY: the host hands over ownership of a fresh, open descriptor.
-                Ok(unsafe { File::from_raw_fd(fd) })
-            }
-            RResult::ROk(fd) => Err(Error::Io {
-                path: path.to_path_buf(),
-                reason: format!("host returned invalid descriptor {fd}"),
-            }),
-            RResult::RErr(e) => Err(match e.kind {
-                ErrorKind::NotFound => Error::NotFound {
-                    path: path.to_path_buf(),
-                },
-                ErrorKind::PermissionDenied => Error::Denied {
-                    path: path.to_path_buf(),
-                    reason: e.message.into(),
-                },
-                _ => Error::Io {
-                    path: path.to_path_buf(),
-                    reason: e.message.into(),
-                },
-            }),
-        }
-    }
-}
-
 /// The `loader` entry object.
 #[derive(Clone)]
 pub struct OnnxLoader {
@@ -135,7 +100,10 @@ impl Loader for OnnxLoader {
 
     fn open(&self, path: RStr<'_>) -> RResult<WeightSetBox, UError> {
         guard("loader-onnx.open", || {
-            let model = OnnxModel::open(&HostOpener(&self.host), Path::new(path.as_str()))?;
+            let model = OnnxModel::open(
+                &u_sdk::files::HostFiles(&self.host),
+                Path::new(path.as_str()),
+            )?;
             Ok(WeightSet_TO::from_value(
                 OnnxWeights(Arc::new(model)),
                 TD_Opaque,

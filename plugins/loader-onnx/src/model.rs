@@ -12,7 +12,6 @@ use memmap2::Mmap;
 use prost::Message;
 use std::{
     collections::HashMap,
-    fs::File,
     io::Read,
     path::{Component, Path, PathBuf},
 };
@@ -21,21 +20,7 @@ use u_sdk::{DType, MetaValue, TensorInfo, TensorView, naming};
 /// The largest `config.json` accepted (16 MiB).
 pub const MAX_CONFIG_LEN: u64 = 16 * 1024 * 1024;
 
-/// How the loader opens files: through the host's `open_read` in the plugin, through
-/// [`StdFs`] in tests and tools.
-pub trait FileOpener {
-    /// Opens `path` for reading.
-    fn open(&self, path: &Path) -> Result<File>;
-}
-
-/// Opens files directly with `std::fs` (no capability checks: for tests and tools).
-pub struct StdFs;
-
-impl FileOpener for StdFs {
-    fn open(&self, path: &Path) -> Result<File> {
-        File::open(path).map_err(|e| Error::io(path, e))
-    }
-}
+pub use u_sdk::files::{FileOpener, StdFs};
 
 /// Where a tensor's bytes live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -512,7 +497,7 @@ fn parse_config(path: &Path, bytes: &[u8]) -> Result<(PathBuf, serde_json::Value
 
 /// Memory-maps a whole regular file into a [`Bytes`] that owns the map.
 fn map_file(opener: &dyn FileOpener, path: &Path) -> Result<Bytes> {
-    let file = opener.open(path)?;
+    let file = opener.open(path).map_err(|e| Error::open(path, e))?;
     let meta = file.metadata().map_err(|e| Error::io(path, e))?;
     if !meta.is_file() {
         return Err(Error::Io {
@@ -528,7 +513,7 @@ fn map_file(opener: &dyn FileOpener, path: &Path) -> Result<Bytes> {
 
 /// Reads a whole small file, refusing files larger than `limit`.
 fn read_limited(opener: &dyn FileOpener, path: &Path, limit: u64) -> Result<Vec<u8>> {
-    let file = opener.open(path)?;
+    let file = opener.open(path).map_err(|e| Error::open(path, e))?;
     let mut bytes = Vec::new();
     file.take(limit + 1)
         .read_to_end(&mut bytes)

@@ -172,6 +172,16 @@ impl Error {
     pub fn is_absent(&self) -> bool {
         matches!(self, Error::NotFound { .. } | Error::Denied { .. })
     }
+    /// A failure to open `path`, from [`u_sdk::files::FileOpener`].
+    pub fn open(path: impl Into<PathBuf>, err: u_sdk::files::OpenError) -> Self {
+        use u_sdk::files::OpenError;
+        let path = path.into();
+        match err {
+            OpenError::NotFound => Error::NotFound { path },
+            OpenError::Denied(reason) => Error::Denied { path, reason },
+            OpenError::Io(reason) => Error::Io { path, reason },
+        }
+    }
 
     /// Builds an error from an `std::io::Error` on `path`.
     pub fn io(path: impl Into<PathBuf>, err: std::io::Error) -> Self {

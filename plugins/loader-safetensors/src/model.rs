@@ -9,7 +9,6 @@ use crate::{
 use memmap2::Mmap;
 use std::{
     collections::HashMap,
-    fs::File,
     io::Read,
     ops::Range,
     path::{Path, PathBuf},
@@ -24,21 +23,7 @@ pub const INDEX_NAME: &str = "model.safetensors.index.json";
 /// File name of a single-file model inside a model directory.
 pub const SINGLE_NAME: &str = "model.safetensors";
 
-/// How the loader opens files: through the host's `open_read` in the plugin, through
-/// [`StdFs`] in tests and tools.
-pub trait FileOpener {
-    /// Opens `path` for reading.
-    fn open(&self, path: &Path) -> Result<File>;
-}
-
-/// Opens files directly with `std::fs` (no capability checks: for tests and tools).
-pub struct StdFs;
-
-impl FileOpener for StdFs {
-    fn open(&self, path: &Path) -> Result<File> {
-        File::open(path).map_err(|e| Error::io(path, e))
-    }
-}
+pub use u_sdk::files::{FileOpener, StdFs};
 
 /// Bytes a model's tensors point into: a memory map, or a buffer for in-memory use.
 pub type Backing = Arc<dyn AsRef<[u8]> + Send + Sync>;
@@ -113,7 +98,7 @@ impl SafetensorsModel {
             (parent(path), None, Some(path.to_path_buf()))
         } else {
             let index = path.join(INDEX_NAME);
-            match opener.open(&index) {
+            match opener.open(&index).map_err(|e| Error::open(&index, e)) {
                 Ok(_) => (path.to_path_buf(), Some(index), None),
                 Err(e) if e.is_absent() => (path.to_path_buf(), None, Some(path.join(SINGLE_NAME))),
                 Err(e) => return Err(e),
@@ -351,7 +336,7 @@ fn parent(path: &Path) -> PathBuf {
 
 /// Memory-maps a whole regular file.
 fn map_file(opener: &dyn FileOpener, path: &Path) -> Result<Backing> {
-    let file = opener.open(path)?;
+    let file = opener.open(path).map_err(|e| Error::open(path, e))?;
     let meta = file.metadata().map_err(|e| Error::io(path, e))?;
     if !meta.is_file() {
         return Err(Error::Io {
@@ -367,7 +352,7 @@ fn map_file(opener: &dyn FileOpener, path: &Path) -> Result<Backing> {
 
 /// Reads a whole small file, refusing files larger than `limit`.
 fn read_limited(opener: &dyn FileOpener, path: &Path, limit: u64) -> Result<Vec<u8>> {
-    let file = opener.open(path)?;
+    let file = opener.open(path).map_err(|e| Error::open(path, e))?;
     let mut bytes = Vec::new();
     file.take(limit + 1)
         .read_to_end(&mut bytes)
