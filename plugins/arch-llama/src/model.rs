@@ -17,8 +17,6 @@ use u_sdk::{
 
 /// What every layer computes with.
 pub(crate) struct Ctx<'a> {
-    /// The weights.
-    pub w: &'a Weights,
     /// The kernels.
     pub k: &'a KernelsBox,
     /// The KV cache.
@@ -320,10 +318,10 @@ pub struct Mlp {
 
 impl Mlp {
     /// Asks for the pages of its three weights ahead of use (see [`Linear::prefetch`]).
-    pub fn prefetch(&self, w: &Weights) -> Result<()> {
-        self.gate.prefetch(w)?;
-        self.up.prefetch(w)?;
-        self.down.prefetch(w)
+    pub fn prefetch(&self) {
+        self.gate.prefetch();
+        self.up.prefetch();
+        self.down.prefetch();
     }
 
     /// Loads `blk.{i}.ffn_{gate,up,down}{suffix}`.
@@ -461,7 +459,7 @@ impl MoE {
         // Only the routed experts' weights are read: ask for their pages before computing.
         for (expert, routes) in self.experts.iter().zip(&s.routes) {
             if !routes.is_empty() {
-                expert.prefetch(c.w)?;
+                expert.prefetch();
             }
         }
         out[..t * hidden].fill(0.0);
@@ -569,7 +567,6 @@ impl Block {
 pub struct Llama {
     /// Hyper-parameters.
     pub cfg: Config,
-    weights: Weights,
     kernels: KernelsBox,
     cache: KvCacheBox,
     blocks: Vec<Block>,
@@ -612,7 +609,6 @@ impl Llama {
             .into_result()?;
         Ok(Llama {
             cfg,
-            weights,
             kernels,
             cache,
             blocks,
@@ -785,7 +781,6 @@ impl Llama {
         // page ever read.
         let cache = self.cache.clone();
         let c = Ctx {
-            w: &self.weights,
             k: &self.kernels,
             cache: &cache,
         };

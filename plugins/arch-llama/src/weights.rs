@@ -114,9 +114,6 @@ impl Weights {
 /// `y = x·Wᵀ (+ b)`: a weight of shape `[out, in]` in any dtype the kernels take — or one
 /// expert's slice of a stacked `[E, out, in]` tensor (GGUF) — and an optional f32 bias.
 pub struct Linear {
-    name: String,
-    /// Byte range of this weight inside the tensor (`None`: all of it).
-    bytes: Option<std::ops::Range<usize>>,
     bias: Option<Vec<f32>>,
     /// The weight as the kernels take it, `[out, in]`. Its bytes borrow `set` (declared after
     /// it, so dropped after it).
@@ -152,8 +149,6 @@ impl Linear {
         };
         let (view, set) = bind(w, &weight, None, outputs, inputs)?;
         Ok(Linear {
-            name: weight,
-            bytes: None,
             bias,
             view,
             _set: set,
@@ -184,8 +179,6 @@ impl Linear {
         let bytes = index * per..(index + 1) * per;
         let (view, set) = bind(w, name, Some(&bytes), outputs, inputs)?;
         Ok(Linear {
-            name: name.to_string(),
-            bytes: Some(bytes),
             bias: None,
             view,
             _set: set,
@@ -197,14 +190,8 @@ impl Linear {
     /// Asks the kernel to read this weight's pages ahead (`madvise(MADV_WILLNEED)` on the mapped
     /// bytes), so a page fault does not stall the matmul that follows. Advice only: failures
     /// (e.g. weights that are not file-mapped) are ignored.
-    pub fn prefetch(&self, w: &Weights) -> Result<()> {
-        let full = w.view(&self.name)?;
-        let data = match &self.bytes {
-            None => full.data.as_slice(),
-            Some(r) => full.data.as_slice().get(r.clone()).unwrap_or(&[]),
-        };
-        will_need(data);
-        Ok(())
+    pub fn prefetch(&self) {
+        will_need(self.view.data.as_slice());
     }
 
     /// The weight as the kernels take it (`[out, in]`).
