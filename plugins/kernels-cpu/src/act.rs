@@ -22,6 +22,8 @@ pub struct Q8Block {
     pub s: f32,
     /// `f16(d_f32 · Σ qs)` with the unrounded scale, as ggml's `block_q8_1` stores it.
     pub s1: f32,
+    /// `Σ qs` (exact; lets a kernel offset signed weights into the unsigned operand).
+    pub sum: i32,
     /// Quantized values.
     pub qs: [i8; 32],
 }
@@ -71,6 +73,7 @@ pub fn quantize_q8(x: &[f32], out: &mut [Q8Block]) {
         ob.d = d16;
         ob.s = d16 * sum as f32;
         ob.s1 = round_to_f16(d * sum as f32);
+        ob.sum = sum;
     }
 }
 

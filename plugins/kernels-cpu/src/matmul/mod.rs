@@ -2,12 +2,14 @@
 //! in their compressed blocks against activations quantized on the fly ([`crate::act`]).
 //!
 //! Work split: the product is parallel across output rows (weight rows), in tasks that the
-//! calling thread and the team's helpers claim ([`Engine::split`]). For one activation row (decode) each
-//! task walks a contiguous run of weight rows, four at a time where the dtype has a four-row
-//! kernel; for several (prefill) each task takes a run of weight rows and sweeps the activation
-//! rows in tiles, so the weight rows stay in L1/L2 while a tile of activations is reused from L2.
-//! Quantized activations live in a thread-local scratch buffer that grows once and is reused on
-//! every call.
+//! calling thread and the team's helpers claim ([`Engine::split`]). On x86 the 32-value block
+//! formats run as tiles of eight weight rows against up to eight activation rows
+//! ([`x86::tile`]): each task takes a run of eight-row groups and, for prefill and batched
+//! decode, sweeps the activation rows in chunks so a chunk stays in L2 while the group's weights
+//! stay in L1. Elsewhere, for one activation row (decode) each task walks a contiguous run of
+//! weight rows, four at a time where the dtype has a four-row kernel; for several, each task
+//! takes a run of weight rows and sweeps the activation rows in tiles. Quantized activations
+//! live in a thread-local scratch buffer that grows once and is reused on every call.
 
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
@@ -40,6 +42,11 @@ pub struct Multi<B: 'static> {
     pub rows: Option<RowsFn<B>>,
 }
 
+/// A tile kernel: `w` holds `rows` (1–8) weight rows of `stride` bytes; for each of the `m`
+/// activation rows `x[c·nb..(c + 1)·nb]` it writes `y[c·ldy + r]`, r < rows. A row's result does
+/// not depend on `rows`, `m` or the other rows.
+pub type TileFn = unsafe fn(&[u8], usize, usize, &[Q8Block], usize, *mut f32, usize);
+
 /// A dot product of one stored weight row with activation rows.
 #[derive(Clone, Copy, Debug)]
 pub enum RowDot {
@@ -49,6 +56,8 @@ pub enum RowDot {
     Q8(Multi<Q8Block>),
     /// 256-value blocks against [`Q8KBlock`] activations.
     Q8K(Multi<Q8KBlock>),
+    /// Eight weight rows against any number of [`Q8Block`] activation rows ([`TileFn`]).
+    Tile(TileFn),
     /// Any other dtype: each row is dequantized (with [`u_sdk::quant`]) into a scratch row and
     /// dotted in f32. Correct but not fast; for formats without a dedicated kernel.
     Dequant,
@@ -60,23 +69,12 @@ macro_rules! multi {
     };
 }
 
-/// [`multi!`] with a four-weight-row decode kernel.
-#[cfg(target_arch = "x86_64")]
-macro_rules! multi_rows {
-    ($m:ident :: $f:ident, $rows:ident) => {
-        RowDot::Q8(Multi {
-            one: $m::$f::<1>,
-            four: $m::$f::<4>,
-            rows: Some($m::$rows),
-        })
-    };
-}
-
 /// The kernel for `dtype` weights on `isa` (which must be available on this CPU).
 pub fn select(isa: Isa, dtype: DType) -> RowDot {
     use DType::*;
     #[cfg(target_arch = "x86_64")]
     {
+        use x86::tile;
         use x86::{avx2, avx512, vnni};
         let int = matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni);
         let wide = matches!(isa, Isa::Avx512 | Isa::Avx512Vnni);
@@ -88,18 +86,18 @@ pub fn select(isa: Isa, dtype: DType) -> RowDot {
             F32 if int => Some(RowDot::Float(avx2::f32_row)),
             F16 if int => Some(RowDot::Float(avx2::f16_row)),
             BF16 if int => Some(RowDot::Float(avx2::bf16_row)),
-            Q8_0 if v => Some(multi_rows!(vnni::q8_0, q8_0_rows)),
-            Q4_0 if v => Some(multi_rows!(vnni::q4_0, q4_0_rows)),
-            Q4_1 if v => Some(multi_rows!(vnni::q4_1, q4_1_rows)),
-            Q5_0 if v => Some(multi_rows!(vnni::q5_0, q5_0_rows)),
+            Q8_0 if v => Some(RowDot::Tile(tile::vnni::q8_0)),
+            Q4_0 if v => Some(RowDot::Tile(tile::vnni::q4_0)),
+            Q4_1 if v => Some(RowDot::Tile(tile::vnni::q4_1)),
+            Q5_0 if v => Some(RowDot::Tile(tile::vnni::q5_0)),
             Q4_K if v => Some(multi!(Q8K, vnni::q4_k)),
             Q5_K if v => Some(multi!(Q8K, vnni::q5_k)),
             Q6_K if v => Some(multi!(Q8K, vnni::q6_k)),
             TQ2_0 if v => Some(multi!(Q8K, vnni::tq2_0)),
-            Q8_0 if int => Some(multi_rows!(avx2::q8_0, q8_0_rows)),
-            Q4_0 if int => Some(multi_rows!(avx2::q4_0, q4_0_rows)),
-            Q4_1 if int => Some(multi_rows!(avx2::q4_1, q4_1_rows)),
-            Q5_0 if int => Some(multi_rows!(avx2::q5_0, q5_0_rows)),
+            Q8_0 if int => Some(RowDot::Tile(tile::avx2::q8_0)),
+            Q4_0 if int => Some(RowDot::Tile(tile::avx2::q4_0)),
+            Q4_1 if int => Some(RowDot::Tile(tile::avx2::q4_1)),
+            Q5_0 if int => Some(RowDot::Tile(tile::avx2::q5_0)),
             Q4_K if int => Some(multi!(Q8K, avx2::q4_k)),
             Q5_K if int => Some(multi!(Q8K, avx2::q5_k)),
             Q6_K if int => Some(multi!(Q8K, avx2::q6_k)),
@@ -226,6 +224,13 @@ pub fn matmul(eng: &Engine, w: &TensorView<'_>, x: &[f32], m: usize, y: &mut [f3
                 run_blocks(eng, n, m, y, (data, rb), qx, nb, f)
             })
         }
+        RowDot::Tile(f) => {
+            let nb = k / 32;
+            with_scratch(&Q8_SCRATCH, m * nb, |qx| {
+                quantize_rows(eng, x, k, qx, nb, quantize_q8);
+                run_tiles(eng, n, m, y, (data, rb), qx, nb, f)
+            })
+        }
         RowDot::Q8K(f) => {
             let nb = k / 256;
             with_scratch(&Q8K_SCRATCH, m * nb, |qx| {
@@ -282,6 +287,53 @@ fn run_blocks<B: Sync>(
         .rows
         .map(|g| move |r: usize| unsafe { g(&data[r * rb..(r + 4) * rb], rb, xr(0)) });
     run(eng, n, m, y, one, four, rows)
+}
+
+/// Activation rows per chunk of a tile sweep: 64 rows of a 4096-wide layer's int8 blocks are
+/// about 384 KiB, which stays in L2 while a task's eight-row weight groups pass over it.
+const M_CHUNK: usize = 64;
+
+/// Fills `y` through tile kernel `f` ([`TileFn`]), in parallel over runs of eight-row groups;
+/// each task sweeps the activation rows in chunks of [`M_CHUNK`].
+#[allow(clippy::too_many_arguments)]
+fn run_tiles(
+    eng: &Engine,
+    n: usize,
+    m: usize,
+    y: &mut [f32],
+    (data, rb): (&[u8], usize),
+    qx: &[Q8Block],
+    nb: usize,
+    f: TileFn,
+) {
+    let groups = n.div_ceil(8);
+    let threads = eng.threads.max(1);
+    let per = (groups / (threads * if m == 1 { 16 } else { 8 })).clamp(1, 32);
+    let out = OutPtr(y.as_mut_ptr());
+    eng.split(groups.div_ceil(per), |t| {
+        let (g0, g1) = (t * per, ((t + 1) * per).min(groups));
+        for c0 in (0..m).step_by(M_CHUNK) {
+            let cw = (m - c0).min(M_CHUNK);
+            for g in g0..g1 {
+                let r0 = 8 * g;
+                let rows = (n - r0).min(8);
+                // SAFETY: `select` chose `f` for an available ISA; the slice holds `rows` whole
+                // rows, the chunk `cw` activation rows of `nb` blocks, and the task writes only
+                // elements c·n + r of its own rows r0..r0 + rows (c < m), inside y (m·n values).
+                unsafe {
+                    f(
+                        &data[r0 * rb..(r0 + rows) * rb],
+                        rb,
+                        rows,
+                        &qx[c0 * nb..(c0 + cw) * nb],
+                        cw,
+                        out.ptr().add(c0 * n + r0),
+                        n,
+                    )
+                };
+            }
+        }
+    });
 }
 
 /// Quantizes `m` activation rows of `k` values into `nb` blocks each, in parallel for prefill.

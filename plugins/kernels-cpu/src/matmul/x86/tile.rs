@@ -1,0 +1,467 @@
+//! Tile kernels for the 32-value block formats (Q4_0, Q4_1, Q5_0, Q8_0): eight weight rows
+//! against any number of activation rows, the eight weight rows in the eight i32/f32 lanes.
+//!
+//! Why this shape: dotting one weight row with one activation row leaves a block's integer sum
+//! spread over eight lanes, and scaling it then costs a convert, a multiply and an FMA per row
+//! pair and block. Here each block of eight rows is transposed in registers once (lane `r` of
+//! vector `g` = the four codes of group `g`, values `4g..4g + 4`, of row `r`), the activation's
+//! matching four bytes are broadcast, and `vpdpbusd` (or `vpmaddubsw` + `vpmaddwd` on AVX2)
+//! leaves every row's block sum in its own lane. The float work per block and activation row is
+//! then one convert, one multiply and two FMAs for all eight weight rows, and the transpose is
+//! shared by every activation row of the tile. The block scales of the eight rows come in with
+//! one gather.
+//!
+//! Every output is computed by the same operations in the same order whatever the number of
+//! activation rows, the tile width, or where its row falls in a tile (rows past the end of the
+//! matrix repeat the last row and are not stored), so a row's result never depends on its batch
+//! neighbours: decode, prefill and batched decode agree bit for bit.
+//!
+//! # Safety
+//! Every `unsafe fn` needs the CPU features of its `#[target_feature]` attribute, `w` holding
+//! `rows` (1–8) rows of `stride` bytes of whole blocks, `x` holding `m` rows of
+//! `stride / block_bytes` blocks, and `y` writable at `c·ldy + r` for `c < m`, `r < rows`;
+//! [`crate::matmul`] guarantees all of it.
+
+use super::*;
+
+/// One block of eight weight rows, rows in lanes.
+#[derive(Clone, Copy)]
+struct Block8 {
+    /// Codes of groups 0–7 (four values each): the unsigned operand of the integer dot.
+    q: [__m256i; 8],
+    /// Each row's scale.
+    d: __m256,
+    /// Each row's offset coefficient, multiplied by the activation's sum term (`−8·d` for
+    /// Q4_0, the minimum for Q4_1, `−16·d` for Q5_0; unused for Q8_0).
+    off: __m256,
+}
+
+/// The eight row pointers of a tile of `rows` rows (the last row repeated past `rows`).
+#[inline(always)]
+fn row_pointers(w: &[u8], stride: usize, rows: usize) -> [*const u8; 8] {
+    core::array::from_fn(|r| w.as_ptr().wrapping_add(r.min(rows - 1) * stride))
+}
+
+/// The f16 pairs at `p[r] + o` of the eight rows: (first halves, second halves) as f32, lane
+/// `r` from row `r`. Built from eight scalar loads (`vpgatherdd` was slower here).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn halves(p: &[*const u8; 8], o: usize) -> (__m256, __m256) {
+    // SAFETY: the caller passes rows with four readable bytes at `o`.
+    let v: [i32; 8] =
+        core::array::from_fn(|r| unsafe { (p[r].add(o) as *const i32).read_unaligned() });
+    let g = _mm256_setr_epi32(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+    // Per 128-bit lane: first halves into bytes 0–7, second halves into 8–15.
+    let split = _mm256_setr_epi8(
+        0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7,
+        10, 11, 14, 15,
+    );
+    let v = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(g, split));
+    (
+        _mm256_cvtph_ps(_mm256_castsi256_si128(v)),
+        _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(v)),
+    )
+}
+
+/// The 16 bytes at `p[r] + o` of the eight rows, transposed into four vectors: lane `r` of
+/// vector `j` = bytes `4j..4j + 4` of row `r`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn transpose16(p: &[*const u8; 8], o: usize) -> [__m256i; 4] {
+    // SAFETY: the caller passes rows with 16 readable bytes at `o`.
+    let a: [__m256i; 4] = core::array::from_fn(|r| unsafe {
+        let lo = _mm_loadu_si128(p[r].add(o) as *const __m128i);
+        let hi = _mm_loadu_si128(p[r + 4].add(o) as *const __m128i);
+        _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi)
+    });
+    let t0 = _mm256_unpacklo_epi32(a[0], a[1]);
+    let t1 = _mm256_unpackhi_epi32(a[0], a[1]);
+    let t2 = _mm256_unpacklo_epi32(a[2], a[3]);
+    let t3 = _mm256_unpackhi_epi32(a[2], a[3]);
+    [
+        _mm256_unpacklo_epi64(t0, t2),
+        _mm256_unpackhi_epi64(t0, t2),
+        _mm256_unpacklo_epi64(t1, t3),
+        _mm256_unpackhi_epi64(t1, t3),
+    ]
+}
+
+/// 16 bytes of packed nibbles (byte `j`: value `j` low, value `j + 16` high) of eight rows as
+/// the eight group vectors of codes 0–15.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn nibble_groups(p: &[*const u8; 8], o: usize) -> [__m256i; 8] {
+    // SAFETY: as for `transpose16`.
+    let t = unsafe { transpose16(p, o) };
+    let m4 = _mm256_set1_epi8(0x0f);
+    core::array::from_fn(|g| {
+        if g < 4 {
+            _mm256_and_si256(t[g], m4)
+        } else {
+            _mm256_and_si256(_mm256_srli_epi16::<4>(t[g - 4]), m4)
+        }
+    })
+}
+
+/// Adds Q5_0's fifth bits to `q`: lane `r` of `qh` holds row `r`'s 32 high bits (bit `v` for
+/// value `v`), which become 16 in byte `i` of group `g` where bit `4g + i` is set.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn add_high_bits(q: &mut [__m256i; 8], qh: __m256i) {
+    let base = _mm256_setr_epi8(
+        0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12,
+        12, 12, 12,
+    );
+    let bits = [
+        _mm256_set1_epi32(0x0804_0201),
+        _mm256_set1_epi32(0x8040_2010u32 as i32),
+    ];
+    for (g, v) in q.iter_mut().enumerate() {
+        // Byte g/2 of each row's bits into all four bytes of its lane, then one bit per byte.
+        let spread = _mm256_shuffle_epi8(qh, _mm256_add_epi8(base, _mm256_set1_epi8(g as i8 / 2)));
+        let mask = bits[g % 2];
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask);
+        *v = _mm256_or_si256(*v, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+    }
+}
+
+/// The four activation bytes of group `g` of `b` in every lane.
+#[inline(always)]
+unsafe fn group(b: &Q8Block, g: usize) -> __m256i {
+    // SAFETY: g < 8, so the four bytes lie inside `qs`.
+    unsafe { _mm256_set1_epi32((b.qs.as_ptr() as *const i32).add(g).read_unaligned()) }
+}
+
+/// Prefetches into L1 the share of block `b` of the next eight-row group (`8·bb` bytes a block):
+/// the groups lie back to back from `next`, so spreading the next group's bytes over this
+/// group's blocks keeps the reads one group ahead, whichever task takes that group.
+#[inline(always)]
+fn prefetch_next(next: *const u8, b: usize, bb: usize) {
+    let at = next.wrapping_add(8 * bb * b);
+    for off in (0..8 * bb).step_by(64) {
+        // SAFETY: a prefetch never faults, whatever the address (computed with wrapping
+        // arithmetic, so it may point past the weight without undefined behaviour).
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(off) as *const i8) };
+    }
+}
+
+/// Stores the first `rows` lanes of each tile column `c` at `y + c·ldy`.
+#[inline]
+#[target_feature(enable = "avx")]
+unsafe fn store<const C: usize>(acc: [__m256; C], y: *mut f32, ldy: usize, rows: usize) {
+    for (c, a) in acc.into_iter().enumerate() {
+        // SAFETY: the caller passes `y` writable at `c·ldy + r` for r < rows.
+        unsafe {
+            if rows == 8 {
+                _mm256_storeu_ps(y.add(c * ldy), a);
+            } else {
+                let mut t = [0f32; 8];
+                _mm256_storeu_ps(t.as_mut_ptr(), a);
+                core::ptr::copy_nonoverlapping(t.as_ptr(), y.add(c * ldy), rows);
+            }
+        }
+    }
+}
+
+/// The tile kernels for one ISA: `$dot(acc, u, s)` adds the four-byte dot products of unsigned
+/// `u` and signed `s` to the i32 lanes of `acc`; `$vnni` says whether it is `vpdpbusd` (no
+/// saturation, so Q8_0's signed weights can be offset by 128 instead of sign-swapped).
+macro_rules! tile_kernels {
+    ($feat:literal, $dot:ident, $vnni:literal, $width:literal) => {
+        use super::*;
+
+        /// Activation rows per tile (float accumulators kept in registers).
+        const WIDTH: usize = $width;
+
+        /// `Σ_g dot(q_g, x_g)` for one block, from `init`, in two chains (latency).
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn block_sum(w: &Block8, xb: &Q8Block, init: __m256i) -> __m256i {
+            // SAFETY: groups 0–7 of a 32-byte block.
+            unsafe {
+                let mut s = [init, _mm256_setzero_si256()];
+                for g in 0..8 {
+                    s[g % 2] = $dot(s[g % 2], w.q[g], group(xb, g));
+                }
+                _mm256_add_epi32(s[0], s[1])
+            }
+        }
+
+        /// Q8_0's block sum: the weights are signed, so either offset by 128 (`vpdpbusd`, the
+        /// 128·Σx taken back exactly in the integer start value) or sign-swapped onto the
+        /// activations (`vpmaddubsw` would saturate on 255·127 pairs).
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn block_sum_signed(w: &Block8, xb: &Q8Block) -> __m256i {
+            // SAFETY: groups 0–7 of a 32-byte block.
+            unsafe {
+                if $vnni {
+                    let flip = _mm256_set1_epi8(-128);
+                    let mut s = [_mm256_set1_epi32(-128 * xb.sum), _mm256_setzero_si256()];
+                    for g in 0..8 {
+                        let u = _mm256_xor_si256(w.q[g], flip);
+                        s[g % 2] = $dot(s[g % 2], u, group(xb, g));
+                    }
+                    _mm256_add_epi32(s[0], s[1])
+                } else {
+                    let mut s = [_mm256_setzero_si256(); 2];
+                    for g in 0..8 {
+                        let u = _mm256_sign_epi8(w.q[g], w.q[g]);
+                        let x = _mm256_sign_epi8(group(xb, g), w.q[g]);
+                        s[g % 2] = $dot(s[g % 2], u, x);
+                    }
+                    _mm256_add_epi32(s[0], s[1])
+                }
+            }
+        }
+
+        /// `C` activation rows (`x` from row 0 of the tile, `nb` blocks each) against the
+        /// eight weight rows whose block `b` is `load(b)`: per row pair and block,
+        /// `acc ← fma(f32(Σq·x), d·d_x, acc)`, then `acc ← fma(off, sum_x, acc)` when the
+        /// format has an offset term.
+        #[inline(always)]
+        unsafe fn tile<const C: usize>(
+            (nb, bb, next): (usize, usize, *const u8),
+            x: *const Q8Block,
+            load: impl Fn(usize) -> Block8,
+            signed: bool,
+            off_sum: Option<fn(&Q8Block) -> f32>,
+        ) -> [__m256; C] {
+            // SAFETY: see the module docs; `x` holds C rows of `nb` blocks.
+            unsafe {
+                let mut acc = [_mm256_setzero_ps(); C];
+                for b in 0..nb {
+                    prefetch_next(next, b, bb);
+                    let w = load(b);
+                    for (c, a) in acc.iter_mut().enumerate() {
+                        let xb = &*x.add(c * nb + b);
+                        let s = if signed {
+                            block_sum_signed(&w, xb)
+                        } else {
+                            block_sum(&w, xb, _mm256_setzero_si256())
+                        };
+                        let dd = _mm256_mul_ps(w.d, _mm256_set1_ps(xb.d));
+                        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dd, *a);
+                        if let Some(o) = off_sum {
+                            *a = _mm256_fmadd_ps(w.off, _mm256_set1_ps(o(xb)), *a);
+                        }
+                    }
+                }
+                acc
+            }
+        }
+
+        /// Every activation row through [`tile`], `WIDTH` at a time (the last tile narrower).
+        #[inline(always)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn sweep(
+            (w, stride, bb): (&[u8], usize, usize),
+            rows: usize,
+            x: &[Q8Block],
+            m: usize,
+            y: *mut f32,
+            ldy: usize,
+            load: impl Fn(usize) -> Block8 + Copy,
+            signed: bool,
+            off_sum: Option<fn(&Q8Block) -> f32>,
+        ) {
+            let nb = stride / bb;
+            let next = w.as_ptr().wrapping_add(8 * stride);
+            // SAFETY: see the module docs.
+            unsafe {
+                let mut c0 = 0;
+                while c0 < m {
+                    let cw = (m - c0).min(WIDTH);
+                    let (xc, yc) = (x.as_ptr().add(c0 * nb), y.add(c0 * ldy));
+                    macro_rules! go {
+                        ($c:literal) => {
+                            store(
+                                tile::<$c>((nb, bb, next), xc, load, signed, off_sum),
+                                yc,
+                                ldy,
+                                rows,
+                            )
+                        };
+                    }
+                    match cw {
+                        1 => go!(1),
+                        2 => go!(2),
+                        3 => go!(3),
+                        4 => go!(4),
+                        5 if WIDTH > 4 => go!(5),
+                        6 if WIDTH > 4 => go!(6),
+                        7 if WIDTH > 4 => go!(7),
+                        8 if WIDTH > 4 => go!(8),
+                        _ => unreachable!("tile width {cw} > {WIDTH}"),
+                    }
+                    c0 += cw;
+                }
+            }
+        }
+
+        /// Q4_0 (18-byte blocks: f16 d, 16 bytes of nibbles; value = d·(q − 8)).
+        #[target_feature(enable = $feat)]
+        pub unsafe fn q4_0(
+            w: &[u8],
+            stride: usize,
+            rows: usize,
+            x: &[Q8Block],
+            m: usize,
+            y: *mut f32,
+            ldy: usize,
+        ) {
+            let p = row_pointers(w, stride, rows);
+            let load = |b: usize| {
+                // SAFETY: block b of each row: d at 0, nibbles at 2..18.
+                unsafe {
+                    let (d, _) = halves(&p, 18 * b);
+                    let off = _mm256_mul_ps(d, _mm256_set1_ps(-8.0));
+                    Block8 {
+                        q: nibble_groups(&p, 18 * b + 2),
+                        d,
+                        off,
+                    }
+                }
+            };
+            // SAFETY: see the module docs.
+            unsafe {
+                sweep(
+                    (w, stride, 18),
+                    rows,
+                    x,
+                    m,
+                    y,
+                    ldy,
+                    load,
+                    false,
+                    Some(|b| b.s),
+                )
+            }
+        }
+
+        /// Q4_1 (20-byte blocks: f16 d, f16 m, 16 bytes of nibbles; value = d·q + m).
+        #[target_feature(enable = $feat)]
+        pub unsafe fn q4_1(
+            w: &[u8],
+            stride: usize,
+            rows: usize,
+            x: &[Q8Block],
+            m: usize,
+            y: *mut f32,
+            ldy: usize,
+        ) {
+            let p = row_pointers(w, stride, rows);
+            let load = |b: usize| {
+                // SAFETY: block b of each row: d at 0, m at 2, nibbles at 4..20.
+                unsafe {
+                    let (d, off) = halves(&p, 20 * b);
+                    Block8 {
+                        q: nibble_groups(&p, 20 * b + 4),
+                        d,
+                        off,
+                    }
+                }
+            };
+            // SAFETY: see the module docs.
+            unsafe {
+                sweep(
+                    (w, stride, 20),
+                    rows,
+                    x,
+                    m,
+                    y,
+                    ldy,
+                    load,
+                    false,
+                    Some(|b| b.s1),
+                )
+            }
+        }
+
+        /// Q5_0 (22-byte blocks: f16 d, 32 fifth bits, 16 bytes of nibbles; value =
+        /// d·(q − 16)).
+        #[target_feature(enable = $feat)]
+        pub unsafe fn q5_0(
+            w: &[u8],
+            stride: usize,
+            rows: usize,
+            x: &[Q8Block],
+            m: usize,
+            y: *mut f32,
+            ldy: usize,
+        ) {
+            let p = row_pointers(w, stride, rows);
+            let load = |b: usize| {
+                // SAFETY: block b of each row: d at 0, qh at 2..6, nibbles at 6..22.
+                unsafe {
+                    let (d, _) = halves(&p, 22 * b);
+                    let qh: [i32; 8] = core::array::from_fn(|r| {
+                        (p[r].add(22 * b + 2) as *const i32).read_unaligned()
+                    });
+                    let qh = _mm256_loadu_si256(qh.as_ptr() as *const __m256i);
+                    let mut q = nibble_groups(&p, 22 * b + 6);
+                    add_high_bits(&mut q, qh);
+                    let off = _mm256_mul_ps(d, _mm256_set1_ps(-16.0));
+                    Block8 { q, d, off }
+                }
+            };
+            // SAFETY: see the module docs.
+            unsafe {
+                sweep(
+                    (w, stride, 22),
+                    rows,
+                    x,
+                    m,
+                    y,
+                    ldy,
+                    load,
+                    false,
+                    Some(|b| b.s),
+                )
+            }
+        }
+
+        /// Q8_0 (34-byte blocks: f16 d, 32 signed bytes; value = d·q).
+        #[target_feature(enable = $feat)]
+        pub unsafe fn q8_0(
+            w: &[u8],
+            stride: usize,
+            rows: usize,
+            x: &[Q8Block],
+            m: usize,
+            y: *mut f32,
+            ldy: usize,
+        ) {
+            let p = row_pointers(w, stride, rows);
+            let load = |b: usize| {
+                // SAFETY: block b of each row: d at 0, codes at 2..34.
+                unsafe {
+                    let (d, _) = halves(&p, 34 * b);
+                    let lo = transpose16(&p, 34 * b + 2);
+                    let hi = transpose16(&p, 34 * b + 18);
+                    let q = core::array::from_fn(|g| if g < 4 { lo[g] } else { hi[g - 4] });
+                    Block8 { q, d, off: d }
+                }
+            };
+            // SAFETY: see the module docs.
+            unsafe { sweep((w, stride, 34), rows, x, m, y, ldy, load, true, None) }
+        }
+    };
+}
+
+/// AVX2 tile kernels (`vpmaddubsw` + `vpmaddwd`; 16 vector registers, so four activation rows
+/// per tile).
+pub mod avx2 {
+    tile_kernels!("avx2,fma,f16c", dot_avx2, false, 4);
+}
+
+/// AVX-512 VNNI tile kernels (`vpdpbusd` on 256-bit vectors; 32 vector registers, so eight
+/// activation rows per tile).
+pub mod vnni {
+    tile_kernels!(
+        "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+        dot_vnni,
+        true,
+        8
+    );
+}
