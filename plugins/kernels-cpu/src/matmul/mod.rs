@@ -20,7 +20,6 @@ pub mod x86;
 use crate::act::{Q8Block, Q8KBlock, quantize_q8, quantize_q8k};
 use crate::engine::Engine;
 use crate::isa::Isa;
-use rayon::prelude::*;
 use std::cell::RefCell;
 use u_sdk::{DType, Result, TensorView, UError};
 
@@ -336,7 +335,8 @@ fn run_tiles(
     });
 }
 
-/// Quantizes `m` activation rows of `k` values into `nb` blocks each, in parallel for prefill.
+/// Quantizes `m` activation rows of `k` values into `nb` blocks each, split over the team for
+/// prefill.
 fn quantize_rows<B: Send>(
     eng: &Engine,
     x: &[f32],
@@ -345,28 +345,37 @@ fn quantize_rows<B: Send>(
     nb: usize,
     q: fn(&[f32], &mut [B]),
 ) {
-    if x.len() <= k {
+    let m = x.len() / k;
+    if m <= 1 {
         q(x, qx);
-    } else {
-        eng.pool.install(|| {
-            qx.par_chunks_mut(nb)
-                .zip(x.par_chunks(k))
-                .for_each(|(o, xr)| q(xr, o))
-        });
+        return;
     }
+    let per = m.div_ceil(4 * eng.threads.max(1));
+    let out = OutPtr(qx.as_mut_ptr());
+    eng.split(m.div_ceil(per), |t| {
+        let (i0, i1) = (t * per, ((t + 1) * per).min(m));
+        // SAFETY: tasks cover disjoint row ranges i0..i1 of `qx` (m·nb blocks).
+        let o = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(i0 * nb), (i1 - i0) * nb) };
+        q(&x[i0 * k..i1 * k], o);
+    });
 }
 
-/// A pointer to the output that tasks share; each task writes only its own weight rows' columns.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint elements (distinct weight rows r), see `run`.
-unsafe impl Send for OutPtr {}
+/// A pointer to an output that tasks share; each task writes only its own elements.
+struct OutPtr<T>(*mut T);
+impl<T> Clone for OutPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for OutPtr<T> {}
+// SAFETY: tasks write disjoint elements (see each use).
+unsafe impl<T: Send> Send for OutPtr<T> {}
 // SAFETY: as above.
-unsafe impl Sync for OutPtr {}
+unsafe impl<T: Send> Sync for OutPtr<T> {}
 
-impl OutPtr {
+impl<T> OutPtr<T> {
     /// The pointer (a method, so closures capture the whole `Sync` wrapper, not the field).
-    fn ptr(self) -> *mut f32 {
+    fn ptr(self) -> *mut T {
         self.0
     }
 }
