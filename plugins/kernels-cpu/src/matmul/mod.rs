@@ -41,10 +41,11 @@ pub struct Multi<B: 'static> {
     pub rows: Option<RowsFn<B>>,
 }
 
-/// A tile kernel: `w` holds `rows` (1–8) weight rows of `stride` bytes; for each of the `m`
-/// activation rows `x[c·nb..(c + 1)·nb]` it writes `y[c·ldy + r]`, r < rows. A row's result does
-/// not depend on `rows`, `m` or the other rows.
-pub type TileFn = unsafe fn(&[u8], usize, usize, &[Q8Block], usize, *mut f32, usize);
+/// A tile kernel: `w` holds `rows` (1 to the kernel's tile height) weight rows of `stride`
+/// bytes; for each of the `m` activation rows `x[c·len..(c + 1)·len]` (`len` blocks or values
+/// per row) it writes `y[c·ldy + r]`, r < rows. A row's result does not depend on `rows`, `m` or
+/// the other rows.
+pub type TileFn<X> = unsafe fn(&[u8], usize, usize, &[X], usize, *mut f32, usize);
 
 /// A dot product of one stored weight row with activation rows.
 #[derive(Clone, Copy, Debug)]
@@ -56,7 +57,9 @@ pub enum RowDot {
     /// 256-value blocks against [`Q8KBlock`] activations.
     Q8K(Multi<Q8KBlock>),
     /// Eight weight rows against any number of [`Q8Block`] activation rows ([`TileFn`]).
-    Tile(TileFn),
+    Tile(TileFn<Q8Block>),
+    /// Four float weight rows against any number of f32 activation rows ([`TileFn`]).
+    FloatTile(TileFn<f32>),
     /// Any other dtype: each row is dequantized (with [`u_sdk::quant`]) into a scratch row and
     /// dotted in f32. Correct but not fast; for formats without a dedicated kernel.
     Dequant,
@@ -73,18 +76,17 @@ pub fn select(isa: Isa, dtype: DType) -> RowDot {
     use DType::*;
     #[cfg(target_arch = "x86_64")]
     {
-        use x86::tile;
-        use x86::{avx2, avx512, vnni};
+        use x86::{avx2, float, tile, vnni};
         let int = matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni);
         let wide = matches!(isa, Isa::Avx512 | Isa::Avx512Vnni);
         let v = isa == Isa::Avx512Vnni;
         let k = match dtype {
-            F32 if wide => Some(RowDot::Float(avx512::f32_row)),
-            F16 if wide => Some(RowDot::Float(avx512::f16_row)),
-            BF16 if wide => Some(RowDot::Float(avx512::bf16_row)),
-            F32 if int => Some(RowDot::Float(avx2::f32_row)),
-            F16 if int => Some(RowDot::Float(avx2::f16_row)),
-            BF16 if int => Some(RowDot::Float(avx2::bf16_row)),
+            F32 if wide => Some(RowDot::FloatTile(float::avx512::f32)),
+            F16 if wide => Some(RowDot::FloatTile(float::avx512::f16)),
+            BF16 if wide => Some(RowDot::FloatTile(float::avx512::bf16)),
+            F32 if int => Some(RowDot::FloatTile(float::avx2::f32)),
+            F16 if int => Some(RowDot::FloatTile(float::avx2::f16)),
+            BF16 if int => Some(RowDot::FloatTile(float::avx2::bf16)),
             Q8_0 if v => Some(RowDot::Tile(tile::vnni::q8_0)),
             Q4_0 if v => Some(RowDot::Tile(tile::vnni::q4_0)),
             Q4_1 if v => Some(RowDot::Tile(tile::vnni::q4_1)),
@@ -227,9 +229,10 @@ pub fn matmul(eng: &Engine, w: &TensorView<'_>, x: &[f32], m: usize, y: &mut [f3
             let nb = k / 32;
             with_scratch(&Q8_SCRATCH, m * nb, |qx| {
                 quantize_rows(eng, x, k, qx, nb, quantize_q8);
-                run_tiles(eng, n, m, y, (data, rb), qx, nb, f)
+                run_tiles(eng, (n, 8), m, y, (data, rb), qx, nb, f)
             })
         }
+        RowDot::FloatTile(f) => run_tiles(eng, (n, 4), m, y, (data, rb), x, k, f),
         RowDot::Q8K(f) => {
             let nb = k / 256;
             with_scratch(&Q8K_SCRATCH, m * nb, |qx| {
@@ -292,39 +295,40 @@ fn run_blocks<B: Sync>(
 /// about 384 KiB, which stays in L2 while a task's eight-row weight groups pass over it.
 const M_CHUNK: usize = 64;
 
-/// Fills `y` through tile kernel `f` ([`TileFn`]), in parallel over runs of eight-row groups;
-/// each task sweeps the activation rows in chunks of [`M_CHUNK`].
+/// Fills `y` through tile kernel `f` ([`TileFn`]) of height `h`, in parallel over runs of
+/// `h`-row groups; each task sweeps the activation rows (`len` elements each) in chunks of
+/// [`M_CHUNK`].
 #[allow(clippy::too_many_arguments)]
-fn run_tiles(
+fn run_tiles<X: Sync>(
     eng: &Engine,
-    n: usize,
+    (n, h): (usize, usize),
     m: usize,
     y: &mut [f32],
     (data, rb): (&[u8], usize),
-    qx: &[Q8Block],
-    nb: usize,
-    f: TileFn,
+    x: &[X],
+    len: usize,
+    f: TileFn<X>,
 ) {
-    let groups = n.div_ceil(8);
+    let groups = n.div_ceil(h);
     let threads = eng.threads.max(1);
-    let per = (groups / (threads * if m == 1 { 16 } else { 8 })).clamp(1, 32);
+    let per = (groups / (threads * if m == 1 { 16 } else { 8 })).clamp(1, 256 / h);
     let out = OutPtr(y.as_mut_ptr());
     eng.split(groups.div_ceil(per), |t| {
         let (g0, g1) = (t * per, ((t + 1) * per).min(groups));
         for c0 in (0..m).step_by(M_CHUNK) {
             let cw = (m - c0).min(M_CHUNK);
             for g in g0..g1 {
-                let r0 = 8 * g;
-                let rows = (n - r0).min(8);
+                let r0 = h * g;
+                let rows = (n - r0).min(h);
                 // SAFETY: `select` chose `f` for an available ISA; the slice holds `rows` whole
-                // rows, the chunk `cw` activation rows of `nb` blocks, and the task writes only
-                // elements c·n + r of its own rows r0..r0 + rows (c < m), inside y (m·n values).
+                // rows, the chunk `cw` activation rows of `len` elements, and the task writes
+                // only elements c·n + r of its own rows r0..r0 + rows (c < m), inside y (m·n).
                 unsafe {
                     f(
                         &data[r0 * rb..(r0 + rows) * rb],
                         rb,
                         rows,
-                        &qx[c0 * nb..(c0 + cw) * nb],
+                        &x[c0 * len..(c0 + cw) * len],
                         cw,
                         out.ptr().add(c0 * n + r0),
                         n,

@@ -1,5 +1,5 @@
 //! x86-64 dot-product kernels: AVX2 (`vpmaddubsw` + `vpmaddwd`), AVX-512 VNNI (`vpdpbusd` on
-//! 256-bit vectors through AVX-512 VL) and 512-bit float kernels.
+//! 256-bit vectors through AVX-512 VL), and float tiles ([`float`]).
 //!
 //! The 32-value block formats (Q4_0, Q4_1, Q5_0, Q8_0) run as eight-row tiles ([`tile`]). The
 //! 256-value formats are written once (`int_kernels!`) and stamped out per ISA with a different
@@ -17,6 +17,7 @@ use crate::act::{Q8Block, Q8KBlock};
 use crate::matmul::scalar::{self, half_to_f32, k_min_sum, k_scale_min};
 use core::arch::x86_64::*;
 
+pub mod float;
 pub mod tile;
 
 /// The f16 at `p` as f32, converted in general-purpose registers ([`half_to_f32`]). F16C is
@@ -290,90 +291,6 @@ macro_rules! int_kernels {
 /// AVX2 + FMA + F16C integer kernels.
 pub mod avx2 {
     int_kernels!("avx2,fma,f16c", dot_avx2, dots_avx2, scales_avx2);
-
-    /// f32 weights.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn f32_row(w: &[u8], x: &[f32]) -> f32 {
-        // SAFETY: `w` holds `x.len()` f32 values; loads stay below `x.len()`.
-        unsafe {
-            float_row(
-                w,
-                x,
-                4,
-                |p| _mm256_loadu_ps(p as *const f32),
-                scalar::f32_row,
-            )
-        }
-    }
-
-    /// f16 weights.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn f16_row(w: &[u8], x: &[f32]) -> f32 {
-        // SAFETY: as `f32_row`, two bytes per value.
-        unsafe {
-            float_row(
-                w,
-                x,
-                2,
-                |p| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
-                scalar::f16_row,
-            )
-        }
-    }
-
-    /// bf16 weights.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn bf16_row(w: &[u8], x: &[f32]) -> f32 {
-        // SAFETY: as `f32_row`, two bytes per value.
-        unsafe {
-            float_row(
-                w,
-                x,
-                2,
-                |p| {
-                    let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
-                    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h))
-                },
-                scalar::bf16_row,
-            )
-        }
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn float_row(
-        w: &[u8],
-        x: &[f32],
-        esize: usize,
-        ld: impl Fn(*const u8) -> __m256,
-        tail: fn(&[u8], &[f32]) -> f32,
-    ) -> f32 {
-        // SAFETY: `w.len() == x.len() · esize`; vector loads only for full groups of 8.
-        unsafe {
-            let k = x.len();
-            let wp = w.as_ptr();
-            let xp = x.as_ptr();
-            let mut a = [_mm256_setzero_ps(); 4];
-            let mut i = 0;
-            while i + 32 <= k {
-                for (u, acc) in a.iter_mut().enumerate() {
-                    let o = i + 8 * u;
-                    *acc = _mm256_fmadd_ps(ld(wp.add(o * esize)), _mm256_loadu_ps(xp.add(o)), *acc);
-                }
-                i += 32;
-            }
-            while i + 8 <= k {
-                a[0] = _mm256_fmadd_ps(ld(wp.add(i * esize)), _mm256_loadu_ps(xp.add(i)), a[0]);
-                i += 8;
-            }
-            let mut s = hsum_ps(_mm256_add_ps(
-                _mm256_add_ps(a[0], a[1]),
-                _mm256_add_ps(a[2], a[3]),
-            ));
-            s += tail(&w[i * esize..], &x[i..]);
-            s
-        }
-    }
 }
 
 /// AVX-512 VNNI integer kernels (256-bit `vpdpbusd` via AVX-512 VL).
@@ -384,89 +301,4 @@ pub mod vnni {
         dots_vnni,
         scales_vnni
     );
-}
-
-/// 512-bit float kernels.
-pub mod avx512 {
-    use super::*;
-
-    /// f32 weights.
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-    pub unsafe fn f32_row(w: &[u8], x: &[f32]) -> f32 {
-        // SAFETY: `w` holds `x.len()` f32 values.
-        unsafe {
-            float_row(
-                w,
-                x,
-                4,
-                |p| _mm512_loadu_ps(p as *const f32),
-                scalar::f32_row,
-            )
-        }
-    }
-
-    /// f16 weights.
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-    pub unsafe fn f16_row(w: &[u8], x: &[f32]) -> f32 {
-        // SAFETY: as `f32_row`, two bytes per value.
-        unsafe {
-            float_row(
-                w,
-                x,
-                2,
-                |p| _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)),
-                scalar::f16_row,
-            )
-        }
-    }
-
-    /// bf16 weights.
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-    pub unsafe fn bf16_row(w: &[u8], x: &[f32]) -> f32 {
-        // SAFETY: as `f32_row`, two bytes per value.
-        unsafe {
-            float_row(
-                w,
-                x,
-                2,
-                |p| {
-                    let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i));
-                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h))
-                },
-                scalar::bf16_row,
-            )
-        }
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-    unsafe fn float_row(
-        w: &[u8],
-        x: &[f32],
-        esize: usize,
-        ld: impl Fn(*const u8) -> __m512,
-        tail: fn(&[u8], &[f32]) -> f32,
-    ) -> f32 {
-        // SAFETY: `w.len() == x.len() · esize`; vector loads only for full groups of 16.
-        unsafe {
-            let k = x.len();
-            let wp = w.as_ptr();
-            let xp = x.as_ptr();
-            let mut a = [_mm512_setzero_ps(); 4];
-            let mut i = 0;
-            while i + 64 <= k {
-                for (u, acc) in a.iter_mut().enumerate() {
-                    let o = i + 16 * u;
-                    *acc = _mm512_fmadd_ps(ld(wp.add(o * esize)), _mm512_loadu_ps(xp.add(o)), *acc);
-                }
-                i += 64;
-            }
-            while i + 16 <= k {
-                a[0] = _mm512_fmadd_ps(ld(wp.add(i * esize)), _mm512_loadu_ps(xp.add(i)), a[0]);
-                i += 16;
-            }
-            let s = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
-            _mm512_reduce_add_ps(s) + tail(&w[i * esize..], &x[i..])
-        }
-    }
 }

@@ -1,0 +1,203 @@
+//! Tile kernels for float weights (f32, f16, bf16) against f32 activations: four weight rows
+//! against up to four (AVX-512) or two (AVX2) activation rows, one vector accumulator per pair,
+//! lanes along `k`.
+//!
+//! Why: a one-row dot product loads a weight vector and an activation vector for every FMA; in
+//! a 4 × 4 tile each loaded (and converted) weight vector serves four activation rows and each
+//! activation vector four weight rows, so prefill runs on FMAs instead of loads and f16
+//! conversions. Decode (one activation row) runs the same kernel with four independent
+//! accumulator chains.
+//!
+//! Every output is one accumulator over `k` in vector steps, reduced, plus the scalar tail of
+//! the last `k mod lanes` values, whatever the tile shape, so a row's result never depends on
+//! its batch neighbours.
+//!
+//! # Safety
+//! As for [`super::tile`]: the features of the `#[target_feature]` attribute, `w` holding
+//! `rows` (1–4) rows of `stride` bytes (`k` values each), `x` holding `m` rows of `k` values,
+//! `y` writable at `c·ldy + r` for `c < m`, `r < rows`.
+
+use super::*;
+
+/// The kernels for one vector width: `$v` the vector type, `$lanes` its f32 lanes, `$width`
+/// activation rows per tile, `$fma`/`$loadx`/`$zero` its FMA, f32 load and zero, `$sum` its
+/// horizontal sum.
+macro_rules! float_tiles {
+    ($feat:literal, $v:ty, $lanes:literal, $width:literal, $fma:ident, $loadx:ident, $zero:ident,
+     $sum:expr, $f16:expr, $bf16:expr) => {
+        use super::*;
+
+        /// `C` activation rows from `x` (row stride `k`) against four weight rows `p` (the
+        /// last one repeated past `rows`), each loaded by `ld`; stores the `rows × C` results.
+        #[inline(always)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn tile<const C: usize>(
+            p: &[*const u8; 4],
+            esize: usize,
+            k: usize,
+            x: *const f32,
+            y: *mut f32,
+            ldy: usize,
+            rows: usize,
+            ld: impl Fn(*const u8) -> $v,
+            tail: fn(&[u8], &[f32]) -> f32,
+        ) {
+            // SAFETY: see the module docs; vector loads only for whole groups of `$lanes`.
+            unsafe {
+                let mut acc = [[$zero(); C]; 4];
+                let mut i = 0;
+                while i + $lanes <= k {
+                    let w: [$v; 4] = core::array::from_fn(|r| ld(p[r].add(i * esize)));
+                    for c in 0..C {
+                        let xv = $loadx(x.add(c * k + i));
+                        for r in 0..4 {
+                            acc[r][c] = $fma(w[r], xv, acc[r][c]);
+                        }
+                    }
+                    i += $lanes;
+                }
+                for r in 0..rows {
+                    let wt = core::slice::from_raw_parts(p[r].add(i * esize), (k - i) * esize);
+                    for c in 0..C {
+                        let xt = core::slice::from_raw_parts(x.add(c * k + i), k - i);
+                        *y.add(c * ldy + r) = $sum(acc[r][c]) + tail(wt, xt);
+                    }
+                }
+            }
+        }
+
+        /// Every activation row through [`tile`], `$width` at a time.
+        #[inline(always)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn sweep(
+            (w, stride, esize): (&[u8], usize, usize),
+            rows: usize,
+            x: &[f32],
+            m: usize,
+            y: *mut f32,
+            ldy: usize,
+            ld: impl Fn(*const u8) -> $v + Copy,
+            tail: fn(&[u8], &[f32]) -> f32,
+        ) {
+            let k = stride / esize;
+            let p: [*const u8; 4] =
+                core::array::from_fn(|r| w.as_ptr().wrapping_add(r.min(rows - 1) * stride));
+            // SAFETY: see the module docs.
+            unsafe {
+                let mut c0 = 0;
+                while c0 < m {
+                    let cw = (m - c0).min($width);
+                    let (xc, yc) = (x.as_ptr().add(c0 * k), y.add(c0 * ldy));
+                    macro_rules! go {
+                        ($c:literal) => {
+                            tile::<$c>(&p, esize, k, xc, yc, ldy, rows, ld, tail)
+                        };
+                    }
+                    match cw {
+                        1 => go!(1),
+                        2 => go!(2),
+                        3 if $width > 2 => go!(3),
+                        4 if $width > 2 => go!(4),
+                        _ => unreachable!("tile width {cw} > {}", $width),
+                    }
+                    c0 += cw;
+                }
+            }
+        }
+
+        /// f32 weights.
+        #[target_feature(enable = $feat)]
+        pub unsafe fn f32(
+            w: &[u8],
+            stride: usize,
+            rows: usize,
+            x: &[f32],
+            m: usize,
+            y: *mut f32,
+            ldy: usize,
+        ) {
+            let ld = |p: *const u8| {
+                // SAFETY: `$lanes` f32 values inside the row.
+                unsafe { $loadx(p as *const f32) }
+            };
+            // SAFETY: see the module docs.
+            unsafe { sweep((w, stride, 4), rows, x, m, y, ldy, ld, scalar::f32_row) }
+        }
+
+        /// f16 weights.
+        #[target_feature(enable = $feat)]
+        pub unsafe fn f16(
+            w: &[u8],
+            stride: usize,
+            rows: usize,
+            x: &[f32],
+            m: usize,
+            y: *mut f32,
+            ldy: usize,
+        ) {
+            let ld = |p: *const u8| {
+                // SAFETY: `$lanes` f16 values inside the row.
+                unsafe { $f16(p) }
+            };
+            // SAFETY: see the module docs.
+            unsafe { sweep((w, stride, 2), rows, x, m, y, ldy, ld, scalar::f16_row) }
+        }
+
+        /// bf16 weights.
+        #[target_feature(enable = $feat)]
+        pub unsafe fn bf16(
+            w: &[u8],
+            stride: usize,
+            rows: usize,
+            x: &[f32],
+            m: usize,
+            y: *mut f32,
+            ldy: usize,
+        ) {
+            let ld = |p: *const u8| {
+                // SAFETY: `$lanes` bf16 values inside the row.
+                unsafe { $bf16(p) }
+            };
+            // SAFETY: see the module docs.
+            unsafe { sweep((w, stride, 2), rows, x, m, y, ldy, ld, scalar::bf16_row) }
+        }
+    };
+}
+
+/// AVX2 float tiles (eight lanes; 4 × 2 accumulators fit the 16 vector registers).
+pub mod avx2 {
+    float_tiles!(
+        "avx2,fma,f16c",
+        __m256,
+        8,
+        2,
+        _mm256_fmadd_ps,
+        _mm256_loadu_ps,
+        _mm256_setzero_ps,
+        hsum_ps,
+        |p: *const u8| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+        |p: *const u8| {
+            let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h))
+        }
+    );
+}
+
+/// AVX-512 float tiles (sixteen lanes; 4 × 4 accumulators of the 32 vector registers).
+pub mod avx512 {
+    float_tiles!(
+        "avx2,fma,f16c,avx512f,avx512bw,avx512vl",
+        __m512,
+        16,
+        4,
+        _mm512_fmadd_ps,
+        _mm512_loadu_ps,
+        _mm512_setzero_ps,
+        _mm512_reduce_add_ps,
+        |p: *const u8| _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)),
+        |p: *const u8| {
+            let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h))
+        }
+    );
+}
