@@ -58,6 +58,8 @@ pub enum RowDot {
     Q8K(Multi<Q8KBlock>),
     /// Eight weight rows against any number of [`Q8Block`] activation rows ([`TileFn`]).
     Tile(TileFn<Q8Block>),
+    /// Eight weight rows against any number of [`Q8KBlock`] activation rows ([`TileFn`]).
+    TileK(TileFn<Q8KBlock>),
     /// Four float weight rows against any number of f32 activation rows ([`TileFn`]).
     FloatTile(TileFn<f32>),
     /// Any other dtype: each row is dequantized (with [`u_sdk::quant`]) into a scratch row and
@@ -91,17 +93,17 @@ pub fn select(isa: Isa, dtype: DType) -> RowDot {
             Q4_0 if v => Some(RowDot::Tile(tile::vnni::q4_0)),
             Q4_1 if v => Some(RowDot::Tile(tile::vnni::q4_1)),
             Q5_0 if v => Some(RowDot::Tile(tile::vnni::q5_0)),
-            Q4_K if v => Some(multi!(Q8K, vnni::q4_k)),
+            Q4_K if v => Some(RowDot::TileK(tile::vnni::q4_k)),
             Q5_K if v => Some(multi!(Q8K, vnni::q5_k)),
-            Q6_K if v => Some(multi!(Q8K, vnni::q6_k)),
+            Q6_K if v => Some(RowDot::TileK(tile::vnni::q6_k)),
             TQ2_0 if v => Some(multi!(Q8K, vnni::tq2_0)),
             Q8_0 if int => Some(RowDot::Tile(tile::avx2::q8_0)),
             Q4_0 if int => Some(RowDot::Tile(tile::avx2::q4_0)),
             Q4_1 if int => Some(RowDot::Tile(tile::avx2::q4_1)),
             Q5_0 if int => Some(RowDot::Tile(tile::avx2::q5_0)),
-            Q4_K if int => Some(multi!(Q8K, avx2::q4_k)),
+            Q4_K if int => Some(RowDot::TileK(tile::avx2::q4_k)),
             Q5_K if int => Some(multi!(Q8K, avx2::q5_k)),
-            Q6_K if int => Some(multi!(Q8K, avx2::q6_k)),
+            Q6_K if int => Some(RowDot::TileK(tile::avx2::q6_k)),
             TQ2_0 if int => Some(multi!(Q8K, avx2::tq2_0)),
             _ => None,
         };
@@ -232,6 +234,13 @@ pub fn matmul(eng: &Engine, w: &TensorView<'_>, x: &[f32], m: usize, y: &mut [f3
                 run_tiles(eng, (n, 8), m, y, (data, rb), qx, nb, f)
             })
         }
+        RowDot::TileK(f) => {
+            let nb = k / 256;
+            with_scratch(&Q8K_SCRATCH, m * nb, |qx| {
+                quantize_rows(eng, x, k, qx, nb, quantize_q8k);
+                run_tiles(eng, (n, 8), m, y, (data, rb), qx, nb, f)
+            })
+        }
         RowDot::FloatTile(f) => run_tiles(eng, (n, 4), m, y, (data, rb), x, k, f),
         RowDot::Q8K(f) => {
             let nb = k / 256;
@@ -293,7 +302,7 @@ fn run_blocks<B: Sync>(
 
 /// Activation rows per chunk of a tile sweep: 64 rows of a 4096-wide layer's int8 blocks are
 /// about 384 KiB, which stays in L2 while a task's eight-row weight groups pass over it.
-const M_CHUNK: usize = 64;
+pub(crate) const M_CHUNK: usize = 64;
 
 /// Fills `y` through tile kernel `f` ([`TileFn`]) of height `h`, in parallel over runs of
 /// `h`-row groups; each task sweeps the activation rows (`len` elements each) in chunks of

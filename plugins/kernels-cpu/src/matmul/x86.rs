@@ -1,11 +1,10 @@
 //! x86-64 dot-product kernels: AVX2 (`vpmaddubsw` + `vpmaddwd`), AVX-512 VNNI (`vpdpbusd` on
 //! 256-bit vectors through AVX-512 VL), and float tiles ([`float`]).
 //!
-//! The 32-value block formats (Q4_0, Q4_1, Q5_0, Q8_0) run as eight-row tiles ([`tile`]). The
-//! 256-value formats are written once (`int_kernels!`) and stamped out per ISA with a different
-//! `u8 × i8 → i32` primitive: unsigned weight codes (k-quants, TQ2_0) go straight into the
-//! unsigned operand; offsets (`q − 32`, …) and minimums are applied afterwards with the
-//! activation sums, as the scalar reference does.
+//! Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K run as eight-row tiles ([`tile`]). Q5_K and TQ2_0 are
+//! written once (`int_kernels!`) and stamped out per ISA with a different `u8 × i8 → i32`
+//! primitive: unsigned weight codes go straight into the unsigned operand; offsets and minimums
+//! are applied afterwards with the activation sums, as the scalar reference does.
 //!
 //! # Safety
 //! Every `unsafe fn` here requires the CPU features in its `#[target_feature]` attribute and
@@ -124,40 +123,6 @@ macro_rules! int_kernels {
     ($feat:literal, $dot:ident, $dots:ident, $scales:ident) => {
         use super::*;
 
-        /// Q4_K weights (integer sums exact, so equal to the scalar kernel bit for bit).
-        #[target_feature(enable = $feat)]
-        pub unsafe fn q4_k<const R: usize>(w: &[u8], xs: &[&[Q8KBlock]; R]) -> [f32; R] {
-            // SAFETY: 144-byte blocks: d, dmin, scales[12], qs[128].
-            unsafe {
-                let m4 = _mm256_set1_epi8(0x0f);
-                let mut acc = [0f32; R];
-                for (bi, b) in w.chunks_exact(144).enumerate() {
-                    let p = b.as_ptr();
-                    let (sc, mn) = k_scale_min(&b[4..16]);
-                    let mut sumi = [_mm256_setzero_si256(); R];
-                    for j in 0..4 {
-                        let raw = load(p.add(16 + 32 * j));
-                        let lo = _mm256_and_si256(raw, m4);
-                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4);
-                        let (s0, s1) = (i32::from(sc[2 * j]), i32::from(sc[2 * j + 1]));
-                        let (v0, v1) = ($scales(s0, s0), $scales(s1, s1));
-                        for r in 0..R {
-                            let xq = xs[r].get_unchecked(bi).qs.as_ptr();
-                            sumi[r] = $dots(sumi[r], lo, load_i8(xq.add(64 * j)), v0);
-                            sumi[r] = $dots(sumi[r], hi, load_i8(xq.add(64 * j + 32)), v1);
-                        }
-                    }
-                    let (d, dmin) = (f16c(p), f16c(p.add(2)));
-                    for r in 0..R {
-                        let xb = xs[r].get_unchecked(bi);
-                        let summ = k_min_sum(&mn, &xb.bsums);
-                        acc[r] += xb.d * (d * hsum_epi32(sumi[r]) as f32 - dmin * summ as f32);
-                    }
-                }
-                acc
-            }
-        }
-
         /// Q5_K weights (bit-exact with the scalar kernel).
         #[target_feature(enable = $feat)]
         pub unsafe fn q5_k<const R: usize>(w: &[u8], xs: &[&[Q8KBlock]; R]) -> [f32; R] {
@@ -193,57 +158,6 @@ macro_rules! int_kernels {
                         let xb = xs[r].get_unchecked(bi);
                         let summ = k_min_sum(&mn, &xb.bsums);
                         acc[r] += xb.d * (d * hsum_epi32(sumi[r]) as f32 - dmin * summ as f32);
-                    }
-                }
-                acc
-            }
-        }
-
-        /// Q6_K weights (bit-exact with the scalar kernel).
-        #[target_feature(enable = $feat)]
-        pub unsafe fn q6_k<const R: usize>(w: &[u8], xs: &[&[Q8KBlock]; R]) -> [f32; R] {
-            // SAFETY: 210-byte blocks: ql[128], qh[64], scales[16], d.
-            unsafe {
-                let m4 = _mm256_set1_epi8(0x0f);
-                let m2 = _mm256_set1_epi8(3);
-                let mut acc = [0f32; R];
-                for (bi, b) in w.chunks_exact(210).enumerate() {
-                    let p = b.as_ptr();
-                    let sc = &b[192..208];
-                    let s = |g: usize| i32::from(sc[g] as i8);
-                    let mut sumi = [_mm256_setzero_si256(); R];
-                    for j in 0..2 {
-                        let ql0 = load(p.add(64 * j));
-                        let ql1 = load(p.add(64 * j + 32));
-                        let qh = load(p.add(128 + 32 * j));
-                        let lows = [
-                            _mm256_and_si256(ql0, m4),
-                            _mm256_and_si256(ql1, m4),
-                            _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
-                            _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
-                        ];
-                        let highs = [
-                            _mm256_and_si256(qh, m2),
-                            _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m2),
-                            _mm256_and_si256(_mm256_srli_epi16::<4>(qh), m2),
-                            _mm256_and_si256(_mm256_srli_epi16::<6>(qh), m2),
-                        ];
-                        for g in 0..4 {
-                            let q = _mm256_or_si256(lows[g], _mm256_slli_epi16::<4>(highs[g]));
-                            let k = 8 * j + 2 * g;
-                            let v = $scales(s(k), s(k + 1));
-                            for r in 0..R {
-                                let xq = xs[r].get_unchecked(bi).qs.as_ptr();
-                                sumi[r] = $dots(sumi[r], q, load_i8(xq.add(128 * j + 32 * g)), v);
-                            }
-                        }
-                    }
-                    let d = f16c_tail(p.add(208));
-                    for r in 0..R {
-                        let xb = xs[r].get_unchecked(bi);
-                        let sumb: i32 = (0..16).map(|g| s(g) * i32::from(xb.bsums[g])).sum();
-                        let total = hsum_epi32(sumi[r]) - 32 * sumb;
-                        acc[r] += (d * xb.d) * total as f32;
                     }
                 }
                 acc

@@ -1,5 +1,6 @@
-//! Tile kernels for the 32-value block formats (Q4_0, Q4_1, Q5_0, Q8_0): eight weight rows
-//! against any number of activation rows, the eight weight rows in the eight i32/f32 lanes.
+//! Tile kernels for Q4_0, Q4_1, Q5_0, Q8_0 (32-value blocks) and Q4_K, Q6_K (256-value
+//! super-blocks): eight weight rows against any number of activation rows, the eight weight rows
+//! in the eight i32/f32 lanes.
 //!
 //! Why this shape: dotting one weight row with one activation row leaves a block's integer sum
 //! spread over eight lanes, and scaling it then costs a convert, a multiply and an FMA per row
@@ -9,7 +10,10 @@
 //! leaves every row's block sum in its own lane. The float work per block and activation row is
 //! then one convert, one multiply and two FMAs for all eight weight rows, and the transpose is
 //! shared by every activation row of the tile. The block scales of the eight rows come in with
-//! one gather.
+//! eight scalar loads. The k-quant super-blocks are decoded once into memory (codes, and the
+//! integer sub-block scales and minimums, rows in lanes), then every activation row of the
+//! chunk runs over them; their integer sums are exact and the float steps those of the scalar
+//! kernel, so they equal it bit for bit.
 //!
 //! Every output is computed by the same operations in the same order whatever the number of
 //! activation rows, the tile width, or where its row falls in a tile (rows past the end of the
@@ -125,6 +129,59 @@ fn add_high_bits(q: &mut [__m256i; 8], qh: __m256i) {
     }
 }
 
+/// The 32 bytes at `p[r] + o` of the eight rows as eight group vectors (lane `r` of vector `g`
+/// = bytes `4g..4g + 4` of row `r`).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn transpose32(p: &[*const u8; 8], o: usize) -> [__m256i; 8] {
+    // SAFETY: the caller passes rows with 32 readable bytes at `o`.
+    let (lo, hi) = unsafe { (transpose16(p, o), transpose16(p, o + 16)) };
+    core::array::from_fn(|g| if g < 4 { lo[g] } else { hi[g - 4] })
+}
+
+/// Byte `i` (0–3) of every i32 lane, zero-extended.
+#[inline(always)]
+fn byte_of(v: __m256i, i: u32) -> __m256i {
+    // SAFETY (features): only called from functions with AVX2 enabled.
+    unsafe {
+        _mm256_and_si256(
+            _mm256_srlv_epi32(v, _mm256_set1_epi32(8 * i as i32)),
+            _mm256_set1_epi32(0xff),
+        )
+    }
+}
+
+/// Byte `i` (0–3) of every i32 lane, sign-extended.
+#[inline(always)]
+fn signed_byte_of(v: __m256i, i: u32) -> __m256i {
+    // SAFETY (features): only called from functions with AVX2 enabled.
+    unsafe { _mm256_srai_epi32::<24>(_mm256_sllv_epi32(v, _mm256_set1_epi32(8 * (3 - i) as i32))) }
+}
+
+/// One 256-value super-block of eight weight rows, rows in lanes (decoded into memory once and
+/// reused by every activation row of the tile).
+struct SuperBlock8 {
+    /// Codes of the 64 four-value groups.
+    q: [__m256i; 64],
+    /// Integer scale of each sub-block (8 of 32 values for Q4_K, 16 of 16 for Q6_K).
+    sc: [__m256i; 16],
+    /// Q4_K's minimum of each 32-value sub-block.
+    mn: [__m256i; 8],
+    /// Super-block scale.
+    d: __m256,
+    /// Q4_K's scale of the minimums.
+    dmin: __m256,
+}
+
+impl SuperBlock8 {
+    /// All zeros, to be filled by a decoder.
+    #[inline(always)]
+    fn zeroed() -> Self {
+        // SAFETY: all-zero bits are valid vectors.
+        unsafe { core::mem::zeroed() }
+    }
+}
+
 /// The four activation bytes of group `g` of `b` in every lane.
 #[inline(always)]
 unsafe fn group(b: &Q8Block, g: usize) -> __m256i {
@@ -142,6 +199,86 @@ fn prefetch_next(next: *const u8, b: usize, bb: usize) {
         // SAFETY: a prefetch never faults, whatever the address (computed with wrapping
         // arithmetic, so it may point past the weight without undefined behaviour).
         unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(off) as *const i8) };
+    }
+}
+
+/// The four activation bytes of group `g` (0–63) of a 256-value block in every lane.
+#[inline(always)]
+unsafe fn group_k(b: &Q8KBlock, g: usize) -> __m256i {
+    // SAFETY: g < 64, so the four bytes lie inside `qs`.
+    unsafe { _mm256_set1_epi32((b.qs.as_ptr() as *const i32).add(g).read_unaligned()) }
+}
+
+/// Decodes Q4_K super-block `b` (144 bytes: f16 d, f16 dmin, 12 bytes of 6-bit scales and
+/// minimums, 128 bytes of nibbles; value = d·sc·q − dmin·mn) of the eight rows.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn decode_q4_k(p: &[*const u8; 8], b: usize, out: &mut SuperBlock8) {
+    let at = 144 * b;
+    // SAFETY: every read lies inside block b of its row.
+    unsafe {
+        (out.d, out.dmin) = halves(p, at);
+        // Scale bytes 0–11 (the 16-byte read ends inside the nibbles).
+        let t = transpose16(p, at + 4);
+        let s = |i: usize| byte_of(t[i / 4], (i % 4) as u32);
+        let (m63, m15) = (_mm256_set1_epi32(63), _mm256_set1_epi32(15));
+        for j in 0..8 {
+            if j < 4 {
+                out.sc[j] = _mm256_and_si256(s(j), m63);
+                out.mn[j] = _mm256_and_si256(s(j + 4), m63);
+            } else {
+                let top = |v: __m256i| _mm256_slli_epi32::<4>(_mm256_srli_epi32::<6>(v));
+                out.sc[j] = _mm256_or_si256(_mm256_and_si256(s(j + 4), m15), top(s(j - 4)));
+                out.mn[j] = _mm256_or_si256(_mm256_srli_epi32::<4>(s(j + 4)), top(s(j)));
+            }
+        }
+        let m4 = _mm256_set1_epi8(0x0f);
+        for c in 0..4 {
+            // Chunk c: low nibbles are sub-block 2c, high nibbles sub-block 2c + 1.
+            let raw = transpose32(p, at + 16 + 32 * c);
+            for g in 0..8 {
+                out.q[16 * c + g] = _mm256_and_si256(raw[g], m4);
+                out.q[16 * c + 8 + g] = _mm256_and_si256(_mm256_srli_epi16::<4>(raw[g]), m4);
+            }
+        }
+    }
+}
+
+/// Decodes Q6_K super-block `b` (210 bytes: 128 bytes of low nibbles, 64 of high bit pairs, 16
+/// signed scales, f16 d; value = d·sc·(q − 32)) of the eight rows.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn decode_q6_k(p: &[*const u8; 8], b: usize, out: &mut SuperBlock8) {
+    let at = 210 * b;
+    // SAFETY: every read lies inside block b of its row (d is the high half at 206..210).
+    unsafe {
+        out.d = halves(p, at + 206).1;
+        let t = transpose16(p, at + 192);
+        for g in 0..16 {
+            out.sc[g] = signed_byte_of(t[g / 4], (g % 4) as u32);
+        }
+        let (m4, m2) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
+        for j in 0..2 {
+            let ql0 = transpose32(p, at + 64 * j);
+            let ql1 = transpose32(p, at + 64 * j + 32);
+            let qh = transpose32(p, at + 128 + 32 * j);
+            for g in 0..8 {
+                let h = qh[g];
+                let hi = |v: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(v, m2));
+                let base = 32 * j;
+                out.q[base + g] = _mm256_or_si256(_mm256_and_si256(ql0[g], m4), hi(h));
+                out.q[base + 8 + g] =
+                    _mm256_or_si256(_mm256_and_si256(ql1[g], m4), hi(_mm256_srli_epi16::<2>(h)));
+                out.q[base + 16 + g] = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0[g]), m4),
+                    hi(_mm256_srli_epi16::<4>(h)),
+                );
+                out.q[base + 24 + g] = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1[g]), m4),
+                    hi(_mm256_srli_epi16::<6>(h)),
+                );
+            }
+        }
     }
 }
 
@@ -421,6 +558,131 @@ macro_rules! tile_kernels {
             }
         }
 
+        /// The 256-value formats: for each super-block the eight rows are decoded once
+        /// (`decode`) and every activation row (up to [`crate::matmul::M_CHUNK`]) is dotted
+        /// with them; `finish(block, x, isum, acc)` applies the scales to the exact integer sum
+        /// `isum` with the scalar kernel's float operations, so the result equals it bit for bit.
+        #[inline(always)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn sweep_k(
+            (w, stride, bb): (&[u8], usize, usize),
+            rows: usize,
+            x: &[Q8KBlock],
+            m: usize,
+            y: *mut f32,
+            ldy: usize,
+            decode: impl Fn(&[*const u8; 8], usize, &mut SuperBlock8),
+            isum: impl Fn(&SuperBlock8, &Q8KBlock) -> __m256i,
+            finish: impl Fn(&SuperBlock8, &Q8KBlock, __m256i, __m256) -> __m256,
+        ) {
+            let nb = stride / bb;
+            let p = row_pointers(w, stride, rows);
+            let next = w.as_ptr().wrapping_add(8 * stride);
+            let mut blk = SuperBlock8::zeroed();
+            // SAFETY: see the module docs; m ≤ M_CHUNK activation rows of `nb` blocks.
+            unsafe {
+                let mut acc = [_mm256_setzero_ps(); crate::matmul::M_CHUNK];
+                for b in 0..nb {
+                    prefetch_next(next, b, bb);
+                    decode(&p, b, &mut blk);
+                    for (c, a) in acc.iter_mut().enumerate().take(m) {
+                        let xb = x.get_unchecked(c * nb + b);
+                        *a = finish(&blk, xb, isum(&blk, xb), *a);
+                    }
+                }
+                for (c, a) in acc.iter().enumerate().take(m) {
+                    store([*a], y.add(c * ldy), ldy, rows);
+                }
+            }
+        }
+
+        /// Q4_K.
+        #[target_feature(enable = $feat)]
+        pub unsafe fn q4_k(
+            w: &[u8],
+            stride: usize,
+            rows: usize,
+            x: &[Q8KBlock],
+            m: usize,
+            y: *mut f32,
+            ldy: usize,
+        ) {
+            let isum = |k: &SuperBlock8, xb: &Q8KBlock| {
+                // SAFETY: groups 0–63 of a 256-value block.
+                unsafe {
+                    let mut total = _mm256_setzero_si256();
+                    for j in 0..8 {
+                        let mut s = [_mm256_setzero_si256(); 2];
+                        for g in 0..8 {
+                            s[g % 2] = $dot(s[g % 2], k.q[8 * j + g], group_k(xb, 8 * j + g));
+                        }
+                        let s = _mm256_add_epi32(s[0], s[1]);
+                        total = _mm256_add_epi32(total, _mm256_mullo_epi32(s, k.sc[j]));
+                    }
+                    total
+                }
+            };
+            let finish = |k: &SuperBlock8, xb: &Q8KBlock, isum: __m256i, acc: __m256| {
+                let mut summ = _mm256_setzero_si256();
+                for j in 0..8 {
+                    let pair = i32::from(xb.bsums[2 * j]) + i32::from(xb.bsums[2 * j + 1]);
+                    summ = _mm256_add_epi32(
+                        summ,
+                        _mm256_mullo_epi32(k.mn[j], _mm256_set1_epi32(pair)),
+                    );
+                }
+                let t = _mm256_sub_ps(
+                    _mm256_mul_ps(k.d, _mm256_cvtepi32_ps(isum)),
+                    _mm256_mul_ps(k.dmin, _mm256_cvtepi32_ps(summ)),
+                );
+                _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(xb.d), t))
+            };
+            let decode = |p: &[*const u8; 8], b: usize, out: &mut SuperBlock8| {
+                // SAFETY: see the module docs.
+                unsafe { decode_q4_k(p, b, out) }
+            };
+            // SAFETY: see the module docs.
+            unsafe { sweep_k((w, stride, 144), rows, x, m, y, ldy, decode, isum, finish) }
+        }
+
+        /// Q6_K.
+        #[target_feature(enable = $feat)]
+        pub unsafe fn q6_k(
+            w: &[u8],
+            stride: usize,
+            rows: usize,
+            x: &[Q8KBlock],
+            m: usize,
+            y: *mut f32,
+            ldy: usize,
+        ) {
+            let isum = |k: &SuperBlock8, xb: &Q8KBlock| {
+                // SAFETY: groups 0–63 of a 256-value block.
+                unsafe {
+                    let mut total = _mm256_setzero_si256();
+                    for j in 0..16 {
+                        // Σ (q − 32)·x over 16 values: start from −32·Σx.
+                        let mut s = _mm256_set1_epi32(-32 * i32::from(xb.bsums[j]));
+                        for g in 0..4 {
+                            s = $dot(s, k.q[4 * j + g], group_k(xb, 4 * j + g));
+                        }
+                        total = _mm256_add_epi32(total, _mm256_mullo_epi32(s, k.sc[j]));
+                    }
+                    total
+                }
+            };
+            let finish = |k: &SuperBlock8, xb: &Q8KBlock, isum: __m256i, acc: __m256| {
+                let dd = _mm256_mul_ps(k.d, _mm256_set1_ps(xb.d));
+                _mm256_add_ps(acc, _mm256_mul_ps(dd, _mm256_cvtepi32_ps(isum)))
+            };
+            let decode = |p: &[*const u8; 8], b: usize, out: &mut SuperBlock8| {
+                // SAFETY: see the module docs.
+                unsafe { decode_q6_k(p, b, out) }
+            };
+            // SAFETY: see the module docs.
+            unsafe { sweep_k((w, stride, 210), rows, x, m, y, ldy, decode, isum, finish) }
+        }
+
         /// Q8_0 (34-byte blocks: f16 d, 32 signed bytes; value = d·q).
         #[target_feature(enable = $feat)]
         pub unsafe fn q8_0(
@@ -437,9 +699,7 @@ macro_rules! tile_kernels {
                 // SAFETY: block b of each row: d at 0, codes at 2..34.
                 unsafe {
                     let (d, _) = halves(&p, 34 * b);
-                    let lo = transpose16(&p, 34 * b + 2);
-                    let hi = transpose16(&p, 34 * b + 18);
-                    let q = core::array::from_fn(|g| if g < 4 { lo[g] } else { hi[g - 4] });
+                    let q = transpose32(&p, 34 * b + 2);
                     Block8 { q, d, off: d }
                 }
             };
