@@ -236,9 +236,9 @@ unsafe fn decode_q4_k(p: &[*const u8; 8], b: usize, out: &mut SuperBlock8) {
         for c in 0..4 {
             // Chunk c: low nibbles are sub-block 2c, high nibbles sub-block 2c + 1.
             let raw = transpose32(p, at + 16 + 32 * c);
-            for g in 0..8 {
-                out.q[16 * c + g] = _mm256_and_si256(raw[g], m4);
-                out.q[16 * c + 8 + g] = _mm256_and_si256(_mm256_srli_epi16::<4>(raw[g]), m4);
+            for (g, &v) in raw.iter().enumerate() {
+                out.q[16 * c + g] = _mm256_and_si256(v, m4);
+                out.q[16 * c + 8 + g] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
             }
         }
     }
@@ -558,13 +558,72 @@ macro_rules! tile_kernels {
             }
         }
 
-        /// The 256-value formats: for each super-block the eight rows are decoded once
-        /// (`decode`) and every activation row (up to [`crate::matmul::M_CHUNK`]) is dotted
-        /// with them; `finish(block, x, isum, acc)` applies the scales to the exact integer sum
-        /// `isum` with the scalar kernel's float operations, so the result equals it bit for bit.
+        /// The exact integer sums of super-block `k` against `C` activation blocks: Q4_K
+        /// `Σ_j sc_j·Σ q·x` over 32-value sub-blocks, Q6_K `Σ_j sc_j·Σ (q − 32)·x` over
+        /// 16-value ones. Each sub-block's codes are loaded once for the `C` rows.
+        #[inline(always)]
+        unsafe fn k_sums<const C: usize, const Q6: bool>(
+            k: &SuperBlock8,
+            xb: &[&Q8KBlock; C],
+        ) -> [__m256i; C] {
+            // SAFETY: groups 0–63 of 256-value blocks.
+            unsafe {
+                let mut total = [_mm256_setzero_si256(); C];
+                let (subs, per) = if Q6 { (16, 4) } else { (8, 8) };
+                for j in 0..subs {
+                    let q: [__m256i; 8] = core::array::from_fn(|g| k.q[(per * j + g) % 64]);
+                    for c in 0..C {
+                        let mut s = [_mm256_setzero_si256(); 2];
+                        if Q6 {
+                            // Σ (q − 32)·x over 16 values: start from −32·Σx.
+                            s[0] = _mm256_set1_epi32(-32 * i32::from(xb[c].bsums[j]));
+                        }
+                        for g in 0..per {
+                            s[g % 2] = $dot(s[g % 2], q[g], group_k(xb[c], per * j + g));
+                        }
+                        let s = _mm256_add_epi32(s[0], s[1]);
+                        total[c] = _mm256_add_epi32(total[c], _mm256_mullo_epi32(s, k.sc[j]));
+                    }
+                }
+                total
+            }
+        }
+
+        /// Adds one super-block's share to `acc` with the scalar kernel's float operations
+        /// (Q4_K: `d_x·(d·isum − dmin·Σ mn_j·Σx_j)`; Q6_K: `(d·d_x)·isum`).
+        #[inline(always)]
+        unsafe fn k_finish<const Q6: bool>(
+            k: &SuperBlock8,
+            xb: &Q8KBlock,
+            isum: __m256i,
+            acc: __m256,
+        ) -> __m256 {
+            // SAFETY: plain vector arithmetic (the caller has the features).
+            unsafe {
+                if Q6 {
+                    let dd = _mm256_mul_ps(k.d, _mm256_set1_ps(xb.d));
+                    return _mm256_add_ps(acc, _mm256_mul_ps(dd, _mm256_cvtepi32_ps(isum)));
+                }
+                let mut summ = _mm256_setzero_si256();
+                for j in 0..8 {
+                    let pair = i32::from(xb.bsums[2 * j]) + i32::from(xb.bsums[2 * j + 1]);
+                    let p = _mm256_mullo_epi32(k.mn[j], _mm256_set1_epi32(pair));
+                    summ = _mm256_add_epi32(summ, p);
+                }
+                let t = _mm256_sub_ps(
+                    _mm256_mul_ps(k.d, _mm256_cvtepi32_ps(isum)),
+                    _mm256_mul_ps(k.dmin, _mm256_cvtepi32_ps(summ)),
+                );
+                _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(xb.d), t))
+            }
+        }
+
+        /// The 256-value formats: for each super-block the eight rows are decoded once into
+        /// memory, and the activation rows (up to [`crate::matmul::M_CHUNK`]) run over it
+        /// `WIDTH` at a time; the float accumulators live in memory across super-blocks.
         #[inline(always)]
         #[allow(clippy::too_many_arguments)]
-        unsafe fn sweep_k(
+        unsafe fn sweep_k<const Q6: bool>(
             (w, stride, bb): (&[u8], usize, usize),
             rows: usize,
             x: &[Q8KBlock],
@@ -572,8 +631,6 @@ macro_rules! tile_kernels {
             y: *mut f32,
             ldy: usize,
             decode: impl Fn(&[*const u8; 8], usize, &mut SuperBlock8),
-            isum: impl Fn(&SuperBlock8, &Q8KBlock) -> __m256i,
-            finish: impl Fn(&SuperBlock8, &Q8KBlock, __m256i, __m256) -> __m256,
         ) {
             let nb = stride / bb;
             let p = row_pointers(w, stride, rows);
@@ -585,9 +642,31 @@ macro_rules! tile_kernels {
                 for b in 0..nb {
                     prefetch_next(next, b, bb);
                     decode(&p, b, &mut blk);
-                    for (c, a) in acc.iter_mut().enumerate().take(m) {
-                        let xb = x.get_unchecked(c * nb + b);
-                        *a = finish(&blk, xb, isum(&blk, xb), *a);
+                    let mut c0 = 0;
+                    while c0 < m {
+                        let cw = (m - c0).min(WIDTH);
+                        macro_rules! go {
+                            ($c:literal) => {{
+                                let xb: [&Q8KBlock; $c] =
+                                    core::array::from_fn(|c| x.get_unchecked((c0 + c) * nb + b));
+                                let sums = k_sums::<$c, Q6>(&blk, &xb);
+                                for c in 0..$c {
+                                    acc[c0 + c] = k_finish::<Q6>(&blk, xb[c], sums[c], acc[c0 + c]);
+                                }
+                            }};
+                        }
+                        match cw {
+                            1 => go!(1),
+                            2 => go!(2),
+                            3 => go!(3),
+                            4 => go!(4),
+                            5 if WIDTH > 4 => go!(5),
+                            6 if WIDTH > 4 => go!(6),
+                            7 if WIDTH > 4 => go!(7),
+                            8 if WIDTH > 4 => go!(8),
+                            _ => unreachable!("tile width {cw} > {WIDTH}"),
+                        }
+                        c0 += cw;
                     }
                 }
                 for (c, a) in acc.iter().enumerate().take(m) {
@@ -607,42 +686,12 @@ macro_rules! tile_kernels {
             y: *mut f32,
             ldy: usize,
         ) {
-            let isum = |k: &SuperBlock8, xb: &Q8KBlock| {
-                // SAFETY: groups 0–63 of a 256-value block.
-                unsafe {
-                    let mut total = _mm256_setzero_si256();
-                    for j in 0..8 {
-                        let mut s = [_mm256_setzero_si256(); 2];
-                        for g in 0..8 {
-                            s[g % 2] = $dot(s[g % 2], k.q[8 * j + g], group_k(xb, 8 * j + g));
-                        }
-                        let s = _mm256_add_epi32(s[0], s[1]);
-                        total = _mm256_add_epi32(total, _mm256_mullo_epi32(s, k.sc[j]));
-                    }
-                    total
-                }
-            };
-            let finish = |k: &SuperBlock8, xb: &Q8KBlock, isum: __m256i, acc: __m256| {
-                let mut summ = _mm256_setzero_si256();
-                for j in 0..8 {
-                    let pair = i32::from(xb.bsums[2 * j]) + i32::from(xb.bsums[2 * j + 1]);
-                    summ = _mm256_add_epi32(
-                        summ,
-                        _mm256_mullo_epi32(k.mn[j], _mm256_set1_epi32(pair)),
-                    );
-                }
-                let t = _mm256_sub_ps(
-                    _mm256_mul_ps(k.d, _mm256_cvtepi32_ps(isum)),
-                    _mm256_mul_ps(k.dmin, _mm256_cvtepi32_ps(summ)),
-                );
-                _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(xb.d), t))
-            };
             let decode = |p: &[*const u8; 8], b: usize, out: &mut SuperBlock8| {
                 // SAFETY: see the module docs.
                 unsafe { decode_q4_k(p, b, out) }
             };
             // SAFETY: see the module docs.
-            unsafe { sweep_k((w, stride, 144), rows, x, m, y, ldy, decode, isum, finish) }
+            unsafe { sweep_k::<false>((w, stride, 144), rows, x, m, y, ldy, decode) }
         }
 
         /// Q6_K.
@@ -656,31 +705,12 @@ macro_rules! tile_kernels {
             y: *mut f32,
             ldy: usize,
         ) {
-            let isum = |k: &SuperBlock8, xb: &Q8KBlock| {
-                // SAFETY: groups 0–63 of a 256-value block.
-                unsafe {
-                    let mut total = _mm256_setzero_si256();
-                    for j in 0..16 {
-                        // Σ (q − 32)·x over 16 values: start from −32·Σx.
-                        let mut s = _mm256_set1_epi32(-32 * i32::from(xb.bsums[j]));
-                        for g in 0..4 {
-                            s = $dot(s, k.q[4 * j + g], group_k(xb, 4 * j + g));
-                        }
-                        total = _mm256_add_epi32(total, _mm256_mullo_epi32(s, k.sc[j]));
-                    }
-                    total
-                }
-            };
-            let finish = |k: &SuperBlock8, xb: &Q8KBlock, isum: __m256i, acc: __m256| {
-                let dd = _mm256_mul_ps(k.d, _mm256_set1_ps(xb.d));
-                _mm256_add_ps(acc, _mm256_mul_ps(dd, _mm256_cvtepi32_ps(isum)))
-            };
             let decode = |p: &[*const u8; 8], b: usize, out: &mut SuperBlock8| {
                 // SAFETY: see the module docs.
                 unsafe { decode_q6_k(p, b, out) }
             };
             // SAFETY: see the module docs.
-            unsafe { sweep_k((w, stride, 210), rows, x, m, y, ldy, decode, isum, finish) }
+            unsafe { sweep_k::<true>((w, stride, 210), rows, x, m, y, ldy, decode) }
         }
 
         /// Q8_0 (34-byte blocks: f16 d, 32 signed bytes; value = d·q).
