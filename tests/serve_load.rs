@@ -2,10 +2,12 @@
 //! with SmolLM2-135M-Instruct for a bounded time — zero errors, and the aggregate tokens/s with
 //! continuous batching against what one client alone gets (ratio printed).
 //!
-//! The issue asks for ≥ 3×; this build measures about 2.1–2.5× at the engine and 1.5–1.6×
-//! through HTTP here (one client decodes at llama.cpp's speed, and a 64-row pass is
-//! compute-bound in the multi-row Q4_1 kernel; each request also prefills its own prompt), so
-//! the test asserts [`MIN_RATIO`], what batching reliably gives here, and the gap stays open.
+//! The issue asks for ≥ 3×. With the eight-row tile kernels (a 64-row pass reuses every decoded
+//! weight block for eight activation rows) and a sampler that no longer sorts the vocabulary per
+//! token, this measures 3.1× through HTTP here (the server on one compute thread, as in every
+//! serving test, the 64 clients on the other core) and 3.3–3.8× at the engine
+//! (`cargo bench -p u-engine --bench throughput`). Shared CI machines are noisy, so the test
+//! asserts [`MIN_RATIO`] with a margin below that and prints the ratio it measured.
 
 use serde_json::Value;
 use std::{
@@ -17,7 +19,7 @@ use u_conformance::serving::{Options, http, smollm2_path, start_with};
 const CLIENTS: usize = 64;
 const TOKENS: u32 = 48;
 /// The least aggregate/one-client ratio accepted (see the module docs).
-const MIN_RATIO: f64 = 1.3;
+const MIN_RATIO: f64 = 2.5;
 
 /// One streamed completion; the tokens it generated, from the usage chunk.
 fn stream_once(port: u16, i: usize) -> Result<u64, String> {
