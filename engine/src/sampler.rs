@@ -237,6 +237,12 @@ fn draw(candidates: &[(u32, f64)], r: f64) -> u32 {
             return id;
         }
     }
+    least_likely(candidates)
+}
+
+/// What a draw returns when rounding left `r` past the total of `candidates` (most likely
+/// first): the least likely token with any probability.
+fn least_likely(candidates: &[(u32, f64)]) -> u32 {
     candidates
         .iter()
         .rev()
@@ -288,12 +294,7 @@ fn draw_all(logits: &[f32], inv_t: f64, r: f64) -> u32 {
         start += k;
         chunk *= 4;
     }
-    // Rounding left the target past the total: the least likely token with any probability.
-    c.iter()
-        .rev()
-        .find(|x| x.1 > 0.0)
-        .or(c.last())
-        .map_or(0, |x| x.0)
+    least_likely(&c)
 }
 
 #[cfg(test)]

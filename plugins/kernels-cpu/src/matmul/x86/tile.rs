@@ -571,7 +571,7 @@ macro_rules! tile_kernels {
                 let mut total = [_mm256_setzero_si256(); C];
                 let (subs, per) = if Q6 { (16, 4) } else { (8, 8) };
                 for j in 0..subs {
-                    let q: [__m256i; 8] = core::array::from_fn(|g| k.q[(per * j + g) % 64]);
+                    let q = &k.q[per * j..per * (j + 1)];
                     for c in 0..C {
                         let mut s = [_mm256_setzero_si256(); 2];
                         if Q6 {
@@ -618,20 +618,20 @@ macro_rules! tile_kernels {
             }
         }
 
-        /// The 256-value formats: for each super-block the eight rows are decoded once into
-        /// memory, and the activation rows (up to [`crate::matmul::M_CHUNK`]) run over it
-        /// `WIDTH` at a time; the float accumulators live in memory across super-blocks.
+        /// The 256-value formats (Q6_K, or Q4_K): for each super-block the eight rows are
+        /// decoded once into memory, and the activation rows (up to
+        /// [`crate::matmul::M_CHUNK`]) run over it `WIDTH` at a time; the float accumulators
+        /// live in memory across super-blocks.
         #[inline(always)]
-        #[allow(clippy::too_many_arguments)]
         unsafe fn sweep_k<const Q6: bool>(
-            (w, stride, bb): (&[u8], usize, usize),
+            (w, stride): (&[u8], usize),
             rows: usize,
             x: &[Q8KBlock],
             m: usize,
             y: *mut f32,
             ldy: usize,
-            decode: impl Fn(&[*const u8; 8], usize, &mut SuperBlock8),
         ) {
+            let bb = if Q6 { 210 } else { 144 };
             let nb = stride / bb;
             let p = row_pointers(w, stride, rows);
             let next = w.as_ptr().wrapping_add(8 * stride);
@@ -641,7 +641,11 @@ macro_rules! tile_kernels {
                 let mut acc = [_mm256_setzero_ps(); crate::matmul::M_CHUNK];
                 for b in 0..nb {
                     prefetch_next(next, b, bb);
-                    decode(&p, b, &mut blk);
+                    if Q6 {
+                        decode_q6_k(&p, b, &mut blk);
+                    } else {
+                        decode_q4_k(&p, b, &mut blk);
+                    }
                     let mut c0 = 0;
                     while c0 < m {
                         let cw = (m - c0).min(WIDTH);
@@ -686,12 +690,8 @@ macro_rules! tile_kernels {
             y: *mut f32,
             ldy: usize,
         ) {
-            let decode = |p: &[*const u8; 8], b: usize, out: &mut SuperBlock8| {
-                // SAFETY: see the module docs.
-                unsafe { decode_q4_k(p, b, out) }
-            };
             // SAFETY: see the module docs.
-            unsafe { sweep_k::<false>((w, stride, 144), rows, x, m, y, ldy, decode) }
+            unsafe { sweep_k::<false>((w, stride), rows, x, m, y, ldy) }
         }
 
         /// Q6_K.
@@ -705,12 +705,8 @@ macro_rules! tile_kernels {
             y: *mut f32,
             ldy: usize,
         ) {
-            let decode = |p: &[*const u8; 8], b: usize, out: &mut SuperBlock8| {
-                // SAFETY: see the module docs.
-                unsafe { decode_q6_k(p, b, out) }
-            };
             // SAFETY: see the module docs.
-            unsafe { sweep_k::<true>((w, stride, 210), rows, x, m, y, ldy, decode) }
+            unsafe { sweep_k::<true>((w, stride), rows, x, m, y, ldy) }
         }
 
         /// Q8_0 (34-byte blocks: f16 d, 32 signed bytes; value = d·q).
