@@ -113,3 +113,77 @@ fn sixty_four_streaming_clients_share_passes_without_errors() {
         aggregate / single
     );
 }
+
+/// Streams one completion for `user` and returns when its first token arrived.
+fn first_token_at(port: u16, user: &str, i: usize) -> Result<Instant, String> {
+    use std::io::{BufRead, BufReader, Write};
+    let body = format!(
+        r#"{{"model":"SmolLM2-135M-Instruct.Q4_1","prompt":"Chapter {i}. The long road north","max_tokens":24,"temperature":0,"stream":true,"user":"{user}"}}"#
+    );
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .map_err(|e| e.to_string())?;
+    let mut first = None;
+    for line in BufReader::new(s).lines() {
+        let line = line.map_err(|e| e.to_string())?;
+        if first.is_none() && line.starts_with("data: {") {
+            first = Some(Instant::now());
+        }
+    }
+    first.ok_or_else(|| format!("{user} #{i}: no token streamed"))
+}
+
+/// Fair queueing: with one running slot, a client's burst of four queued requests does not
+/// make another client's single request wait for all of them — it gets the slot as soon as
+/// the running request ends (first come, first served would run it last).
+#[test]
+fn a_burst_from_one_client_does_not_starve_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_with(
+        dir,
+        &smollm2_path(),
+        "loader-gguf",
+        &Options {
+            model_config: "max_running = 1\nmax_queued = 8".into(),
+            ..Options::default()
+        },
+    );
+    let port = server.port;
+    let queued = || -> u64 {
+        let (_, text) = http(
+            port,
+            b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .unwrap();
+        let body = &text[text.find('{').unwrap_or(0)..];
+        serde_json::from_str::<Value>(body).unwrap()["queued"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    std::thread::scope(|s| {
+        let burst: Vec<_> = (0..4)
+            .map(|i| s.spawn(move || first_token_at(port, "a", i)))
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while queued() < 3 {
+            assert!(Instant::now() < deadline, "the burst never queued");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let b = first_token_at(port, "b", 9).unwrap();
+        let a: Vec<Instant> = burst
+            .into_iter()
+            .map(|h| h.join().unwrap().unwrap())
+            .collect();
+        let after_b = a.iter().filter(|&&t| t > b).count();
+        assert!(
+            after_b >= 2,
+            "client b's one request started after {} of client a's 4 (want at most 2)\n{}",
+            4 - after_b,
+            server.log()
+        );
+    });
+}

@@ -72,14 +72,15 @@ impl EngineHandle {
         self.generator().model().cache()
     }
 
-    /// Runs `spec` through the scheduler, forwarding its pieces to `sink` (which returns
-    /// `false` to cancel).
+    /// Runs `spec` through the scheduler for `client` (the fair-queueing key), forwarding its
+    /// pieces to `sink` (which returns `false` to cancel).
     fn run(
         &self,
         spec: Spec,
+        client: &str,
         sink: &mut dyn FnMut(&GeneratedToken<'_>) -> bool,
     ) -> Result<Outcome> {
-        let ticket = self.scheduler.submit(spec)?;
+        let ticket = self.scheduler.submit(spec, client)?;
         let (mut last, mut live) = (0, true);
         for event in ticket.events.iter() {
             let piece = match event {
@@ -131,7 +132,7 @@ impl EngineHandle {
             top_logprobs: None,
             save_as: Some(r.name.to_string()),
         };
-        let out = self.run(spec, &mut |_| true)?;
+        let out = self.run(spec, "", &mut |_| true)?;
         Ok(vec![CheckpointInfo {
             name: r.name.clone(),
             tokens: out.prompt_tokens as u64,
@@ -299,7 +300,7 @@ impl Engine for EngineHandle {
                     .map(|s| s.to_string())
                     .into_option(),
             };
-            let out = self.run(spec, &mut |t| sink.token(t))?;
+            let out = self.run(spec, &request.client, &mut |t| sink.token(t))?;
             Ok(GenerateSummary {
                 prompt_tokens: out.prompt_tokens as u32,
                 cached_tokens: out.cached_tokens as u32,

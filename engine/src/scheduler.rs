@@ -2,7 +2,9 @@
 //!
 //! Callers [`Scheduler::submit`] a tokenized request into a bounded queue (full: refused at
 //! once with [`Error::Busy`]). Before each pass the scheduler thread admits waiting requests
-//! into free running slots (prefix-cache lookup or checkpoint load), drops cancelled ones, runs
+//! into free running slots — fairly: each free slot goes to the waiting request of the client
+//! with the fewest requests running, the oldest first among equals ([`pick_fair`]) — (prefix-
+//! cache lookup or checkpoint load), drops cancelled ones, runs
 //! one [`Batch`] step, and sends each request's streamed pieces and final outcome to that
 //! request's channel. It never calls a client's sink: the caller's own thread forwards the
 //! events, so a slow client delays nobody else, and marks its ticket cancelled when the client
@@ -69,6 +71,8 @@ impl Ticket {
 
 struct Job {
     spec: Spec,
+    /// The fair-queueing key (see `GenerateRequest::client`).
+    client: String,
     events: Sender<Event>,
     cancel: Arc<AtomicBool>,
 }
@@ -86,6 +90,8 @@ struct Counters {
 
 struct Queue {
     pending: VecDeque<Job>,
+    /// Which clients were admitted when, for fair admission.
+    served: Served,
     /// Submitted requests not yet done (waiting or running).
     in_flight: usize,
     stop: bool,
@@ -133,6 +139,7 @@ impl Scheduler {
             limits,
             queue: Mutex::new(Queue {
                 pending: VecDeque::new(),
+                served: Served::default(),
                 in_flight: 0,
                 stop: false,
             }),
@@ -174,7 +181,7 @@ impl Scheduler {
 
     /// Queues a request, or refuses it with [`Error::Busy`] when every running slot and every
     /// queue place is taken.
-    pub(crate) fn submit(&self, spec: Spec) -> Result<Ticket> {
+    pub(crate) fn submit(&self, spec: Spec, client: &str) -> Result<Ticket> {
         let (tx, rx) = mpsc::channel();
         let cancel = Arc::new(AtomicBool::new(false));
         let l = self.shared.limits;
@@ -196,6 +203,7 @@ impl Scheduler {
             q.in_flight += 1;
             q.pending.push_back(Job {
                 spec,
+                client: client.to_string(),
                 events: tx,
                 cancel: cancel.clone(),
             });
@@ -227,8 +235,9 @@ impl Scheduler {
     }
 }
 
-/// Where a running request's output goes.
+/// Where a running request's output goes, and whose it is.
 struct Tag {
+    client: String,
     events: Sender<Event>,
     cancel: Arc<AtomicBool>,
 }
@@ -250,8 +259,14 @@ fn run(shared: &Shared) {
                 return;
             }
             let room = shared.limits.max_running.saturating_sub(batch.len());
-            let n = room.min(q.pending.len());
-            q.pending.drain(..n).collect()
+            let mut running: HashMap<String, usize> = HashMap::new();
+            for (_, tag) in batch.slots_mut() {
+                *running.entry(tag.client.clone()).or_default() += 1;
+            }
+            let q = &mut *q;
+            pick_fair(&mut q.pending, &mut running, &mut q.served, room, |j| {
+                j.client.as_str()
+            })
         };
         for job in admitted {
             admit(shared, &mut batch, job);
@@ -306,12 +321,67 @@ fn admit(shared: &Shared, batch: &mut Batch<Tag>, mut job: Job) {
         Ok(seq) => batch.push(
             seq,
             Tag {
+                client: job.client,
                 events: job.events,
                 cancel: job.cancel,
             },
         ),
         Err(e) => retire(shared, Err(e), &job.events),
     }
+}
+
+/// Per-client admission record for [`pick_fair`]: when each client last got a running slot.
+#[derive(Default)]
+struct Served {
+    /// Admissions so far (the clock).
+    count: u64,
+    /// Client → the clock at its latest admission (only clients with work waiting or running).
+    last: HashMap<String, u64>,
+}
+
+/// Takes up to `room` items out of `pending` for free running slots, each slot going to the
+/// oldest waiting item of the client with the fewest running (`running`, updated as items are
+/// taken) and, among those, the one served least recently (`served`): clients take turns, so a
+/// burst queued by one shares the slots with a client that asks once. With a single client
+/// this is first come, first served.
+fn pick_fair<T>(
+    pending: &mut VecDeque<T>,
+    running: &mut HashMap<String, usize>,
+    served: &mut Served,
+    room: usize,
+    client: impl Fn(&T) -> &str,
+) -> Vec<T> {
+    let mut taken = Vec::new();
+    while taken.len() < room && !pending.is_empty() {
+        // The first waiting item of each client is that client's oldest.
+        let mut best: Option<((usize, u64), usize)> = None;
+        let mut seen: Vec<&str> = Vec::new();
+        for (i, item) in pending.iter().enumerate() {
+            let c = client(item);
+            if seen.contains(&c) {
+                continue;
+            }
+            seen.push(c);
+            let rank = (
+                running.get(c).copied().unwrap_or(0),
+                served.last.get(c).copied().unwrap_or(0),
+            );
+            if best.is_none_or(|(b, _)| rank < b) {
+                best = Some((rank, i));
+            }
+        }
+        let Some((_, i)) = best else { break };
+        let Some(item) = pending.remove(i) else { break };
+        served.count += 1;
+        served.last.insert(client(&item).to_string(), served.count);
+        *running.entry(client(&item).to_string()).or_default() += 1;
+        taken.push(item);
+    }
+    // Forget clients with nothing left here, so the record stays as small as the work.
+    served
+        .last
+        .retain(|c, _| running.contains_key(c) || pending.iter().any(|j| client(j) == c));
+    taken
 }
 
 /// Counts a finished request and sends its outcome.
@@ -335,4 +405,63 @@ fn retire(shared: &Shared, outcome: Result<Outcome>, events: &Sender<Event>) {
     lock(&shared.queue).in_flight -= 1;
     // The caller may be gone; its request is finished either way.
     let _ = events.send(Event::Done(outcome));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn take(
+        pending: &[&str],
+        running: &[(&str, usize)],
+        last: &[&str],
+        room: usize,
+    ) -> Vec<String> {
+        let mut q: VecDeque<String> = pending.iter().map(|s| s.to_string()).collect();
+        let mut r: HashMap<String, usize> =
+            running.iter().map(|&(c, n)| (c.to_string(), n)).collect();
+        let mut served = Served::default();
+        for c in last {
+            served.count += 1;
+            served.last.insert(c.to_string(), served.count);
+        }
+        pick_fair(&mut q, &mut r, &mut served, room, |s| {
+            s.split('#').next().unwrap_or("")
+        })
+    }
+
+    #[test]
+    fn one_client_is_first_come_first_served() {
+        assert_eq!(take(&["a#1", "a#2", "a#3"], &[], &[], 2), ["a#1", "a#2"]);
+    }
+
+    #[test]
+    fn a_burst_does_not_starve_a_client_that_asks_once() {
+        // a holds the running slot and four queued; b's single request goes next.
+        let got = take(&["a#2", "a#3", "a#4", "a#5", "b#1"], &[("a", 1)], &["a"], 1);
+        assert_eq!(got, ["b#1"]);
+        // With room for three: the idle clients first (oldest first), then a.
+        let got = take(&["a#2", "a#3", "c#1", "a#4", "b#1"], &[("a", 1)], &["a"], 3);
+        assert_eq!(got, ["c#1", "b#1", "a#2"]);
+    }
+
+    #[test]
+    fn clients_take_turns_when_nothing_runs() {
+        // One slot, nothing running: a was served last, so b goes first, then a, then b.
+        let mut q: VecDeque<String> = ["a#2", "a#3", "b#1", "b#2"].map(String::from).into();
+        let mut served = Served {
+            count: 1,
+            last: HashMap::from([("a".to_string(), 1)]),
+        };
+        let key = |s: &String| s.split('#').next().unwrap_or("").to_string();
+        let mut order = Vec::new();
+        while !q.is_empty() {
+            let mut running = HashMap::new();
+            let got = pick_fair(&mut q, &mut running, &mut served, 1, |s| {
+                s.split('#').next().unwrap_or("")
+            });
+            order.extend(got.iter().map(key));
+        }
+        assert_eq!(order, ["b", "a", "b", "a"]);
+    }
 }

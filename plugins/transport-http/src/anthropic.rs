@@ -168,6 +168,20 @@ pub fn parse(body: &[u8], models: &[String]) -> Result<Parsed, ApiError> {
     let sampling = openai::sampling(&o, 1.0)?;
     let stop = json::strings(&o, "stop_sequences")?;
     let stream = json::boolean(&o, "stream")?;
+    // Anthropic's `metadata.user_id`: the fair-queueing key when given.
+    let user = match o.get("metadata") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(m)) => json::string(m, "user_id")?,
+        Some(other) => {
+            return Err(ApiError::param(
+                "metadata",
+                format!(
+                    "`metadata` must be an object, got {}",
+                    json::type_name(other)
+                ),
+            ));
+        }
+    };
     if !models.contains(&model) {
         return Err(ApiError::model_not_found(&model));
     }
@@ -175,6 +189,7 @@ pub fn parse(body: &[u8], models: &[String]) -> Result<Parsed, ApiError> {
     request.messages = turns.into();
     request.stop = stop.into_iter().map(Into::into).collect();
     request.cache_breakpoints = breakpoints.into();
+    request.client = user.map(|u| format!("user:{u}")).unwrap_or_default().into();
     Ok(Parsed { request, stream })
 }
 
@@ -336,6 +351,17 @@ mod tests {
         assert_eq!(b, vec![(0, 14), (1, 7), (1, 14), (3, 5)]);
         assert_eq!(r.sampling.top_k, 4);
         assert_eq!(r.stop[0].as_str(), "\n\n");
+    }
+
+    #[test]
+    fn metadata_user_id_is_the_fair_queueing_key() {
+        let body = br#"{"model":"tiny","max_tokens":8,"metadata":{"user_id":"u1"},
+            "messages":[{"role":"user","content":"x"}]}"#;
+        let p = parse(body, &["tiny".to_string()]).unwrap();
+        assert_eq!(p.request.client.as_str(), "user:u1");
+        let e = err(r#"{"model":"tiny","max_tokens":8,"metadata":"u1",
+            "messages":[{"role":"user","content":"x"}]}"#);
+        assert_eq!((e.status, e.param.as_deref()), (400, Some("metadata")));
     }
 
     #[test]

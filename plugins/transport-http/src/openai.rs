@@ -200,6 +200,8 @@ pub fn parse(
     };
     let resume_from = json::string(&o, "resume_from")?;
     let save_as = json::string(&o, "save_as")?;
+    // OpenAI's end-user id: the fair-queueing key when given (else the connection's peer).
+    let user = json::string(&o, "user")?;
     if !models.contains(&model) {
         return Err(ApiError::model_not_found(&model));
     }
@@ -209,6 +211,7 @@ pub fn parse(
     request.top_logprobs = top_logprobs.into();
     request.resume_from = resume_from.map(Into::into).into();
     request.save_as = save_as.map(Into::into).into();
+    request.client = user.map(|u| format!("user:{u}")).unwrap_or_default().into();
     Ok(Parsed {
         logprobs: top_logprobs.is_some(),
         request,
@@ -561,6 +564,25 @@ mod tests {
         assert_eq!(err(Endpoint::Completions, "[1]").status, 400);
         let body = e.body(Dialect::OpenAi);
         assert!(body["error"]["message"].is_string() && body["error"]["type"].is_string());
+    }
+
+    #[test]
+    fn the_user_field_is_the_fair_queueing_key() {
+        let p = parsed(
+            r#"{"model":"tiny","prompt":"x","user":"alice"}"#,
+            Endpoint::Completions,
+        );
+        assert_eq!(p.request.client.as_str(), "user:alice");
+        let p = parsed(r#"{"model":"tiny","prompt":"x"}"#, Endpoint::Completions);
+        assert!(
+            p.request.client.is_empty(),
+            "left for the connection's peer"
+        );
+        let e = err(
+            Endpoint::Completions,
+            r#"{"model":"tiny","prompt":"x","user":7}"#,
+        );
+        assert_eq!((e.status, e.param.as_deref()), (400, Some("user")));
     }
 
     fn parsed(body: &str, endpoint: Endpoint) -> Parsed {

@@ -216,9 +216,17 @@ async fn accept_loop(
         match accepted {
             Ok(Accepted::Tcp(s)) => {
                 let _ = s.set_nodelay(true);
-                connection(s, &state, &graceful);
+                let peer = s
+                    .peer_addr()
+                    .map_or("tcp".into(), |a| format!("tcp:{}", a.ip()));
+                connection(s, peer.into(), &state, &graceful);
             }
-            Ok(Accepted::Unix(s)) => connection(s, &state, &graceful),
+            Ok(Accepted::Unix(s)) => {
+                let peer = s
+                    .peer_cred()
+                    .map_or("unix".into(), |c| format!("unix:uid={}", c.uid()));
+                connection(s, peer.into(), &state, &graceful)
+            }
             Err(e) => {
                 // E.g. out of descriptors: back off instead of spinning.
                 host.warn(&format!("transport-http: accept on {address}: {e}"));
@@ -240,14 +248,16 @@ async fn accept(l: &AnyListener) -> std::io::Result<Accepted> {
     }
 }
 
-fn connection<S>(stream: S, state: &Arc<State>, graceful: &GracefulShutdown)
+/// Serves one connection; `peer` (the client's address or Unix credentials) is the
+/// fair-queueing key of its requests unless a request names its user.
+fn connection<S>(stream: S, peer: Arc<str>, state: &Arc<State>, graceful: &GracefulShutdown)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let svc_state = state.clone();
     let service = service_fn(move |req| {
-        let state = svc_state.clone();
-        async move { Ok::<_, Infallible>(handle(state, req).await) }
+        let (state, peer) = (svc_state.clone(), peer.clone());
+        async move { Ok::<_, Infallible>(handle(state, &peer, req).await) }
     });
     let conn = state.http.serve_connection(TokioIo::new(stream), service);
     let watched = graceful.watch(conn);
@@ -372,10 +382,10 @@ impl From<Response<Body>> for Answered {
     }
 }
 
-async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
+async fn handle(state: Arc<State>, peer: &str, req: Request<Incoming>) -> Response<Body> {
     let arrived = Instant::now();
     let route = Route::of(req.uri().path());
-    let answered = match dispatch(&state, route, req, arrived).await {
+    let answered = match dispatch(&state, peer, route, req, arrived).await {
         Ok(a) => a,
         Err(e) => error_response(&e, route.dialect()).into(),
     };
@@ -391,6 +401,7 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
 
 async fn dispatch(
     state: &Arc<State>,
+    peer: &str,
     route: Route,
     req: Request<Incoming>,
     arrived: Instant,
@@ -483,18 +494,21 @@ async fn dispatch(
             } else {
                 Endpoint::Completions
             };
-            let parsed = openai::parse(endpoint, &body, &models, max)?;
+            let mut parsed = openai::parse(endpoint, &body, &models, max)?;
             let reply = openai::Meta::new(endpoint, &parsed);
+            from_peer(&mut parsed.request, peer);
             generate(state, route, parsed.request, parsed.stream, reply, arrived).await
         }
         Route::Messages => {
-            let parsed = anthropic::parse(&body, &models)?;
+            let mut parsed = anthropic::parse(&body, &models)?;
             let reply = anthropic::Message::new(parsed.request.model.as_str());
+            from_peer(&mut parsed.request, peer);
             generate(state, route, parsed.request, parsed.stream, reply, arrived).await
         }
         Route::Safebox => {
-            let parsed = safebox::parse(&body, &models, max)?;
+            let mut parsed = safebox::parse(&body, &models, max)?;
             let reply = safebox::Answer::new(parsed.request.model.as_str());
+            from_peer(&mut parsed.request, peer);
             generate(state, route, parsed.request, parsed.stream, reply, arrived).await
         }
         Route::Embeddings => embeddings(state, &body, &models).await,
@@ -530,6 +544,13 @@ async fn dispatch(
             Ok(json_response(status, &checkpoints::answer(op, &infos)).into())
         }
         Route::Unknown => unreachable!("answered above"),
+    }
+}
+
+/// Makes the connection's peer the request's fair-queueing key unless it named its user.
+fn from_peer(request: &mut GenerateRequest, peer: &str) {
+    if request.client.is_empty() {
+        request.client = peer.into();
     }
 }
 

@@ -93,6 +93,11 @@ pub struct GenerateRequest {
     pub resume_from: ROption<RString>,
     /// After generation, save the sequence (prompt and generated tokens) as this checkpoint.
     pub save_as: ROption<RString>,
+    /// Who is asking, for fair queueing: requests waiting for a running slot are admitted
+    /// client by client (fewest running first), so one client's burst cannot starve another.
+    /// Transports set it from the request's declared user or else the connection's peer;
+    /// empty is one anonymous client. A fairness key, not an identity check.
+    pub client: RString,
 }
 
 impl GenerateRequest {
@@ -109,6 +114,7 @@ impl GenerateRequest {
             top_logprobs: ROption::RNone,
             resume_from: ROption::RNone,
             save_as: ROption::RNone,
+            client: RString::new(),
         }
     }
 }
