@@ -15,7 +15,11 @@ token) unless the output matrix is tied to it. KV-cache reads (< 1% here) are no
 
     python3 tests/bench/llama_bench.py                         # all five types, 3 reps, 1 round
     python3 tests/bench/llama_bench.py --types Q4_0 --reps 1   # a quick try
-    python3 tests/bench/llama_bench.py --rounds 3 --isa avx2   # more interleaving; pip-like build
+    python3 tests/bench/llama_bench.py --rounds 3 --isa avx2   # both on their AVX2 paths
+
+`--isa avx2` builds llama.cpp for AVX2 only and runs U's kernels on their AVX2 path (a copy of
+manifests/dev.toml with kernels-cpu's `isa = "avx2"`), so an AVX-512 machine can measure what
+an AVX2-only one would run.
 
 llama.cpp runs with OMP_WAIT_POLICY=passive unless `--omp-active` is given: its OpenMP threads
 otherwise spin at every barrier, and on a machine shared with other work they then collapse
@@ -137,12 +141,32 @@ def run_llama(bin_dir: Path, model: Path, a) -> tuple[dict[str, list[float]], st
     return split(results), build
 
 
+def deployment_for(isa: str) -> Path | None:
+    """For `--isa avx2`, a copy of manifests/dev.toml (beside it, so its relative paths hold)
+    whose kernels-cpu runs the AVX2 path even on an AVX-512 machine; else None (U's best)."""
+    if isa != "avx2":
+        return None
+    dev = ROOT / "manifests" / "dev.toml"
+    plugin = 'path = "../target/plugins/kernels-cpu.so"\n'
+    text = dev.read_text().replace(plugin, plugin + '[plugins.config]\nisa = "avx2"\n')
+    fd, name = tempfile.mkstemp(prefix=".bench-avx2-", suffix=".toml", dir=dev.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return Path(name)
+
+
 def run_u(runner: Path, model: Path, a) -> dict[str, list[float]] | str:
     """U's per-rep tokens/s, or its error message."""
-    out = subprocess.run(
-        [str(runner), "bench", "--model", str(model), "-p", str(a.p), "-n", str(a.n),
-         "--threads", str(a.threads), "--reps", str(a.reps), "--json"],
-        capture_output=True, text=True)
+    deployment = deployment_for(a.isa)
+    extra = ["--deployment", str(deployment)] if deployment else []
+    try:
+        out = subprocess.run(
+            [str(runner), "bench", "--model", str(model), "-p", str(a.p), "-n", str(a.n),
+             "--threads", str(a.threads), "--reps", str(a.reps), "--json", *extra],
+            capture_output=True, text=True)
+    finally:
+        if deployment:
+            deployment.unlink()
     if out.returncode != 0:
         return out.stderr.strip() or f"exit status {out.returncode}"
     return split(json.loads(out.stdout))
@@ -213,7 +237,8 @@ def main() -> int:
     shape = ", ".join(f"{k} {v}" for k, v in fixtures.SHAPE.items())
     print(f"\nbench Llama ~244M ({shape}), {a.threads} threads, {a.reps} reps x {a.rounds} "
           f"round(s); llama.cpp {build}from the llama-cpp-python {fixtures.LLAMA_CPP_PYTHON} "
-          f"sdist, {a.isa} build, OMP_WAIT_POLICY={'default' if a.omp_active else 'passive'}")
+          f"sdist, {a.isa} build, U on its {'AVX2' if a.isa == 'avx2' else 'best'} path, "
+          f"OMP_WAIT_POLICY={'default' if a.omp_active else 'passive'}")
     print(f"read bandwidth {bw:.1f} GB/s (before {bws[0]:.1f}, after {bws[1]:.1f}; {a.threads} "
           f"threads, {a.bw_mib} MiB); tg limit = bandwidth / weight bytes per token\n")
     head = ("| type   | test  | U t/s             | llama.cpp t/s     | U/llama.cpp | "

@@ -39,13 +39,10 @@ fn main() {
         std::thread::available_parallelism().map_or(1, |n| n.get()),
     );
     let rounds = env_usize("U_ROUNDS", 7).max(1);
-    let isa = match std::env::var("U_ISA").as_deref() {
-        Ok("scalar") => Isa::Scalar,
-        Ok("avx2") => Isa::Avx2,
-        Ok("avx512") => Isa::Avx512,
-        Ok("vnni") => Isa::Avx512Vnni,
-        _ => Isa::detect(),
-    };
+    let isa = std::env::var("U_ISA")
+        .ok()
+        .and_then(|n| Isa::from_short(&n))
+        .unwrap_or_else(Isa::detect);
     let dtype = match std::env::var("U_KV").as_deref() {
         Ok("f16") => DType::F16,
         _ => DType::F32,

@@ -79,15 +79,10 @@ fn main() {
     );
     let ws = env_usize("U_BENCH_MB", 1024) << 20;
     let m = env_usize("U_M", 1);
-    let isa = match std::env::var("U_ISA").as_deref() {
-        Ok("scalar") => Isa::Scalar,
-        Ok("avx2") => Isa::Avx2,
-        Ok("avx512") => Isa::Avx512,
-        Ok("vnni") => Isa::Avx512Vnni,
-        Ok("neon") => Isa::Neon,
-        Ok("neondot") => Isa::NeonDot,
-        _ => Isa::detect(),
-    };
+    let isa = std::env::var("U_ISA")
+        .ok()
+        .and_then(|n| Isa::from_short(&n))
+        .unwrap_or_else(Isa::detect);
     let kern = CpuKernels::with_isa(isa, threads).expect("isa not available");
     let (n, k) = (env_usize("U_N", 4096), env_usize("U_K", 4096));
     let bw = read_bandwidth(ws, threads);

@@ -34,6 +34,20 @@ impl Isa {
         }
     }
 
+    /// The path for a short name — `scalar`, `avx2`, `avx512`, `vnni`, `neon`, `neondot` — as
+    /// the deployment's `isa` setting and the benchmarks' `U_ISA` spell it.
+    pub fn from_short(name: &str) -> Option<Isa> {
+        Some(match name {
+            "scalar" => Isa::Scalar,
+            "avx2" => Isa::Avx2,
+            "avx512" => Isa::Avx512,
+            "vnni" => Isa::Avx512Vnni,
+            "neon" => Isa::Neon,
+            "neondot" => Isa::NeonDot,
+            _ => return None,
+        })
+    }
+
     /// The best path this CPU supports.
     pub fn detect() -> Isa {
         *Isa::available().last().unwrap_or(&Isa::Scalar)

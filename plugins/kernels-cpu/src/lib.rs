@@ -49,15 +49,41 @@ fn describe() -> PluginInfo {
     }
 }
 
-/// Creates the kernels object with a pool of `host.threads()` threads.
+/// Creates the kernels object with a pool of `host.threads()` threads, on the best ISA of this
+/// CPU or the one the deployment's `[plugins.config] isa = "…"` names (`scalar`, `avx2`,
+/// `avx512`, `vnni`, `neon`, `neondot`; e.g. to measure the AVX2 path on an AVX-512 machine).
 pub fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
     let threads = host.threads().max(1) as usize;
-    let k = CpuKernels::new(threads)?;
+    let k = match configured_isa(host.config().as_str())? {
+        Some(isa) => CpuKernels::with_isa(isa, threads)?,
+        None => CpuKernels::new(threads)?,
+    };
     host.info(&format!(
         "kernels-cpu: isa {}, {threads} threads",
         k.isa().name()
     ));
     Ok(PluginInstance::Kernels(k.into_box()))
+}
+
+/// The `isa` of the plugin's config table (TOML), if set; any other key is an error.
+fn configured_isa(config: &str) -> u_sdk::Result<Option<Isa>> {
+    let bad = |why: String| u_sdk::UError::invalid(format!("kernels-cpu config: {why}"));
+    let table: toml::Table = config.parse().map_err(|e| bad(format!("{e}")))?;
+    let mut isa = None;
+    for (key, value) in &table {
+        match (key.as_str(), value) {
+            ("isa", toml::Value::String(name)) => {
+                isa = Some(Isa::from_short(name).ok_or_else(|| {
+                    bad(format!(
+                        "unknown isa {name:?} (scalar, avx2, avx512, vnni, neon, neondot)"
+                    ))
+                })?);
+            }
+            ("isa", other) => return Err(bad(format!("`isa` must be a string, got {other}"))),
+            (other, _) => return Err(bad(format!("unknown key `{other}` (only `isa`)"))),
+        }
+    }
+    Ok(isa)
 }
 
 /// The exported root module and `.u.meta` section (in a module so the macro's items need no
@@ -68,5 +94,29 @@ mod export {
         manifest: "plugin.toml",
         describe: super::describe,
         instantiate: super::instantiate,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_config_may_name_the_isa_and_nothing_else() {
+        assert_eq!(configured_isa("").unwrap(), None);
+        assert_eq!(configured_isa("isa = \"avx2\"").unwrap(), Some(Isa::Avx2));
+        assert_eq!(
+            configured_isa("isa = \"scalar\"").unwrap(),
+            Some(Isa::Scalar)
+        );
+        for (bad, says) in [
+            ("isa = \"sse9\"", "unknown isa"),
+            ("isa = 2", "must be a string"),
+            ("threads = 4", "unknown key"),
+            ("isa = ", "kernels-cpu config"),
+        ] {
+            let e = configured_isa(bad).expect_err(bad);
+            assert!(e.message.contains(says), "{bad}: {}", e.message);
+        }
     }
 }
