@@ -301,26 +301,29 @@ unsafe fn store<const C: usize>(acc: [__m256; C], y: *mut f32, ldy: usize, rows:
 }
 
 /// The tile kernels for one ISA: `$dot(acc, u, s)` adds the four-byte dot products of unsigned
-/// `u` and signed `s` to the i32 lanes of `acc`; `$vnni` says whether it is `vpdpbusd` (no
-/// saturation, so Q8_0's signed weights can be offset by 128 instead of sign-swapped).
+/// `u` and signed `s` to the i32 lanes of `acc`, `$groups` sums (and optionally scales) several
+/// groups' dots ([`super::groups_vnni`], [`super::groups_avx2`]); `$vnni` says whether the dot
+/// is `vpdpbusd` (no saturation, so Q8_0's signed weights can be offset by 128 instead of
+/// sign-swapped).
 macro_rules! tile_kernels {
-    ($feat:literal, $dot:ident, $vnni:literal, $width:literal) => {
+    ($feat:literal, $dot:ident, $groups:ident, $vnni:literal, $width:literal) => {
         use super::*;
 
         /// Activation rows per tile (float accumulators kept in registers).
         const WIDTH: usize = $width;
 
-        /// `Σ_g dot(q_g, x_g)` for one block, from `init`, in two chains (latency).
+        /// `Σ_g dot(q_g, x_g)` for one block of unsigned codes below 2^`BITS` (4 or 5).
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn block_sum(w: &Block8, xb: &Q8Block, init: __m256i) -> __m256i {
+        unsafe fn block_sum<const BITS: u32>(w: &Block8, xb: &Q8Block) -> __m256i {
             // SAFETY: groups 0–7 of a 32-byte block.
             unsafe {
-                let mut s = [init, _mm256_setzero_si256()];
-                for g in 0..8 {
-                    s[g % 2] = $dot(s[g % 2], w.q[g], group(xb, g));
+                let x = |g: usize| group(xb, g);
+                if BITS == 4 {
+                    $groups::<8, 8>(|g| w.q[g], x, None)
+                } else {
+                    $groups::<8, 4>(|g| w.q[g], x, None)
                 }
-                _mm256_add_epi32(s[0], s[1])
             }
         }
 
@@ -353,7 +356,8 @@ macro_rules! tile_kernels {
         }
 
         /// `C` activation rows (`x` from row 0 of the tile, `nb` blocks each) against the
-        /// eight weight rows whose block `b` is `load(b)`: per row pair and block,
+        /// eight weight rows whose block `b` is `load(b)` (codes of `bits` bits: 4 or 5
+        /// unsigned, 8 signed): per row pair and block,
         /// `acc ← fma(f32(Σq·x), d·d_x, acc)`, then `acc ← fma(off, sum_x, acc)` when the
         /// format has an offset term.
         #[inline(always)]
@@ -361,7 +365,7 @@ macro_rules! tile_kernels {
             (nb, bb, next): (usize, usize, *const u8),
             x: *const Q8Block,
             load: impl Fn(usize) -> Block8,
-            signed: bool,
+            bits: u32,
             off_sum: Option<fn(&Q8Block) -> f32>,
         ) -> [__m256; C] {
             // SAFETY: see the module docs; `x` holds C rows of `nb` blocks.
@@ -372,10 +376,10 @@ macro_rules! tile_kernels {
                     let w = load(b);
                     for (c, a) in acc.iter_mut().enumerate() {
                         let xb = &*x.add(c * nb + b);
-                        let s = if signed {
-                            block_sum_signed(&w, xb)
-                        } else {
-                            block_sum(&w, xb, _mm256_setzero_si256())
+                        let s = match bits {
+                            4 => block_sum::<4>(&w, xb),
+                            5 => block_sum::<5>(&w, xb),
+                            _ => block_sum_signed(&w, xb),
                         };
                         let dd = _mm256_mul_ps(w.d, _mm256_set1_ps(xb.d));
                         *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dd, *a);
@@ -399,7 +403,7 @@ macro_rules! tile_kernels {
             y: *mut f32,
             ldy: usize,
             load: impl Fn(usize) -> Block8 + Copy,
-            signed: bool,
+            bits: u32,
             off_sum: Option<fn(&Q8Block) -> f32>,
         ) {
             let nb = stride / bb;
@@ -413,7 +417,7 @@ macro_rules! tile_kernels {
                     macro_rules! go {
                         ($c:literal) => {
                             store(
-                                tile::<$c>((nb, bb, next), xc, load, signed, off_sum),
+                                tile::<$c>((nb, bb, next), xc, load, bits, off_sum),
                                 yc,
                                 ldy,
                                 rows,
@@ -461,19 +465,7 @@ macro_rules! tile_kernels {
                 }
             };
             // SAFETY: see the module docs.
-            unsafe {
-                sweep(
-                    (w, stride, 18),
-                    rows,
-                    x,
-                    m,
-                    y,
-                    ldy,
-                    load,
-                    false,
-                    Some(|b| b.s),
-                )
-            }
+            unsafe { sweep((w, stride, 18), rows, x, m, y, ldy, load, 4, Some(|b| b.s)) }
         }
 
         /// Q4_1 (20-byte blocks: f16 d, f16 m, 16 bytes of nibbles; value = d·q + m).
@@ -500,19 +492,7 @@ macro_rules! tile_kernels {
                 }
             };
             // SAFETY: see the module docs.
-            unsafe {
-                sweep(
-                    (w, stride, 20),
-                    rows,
-                    x,
-                    m,
-                    y,
-                    ldy,
-                    load,
-                    false,
-                    Some(|b| b.s1),
-                )
-            }
+            unsafe { sweep((w, stride, 20), rows, x, m, y, ldy, load, 4, Some(|b| b.s1)) }
         }
 
         /// Q5_0 (22-byte blocks: f16 d, 32 fifth bits, 16 bytes of nibbles; value =
@@ -543,19 +523,7 @@ macro_rules! tile_kernels {
                 }
             };
             // SAFETY: see the module docs.
-            unsafe {
-                sweep(
-                    (w, stride, 22),
-                    rows,
-                    x,
-                    m,
-                    y,
-                    ldy,
-                    load,
-                    false,
-                    Some(|b| b.s),
-                )
-            }
+            unsafe { sweep((w, stride, 22), rows, x, m, y, ldy, load, 5, Some(|b| b.s)) }
         }
 
         /// The exact integer sums of super-block `k` against `C` activation blocks: Q4_K
@@ -573,13 +541,20 @@ macro_rules! tile_kernels {
                 for j in 0..subs {
                     let q = &k.q[per * j..per * (j + 1)];
                     for c in 0..C {
-                        let mut s = [_mm256_setzero_si256(); 2];
-                        if Q6 {
-                            // Σ (q − 32)·x over 16 values: start from −32·Σx.
-                            s[0] = _mm256_set1_epi32(-32 * i32::from(xb[c].bsums[j]));
+                        let x = |g: usize| group_k(xb[c], per * j + g);
+                        if !Q6 {
+                            // 4-bit codes: the scaled sum in one step.
+                            let s = $groups::<8, 8>(|g| q[g], x, Some(k.sc[j]));
+                            total[c] = _mm256_add_epi32(total[c], s);
+                            continue;
                         }
+                        // Σ (q − 32)·x over 16 values: start from −32·Σx.
+                        let mut s = [
+                            _mm256_set1_epi32(-32 * i32::from(xb[c].bsums[j])),
+                            _mm256_setzero_si256(),
+                        ];
                         for g in 0..per {
-                            s[g % 2] = $dot(s[g % 2], q[g], group_k(xb[c], per * j + g));
+                            s[g % 2] = $dot(s[g % 2], q[g], x(g));
                         }
                         let s = _mm256_add_epi32(s[0], s[1]);
                         total[c] = _mm256_add_epi32(total[c], _mm256_mullo_epi32(s, k.sc[j]));
@@ -730,7 +705,7 @@ macro_rules! tile_kernels {
                 }
             };
             // SAFETY: see the module docs.
-            unsafe { sweep((w, stride, 34), rows, x, m, y, ldy, load, true, None) }
+            unsafe { sweep((w, stride, 34), rows, x, m, y, ldy, load, 8, None) }
         }
     };
 }
@@ -738,7 +713,7 @@ macro_rules! tile_kernels {
 /// AVX2 tile kernels (`vpmaddubsw` + `vpmaddwd`; 16 vector registers, so four activation rows
 /// per tile).
 pub mod avx2 {
-    tile_kernels!("avx2,fma,f16c", dot_avx2, false, 4);
+    tile_kernels!("avx2,fma,f16c", dot_avx2, groups_avx2, false, 4);
 }
 
 /// AVX-512 VNNI tile kernels (`vpdpbusd` on 256-bit vectors; 32 vector registers, so eight
@@ -747,6 +722,7 @@ pub mod vnni {
     tile_kernels!(
         "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
         dot_vnni,
+        groups_vnni,
         true,
         8
     );
