@@ -100,6 +100,43 @@ fn dot_vnni(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
     _mm256_dpbusd_epi32(acc, u, s)
 }
 
+/// `acc + Σ pairs(a·b)` of i16 pairs into i32 lanes (`vpdpwssd`).
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
+fn dotw_vnni(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+    _mm256_dpwssd_epi32(acc, a, b)
+}
+
+/// [`dotw_vnni`] on AVX2 (`vpmaddwd` + add).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn dotw_avx2(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+    _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
+}
+
+/// A per-lane integer scale in the two forms the ISAs use: i32 lanes, and the same value in
+/// both i16 halves of each lane (for `vpmaddwd`).
+#[derive(Clone, Copy)]
+struct Scale {
+    /// The scale in i32 lanes.
+    wide: __m256i,
+    /// The scale in both i16 halves of each i32 lane.
+    pair: __m256i,
+}
+
+impl Scale {
+    /// Both forms of `wide` (values within i16).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn new(wide: __m256i) -> Scale {
+        let lo = _mm256_and_si256(wide, _mm256_set1_epi32(0xffff));
+        Scale {
+            wide,
+            pair: _mm256_or_si256(lo, _mm256_slli_epi32::<16>(wide)),
+        }
+    }
+}
+
 /// `Σ_g u(g)·s(g)` (four-byte dots per i32 lane) over `N` groups, times `scale` per lane when
 /// given; VNNI: `vpdpbusd` in two chains (`K` unused: no intermediate can overflow).
 #[inline]
@@ -107,33 +144,28 @@ fn dot_vnni(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
 unsafe fn groups_vnni<const N: usize, const K: usize>(
     u: impl Fn(usize) -> __m256i,
     s: impl Fn(usize) -> __m256i,
-    scale: Option<__m256i>,
+    scale: Option<&Scale>,
 ) -> __m256i {
     let mut acc = [_mm256_setzero_si256(); 2];
     for g in 0..N {
         acc[g % 2] = _mm256_dpbusd_epi32(acc[g % 2], u(g), s(g));
     }
     let t = _mm256_add_epi32(acc[0], acc[1]);
-    scale.map_or(t, |sc| _mm256_mullo_epi32(t, sc))
+    scale.map_or(t, |sc| _mm256_mullo_epi32(t, sc.wide))
 }
 
 /// [`groups_vnni`] on AVX2: `K` groups' `vpmaddubsw` pair sums are added as i16 (callers keep
-/// `K·2·max_code·127 < 2¹⁵`: `K` = 8 for 4-bit codes, 4 for 5-bit) and widened once by
-/// `vpmaddwd` — with ones, or with the scale in both halves of each lane, which also applies
-/// it — instead of a widening per group.
+/// `K·2·max_code·127 < 2¹⁵`: `K` = 8 for 4-bit codes, 4 for 5-bit, 2 for 6-bit) and widened
+/// once by `vpmaddwd` — with ones, or with the scale's i16 pair, which also applies it —
+/// instead of a widening per group.
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn groups_avx2<const N: usize, const K: usize>(
     u: impl Fn(usize) -> __m256i,
     s: impl Fn(usize) -> __m256i,
-    scale: Option<__m256i>,
+    scale: Option<&Scale>,
 ) -> __m256i {
-    let w = scale.map_or(_mm256_set1_epi16(1), |sc| {
-        _mm256_or_si256(
-            _mm256_and_si256(sc, _mm256_set1_epi32(0xffff)),
-            _mm256_slli_epi32::<16>(sc),
-        )
-    });
+    let w = scale.map_or(_mm256_set1_epi16(1), |sc| sc.pair);
     let mut acc = _mm256_setzero_si256();
     for g0 in (0..N).step_by(K) {
         let mut t = _mm256_maddubs_epi16(u(g0), s(g0));

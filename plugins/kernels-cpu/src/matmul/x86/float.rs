@@ -33,7 +33,7 @@ macro_rules! float_tiles {
         #[allow(clippy::too_many_arguments)]
         unsafe fn tile<const C: usize>(
             p: &[*const u8; 4],
-            esize: usize,
+            (stride, esize): (usize, usize),
             k: usize,
             x: *const f32,
             y: *mut f32,
@@ -47,6 +47,13 @@ macro_rules! float_tiles {
                 let mut acc = [[$zero(); C]; 4];
                 let mut i = 0;
                 while i + $lanes <= k {
+                    if (i * esize).is_multiple_of(64) {
+                        // The next four rows follow these: read them one group ahead.
+                        for &row in p {
+                            let ahead = row.wrapping_add(4 * stride + i * esize);
+                            _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+                        }
+                    }
                     let w: [$v; 4] = core::array::from_fn(|r| ld(p[r].add(i * esize)));
                     for c in 0..C {
                         let xv = $loadx(x.add(c * k + i));
@@ -90,7 +97,7 @@ macro_rules! float_tiles {
                     let (xc, yc) = (x.as_ptr().add(c0 * k), y.add(c0 * ldy));
                     macro_rules! go {
                         ($c:literal) => {
-                            tile::<$c>(&p, esize, k, xc, yc, ldy, rows, ld, tail)
+                            tile::<$c>(&p, (stride, esize), k, xc, yc, ldy, rows, ld, tail)
                         };
                     }
                     match cw {

@@ -164,7 +164,10 @@ struct SuperBlock8 {
     /// Codes of the 64 four-value groups.
     q: [__m256i; 64],
     /// Integer scale of each sub-block (8 of 32 values for Q4_K, 16 of 16 for Q6_K).
-    sc: [__m256i; 16],
+    sc: [Scale; 16],
+    /// Q6_K's scales in i16 pairs (lane `r`: scales `2g` and `2g + 1` of row `r`), for the
+    /// `−32·Σ sc·Σx` offset term in one pair-dot per two sub-blocks.
+    sc_pairs: [__m256i; 8],
     /// Q4_K's minimum of each 32-value sub-block.
     mn: [__m256i; 8],
     /// Super-block scale.
@@ -224,11 +227,14 @@ unsafe fn decode_q4_k(p: &[*const u8; 8], b: usize, out: &mut SuperBlock8) {
         let (m63, m15) = (_mm256_set1_epi32(63), _mm256_set1_epi32(15));
         for j in 0..8 {
             if j < 4 {
-                out.sc[j] = _mm256_and_si256(s(j), m63);
+                out.sc[j] = Scale::new(_mm256_and_si256(s(j), m63));
                 out.mn[j] = _mm256_and_si256(s(j + 4), m63);
             } else {
                 let top = |v: __m256i| _mm256_slli_epi32::<4>(_mm256_srli_epi32::<6>(v));
-                out.sc[j] = _mm256_or_si256(_mm256_and_si256(s(j + 4), m15), top(s(j - 4)));
+                out.sc[j] = Scale::new(_mm256_or_si256(
+                    _mm256_and_si256(s(j + 4), m15),
+                    top(s(j - 4)),
+                ));
                 out.mn[j] = _mm256_or_si256(_mm256_srli_epi32::<4>(s(j + 4)), top(s(j)));
             }
         }
@@ -255,7 +261,11 @@ unsafe fn decode_q6_k(p: &[*const u8; 8], b: usize, out: &mut SuperBlock8) {
         out.d = halves(p, at + 206).1;
         let t = transpose16(p, at + 192);
         for g in 0..16 {
-            out.sc[g] = signed_byte_of(t[g / 4], (g % 4) as u32);
+            out.sc[g] = Scale::new(signed_byte_of(t[g / 4], (g % 4) as u32));
+        }
+        for g in 0..8 {
+            let lo = _mm256_and_si256(out.sc[2 * g].wide, _mm256_set1_epi32(0xffff));
+            out.sc_pairs[g] = _mm256_or_si256(lo, _mm256_slli_epi32::<16>(out.sc[2 * g + 1].wide));
         }
         let (m4, m2) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
         for j in 0..2 {
@@ -306,7 +316,7 @@ unsafe fn store<const C: usize>(acc: [__m256; C], y: *mut f32, ldy: usize, rows:
 /// is `vpdpbusd` (no saturation, so Q8_0's signed weights can be offset by 128 instead of
 /// sign-swapped).
 macro_rules! tile_kernels {
-    ($feat:literal, $dot:ident, $groups:ident, $vnni:literal, $width:literal) => {
+    ($feat:literal, $dot:ident, $dotw:ident, $groups:ident, $vnni:literal, $width:literal) => {
         use super::*;
 
         /// Activation rows per tile (float accumulators kept in registers).
@@ -537,27 +547,30 @@ macro_rules! tile_kernels {
             // SAFETY: groups 0–63 of 256-value blocks.
             unsafe {
                 let mut total = [_mm256_setzero_si256(); C];
+                if Q6 {
+                    // The offset: −32·Σ_j sc_j·Σx_j, two sub-blocks per pair-dot (the bsums
+                    // of sub-blocks 2g and 2g + 1 are one broadcast i16 pair).
+                    for (c, t) in total.iter_mut().enumerate() {
+                        let mut off = _mm256_setzero_si256();
+                        for (g, &pair) in k.sc_pairs.iter().enumerate() {
+                            let sums = (xb[c].bsums.as_ptr() as *const i32).add(g).read_unaligned();
+                            off = $dotw(off, pair, _mm256_set1_epi32(sums));
+                        }
+                        *t = _mm256_sub_epi32(*t, _mm256_slli_epi32::<5>(off));
+                    }
+                }
                 let (subs, per) = if Q6 { (16, 4) } else { (8, 8) };
                 for j in 0..subs {
                     let q = &k.q[per * j..per * (j + 1)];
                     for c in 0..C {
                         let x = |g: usize| group_k(xb[c], per * j + g);
-                        if !Q6 {
-                            // 4-bit codes: the scaled sum in one step.
-                            let s = $groups::<8, 8>(|g| q[g], x, Some(k.sc[j]));
-                            total[c] = _mm256_add_epi32(total[c], s);
-                            continue;
-                        }
-                        // Σ (q − 32)·x over 16 values: start from −32·Σx.
-                        let mut s = [
-                            _mm256_set1_epi32(-32 * i32::from(xb[c].bsums[j])),
-                            _mm256_setzero_si256(),
-                        ];
-                        for g in 0..per {
-                            s[g % 2] = $dot(s[g % 2], q[g], x(g));
-                        }
-                        let s = _mm256_add_epi32(s[0], s[1]);
-                        total[c] = _mm256_add_epi32(total[c], _mm256_mullo_epi32(s, k.sc[j]));
+                        // The scaled sum in one step: 4-bit codes, 8 groups; 6-bit, 4.
+                        let s = if Q6 {
+                            $groups::<4, 2>(|g| q[g], x, Some(&k.sc[j]))
+                        } else {
+                            $groups::<8, 8>(|g| q[g], x, Some(&k.sc[j]))
+                        };
+                        total[c] = _mm256_add_epi32(total[c], s);
                     }
                 }
                 total
@@ -713,7 +726,7 @@ macro_rules! tile_kernels {
 /// AVX2 tile kernels (`vpmaddubsw` + `vpmaddwd`; 16 vector registers, so four activation rows
 /// per tile).
 pub mod avx2 {
-    tile_kernels!("avx2,fma,f16c", dot_avx2, groups_avx2, false, 4);
+    tile_kernels!("avx2,fma,f16c", dot_avx2, dotw_avx2, groups_avx2, false, 4);
 }
 
 /// AVX-512 VNNI tile kernels (`vpdpbusd` on 256-bit vectors; 32 vector registers, so eight
@@ -722,6 +735,7 @@ pub mod vnni {
     tile_kernels!(
         "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
         dot_vnni,
+        dotw_vnni,
         groups_vnni,
         true,
         8
