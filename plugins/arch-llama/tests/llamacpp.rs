@@ -14,21 +14,27 @@
 //! both sides quantize activations to int8 per 32 values for the integer dot products. Int8
 //! rounding is discontinuous: a float-level difference upstream (summation order, one ulp)
 //! flips roundings downstream, and each flip is a whole quantum. On SmolLM2 (30 layers, large
-//! activation outliers) this noise is ~1 logit: llama.cpp against *itself* (prompt in one batch
-//! vs one token at a time) differs by up to 0.96 at the first step and its greedy choice flips
-//! at 5 of 384 steps with top-2 gaps ≥ 0.01 (up to 0.13), and an exact f32 matmul over the same
-//! weights is 1.4 away. The issue's strict rule (divergence only at a top-2 gap < 0.01,
-//! [`NEAR_TIE`]) is therefore counted and printed but not asserted. What is asserted: a greedy
-//! divergence only where llama.cpp's top-2 gap is below what llama.cpp's own logits move when
-//! the same prompt is batched differently (its recorded first-step self-difference, 0.96 — a
-//! gap that small is not settled by llama.cpp's numbers either), at most [`MAX_DIVERGENCES`] of
-//! the 384 steps, and logits within [`SMOL_TOL`].
+//! activation outliers) this noise is ~1 logit, and llama.cpp does not agree with itself:
+//! - its AVX-512 build against the AVX2 build the reference comes from (same version, same
+//!   file, same settings; `gen_llamacpp_reference.py --other-build`): first-step logits up to
+//!   1.11 apart and 14 greedy flips in 384 steps, 11 of them at top-2 gaps ≥ 0.01 (up to 0.21);
+//! - the same build with the prompt fed one token at a time: up to 0.96 apart, 5 flips at gaps
+//!   ≥ 0.01 (up to 0.13);
+//! - an exact f32 matmul over the same weights is 1.4 away.
 //!
-//! Our kernels also round differently from ggml: ggml stores the activation block scale `d` (and
-//! Q8_1's `d·Σq`) in f16, kernels-cpu keeps f32. On the tiny models that alone is 0.1–0.3 of
-//! logit; with ggml's rounding the tiny logits are bit-identical (measured 0.0 for Q8_0 and
-//! Q4_1). [`tiny_activation_rounding_matches_ggml`] checks that and fails until kernels-cpu
-//! adopts ggml's rounding.
+//! U sits at the same distance (printed side by side). The issue's strict rule (divergence only
+//! at a top-2 gap < 0.01, [`NEAR_TIE`]) is therefore counted and printed but not asserted: only
+//! bit-for-bit emulation of one llama.cpp build's float order could meet it, and llama.cpp's own
+//! builds do not. What is asserted: a greedy divergence only where llama.cpp's top-2 gap is
+//! below what llama.cpp's own logits move when the same prompt is batched differently (its
+//! recorded first-step self-difference, 0.96 — a gap that small is not settled by llama.cpp's
+//! numbers either), at most [`MAX_DIVERGENCES`] of the 384 steps, and logits within
+//! [`SMOL_TOL`].
+//!
+//! The tiny models have too few values for a rounding flip: there kernels-cpu's activation
+//! quantization (ggml's f16 block scale `d` and, for Q4_1, `s = f16(d·Σq)`) and float steps
+//! leave U within a few ulp of llama.cpp, which [`tiny_activation_rounding_matches_ggml`] holds
+//! to [`TINY_STRICT`].
 
 mod support;
 
@@ -40,19 +46,20 @@ use support::{
 };
 use u_sdk::{LogitsWanted, ModelBox, WeightSetBox};
 
-/// SmolLM2 logit tolerance (logits span about −15..25). Measured: 1.02 (first step, full
-/// vocab), 0.93 (top 10 of every step); llama.cpp vs itself 0.96; exact f32 matmul vs
-/// llama.cpp 1.41. The int8-activation noise floor with headroom.
+/// SmolLM2 logit tolerance (logits span about −15..25). Measured: 1.12 (first step, full
+/// vocab), 1.10 (top 10 of every step); llama.cpp's AVX-512 build vs its AVX2 build 1.11,
+/// llama.cpp batched differently 0.96; exact f32 matmul vs llama.cpp 1.41. The int8-activation
+/// noise floor with headroom.
 const SMOL_TOL: f32 = 1.5;
 /// The issue's near-tie: divergences at a smaller llama.cpp top-2 gap are always fine.
 const NEAR_TIE: f32 = 0.01;
-/// Most greedy divergences accepted in the 384 steps (measured: 14, 11 of them at a gap ≥ 0.01;
-/// llama.cpp against itself: 5).
+/// Most greedy divergences accepted in the 384 steps (measured: 16, 13 of them at a gap ≥ 0.01;
+/// llama.cpp's AVX-512 build against its AVX2 build: 14 and 11; batched differently: 5).
 const MAX_DIVERGENCES: usize = 20;
 /// Tiny Q8_0/Q4_0/Q4_1 models (logits O(1..20), 2 layers): measured up to 0.34; ours vs an exact
 /// f32 matmul up to 0.44, llama.cpp vs it up to 0.31 (int8 activation noise).
 const TINY_TOL: f32 = 0.5;
-/// Tiny models with ggml-identical activation rounding: bit-equal but for summation order.
+/// Tiny models with ggml-identical activation rounding: equal but for float summation order.
 const TINY_STRICT: f32 = 1e-4;
 
 fn fixtures() -> PathBuf {
@@ -220,18 +227,22 @@ fn smollm2_greedy_64_and_logits_match_llama_cpp() -> Result<()> {
             },
         );
     }
-    // llama.cpp against itself (prompt fed one token at a time), recorded by the generator.
-    let (mut self_first, mut self_strict, mut self_max_gap) = (0f32, 0, 0f32);
-    for case in fx["cases"].as_array().unwrap() {
-        let s = &case["llama_cpp_self"];
-        self_first = self_first.max(s["first_step_max_abs_diff"].as_f64().unwrap_or(0.0) as f32);
-        for d in s["divergences"].as_array().into_iter().flatten() {
-            let gap = d[1].as_f64().unwrap() as f32;
-            self_strict += usize::from(gap >= NEAR_TIE);
-            self_max_gap = self_max_gap.max(gap);
-        }
-    }
-    let noise_gap = self_first;
+    // llama.cpp against itself, recorded by the generator: batched differently, another build.
+    let batched = LlamaCppNoise::of(
+        fx["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| &c["llama_cpp_self"]),
+    );
+    let other = &fx["llama_cpp_other_build"];
+    let other_build = LlamaCppNoise::of(
+        other["cases"]
+            .as_array()
+            .context("llama_cpp_other_build")?
+            .iter(),
+    );
+    let noise_gap = batched.first_step;
     for (i, step, ours, t, gap) in &ties {
         let verdict = if *gap < NEAR_TIE {
             "near-tie"
@@ -246,17 +257,24 @@ fn smollm2_greedy_64_and_logits_match_llama_cpp() -> Result<()> {
     }
     let strict = ties.iter().filter(|t| t.4 >= NEAR_TIE).count();
     let hard = ties.iter().filter(|t| t.4 >= noise_gap).count();
+    let max_gap = ties.iter().map(|t| t.4).fold(0f32, f32::max);
     eprintln!(
-        "smollm2 max |Δlogit| vs llama.cpp: first step full vocab {worst_full:.4} (exact f32 matmul: \
-         {worst_exact:.4}; llama.cpp vs itself: {self_first:.4}), top-10 of all steps {worst_top:.4}; \
-         tolerance {SMOL_TOL}"
+        "smollm2 against the llama.cpp reference ({}), {} greedy steps; max |Δlogit|:\n  {:<34} {:>10} {:>8}  divergences (at a gap ≥ {NEAR_TIE}, largest gap)\n  {:<34} {worst_full:>10.3} {worst_top:>8.3}  {} ({strict}, {max_gap:.3})\n  {:<34} {other_build}\n  {:<34} {batched}\n  {:<34} {worst_exact:>10.3} {:>8}  -",
+        build_name(&fx["settings"]["system_info"]),
+        64 * fx["cases"].as_array().unwrap().len(),
+        "",
+        "first step",
+        "top 10",
+        "U",
+        ties.len(),
+        format!("llama.cpp, {}", build_name(&other["system_info"])),
+        "llama.cpp, prompt token by token",
+        "exact f32 matmul, same weights",
+        "-",
     );
     eprintln!(
-        "smollm2 greedy: {} divergences in {} steps; {strict} at a top-2 gap ≥ {NEAR_TIE} (llama.cpp vs \
-         itself: {self_strict}, at gaps up to {self_max_gap:.3}); accepted below llama.cpp's \
-         self-difference {noise_gap:.3}",
-        ties.len(),
-        64 * fx["cases"].as_array().unwrap().len()
+        "tolerance {SMOL_TOL}; divergences accepted below a gap of {noise_gap:.3} (llama.cpp batched \
+         differently), at most {MAX_DIVERGENCES}"
     );
     assert_eq!(
         hard, 0,
@@ -273,6 +291,62 @@ fn smollm2_greedy_64_and_logits_match_llama_cpp() -> Result<()> {
     );
     assert!(worst_top <= SMOL_TOL, "top-10 logits off by {worst_top}");
     Ok(())
+}
+
+/// How far llama.cpp moves from its own reference run (a record of the fixture generator).
+struct LlamaCppNoise {
+    /// Largest first-step |Δlogit| over the prompts that have one.
+    first_step: f32,
+    /// Largest |Δlogit| over the reference's top 10 at every step, where recorded.
+    top10: Option<f32>,
+    /// Greedy divergences (teacher-forced) and their reference top-2 gaps.
+    gaps: Vec<f32>,
+}
+
+impl LlamaCppNoise {
+    fn of<'a>(cases: impl Iterator<Item = &'a Value>) -> Self {
+        let mut n = LlamaCppNoise {
+            first_step: 0.0,
+            top10: None,
+            gaps: Vec::new(),
+        };
+        for c in cases {
+            let num = |k: &str| c[k].as_f64().map(|v| v as f32);
+            n.first_step = n
+                .first_step
+                .max(num("first_step_max_abs_diff").unwrap_or(0.0));
+            if let Some(t) = num("top10_max_abs_diff") {
+                n.top10 = Some(n.top10.unwrap_or(0.0).max(t));
+            }
+            for d in c["divergences"].as_array().into_iter().flatten() {
+                n.gaps.push(d[1].as_f64().unwrap() as f32);
+            }
+        }
+        n
+    }
+}
+
+impl std::fmt::Display for LlamaCppNoise {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let top10 = self.top10.map_or("-".into(), |t| format!("{t:.3}"));
+        let strict = self.gaps.iter().filter(|&&g| g >= NEAR_TIE).count();
+        let max_gap = self.gaps.iter().copied().fold(0f32, f32::max);
+        write!(
+            f,
+            "{:>10.3} {top10:>8}  {} ({strict}, {max_gap:.3})",
+            self.first_step,
+            self.gaps.len()
+        )
+    }
+}
+
+/// "AVX-512 build" or "AVX2 build", from a llama.cpp system-info line.
+fn build_name(system_info: &Value) -> &'static str {
+    match system_info.as_str() {
+        Some(s) if s.contains("AVX512 = 1") => "AVX-512 build",
+        Some(s) if s.contains("AVX2 = 1") => "AVX2 build",
+        _ => "other build",
+    }
 }
 
 /// Logits of `file` for the fixture prompts (all positions): ours and an exact f32 matmul.
@@ -324,10 +398,9 @@ fn tiny_quantized_logits_match_llama_cpp() -> Result<()> {
     Ok(())
 }
 
-/// Fails while kernels-cpu keeps f32 activation scales: ggml rounds each 32-value activation
-/// block's scale `d` to f16 (Q8_0 path: Q8_0, Q4_0 weights) and, for Q8_1 (Q4_1 weights), also
-/// `s = f16(d_f32·Σq)`. With that rounding (tried in a scratch copy) Q8_0 and Q4_1 are bit-equal
-/// to llama.cpp here (0.0); Q4_0 additionally needs its `−8·d·Σq` term from the f16 `d`.
+/// kernels-cpu rounds activations as ggml does: each 32-value block's scale `d` to f16 and, for
+/// Q8_1 (Q4_1 weights), `s = f16(d·Σq)`; Q4_0's `−8·d·Σq` from the f16 `d`. With f32 scales
+/// (as kernels-cpu first had) these logits were 0.1–0.3 off llama.cpp.
 #[test]
 fn tiny_activation_rounding_matches_ggml() -> Result<()> {
     let mut worst = Vec::new();
