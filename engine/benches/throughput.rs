@@ -92,7 +92,7 @@ fn main() -> Result<()> {
     ];
     if let Some(path) = std::env::var_os("U_ENGINE_BENCH_GGUF") {
         let path = std::path::PathBuf::from(path);
-        let weights = u_loader_gguf::plugin::GgufWeights::open_path(&path)?.into_box();
+        let weights = u_loader_gguf::open_path(&path)?.into_box();
         let tokenizer = u_tokenizer::Tok::from_meta(&weights)?.into_box();
         let model = common::build(weights)?;
         models.push((

@@ -14,8 +14,9 @@
 //! - [`meta`]: the fixed-size `.u.meta` ELF section that carries the manifest, the ABI
 //!   fingerprint and — once signed by `u-attest` — the publisher key, code hash and signature.
 //! - [`export_plugin!`]: the single macro that exports a plugin and embeds its manifest.
-//! - [`naming`] and [`convert`]: helpers linked statically, outside the ABI — the canonical
-//!   tensor/metadata naming scheme every loader presents, and decoding of stored values to `f32`.
+//! - [`naming`], [`convert`] and [`weights`]: helpers linked statically, outside the ABI — the
+//!   canonical tensor/metadata naming scheme every loader presents, decoding of stored values to
+//!   `f32`, and the adapter that serves a loader's parsed model as a [`WeightSet`].
 //!
 //! Design choice: interfaces are `#[sabi_trait]` objects rather than raw vtables so that layout
 //! mismatches are caught by `abi_stable` as a second line of defence, while the signed ABI
@@ -33,6 +34,7 @@ pub mod manifest;
 pub mod meta;
 pub mod naming;
 pub mod quant;
+pub mod weights;
 
 pub use abi::*;
 pub use guard::{guard, guard_infallible};

@@ -5,11 +5,10 @@
 // Each test crate uses a subset of these helpers.
 #![allow(dead_code)]
 
-use abi_stable::sabi_trait::TD_Opaque;
 use anyhow::Result;
 use std::{path::PathBuf, sync::Arc};
 use u_engine::Generator;
-use u_sdk::{Architecture, KvCacheBox, ModelBox, TokenizerBox, WeightSet_TO, WeightSetBox};
+use u_sdk::{Architecture, KvCacheBox, ModelBox, TokenizerBox, WeightSetBox};
 
 /// The directory of fixture model `model`.
 pub fn fixture(model: &str) -> PathBuf {
@@ -22,15 +21,12 @@ pub fn fixture(model: &str) -> PathBuf {
 pub fn safetensors(model: &str) -> Result<WeightSetBox> {
     use u_loader_safetensors::{SafetensorsModel, SafetensorsWeights, StdFs};
     let m = SafetensorsModel::open(&StdFs, &fixture(model))?;
-    Ok(WeightSet_TO::from_value(
-        SafetensorsWeights(Arc::new(m)),
-        TD_Opaque,
-    ))
+    Ok(SafetensorsWeights::new(m).into_box())
 }
 
 /// The fixture's GGUF weights (`model.gguf`, or e.g. `model.q8_0.gguf`).
 pub fn gguf(model: &str, file: &str) -> Result<WeightSetBox> {
-    Ok(u_loader_gguf::plugin::GgufWeights::open_path(&fixture(model).join(file))?.into_box())
+    Ok(u_loader_gguf::open_path(&fixture(model).join(file))?.into_box())
 }
 
 /// A fresh cache-kv cache with default settings.

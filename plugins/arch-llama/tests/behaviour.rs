@@ -3,12 +3,10 @@
 
 mod support;
 
-use abi_stable::sabi_trait::TD_Opaque;
 use anyhow::Result;
-use std::sync::Arc;
 use support::{build, cases, forward, max_abs_diff, reference_cache::ReferenceCache};
 use u_loader_safetensors::{SafetensorsModel, SafetensorsWeights};
-use u_sdk::{ErrorKind, LogitsWanted, WeightSet_TO, WeightSetBox};
+use u_sdk::{ErrorKind, LogitsWanted, WeightSetBox};
 
 fn fixture_with_config(
     model: &str,
@@ -20,10 +18,7 @@ fn fixture_with_config(
         serde_json::from_slice(&std::fs::read(d.join("config.json"))?)?;
     edit(&mut config);
     let m = SafetensorsModel::from_bytes(file, Some(&serde_json::to_vec(&config)?))?;
-    Ok(WeightSet_TO::from_value(
-        SafetensorsWeights(Arc::new(m)),
-        TD_Opaque,
-    ))
+    Ok(SafetensorsWeights::new(m).into_box())
 }
 
 #[test]

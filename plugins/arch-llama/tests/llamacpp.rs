@@ -105,7 +105,7 @@ fn smollm2_path() -> PathBuf {
 }
 
 fn open(path: &std::path::Path) -> Result<WeightSetBox> {
-    Ok(u_loader_gguf::plugin::GgufWeights::open_path(path)?.into_box())
+    Ok(u_loader_gguf::open_path(path)?.into_box())
 }
 
 fn forward_one(m: &ModelBox, seq: u64, tokens: &[u32], w: LogitsWanted) -> Result<Vec<f32>> {

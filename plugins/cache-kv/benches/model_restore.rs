@@ -33,7 +33,7 @@ fn model_path() -> PathBuf {
 }
 
 fn build(cache: KvCacheBox) -> ModelBox {
-    let weights = u_loader_gguf::plugin::GgufWeights::open_path(&model_path())
+    let weights = u_loader_gguf::open_path(&model_path())
         .expect("SmolLM2 GGUF: run `cargo xtask fetch-model`")
         .into_box();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -123,7 +123,7 @@ impl Kernels for Shifted {
 
 /// Fixture `name` on the CPU kernels (positions moved by `shift`), its KV in `cache`.
 fn build(name: &str, cache: &KvCacheBox, shift: u32) -> ModelBox {
-    let weights = u_loader_gguf::plugin::GgufWeights::open_path(&gguf(name))
+    let weights = u_loader_gguf::open_path(&gguf(name))
         .expect("fixture GGUF")
         .into_box();
     let cpu = u_kernels_cpu::CpuKernels::new(1)

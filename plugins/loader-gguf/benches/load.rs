@@ -8,14 +8,13 @@
 mod sparse_gguf;
 
 use std::time::{Duration, Instant};
-use u_loader_gguf::GgufWeights;
 use u_sdk::WeightSet;
 
 fn median_open(path: &std::path::Path, runs: usize) -> Duration {
     let mut times: Vec<Duration> = (0..runs)
         .map(|_| {
             let t = Instant::now();
-            let w = GgufWeights::open_path(path).expect("open");
+            let w = u_loader_gguf::open_path(path).expect("open");
             let first = &w.tensors()[0];
             let view = w.tensor(first.name.as_str().into()).expect("tensor");
             std::hint::black_box(view.data.len());
@@ -37,7 +36,7 @@ fn main() {
     let ts = median_open(&small, runs);
     let tl = median_open(&large, runs);
     let before = sparse_gguf::resident_bytes();
-    let kept = GgufWeights::open_path(&large).expect("open");
+    let kept = u_loader_gguf::open_path(&large).expect("open");
     let grown = sparse_gguf::resident_bytes().saturating_sub(before);
     drop(kept);
     println!("open+first tensor view, median of {runs}:");

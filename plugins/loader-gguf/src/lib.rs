@@ -8,7 +8,7 @@
 //!
 //! - [`gguf`]: the format parser, a plain module over `&[u8]` with no host or ABI involved, so it
 //!   can be tested and fuzzed directly ([`gguf::Gguf::parse`]).
-//! - [`plugin`]: the [`u_sdk::Loader`] / [`u_sdk::WeightSet`] implementations.
+//! - [`plugin`]: the [`u_sdk::Loader`] and the file as a [`u_sdk::weights::WeightSource`].
 //!
 //! Malformed files get an [`Error`] naming what is wrong and where; every count and length is
 //! checked against the file's size before anything is allocated.
@@ -20,7 +20,7 @@ pub mod plugin;
 
 pub use error::{Error, Result};
 pub use gguf::Gguf;
-pub use plugin::{GgufLoader, GgufWeights};
+pub use plugin::{GgufFile, GgufLoader, GgufWeights, open_path};
 pub use u_sdk::quant::{dequantize, dequantize_to_vec, dequantize_view};
 
 use abi_stable::std_types::RVec;

@@ -1,15 +1,16 @@
-//! The ABI side: [`u_sdk::Loader`] and [`u_sdk::WeightSet`] over a memory-mapped GGUF file.
+//! The ABI side: [`u_sdk::Loader`], and a memory-mapped GGUF file as a weight source.
 
 use crate::gguf::{Array, Gguf, MAGIC, Value};
 use abi_stable::{
     sabi_trait::TD_Opaque,
-    std_types::{ROption, RResult, RSlice, RStr, RString, RVec},
+    std_types::{RResult, RSlice, RStr, RString, RVec},
 };
 use memmap2::Mmap;
-use std::{fs::File, os::fd::FromRawFd, path::Path, sync::Arc};
+use std::{fs::File, os::fd::FromRawFd, path::Path};
 use u_sdk::{
-    HostBox, Loader, Loader_TO, LoaderBox, MetaValue, TensorInfo, TensorView, UError, WeightSet,
-    WeightSet_TO, WeightSetBox, guard, guard_infallible,
+    HostBox, Loader, Loader_TO, LoaderBox, MetaValue, TensorInfo, TensorView, UError, WeightSetBox,
+    guard, guard_infallible,
+    weights::{SharedWeights, WeightSource},
 };
 
 /// The loader: opens files through the host's `open_read`, so the `fs.read` grant applies.
@@ -50,22 +51,28 @@ impl Loader for GgufLoader {
             }
             // SAFETY: the host hands over an open descriptor that this plugin now owns.
             let file = unsafe { File::from_raw_fd(fd) };
-            let weights = GgufWeights::from_file(&file, path.as_str())?;
-            Ok(weights.into_box())
+            Ok(SharedWeights::new(GgufFile::from_file(&file, path.as_str())?).into_box())
         })
     }
 }
 
-/// A memory-mapped, parsed GGUF file. Cloning shares the map.
-#[derive(Clone)]
-pub struct GgufWeights(Arc<Inner>);
-
-struct Inner {
+/// A memory-mapped, parsed GGUF file.
+pub struct GgufFile {
     map: Mmap,
     gguf: Gguf,
 }
 
-impl GgufWeights {
+/// The weight set handed to the host: a shared [`GgufFile`] (cloning shares the map).
+pub type GgufWeights = SharedWeights<GgufFile>;
+
+/// Opens a file directly, without a host (tests and tools).
+pub fn open_path(path: &Path) -> u_sdk::Result<GgufWeights> {
+    let label = path.display().to_string();
+    let file = File::open(path).map_err(|e| UError::io(format!("open {label}"), e))?;
+    Ok(SharedWeights::new(GgufFile::from_file(&file, &label)?))
+}
+
+impl GgufFile {
     /// Maps and parses an open file; `label` names it in errors.
     ///
     /// The file must not be modified while mapped (the usual contract of model files).
@@ -76,95 +83,59 @@ impl GgufWeights {
             let e = UError::from(e);
             UError::new(e.kind, format!("{label}: {}", e.message))
         })?;
-        Ok(Self(Arc::new(Inner { map, gguf })))
-    }
-
-    /// Opens a file directly, without a host (tests and tools).
-    pub fn open_path(path: &Path) -> u_sdk::Result<Self> {
-        let label = path.display().to_string();
-        let file = File::open(path).map_err(|e| UError::io(format!("open {label}"), e))?;
-        Self::from_file(&file, &label)
+        Ok(Self { map, gguf })
     }
 
     /// The parsed file.
     pub fn gguf(&self) -> &Gguf {
-        &self.0.gguf
+        &self.gguf
     }
 
     /// The mapped bytes of the whole file.
     pub fn bytes(&self) -> &[u8] {
-        &self.0.map
-    }
-
-    /// This weight set as an ABI object.
-    pub fn into_box(self) -> WeightSetBox {
-        WeightSet_TO::from_value(self, TD_Opaque)
+        &self.map
     }
 }
 
-impl WeightSet for GgufWeights {
-    fn format(&self) -> RString {
-        guard_infallible(|| "gguf".into(), || "gguf".into())
+impl WeightSource for GgufFile {
+    const FORMAT: &'static str = "gguf";
+
+    fn architecture(&self) -> Option<&str> {
+        self.gguf.architecture()
     }
 
-    fn architecture(&self) -> ROption<RString> {
-        guard_infallible(
-            || self.gguf().architecture().map(RString::from).into(),
-            || ROption::RNone,
-        )
+    fn metadata_keys(&self) -> Vec<&str> {
+        self.gguf.metadata.iter().map(|(k, _)| k.as_str()).collect()
     }
 
-    fn metadata_keys(&self) -> RVec<RString> {
-        guard_infallible(
-            || {
-                self.gguf()
-                    .metadata
-                    .iter()
-                    .map(|(k, _)| RString::from(k.as_str()))
-                    .collect()
-            },
-            RVec::new,
-        )
+    fn metadata(&self, key: &str) -> Option<MetaValue> {
+        self.gguf.get(key).map(meta_value)
     }
 
-    fn metadata(&self, key: RStr<'_>) -> ROption<MetaValue> {
-        guard_infallible(
-            || self.gguf().get(key.as_str()).map(meta_value).into(),
-            || ROption::RNone,
-        )
-    }
-
-    fn tensors(&self) -> RVec<TensorInfo> {
-        guard_infallible(
-            || {
-                self.gguf()
-                    .tensors
-                    .iter()
-                    .map(|t| TensorInfo {
-                        name: t.name.as_str().into(),
-                        dtype: t.dtype,
-                        shape: t.shape().into(),
-                        byte_len: t.byte_len,
-                    })
-                    .collect()
-            },
-            RVec::new,
-        )
-    }
-
-    fn tensor<'a>(&'a self, name: RStr<'_>) -> RResult<TensorView<'a>, UError> {
-        guard("loader-gguf.tensor", || {
-            let gguf = self.gguf();
-            let data = gguf.tensor_data(self.bytes(), name.as_str())?;
-            // `tensor_data` succeeded, so the info exists.
-            let info = gguf
-                .tensor_info(name.as_str())
-                .ok_or_else(|| UError::not_found(format!("no tensor named {name:?}")))?;
-            Ok(TensorView {
-                dtype: info.dtype,
-                shape: info.shape().into(),
-                data: data.into(),
+    fn tensors(&self) -> Vec<TensorInfo> {
+        self.gguf
+            .tensors
+            .iter()
+            .map(|t| TensorInfo {
+                name: t.name.as_str().into(),
+                dtype: t.dtype,
+                shape: t.shape().into(),
+                byte_len: t.byte_len,
             })
+            .collect()
+    }
+
+    fn tensor(&self, name: &str) -> u_sdk::Result<TensorView<'_>> {
+        let data = self.gguf.tensor_data(self.bytes(), name)?;
+        // `tensor_data` succeeded, so the info exists.
+        let info = self
+            .gguf
+            .tensor_info(name)
+            .ok_or_else(|| UError::not_found(format!("no tensor named {name:?}")))?;
+        Ok(TensorView {
+            dtype: info.dtype,
+            shape: info.shape().into(),
+            data: data.into(),
         })
     }
 }

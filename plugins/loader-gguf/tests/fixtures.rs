@@ -11,7 +11,7 @@ use std::{
     path::{Path, PathBuf},
 };
 use u_loader_gguf::{
-    Gguf, GgufWeights, dequantize_to_vec, dequantize_view,
+    Gguf, dequantize_to_vec, dequantize_view,
     gguf::{Array, Value},
 };
 use u_sdk::{
@@ -58,7 +58,7 @@ fn bit_mismatches(got: &[f32], want: &[f32]) -> Vec<String> {
 
 #[test]
 fn every_dtype_dequantizes_bit_exactly_like_gguf_py() {
-    let weights = GgufWeights::open_path(&fixture("quants.gguf")).unwrap();
+    let weights = u_loader_gguf::open_path(&fixture("quants.gguf")).unwrap();
     let (index, expected) = expected_values();
     assert_eq!(weights.gguf().tensors.len(), index.len());
     let mut seen = BTreeSet::new();
@@ -101,7 +101,7 @@ fn every_dtype_dequantizes_bit_exactly_like_gguf_py() {
 
 #[test]
 fn views_point_into_the_map_and_shapes_are_reversed() {
-    let weights = GgufWeights::open_path(&fixture("quants.gguf")).unwrap();
+    let weights = u_loader_gguf::open_path(&fixture("quants.gguf")).unwrap();
     let g = weights.gguf();
     let bytes = weights.bytes();
     let range = bytes.as_ptr_range();
@@ -151,7 +151,7 @@ fn version_2_files_parse_like_version_3() {
 
 #[test]
 fn every_metadata_type_reads_back() {
-    let weights = GgufWeights::open_path(&fixture("metadata.gguf")).unwrap();
+    let weights = u_loader_gguf::open_path(&fixture("metadata.gguf")).unwrap();
     let g = weights.gguf();
     assert_eq!(g.alignment, 64);
     assert_eq!(g.data_start % 64, 0);

@@ -3,7 +3,6 @@
 #[path = "support/sparse_gguf.rs"]
 mod sparse_gguf;
 
-use u_loader_gguf::GgufWeights;
 use u_sdk::WeightSet;
 
 const MB: u64 = 1 << 20;
@@ -17,7 +16,7 @@ fn opening_two_gigabytes_maps_them_without_reading() {
     assert!(size > 2048 * MB);
 
     let before = sparse_gguf::resident_bytes();
-    let weights = GgufWeights::open_path(&path).unwrap();
+    let weights = u_loader_gguf::open_path(&path).unwrap();
     let opened = sparse_gguf::resident_bytes();
     assert_eq!(weights.tensors().len(), 32);
     assert!(

@@ -28,12 +28,13 @@ pub use model::{FileOpener, SafetensorsModel, StdFs, Tensor};
 
 use abi_stable::{
     sabi_trait::TD_Opaque,
-    std_types::{RNone, ROption, RResult, RSlice, RSome, RStr, RString, RVec},
+    std_types::{RResult, RSlice, RStr, RString, RVec},
 };
-use std::{path::Path, sync::Arc};
+use std::path::Path;
 use u_sdk::{
     HostBox, Loader, Loader_TO, MetaValue, PluginInfo, PluginInstance, TensorInfo, TensorView,
-    UError, WeightSet, WeightSet_TO, WeightSetBox, guard, guard_infallible,
+    UError, WeightSetBox, guard, guard_infallible,
+    weights::{SharedWeights, WeightSource},
 };
 
 u_sdk::export_plugin! {
@@ -97,63 +98,40 @@ impl Loader for SafetensorsLoader {
                 &u_sdk::files::HostFiles(&self.host),
                 Path::new(path.as_str()),
             )?;
-            Ok(WeightSet_TO::from_value(
-                SafetensorsWeights(Arc::new(model)),
-                TD_Opaque,
-            ))
+            Ok(SharedWeights::new(model).into_box())
         })
     }
 }
 
 /// The weight set handed to the host: a shared, loaded [`SafetensorsModel`].
-#[derive(Clone)]
-pub struct SafetensorsWeights(pub Arc<SafetensorsModel>);
+pub type SafetensorsWeights = SharedWeights<SafetensorsModel>;
 
-impl WeightSet for SafetensorsWeights {
-    fn format(&self) -> RString {
-        guard_infallible(|| "safetensors".into(), RString::new)
+impl WeightSource for SafetensorsModel {
+    const FORMAT: &'static str = "safetensors";
+
+    fn architecture(&self) -> Option<&str> {
+        SafetensorsModel::architecture(self)
     }
 
-    fn architecture(&self) -> ROption<RString> {
-        guard_infallible(
-            || match self.0.architecture() {
-                Some(a) => RSome(a.into()),
-                None => RNone,
-            },
-            || RNone,
-        )
+    fn metadata_keys(&self) -> Vec<&str> {
+        SafetensorsModel::metadata(self)
+            .iter()
+            .map(|(k, _)| k.as_str())
+            .collect()
     }
 
-    fn metadata_keys(&self) -> RVec<RString> {
-        guard_infallible(
-            || {
-                self.0
-                    .metadata()
-                    .iter()
-                    .map(|(k, _)| k.as_str().into())
-                    .collect()
-            },
-            RVec::new,
-        )
+    fn metadata(&self, key: &str) -> Option<MetaValue> {
+        self.metadata_value(key).cloned()
     }
 
-    fn metadata(&self, key: RStr<'_>) -> ROption<MetaValue> {
-        guard_infallible(
-            || self.0.metadata_value(key.as_str()).cloned().into(),
-            || RNone,
-        )
+    fn tensors(&self) -> Vec<TensorInfo> {
+        SafetensorsModel::tensors(self)
+            .iter()
+            .map(Tensor::info)
+            .collect()
     }
 
-    fn tensors(&self) -> RVec<TensorInfo> {
-        guard_infallible(
-            || self.0.tensors().iter().map(Tensor::info).collect(),
-            RVec::new,
-        )
-    }
-
-    fn tensor<'a>(&'a self, name: RStr<'_>) -> RResult<TensorView<'a>, UError> {
-        guard("loader-safetensors.tensor", || {
-            Ok(self.0.view(name.as_str())?)
-        })
+    fn tensor(&self, name: &str) -> u_sdk::Result<TensorView<'_>> {
+        Ok(self.view(name)?)
     }
 }

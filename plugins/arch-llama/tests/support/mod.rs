@@ -5,17 +5,13 @@ pub mod dequantized;
 pub mod reference_cache;
 pub mod reference_kernels;
 
-use abi_stable::{
-    sabi_trait::TD_Opaque,
-    std_types::{RSlice, RSliceMut},
-};
+use abi_stable::std_types::{RSlice, RSliceMut};
 use anyhow::{Context, Result};
 use serde_json::Value;
-use std::{path::PathBuf, sync::Arc};
+use std::path::PathBuf;
 use u_arch_llama::LlamaArchitecture;
 use u_sdk::{
-    Architecture, KernelsBox, KvCacheBox, LogitsWanted, ModelBox, SeqChunk, SeqId, WeightSet_TO,
-    WeightSetBox,
+    Architecture, KernelsBox, KvCacheBox, LogitsWanted, ModelBox, SeqChunk, SeqId, WeightSetBox,
 };
 
 /// Models the fixture generator writes.
@@ -86,31 +82,25 @@ pub fn cases(model: &str) -> Result<(usize, Vec<Case>)> {
 pub fn safetensors(model: &str) -> Result<WeightSetBox> {
     use u_loader_safetensors::{SafetensorsModel, SafetensorsWeights, StdFs};
     let m = SafetensorsModel::open(&StdFs, &dir(model))?;
-    Ok(WeightSet_TO::from_value(
-        SafetensorsWeights(Arc::new(m)),
-        TD_Opaque,
-    ))
+    Ok(SafetensorsWeights::new(m).into_box())
 }
 
 /// The fixture's ONNX weights (llama, qwen2, mixtral: `model.onnx` beside `config.json`).
 pub fn onnx(model: &str) -> Result<WeightSetBox> {
     use u_loader_onnx::{OnnxModel, OnnxWeights, StdFs};
     let m = OnnxModel::open(&StdFs, &dir(model).join("model.onnx"))?;
-    Ok(WeightSet_TO::from_value(
-        OnnxWeights(Arc::new(m)),
-        TD_Opaque,
-    ))
+    Ok(OnnxWeights::new(m).into_box())
 }
 
 /// The fixture's GGUF F32 weights.
 pub fn gguf(model: &str) -> Result<WeightSetBox> {
-    let w = u_loader_gguf::plugin::GgufWeights::open_path(&dir(model).join("model.gguf"))?;
+    let w = u_loader_gguf::open_path(&dir(model).join("model.gguf"))?;
     Ok(w.into_box())
 }
 
 /// The fixture's GGUF Q8_0 weights (llama and mixtral only).
 pub fn gguf_q8_0(model: &str) -> Result<WeightSetBox> {
-    let w = u_loader_gguf::plugin::GgufWeights::open_path(&dir(model).join("model.q8_0.gguf"))?;
+    let w = u_loader_gguf::open_path(&dir(model).join("model.q8_0.gguf"))?;
     Ok(w.into_box())
 }
 
