@@ -8,14 +8,12 @@ use crate::{
     proto::{DATA_LOCATION_EXTERNAL, ModelProto, TensorProto, data_type},
 };
 use bytes::Bytes;
-use memmap2::Mmap;
 use prost::Message;
 use std::{
     collections::HashMap,
-    io::Read,
     path::{Component, Path, PathBuf},
 };
-use u_sdk::{DType, MetaValue, TensorInfo, TensorView, naming};
+use u_sdk::{DType, MetaValue, TensorInfo, TensorView, files, naming};
 
 /// The largest `config.json` accepted (16 MiB).
 pub const MAX_CONFIG_LEN: u64 = 16 * 1024 * 1024;
@@ -90,11 +88,9 @@ impl OnnxModel {
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         let data = map_file(opener, path)?;
         let config_path = dir.join("config.json");
-        let config = match read_limited(opener, &config_path, MAX_CONFIG_LEN) {
-            Ok(bytes) => Some(parse_config(&config_path, &bytes)?),
-            Err(e) if e.is_absent() => None,
-            Err(e) => return Err(e),
-        };
+        let config = files::read_optional(opener, &config_path, MAX_CONFIG_LEN)?
+            .map(|bytes| parse_config(&config_path, &bytes))
+            .transpose()?;
         let mut ext = Externals {
             opener,
             dir,
@@ -497,32 +493,5 @@ fn parse_config(path: &Path, bytes: &[u8]) -> Result<(PathBuf, serde_json::Value
 
 /// Memory-maps a whole regular file into a [`Bytes`] that owns the map.
 fn map_file(opener: &dyn FileOpener, path: &Path) -> Result<Bytes> {
-    let file = opener.open(path).map_err(|e| Error::open(path, e))?;
-    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
-    if !meta.is_file() {
-        return Err(Error::Io {
-            path: path.to_path_buf(),
-            reason: "not a regular file".to_string(),
-        });
-    }
-    // SAFETY: the map is read-only. Like every mmap-based loader, this assumes nobody truncates
-    // or rewrites the model files while they are loaded; the host only grants read access.
-    let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-    Ok(Bytes::from_owner(map))
-}
-
-/// Reads a whole small file, refusing files larger than `limit`.
-fn read_limited(opener: &dyn FileOpener, path: &Path, limit: u64) -> Result<Vec<u8>> {
-    let file = opener.open(path).map_err(|e| Error::open(path, e))?;
-    let mut bytes = Vec::new();
-    file.take(limit + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| Error::io(path, e))?;
-    if bytes.len() as u64 > limit {
-        return Err(Error::TooLarge {
-            path: path.to_path_buf(),
-            reason: format!("larger than the {limit}-byte limit"),
-        });
-    }
-    Ok(bytes)
+    Ok(Bytes::from_owner(files::map_file(opener, path)?))
 }

@@ -1,7 +1,7 @@
 //! Errors of the safetensors loader.
 
 use std::path::PathBuf;
-use u_sdk::{ErrorKind, UError};
+use u_sdk::{ErrorKind, UError, files::FileError};
 
 /// Why a safetensors header (the length prefix and JSON that start every file) was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -122,36 +122,9 @@ pub enum Error {
         /// What is inconsistent.
         reason: String,
     },
-    /// A file does not exist.
-    #[error("{path}: not found")]
-    NotFound {
-        /// The file.
-        path: PathBuf,
-    },
-    /// The host (or OS) refused access to a file.
-    #[error("{path}: access denied: {reason}")]
-    Denied {
-        /// The file.
-        path: PathBuf,
-        /// The host's explanation.
-        reason: String,
-    },
-    /// Any other I/O failure.
-    #[error("{path}: {reason}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The failure.
-        reason: String,
-    },
-    /// A file of a size this loader refuses (e.g. a config bigger than its limit).
-    #[error("{path}: {reason}")]
-    TooLarge {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        reason: String,
-    },
+    /// A file that could not be read.
+    #[error(transparent)]
+    File(#[from] FileError),
     /// Two stored names map to the same canonical name.
     #[error("tensors `{first}` and `{second}` both map to the canonical name `{canonical}`")]
     NameClash {
@@ -167,39 +140,6 @@ pub enum Error {
     NoTensor(String),
 }
 
-impl Error {
-    /// Whether the file is simply absent or not granted (optional files are then skipped).
-    pub fn is_absent(&self) -> bool {
-        matches!(self, Error::NotFound { .. } | Error::Denied { .. })
-    }
-    /// A failure to open `path`, from [`u_sdk::files::FileOpener`].
-    pub fn open(path: impl Into<PathBuf>, err: u_sdk::files::OpenError) -> Self {
-        use u_sdk::files::OpenError;
-        let path = path.into();
-        match err {
-            OpenError::NotFound => Error::NotFound { path },
-            OpenError::Denied(reason) => Error::Denied { path, reason },
-            OpenError::Io(reason) => Error::Io { path, reason },
-        }
-    }
-
-    /// Builds an error from an `std::io::Error` on `path`.
-    pub fn io(path: impl Into<PathBuf>, err: std::io::Error) -> Self {
-        let path = path.into();
-        match err.kind() {
-            std::io::ErrorKind::NotFound => Error::NotFound { path },
-            std::io::ErrorKind::PermissionDenied => Error::Denied {
-                path,
-                reason: err.to_string(),
-            },
-            _ => Error::Io {
-                path,
-                reason: err.to_string(),
-            },
-        }
-    }
-}
-
 impl From<Error> for UError {
     fn from(e: Error) -> Self {
         let kind = match &e {
@@ -212,10 +152,8 @@ impl From<Error> for UError {
                 ErrorKind::InvalidInput
             }
             Error::NameClash { .. } => ErrorKind::InvalidInput,
-            Error::NotFound { .. } | Error::NoTensor(_) => ErrorKind::NotFound,
-            Error::Denied { .. } => ErrorKind::PermissionDenied,
-            Error::Io { .. } => ErrorKind::Io,
-            Error::TooLarge { .. } => ErrorKind::ResourceExhausted,
+            Error::NoTensor(_) => ErrorKind::NotFound,
+            Error::File(f) => f.kind(),
         };
         UError::new(kind, format!("loader-safetensors: {e}"))
     }

@@ -6,15 +6,17 @@ use crate::{
     header::{self, RawTensor},
     index,
 };
-use memmap2::Mmap;
 use std::{
     collections::HashMap,
-    io::Read,
     ops::Range,
     path::{Path, PathBuf},
     sync::Arc,
 };
-use u_sdk::{DType, MetaValue, TensorInfo, TensorView, naming};
+use u_sdk::{
+    DType, MetaValue, TensorInfo, TensorView,
+    files::{self, FileError},
+    naming,
+};
 
 /// The largest `config.json` accepted (16 MiB).
 pub const MAX_CONFIG_LEN: u64 = 16 * 1024 * 1024;
@@ -98,21 +100,22 @@ impl SafetensorsModel {
             (parent(path), None, Some(path.to_path_buf()))
         } else {
             let index = path.join(INDEX_NAME);
-            match opener.open(&index).map_err(|e| Error::open(&index, e)) {
+            match opener.open(&index).map_err(|e| FileError::open(&index, e)) {
                 Ok(_) => (path.to_path_buf(), Some(index), None),
                 Err(e) if e.is_absent() => (path.to_path_buf(), None, Some(path.join(SINGLE_NAME))),
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
         };
 
-        let config = read_optional(opener, &dir.join("config.json"), MAX_CONFIG_LEN)?
-            .map(|(p, bytes)| parse_config(p, &bytes))
+        let config_path = dir.join("config.json");
+        let config = files::read_optional(opener, &config_path, MAX_CONFIG_LEN)?
+            .map(|bytes| parse_config(config_path, &bytes))
             .transpose()?;
 
         let mut shards = Vec::new();
         let mut extra_meta = Vec::new();
         let weight_map = if let Some(index_path) = index_path {
-            let bytes = read_limited(opener, &index_path, index::MAX_INDEX_LEN)?;
+            let bytes = files::read_limited(opener, &index_path, index::MAX_INDEX_LEN)?;
             let idx = index::parse(&bytes).map_err(|reason| Error::Index {
                 path: index_path.clone(),
                 reason,
@@ -336,45 +339,5 @@ fn parent(path: &Path) -> PathBuf {
 
 /// Memory-maps a whole regular file.
 fn map_file(opener: &dyn FileOpener, path: &Path) -> Result<Backing> {
-    let file = opener.open(path).map_err(|e| Error::open(path, e))?;
-    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
-    if !meta.is_file() {
-        return Err(Error::Io {
-            path: path.to_path_buf(),
-            reason: "not a regular file".to_string(),
-        });
-    }
-    // SAFETY: the map is read-only. Like every mmap-based loader, this assumes nobody truncates
-    // or rewrites the model file while it is loaded; the host only grants read access.
-    let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-    Ok(Arc::new(map))
-}
-
-/// Reads a whole small file, refusing files larger than `limit`.
-fn read_limited(opener: &dyn FileOpener, path: &Path, limit: u64) -> Result<Vec<u8>> {
-    let file = opener.open(path).map_err(|e| Error::open(path, e))?;
-    let mut bytes = Vec::new();
-    file.take(limit + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| Error::io(path, e))?;
-    if bytes.len() as u64 > limit {
-        return Err(Error::TooLarge {
-            path: path.to_path_buf(),
-            reason: format!("larger than the {limit}-byte limit"),
-        });
-    }
-    Ok(bytes)
-}
-
-/// [`read_limited`] for an optional file: absent or not granted → `None`.
-fn read_optional(
-    opener: &dyn FileOpener,
-    path: &Path,
-    limit: u64,
-) -> Result<Option<(PathBuf, Vec<u8>)>> {
-    match read_limited(opener, path, limit) {
-        Ok(bytes) => Ok(Some((path.to_path_buf(), bytes))),
-        Err(e) if e.is_absent() => Ok(None),
-        Err(e) => Err(e),
-    }
+    Ok(Arc::new(files::map_file(opener, path)?))
 }

@@ -215,7 +215,10 @@ fn mixtral_experts_stay_per_expert() {
 #[test]
 fn missing_model_is_not_found() {
     let err = SafetensorsModel::open(&StdFs, &fixtures().join("no-such-dir")).unwrap_err();
-    assert!(matches!(err, Error::NotFound { .. }), "{err}");
+    assert!(
+        matches!(err, Error::File(u_sdk::files::FileError::NotFound { .. })),
+        "{err}"
+    );
     let u: u_sdk::UError = err.into();
     assert_eq!(u.kind, u_sdk::ErrorKind::NotFound);
     assert!(u.message.contains("model.safetensors"), "{}", u.message);
