@@ -1,9 +1,8 @@
 //! A model and its tokenizer: encoding, chat prompts, and single-request generation.
 
 use crate::{
-    Error, Result,
+    ChatMessage, Error, Result,
     batch::Batch,
-    chat::{self, ChatMessage},
     sampler,
     sequence::{Origin, Sequence, Spec},
 };
@@ -193,8 +192,13 @@ impl Generator {
         let special = tok.special_tokens();
         let bos = self.token_text(special.bos.into_option());
         let eos = self.token_text(special.eos.first().copied());
-        chat::render(&template, messages, add_generation_prompt, &bos, &eos)
-            .map_err(Error::Template)
+        Ok(u_chat_template::render(
+            &template,
+            messages,
+            add_generation_prompt,
+            &bos,
+            &eos,
+        )?)
     }
 
     /// Generates from prompt text; see [`Generator::generate_tokens`].

@@ -9,7 +9,7 @@
 //!   streamed text (whole UTF-8 characters, from each token's raw bytes), end-of-sequence ids,
 //!   stop strings, `max_tokens`, timings.
 //! - [`sampler`]: greedy, temperature, top-k, top-p, min-p and penalties, seeded and reproducible.
-//! - [`chat`]: the model's chat template rendered with `minijinja`.
+//! - chat templates: the model's template rendered by [`u_chat_template`] (as transformers does).
 //! - [`EngineHandle`]: a [`Generator`] as the ABI's [`u_sdk::Engine`], for transports: a
 //!   scheduler thread batches every running request into shared forward passes (continuous
 //!   batching, chunked prefill, a bounded queue that answers `Busy`), reuses cached prompt
@@ -25,7 +25,6 @@
 #![allow(non_local_definitions)]
 
 mod batch;
-pub mod chat;
 mod generator;
 mod handle;
 mod logprobs;
@@ -35,12 +34,12 @@ mod scheduler;
 mod sequence;
 pub mod stream;
 
-pub use chat::ChatMessage;
 pub use generator::{DEFAULT_PREFILL_CHUNK, GenerateOptions, Generation, Generator, Timings};
 pub use handle::EngineHandle;
 pub use logprobs::MAX_TOP_LOGPROBS;
 pub use sampler::Sampler;
 pub use scheduler::Limits;
+pub use u_chat_template::ChatMessage;
 
 use u_sdk::{ErrorKind, UError};
 
@@ -63,8 +62,8 @@ pub enum Error {
     #[error("the model ships no chat template")]
     NoChatTemplate,
     /// The chat template failed to parse or render.
-    #[error("chat template: {0}")]
-    Template(String),
+    #[error(transparent)]
+    Template(#[from] u_chat_template::TemplateError),
     /// The prompt has no tokens.
     #[error("the prompt is empty (no tokens)")]
     EmptyPrompt,

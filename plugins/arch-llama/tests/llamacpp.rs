@@ -122,12 +122,12 @@ fn smollm2_prompt_tokens_and_template_match_llama_cpp() -> Result<()> {
         let want = ids(&case["prompt_ids"]);
         let got = if case["kind"] == "chat" {
             // Rendered as transformers renders it (the fixture holds llama.cpp's Jinja rendering).
-            let msgs: Vec<u_tokenizer::ChatMessage> = case["messages"]
+            let msgs: Vec<u_chat_template::ChatMessage> = case["messages"]
                 .as_array()
                 .context("messages")?
                 .iter()
                 .map(|m| {
-                    u_tokenizer::ChatMessage::new(
+                    u_chat_template::ChatMessage::new(
                         m["role"].as_str().unwrap(),
                         m["content"].as_str().unwrap(),
                     )
@@ -136,7 +136,7 @@ fn smollm2_prompt_tokens_and_template_match_llama_cpp() -> Result<()> {
             let sp = tok.special_tokens();
             let name =
                 |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or("").to_string();
-            let rendered = u_tokenizer::render_chat(
+            let rendered = u_chat_template::render(
                 template,
                 &msgs,
                 true,

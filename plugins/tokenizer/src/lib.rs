@@ -2,8 +2,8 @@
 //!
 //! A `tokenizer` plugin. It builds tokenizers from a GGUF file's `tokenizer.ggml.*` metadata
 //! (`llama` SentencePiece BPE with byte fallback, `gpt2` byte-level BPE with the pre-tokenizer
-//! `tokenizer.ggml.pre` names, `bert` WordPiece) or from a HF `tokenizer.json`, and renders
-//! chat templates.
+//! `tokenizer.ggml.pre` names, `bert` WordPiece) or from a HF `tokenizer.json`, and hands the
+//! model's chat template to the engine (which renders it with `u-chat-template`).
 //!
 //! Design choice: encoding is HF `tokenizers` throughout — GGUF vocabularies are translated
 //! into its models, normalizers and pre-tokenizers ([`gguf`]) rather than re-implemented, and
@@ -13,20 +13,17 @@
 //!
 //! - [`vocab`]: reading and checking GGUF metadata; malformed metadata is an [`u_sdk::UError`].
 //! - [`Tok`]: a built tokenizer (encode, decode, token bytes, special tokens, template).
-//! - [`chat`]: [`chat::render_chat`], transformers-compatible template rendering.
 //! - [`plugin`]: the [`u_sdk::TokenizerFactory`] the host instantiates.
 #![deny(missing_docs)]
 // `#[sabi_trait]` impls expand inside const blocks, which this lint flags.
 #![allow(non_local_definitions)]
 
-pub mod chat;
 mod core;
 pub mod gguf;
 pub mod json;
 pub mod plugin;
 pub mod vocab;
 
-pub use chat::{ChatMessage, render_chat};
 pub use core::{PieceScheme, Tok};
 pub use plugin::Factory;
 

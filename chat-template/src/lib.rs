@@ -1,14 +1,30 @@
-//! Chat templates: rendering a model's Jinja template as `transformers`' `apply_chat_template`
-//! does.
+//! # u-chat-template — a model's chat template rendered as `transformers` renders it
+//!
+//! The template text comes from the model (GGUF `tokenizer.chat_template`, or
+//! `tokenizer_config.json`) through the SDK's `Tokenizer::chat_template`; the engine renders it
+//! with this crate, so the host never runs a plugin's code for it, and the conformance tests
+//! (`tests/transformers.rs`, cases rendered by transformers itself) check this one renderer.
 //!
 //! The environment matches transformers': `trim_blocks` and `lstrip_blocks` on, loop controls,
 //! Python string/dict methods (`.strip()`, `.startswith()`, `.items()` through
 //! `minijinja-contrib`'s pycompat), `raise_exception(msg)`, `strftime_now(fmt)`, and a
 //! `tojson` that writes what Python's `json.dumps(ensure_ascii=False)` writes.
 
+#![deny(missing_docs)]
+
 use minijinja::{Environment, Error, ErrorKind, Value, value::Kwargs};
 use serde::Serialize;
-use u_sdk::UError;
+
+/// Why a template could not be rendered; the message names the template's own error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TemplateError {
+    /// The template is not valid Jinja.
+    #[error("chat template does not parse: {0}")]
+    Syntax(String),
+    /// Rendering failed (`raise_exception`, a missing variable used as a function…).
+    #[error("chat template failed: {0}")]
+    Render(String),
+}
 
 /// One chat message.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -31,13 +47,13 @@ impl ChatMessage {
 
 /// Renders `template` for `messages`, with `bos_token`/`eos_token` as the template sees them.
 /// As in transformers, `tools` and `documents` are defined and `none`.
-pub fn render_chat(
+pub fn render(
     template: &str,
     messages: &[ChatMessage],
     add_generation_prompt: bool,
     bos_token: &str,
     eos_token: &str,
-) -> Result<String, UError> {
+) -> Result<String, TemplateError> {
     let ctx = serde_json::json!({
         "messages": messages,
         "tools": null,
@@ -46,18 +62,18 @@ pub fn render_chat(
         "bos_token": bos_token,
         "eos_token": eos_token,
     });
-    render_chat_with(template, &ctx)
+    render_with(template, &ctx)
 }
 
 /// Renders `template` with an arbitrary context (messages with tool calls, `tools`,
 /// `date_string`, …).
-pub fn render_chat_with(template: &str, context: &impl Serialize) -> Result<String, UError> {
+pub fn render_with(template: &str, context: &impl Serialize) -> Result<String, TemplateError> {
     let env = environment();
     let tmpl = env
         .template_from_str(template)
-        .map_err(|e| UError::invalid(format!("chat template does not parse: {}", describe(&e))))?;
+        .map_err(|e| TemplateError::Syntax(describe(&e)))?;
     tmpl.render(context)
-        .map_err(|e| UError::invalid(format!("chat template failed: {}", describe(&e))))
+        .map_err(|e| TemplateError::Render(describe(&e)))
 }
 
 fn describe(e: &Error) -> String {

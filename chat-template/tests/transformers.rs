@@ -2,10 +2,7 @@
 //! made by `tests/fixtures/make_chat_fixtures.py`).
 
 use serde_json::{Value, json};
-use u_tokenizer::{
-    ChatMessage,
-    chat::{render_chat, render_chat_with},
-};
+use u_chat_template::{ChatMessage, TemplateError, render, render_with};
 
 fn fixtures() -> Vec<Value> {
     let path = concat!(
@@ -33,7 +30,7 @@ fn templates_render_as_transformers_does() {
                     ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap())
                 })
                 .collect();
-            render_chat(
+            render(
                 template,
                 &messages,
                 c["add_generation_prompt"].as_bool().unwrap(),
@@ -49,7 +46,7 @@ fn templates_render_as_transformers_does() {
                 "bos_token": c["bos_token"],
                 "eos_token": c["eos_token"],
             });
-            render_chat_with(template, &ctx)
+            render_with(template, &ctx)
         };
         let got = got.unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(got, want, "{name}");
@@ -58,7 +55,7 @@ fn templates_render_as_transformers_does() {
 
 #[test]
 fn raise_exception_and_syntax_errors_are_errors() {
-    let e = render_chat(
+    let e = render(
         "{{ raise_exception('only user and assistant roles') }}",
         &[],
         false,
@@ -66,14 +63,21 @@ fn raise_exception_and_syntax_errors_are_errors() {
         "",
     )
     .unwrap_err();
-    assert!(e.message.contains("only user and assistant roles"), "{e}");
-    let e = render_chat("{% for x in %}", &[], false, "", "").unwrap_err();
-    assert!(e.message.contains("does not parse"), "{e}");
+    assert!(
+        matches!(&e, TemplateError::Render(m) if m.contains("only user and assistant roles")),
+        "{e}"
+    );
+    let e = render("{% for x in %}", &[], false, "", "").unwrap_err();
+    assert!(matches!(e, TemplateError::Syntax(_)), "{e}");
+    assert!(
+        e.to_string().starts_with("chat template does not parse"),
+        "{e}"
+    );
 }
 
 #[test]
 fn strftime_now_gives_a_date() {
-    let out = render_chat("{{ strftime_now('%d %b %Y') }}", &[], false, "", "").unwrap();
+    let out = render("{{ strftime_now('%d %b %Y') }}", &[], false, "", "").unwrap();
     assert_eq!(out.len(), 11, "{out}");
     assert!(out[7..].parse::<u32>().unwrap() >= 2024);
 }
@@ -81,5 +85,5 @@ fn strftime_now_gives_a_date() {
 #[test]
 fn tools_and_documents_are_defined_and_none() {
     let t = "{% if tools is defined and tools is none %}T{% endif %}{% if documents is none %}D{% endif %}";
-    assert_eq!(render_chat(t, &[], false, "", "").unwrap(), "TD");
+    assert_eq!(render(t, &[], false, "", "").unwrap(), "TD");
 }
