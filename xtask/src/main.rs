@@ -39,12 +39,18 @@ fn main() -> Result<()> {
         Some("build") => build(&root),
         Some("test") => {
             build(&root)?;
-            // The SmolLM2 conformance tests run on the real model file.
-            fetch_model()?;
+            // The SmolLM2 conformance tests run on the real model file; they find it through
+            // `U_SMOLLM2_GGUF`, wherever the cache is.
+            let model = fetch_model()?;
             // Test-time Python packages (e.g. the `openai` client that tests/serve.rs drives);
             // the tests themselves install nothing.
             pip_install_requirements(&root)?;
-            cargo(&root, &["test", "--release", "--workspace"])
+            let model = std::env::var_os("U_SMOLLM2_GGUF").unwrap_or(model.into_os_string());
+            cargo_with(
+                &root,
+                &["test", "--release", "--workspace"],
+                &[("U_SMOLLM2_GGUF", &model)],
+            )
         }
         Some("fetch-model") => {
             let path = fetch_model()?;
@@ -77,9 +83,15 @@ fn workspace_root() -> PathBuf {
 }
 
 fn cargo(root: &Path, args: &[&str]) -> Result<()> {
+    cargo_with(root, args, &[])
+}
+
+/// [`cargo`] with extra environment variables.
+fn cargo_with(root: &Path, args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
         .args(args)
+        .envs(env.iter().copied())
         .current_dir(root)
         .status()
         .with_context(|| format!("running cargo {}", args.join(" ")))?;

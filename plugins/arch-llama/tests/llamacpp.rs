@@ -88,14 +88,17 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
-/// The SmolLM2 GGUF: `$U_SMOLLM2_GGUF`, else `~/.cache/u/models/`. Absent is a failure.
+/// The SmolLM2 GGUF: `$U_SMOLLM2_GGUF` (`cargo xtask test` sets it), else the model cache of
+/// `cargo xtask fetch-model` (`$U_MODEL_CACHE`, `$XDG_CACHE_HOME/u/models`, `~/.cache/u/models`).
+/// Absent is a failure.
 fn smollm2_path() -> PathBuf {
-    let path = std::env::var_os("U_SMOLLM2_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/u/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
+    let var = |k: &str| std::env::var_os(k).map(PathBuf::from);
+    let path = var("U_SMOLLM2_GGUF").unwrap_or_else(|| {
+        var("U_MODEL_CACHE")
+            .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("u/models")))
+            .unwrap_or_else(|| var("HOME").unwrap_or_default().join(".cache/u/models"))
+            .join("SmolLM2-135M-Instruct.Q4_1.gguf")
+    });
     assert!(
         path.is_file(),
         "SmolLM2 model not found at {}: run `cargo xtask fetch-model` (or set U_SMOLLM2_GGUF)",
