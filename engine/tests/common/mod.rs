@@ -37,7 +37,7 @@ pub fn cache() -> KvCacheBox {
 /// A model built from `weights` with kernels-cpu (2 threads) storing KV in `cache`.
 pub fn build_in(weights: WeightSetBox, cache: KvCacheBox) -> Result<ModelBox> {
     let kernels = u_kernels_cpu::CpuKernels::new(2)?.into_box();
-    Ok(u_arch_llama::LlamaArchitecture
+    Ok(u_arch_llama::LlamaArchitecture::default()
         .build(weights, kernels, cache)
         .into_result()?)
 }

@@ -74,9 +74,11 @@ fn describe() -> PluginInfo {
     }
 }
 
-/// Creates the architecture object (the `instantiate` entry of the root module).
-pub fn instantiate(_host: HostBox) -> u_sdk::Result<PluginInstance> {
-    Ok(PluginInstance::Architecture(LlamaArchitecture.into_box()))
+/// Creates the architecture object (the `instantiate` entry of the root module), configured by
+/// the deployment's `[plugins.config]` (see [`LlamaArchitecture::from_config`]).
+pub fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
+    let arch = LlamaArchitecture::from_config(host.config().as_str())?;
+    Ok(PluginInstance::Architecture(arch.into_box()))
 }
 
 /// The exported root module and embedded manifest (in a private module: the macro's items are
@@ -90,10 +92,47 @@ mod export {
 }
 
 /// The `architecture` entry object.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct LlamaArchitecture;
+#[derive(Clone, Copy, Debug)]
+pub struct LlamaArchitecture {
+    /// Whether MoE layers ask for the routed experts' pages (`madvise(MADV_WILLNEED)`) before
+    /// their FFN runs.
+    pub expert_prefetch: bool,
+}
+
+impl Default for LlamaArchitecture {
+    fn default() -> Self {
+        Self {
+            expert_prefetch: true,
+        }
+    }
+}
 
 impl LlamaArchitecture {
+    /// From the plugin's config table (TOML): `expert_prefetch = false` turns the expert
+    /// prefetch off (it is on by default: useful where weights are paged in from disk, pure
+    /// overhead where they are resident). Any other key, or another type, is an error.
+    pub fn from_config(config: &str) -> u_sdk::Result<Self> {
+        let bad = |why: String| UError::invalid(format!("arch-llama config: {why}"));
+        let table: toml::Table = config.parse().map_err(|e| bad(format!("{e}")))?;
+        let mut arch = Self::default();
+        for (key, value) in table {
+            match (key.as_str(), value) {
+                ("expert_prefetch", toml::Value::Boolean(on)) => arch.expert_prefetch = on,
+                ("expert_prefetch", v) => {
+                    return Err(bad(format!(
+                        "expert_prefetch must be true or false, not {v}"
+                    )));
+                }
+                (other, _) => {
+                    return Err(bad(format!(
+                        "unknown key `{other}` (the only setting is expert_prefetch)"
+                    )));
+                }
+            }
+        }
+        Ok(arch)
+    }
+
     /// As an ABI object.
     pub fn into_box(self) -> ArchitectureBox {
         Architecture_TO::from_value(self, TD_Opaque)
@@ -115,7 +154,7 @@ impl Architecture for LlamaArchitecture {
         cache: KvCacheBox,
     ) -> RResult<ModelBox, UError> {
         guard("arch-llama.build", || {
-            let model = Llama::load(Weights::new(weights), kernels, cache)?;
+            let model = Llama::load(Weights::new(weights), kernels, cache, self)?;
             Ok(Model_TO::from_value(model, TD_Opaque))
         })
     }
@@ -157,5 +196,28 @@ impl Model for Llama {
         guard("arch-llama.forward", || {
             Llama::forward(self, batch.as_slice(), logits.as_mut_slice())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_config_may_turn_the_expert_prefetch_off_and_nothing_else() {
+        assert!(LlamaArchitecture::from_config("").unwrap().expert_prefetch);
+        assert!(
+            !LlamaArchitecture::from_config("expert_prefetch = false")
+                .unwrap()
+                .expert_prefetch
+        );
+        for (bad, says) in [
+            ("expert_prefetch = 1", "must be true or false"),
+            ("prefetch = false", "unknown key `prefetch`"),
+            ("expert_prefetch =", "arch-llama config"),
+        ] {
+            let e = LlamaArchitecture::from_config(bad).expect_err(bad);
+            assert!(e.message.contains(says), "{bad}: {}", e.message);
+        }
     }
 }

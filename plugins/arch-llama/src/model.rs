@@ -371,6 +371,7 @@ pub struct MoE {
     experts: Vec<Mlp>,
     used: usize,
     norm_topk: bool,
+    prefetch: bool,
     shared: Option<(Mlp, Option<Linear>)>,
 }
 
@@ -421,6 +422,7 @@ impl MoE {
             experts,
             used: moe.used,
             norm_topk: moe.norm_topk,
+            prefetch: moe.prefetch,
             shared,
         })
     }
@@ -457,9 +459,11 @@ impl MoE {
         }
 
         // Only the routed experts' weights are read: ask for their pages before computing.
-        for (expert, routes) in self.experts.iter().zip(&s.routes) {
-            if !routes.is_empty() {
-                expert.prefetch();
+        if self.prefetch {
+            for (expert, routes) in self.experts.iter().zip(&s.routes) {
+                if !routes.is_empty() {
+                    expert.prefetch();
+                }
             }
         }
         out[..t * hidden].fill(0.0);
@@ -578,9 +582,17 @@ pub struct Llama {
 }
 
 impl Llama {
-    /// Builds the model and declares its KV layout to `cache`.
-    pub fn load(weights: Weights, kernels: KernelsBox, cache: KvCacheBox) -> Result<Llama> {
-        let cfg = Config::from_weights(&weights)?;
+    /// Builds the model and declares its KV layout to `cache`, with the plugin's settings.
+    pub fn load(
+        weights: Weights,
+        kernels: KernelsBox,
+        cache: KvCacheBox,
+        settings: &crate::LlamaArchitecture,
+    ) -> Result<Llama> {
+        let mut cfg = Config::from_weights(&weights)?;
+        if let Some(moe) = &mut cfg.moe {
+            moe.prefetch = settings.expert_prefetch;
+        }
         let blocks = (0..cfg.layers)
             .map(|i| Block::load(&weights, &cfg, i))
             .collect::<Result<Vec<_>>>()?;

@@ -4,7 +4,11 @@
 mod support;
 
 use anyhow::Result;
-use support::{build, cases, forward, max_abs_diff, reference_cache::ReferenceCache};
+use std::collections::BTreeSet;
+use support::{
+    build, build_with, cases, forward, max_abs_diff, reference_cache::ReferenceCache,
+    reference_kernels::RecordMatmul,
+};
 use u_loader_safetensors::{SafetensorsModel, SafetensorsWeights};
 use u_sdk::{ErrorKind, LogitsWanted, WeightSetBox};
 
@@ -182,5 +186,80 @@ fn int8_kv_pages_from_the_cache_plugin_are_read() -> Result<()> {
     eprintln!("int8 KV: max |Δlogit| {vs_sim:.2e} vs simulated int8, {vs_f32:.2e} vs f32");
     assert!(vs_sim <= 1e-5, "int8 pages read wrongly: {vs_sim}");
     assert!(vs_f32 <= 0.25, "int8 KV logits off by {vs_f32}");
+    Ok(())
+}
+
+/// MoE layers read the routed experts' weights and no others: over the GGUF fixtures (experts
+/// stacked in one mapped tensor per projection; dense layers skipped), every matmul on a
+/// stacked tensor covers
+/// exactly one expert's slice, a one-token step reads exactly `expert_used_count` experts per
+/// projection and layer, and a longer prompt at most `used × tokens` of them.
+#[test]
+fn moe_layers_read_only_the_routed_experts() -> Result<()> {
+    use u_sdk::weights::WeightSource;
+    for model in ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"] {
+        let file = u_loader_gguf::open_path(&support::dir(model).join("model.gguf"))?;
+        let arch = file.architecture().unwrap().to_string();
+        let meta = |k: &str| match file.metadata(&format!("{arch}.{k}")) {
+            Some(u_sdk::MetaValue::UInt(v)) => v as usize,
+            other => panic!("{model}: {arch}.{k} is {other:?}"),
+        };
+        let (experts, used, layers) = (
+            meta("expert_count"),
+            meta("expert_used_count"),
+            meta("block_count"),
+        );
+        assert!(
+            used < experts,
+            "{model}: every expert is used, nothing to check"
+        );
+        let (kernels, log) = RecordMatmul::new_box(support::kernels());
+        let m = build_with(file.clone().into_box(), kernels, ReferenceCache::new_box(4))?;
+        let seq = m.cache().create().into_result()?;
+        for tokens in [&[1u32, 5, 9, 13][..], &[2], &[7]] {
+            log.lock().unwrap().clear();
+            forward(&m, &[(seq, tokens, LogitsWanted::Last)])?;
+            let reads = log.lock().unwrap().clone();
+            let moe_layers = (0..layers).filter(|l| {
+                file.gguf()
+                    .tensor_info(&format!("blk.{l}.ffn_gate_exps.weight"))
+                    .is_some()
+            });
+            assert!(moe_layers.clone().count() > 0, "{model}: no MoE layer");
+            for layer in moe_layers {
+                for proj in ["gate", "up", "down"] {
+                    let view = file.tensor(&format!("blk.{layer}.ffn_{proj}_exps.weight"))?;
+                    let start = view.data.as_ptr() as usize;
+                    let size = view.data.len() / experts;
+                    let mut read = BTreeSet::new();
+                    for r in reads
+                        .iter()
+                        .filter(|r| r.start >= start && r.start < start + size * experts)
+                    {
+                        assert_eq!(
+                            r.len(),
+                            size,
+                            "{model} layer {layer} {proj}: not one expert's slice"
+                        );
+                        assert_eq!(
+                            (r.start - start) % size,
+                            0,
+                            "{model}: a read across experts"
+                        );
+                        read.insert((r.start - start) / size);
+                    }
+                    let what = format!(
+                        "{model} layer {layer} {proj}, {} tokens: experts {read:?}",
+                        tokens.len()
+                    );
+                    if tokens.len() == 1 {
+                        assert_eq!(read.len(), used, "{what}");
+                    } else {
+                        assert!((1..=used * tokens.len()).contains(&read.len()), "{what}");
+                    }
+                }
+            }
+        }
+    }
     Ok(())
 }

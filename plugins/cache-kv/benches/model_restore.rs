@@ -40,7 +40,7 @@ fn build(cache: KvCacheBox) -> ModelBox {
     let kernels = u_kernels_cpu::CpuKernels::new(threads)
         .expect("kernels")
         .into_box();
-    LlamaArchitecture
+    LlamaArchitecture::default()
         .build(weights, kernels, cache)
         .into_result()
         .expect("build model")

@@ -140,7 +140,7 @@ fn build(name: &str, cache: &KvCacheBox, shift: u32) -> ModelBox {
             TD_Opaque,
         )
     };
-    LlamaArchitecture
+    LlamaArchitecture::default()
         .build(weights, kernels, cache.clone())
         .into_result()
         .expect("build")

@@ -127,7 +127,7 @@ pub fn build_with(
     kernels: KernelsBox,
     cache: KvCacheBox,
 ) -> Result<ModelBox> {
-    Ok(LlamaArchitecture
+    Ok(LlamaArchitecture::default()
         .build(weights, kernels, cache)
         .into_result()?)
 }
