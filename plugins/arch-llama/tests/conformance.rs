@@ -141,13 +141,7 @@ fn gguf_f32_logits_and_generation_match_transformers() -> Result<()> {
 /// The same weights as ONNX initializers (HF names) with the `config.json` beside them.
 #[test]
 fn onnx_logits_and_generation_match_transformers() -> Result<()> {
-    for name in ["llama", "qwen2", "mixtral"] {
-        let model = build(support::onnx(name)?, ReferenceCache::new_box(4))?;
-        let worst = check_sequential(name, &model)?;
-        check_batched(name, &model)?;
-        eprintln!("       onnx {name:<10} max |Δlogit| = {worst:.2e}, greedy 32 tokens identical");
-    }
-    Ok(())
+    run_all("onnx", support::onnx, || ReferenceCache::new_box(4))
 }
 
 #[test]

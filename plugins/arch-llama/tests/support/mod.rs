@@ -85,7 +85,7 @@ pub fn safetensors(model: &str) -> Result<WeightSetBox> {
     Ok(SafetensorsWeights::new(m).into_box())
 }
 
-/// The fixture's ONNX weights (llama, qwen2, mixtral: `model.onnx` beside `config.json`).
+/// The fixture's ONNX weights (`model.onnx` beside `config.json`).
 pub fn onnx(model: &str) -> Result<WeightSetBox> {
     use u_loader_onnx::{OnnxModel, OnnxWeights, StdFs};
     let m = OnnxModel::open(&StdFs, &dir(model).join("model.onnx"))?;
