@@ -11,8 +11,8 @@ use crate::{
 use abi_stable::std_types::{RSlice, RSliceMut};
 use std::sync::Mutex;
 use u_sdk::{
-    Activation, AttentionParams, DType, KernelsBox, KvCacheBox, KvLayout, KvPage, LogitsWanted,
-    Result, RopeParams, SeqChunk, SeqId, UError, naming::blk,
+    Activation, AttentionParams, DType, KernelsBox, KvCacheBox, KvLayout, KvPage, KvSpan,
+    LogitsWanted, Result, RopeParams, SeqChunk, SeqId, UError, naming::blk,
 };
 
 /// What every layer computes with.
@@ -89,13 +89,6 @@ fn rms_norm(k: &KernelsBox, x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) -> Re
         RSliceMut::from_mut_slice(y),
     )
     .into_result()
-}
-
-/// The bytes of an f32 slice (native order, which the kernels read as `DType::F32`).
-fn f32_bytes(x: &[f32]) -> &[u8] {
-    // SAFETY: u8 has alignment 1 and no invalid bit patterns; the length covers exactly the
-    // bytes of `x`, and the lifetime is tied to it.
-    unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), std::mem::size_of_val(x)) }
 }
 
 /// The rotation of `heads` heads of `cfg.head_dim` values at a token's position.
@@ -250,7 +243,7 @@ impl Attention {
                     ),
                 ));
             }
-            let (keys, values) = contiguous(&pages, kd, &mut s.keys, &mut s.values)?;
+            let spans = kv_spans(&pages, kd, &mut s.keys, &mut s.values)?;
             let params = AttentionParams {
                 heads: self.heads as u32,
                 kv_heads: self.kv_heads as u32,
@@ -264,8 +257,7 @@ impl Attention {
             };
             c.k.attention(
                 RSlice::from_slice(&q[rows.start * qd..rows.end * qd]),
-                RSlice::from_slice(f32_bytes(keys)),
-                RSlice::from_slice(f32_bytes(values)),
+                RSlice::from_slice(&spans),
                 &params,
                 RSliceMut::from_mut_slice(&mut ctx[rows.start * qd..rows.end * qd]),
             )
@@ -275,28 +267,31 @@ impl Attention {
     }
 }
 
-/// The keys and values of `pages` as contiguous f32 slices: borrowed from the page when there
-/// is a single f32 page, otherwise gathered (and int8 pages dequantized) into `keys`/`values`,
-/// since the attention kernel takes one buffer.
-fn contiguous<'p>(
+/// The keys and values of `pages` as f32 spans for the attention kernel: each f32 page read
+/// where it lies; int8 pages (and everything with them) dequantized into `keys`/`values` as one
+/// span.
+fn kv_spans<'p>(
     pages: &'p [KvPage<'p>],
     kd: usize,
     keys: &'p mut Vec<f32>,
     values: &'p mut Vec<f32>,
-) -> Result<(&'p [f32], &'p [f32])> {
+) -> Result<Vec<KvSpan<'p>>> {
     let short = |p: &KvPage<'_>| {
         UError::new(
             u_sdk::ErrorKind::Internal,
             format!("arch-llama: KV page of {} tokens is short", p.tokens),
         )
     };
-    if let [p] = pages
-        && p.dtype == DType::F32
-    {
-        let n = p.tokens as usize * kd;
-        let k = p.keys.as_slice().get(..n).ok_or_else(|| short(p))?;
-        let v = p.values.as_slice().get(..n).ok_or_else(|| short(p))?;
-        return Ok((k, v));
+    if pages.iter().all(|p| p.dtype == DType::F32) {
+        return pages
+            .iter()
+            .map(|p| {
+                let n = p.tokens as usize * kd;
+                let k = p.keys.as_slice().get(..n).ok_or_else(|| short(p))?;
+                let v = p.values.as_slice().get(..n).ok_or_else(|| short(p))?;
+                Ok(KvSpan::f32(p.tokens, k, v))
+            })
+            .collect();
     }
     keys.clear();
     values.clear();
@@ -306,7 +301,8 @@ fn contiguous<'p>(
         keys.extend_from_slice(k.get(..n).ok_or_else(|| short(p))?);
         values.extend_from_slice(v.get(..n).ok_or_else(|| short(p))?);
     }
-    Ok((keys, values))
+    let tokens = (keys.len() / kd.max(1)) as u32;
+    Ok(vec![KvSpan::f32(tokens, keys, values)])
 }
 
 /// The SwiGLU feed-forward network (Shazeer 2020): `down(silu(gate(x)) ⊙ up(x))`.

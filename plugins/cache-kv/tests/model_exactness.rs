@@ -20,7 +20,8 @@ use u_arch_llama::LlamaArchitecture;
 use u_cache_kv::{Config, KvCachePlugin};
 use u_sdk::{
     Activation, Architecture, AttentionParams, BackendInfo, DType, Kernels, Kernels_TO, KernelsBox,
-    KvCacheBox, LogitsWanted, ModelBox, Op, RopeParams, SeqChunk, SeqId, TensorView, UError,
+    KvCacheBox, KvSpan, LogitsWanted, ModelBox, Op, RopeParams, SeqChunk, SeqId, TensorView,
+    UError,
 };
 
 /// Every fixture family arch-llama generates (dense, MoE, sliding window, QK norm, llama3 RoPE).
@@ -98,12 +99,11 @@ impl Kernels for Shifted {
     fn attention(
         &self,
         q: RSlice<'_, f32>,
-        k: RSlice<'_, u8>,
-        v: RSlice<'_, u8>,
+        kv: RSlice<'_, KvSpan<'_>>,
         params: &AttentionParams,
         out: RSliceMut<'_, f32>,
     ) -> RResult<(), UError> {
-        self.inner.attention(q, k, v, params, out)
+        self.inner.attention(q, kv, params, out)
     }
     fn activation(&self, x: RSliceMut<'_, f32>, act: Activation) -> RResult<(), UError> {
         self.inner.activation(x, act)

@@ -13,7 +13,7 @@
 use std::time::Instant;
 use u_kernels_cpu::testutil::{Rng, f32_to_f16};
 use u_kernels_cpu::{CpuKernels, Isa};
-use u_sdk::{AttentionParams, DType};
+use u_sdk::{AttentionParams, DType, KvSpan};
 
 /// CPU time consumed by the whole process (all threads), in seconds.
 fn process_cpu_time() -> f64 {
@@ -92,8 +92,12 @@ fn main() {
             for _ in 0..rounds {
                 let (t, c) = (Instant::now(), process_cpu_time());
                 for _ in 0..reps {
-                    kern.attention(&q, &bytes, &bytes, &p, &mut out)
-                        .expect("attention");
+                    let kv = KvSpan {
+                        tokens: ctx as u32,
+                        keys: bytes[..].into(),
+                        values: bytes[..].into(),
+                    };
+                    kern.attention(&q, &[kv], &p, &mut out).expect("attention");
                 }
                 wall = wall.min(t.elapsed().as_secs_f64() / reps as f64);
                 cpu = cpu.min((process_cpu_time() - c) / reps as f64 / threads as f64);

@@ -17,6 +17,10 @@
 //! `kv_len` are clamped, so `first_query_pos ≥ kv_len − 1` gives bidirectional attention. A query
 //! that sees no key gets zeros.
 //!
+//! The keys and values come as spans (KV-cache pages, read where they lie): a tile inside one
+//! span is read in place, one that straddles two is copied row by row into the tile buffer. The
+//! cache's pages hold [`K_TILE`] positions, so unwindowed attention never copies.
+//!
 //! Scratch is per thread (one thread-local lookup per task, reused across calls), so a call
 //! allocates only when a thread first sees a larger shape.
 
@@ -27,7 +31,7 @@ use crate::engine::Engine;
 use crate::vecops::VecOps;
 use block::{Block, Kernel};
 use std::cell::{Cell, RefCell};
-use u_sdk::{AttentionParams, DType, Result, UError};
+use u_sdk::{AttentionParams, DType, KvSpan, Result, UError};
 
 /// Queries per task.
 pub const Q_BLOCK: usize = 16;
@@ -81,25 +85,31 @@ impl<'a> Kv<'a> {
     }
 }
 
+/// The cached positions: where each span starts (and, last, where the final one ends), with
+/// its keys and values.
+struct Spans<'a> {
+    starts: Vec<usize>,
+    k: Vec<Kv<'a>>,
+    v: Vec<Kv<'a>>,
+}
+
 /// Validates and runs attention.
 pub fn attention(
     eng: &Engine,
     q: &[f32],
-    k: &[u8],
-    v: &[u8],
+    kv: &[KvSpan<'_>],
     p: &AttentionParams,
     out: &mut [f32],
 ) -> Result<()> {
     let (h, kvh, d) = (p.heads as usize, p.kv_heads as usize, p.head_dim as usize);
     let (nq, nk) = (p.queries as usize, p.kv_len as usize);
-    let bad = |why: &str| {
+    let bad = |why: String| {
         UError::invalid(format!(
             "attention: heads {h}, kv_heads {kvh}, head_dim {d}, queries {nq}, kv_len {nk}, \
-             kv {:?}; q {} values, k {} bytes, v {} bytes, out {} values: {why}",
+             kv {:?} in {} spans; q {} values, out {} values: {why}",
             p.kv_dtype,
+            kv.len(),
             q.len(),
-            k.len(),
-            v.len(),
             out.len()
         ))
     };
@@ -114,26 +124,50 @@ pub fn attention(
     };
     if h == 0 || kvh == 0 || d == 0 || h % kvh != 0 {
         return Err(bad(
-            "heads must be a positive multiple of kv_heads, head_dim > 0",
+            "heads must be a positive multiple of kv_heads, head_dim > 0".into(),
         ));
     }
     let qlen = nq.checked_mul(h).and_then(|v| v.checked_mul(d));
     if qlen != Some(q.len()) || qlen != Some(out.len()) {
-        return Err(bad("q and out must hold queries·heads·head_dim values"));
+        return Err(bad(
+            "q and out must hold queries·heads·head_dim values".into()
+        ));
     }
-    let kvlen = nk
-        .checked_mul(kvh)
-        .and_then(|v| v.checked_mul(d))
-        .and_then(|v| v.checked_mul(esize));
-    if kvlen != Some(k.len()) || kvlen != Some(v.len()) {
-        return Err(bad("k and v must hold kv_len·kv_heads·head_dim elements"));
+    let mut spans = Spans {
+        starts: vec![0],
+        k: Vec::new(),
+        v: Vec::new(),
+    };
+    let mut held = 0usize;
+    for (i, sp) in kv.iter().enumerate() {
+        let n = sp.tokens as usize;
+        let len = n
+            .checked_mul(kvh)
+            .and_then(|v| v.checked_mul(d))
+            .and_then(|v| v.checked_mul(esize));
+        if len != Some(sp.keys.len()) || len != Some(sp.values.len()) {
+            return Err(bad(format!(
+                "span {i} of {n} tokens must hold tokens·kv_heads·head_dim elements in keys \
+                 and values (has {} and {} bytes)",
+                sp.keys.len(),
+                sp.values.len()
+            )));
+        }
+        if n > 0 {
+            held += n;
+            spans.starts.push(held);
+            spans.k.push(Kv::new(sp.keys.as_slice(), p.kv_dtype));
+            spans.v.push(Kv::new(sp.values.as_slice(), p.kv_dtype));
+        }
+    }
+    if held != nk {
+        return Err(bad(format!("the spans hold {held} positions, not kv_len")));
     }
     if nq == 0 {
         return Ok(());
     }
     let group = h / kvh;
     let kern = Kernel::new(eng.isa);
-    let (kk, vv) = (Kv::new(k, p.kv_dtype), Kv::new(v, p.kv_dtype));
     let dp = d.next_multiple_of(kern.pad);
     let span = Span {
         first: p.first_query_pos as usize,
@@ -158,8 +192,7 @@ pub fn attention(
     let chunks = keys.div_ceil(chunk_len).max(1);
     let job = Job {
         q,
-        kk,
-        vv,
+        kv: spans,
         kern,
         vec: eng.vec,
         h,
@@ -297,8 +330,7 @@ struct Scratch<'a> {
 /// Everything a task reads.
 struct Job<'a> {
     q: &'a [f32],
-    kk: Kv<'a>,
-    vv: Kv<'a>,
+    kv: Spans<'a>,
     kern: Kernel,
     vec: VecOps,
     h: usize,
@@ -382,9 +414,20 @@ impl Job<'_> {
         while t0 < hi {
             let t1 = (t0 + K_TILE).min(hi);
             let n = t1 - t0;
-            let (krows, kstride) = tile(&self.kk, t0, t1, g, self.kvh, d, d, sc.krow, &self.vec);
+            let kv = &self.kv;
+            let (krows, kstride) = tile(
+                (&kv.k, &kv.starts),
+                (t0, t1, g, self.kvh, d, d),
+                sc.krow,
+                &self.vec,
+            );
             self.kern.transpose(krows, kstride, n, d, sc.kt);
-            let (vdata, vstride) = tile(&self.vv, t0, t1, g, self.kvh, d, dp, sc.vrow, &self.vec);
+            let (vdata, vstride) = tile(
+                (&kv.v, &kv.starts),
+                (t0, t1, g, self.kvh, d, dp),
+                sc.vrow,
+                &self.vec,
+            );
             for mb in (0..rows).step_by(block::R) {
                 let mut ranges = [(0, 0); block::R];
                 for (i, rg) in ranges.iter_mut().enumerate() {
@@ -417,45 +460,42 @@ impl Job<'_> {
     }
 }
 
-/// Makes keys `t0..t1` of KV head `g` readable as f32 rows: returns the rows (key `t0 + j` at
-/// `j·stride`) and their stride. Aligned f32 with `stride == d` is read in place; otherwise the
-/// rows are converted into `buf` at `stride` (a padded stride leaves the columns past `d` as
-/// they are: the block step reads them, but they only reach output columns that are dropped).
-#[allow(clippy::too_many_arguments)]
+/// Makes positions `t0..t1` of KV head `g` readable as f32 rows: returns the rows (position
+/// `t0 + j` at `j·stride`) and their stride. Aligned f32 inside one span with `stride == d` is
+/// read in place; otherwise the rows are converted or copied into `buf` at `stride` (a padded
+/// stride leaves the columns past `d` as they are: the block step reads them, but they only
+/// reach output columns that are dropped).
 fn tile<'a>(
-    kv: &'a Kv<'_>,
-    t0: usize,
-    t1: usize,
-    g: usize,
-    kvh: usize,
-    d: usize,
-    stride: usize,
+    (side, starts): (&'a [Kv<'_>], &[usize]),
+    (t0, t1, g, kvh, d, stride): (usize, usize, usize, usize, usize, usize),
     buf: &'a mut [f32],
     vec: &VecOps,
 ) -> (&'a [f32], usize) {
-    match kv {
-        Kv::F32(f) if stride == d => (&f[(t0 * kvh + g) * d..], kvh * d),
-        Kv::F32(f) => {
-            for t in t0..t1 {
-                let src = &f[(t * kvh + g) * d..][..d];
-                buf[(t - t0) * stride..][..d].copy_from_slice(src);
-            }
-            (buf, stride)
+    let mut i = starts.partition_point(|&s| s <= t0) - 1;
+    if let Kv::F32(f) = &side[i]
+        && stride == d
+        && t1 <= starts[i + 1]
+    {
+        return (&f[((t0 - starts[i]) * kvh + g) * d..], kvh * d);
+    }
+    for t in t0..t1 {
+        while t >= starts[i + 1] {
+            i += 1;
         }
-        Kv::Bytes(b, dtype) => {
-            let es = if *dtype == DType::F16 { 2 } else { 4 };
-            for t in t0..t1 {
-                let src = &b[(t * kvh + g) * d * es..][..d * es];
-                let dst = &mut buf[(t - t0) * stride..][..d];
-                if es == 2 {
-                    vec.f16_to_f32(src, dst);
-                } else {
-                    for (x, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
-                        *x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                    }
+        let row = (t - starts[i]) * kvh + g;
+        let dst = &mut buf[(t - t0) * stride..][..d];
+        match &side[i] {
+            Kv::F32(f) => dst.copy_from_slice(&f[row * d..][..d]),
+            Kv::Bytes(b, DType::F16) => vec.f16_to_f32(&b[row * d * 2..][..d * 2], dst),
+            Kv::Bytes(b, _) => {
+                for (x, c) in dst
+                    .iter_mut()
+                    .zip(b[row * d * 4..][..d * 4].chunks_exact(4))
+                {
+                    *x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
                 }
             }
-            (buf, stride)
         }
     }
+    (buf, stride)
 }

@@ -11,8 +11,8 @@ use abi_stable::{
 };
 use std::sync::Arc;
 use u_sdk::{
-    Activation, AttentionParams, BackendInfo, DType, Kernels, Kernels_TO, KernelsBox, Op, Result,
-    RopeParams, TensorView, UError, guard,
+    Activation, AttentionParams, BackendInfo, DType, Kernels, Kernels_TO, KernelsBox, KvSpan, Op,
+    Result, RopeParams, TensorView, UError, guard,
 };
 
 /// Everything a kernel needs: ISA, pool and the vector helpers for that ISA.
@@ -128,12 +128,11 @@ impl CpuKernels {
     pub fn attention(
         &self,
         q: &[f32],
-        k: &[u8],
-        v: &[u8],
+        kv: &[KvSpan<'_>],
         p: &AttentionParams,
         out: &mut [f32],
     ) -> Result<()> {
-        attention::attention(&self.eng, q, k, v, p, out)
+        attention::attention(&self.eng, q, kv, p, out)
     }
 
     /// RMS normalisation (see [`Kernels::rms_norm`]).
@@ -242,8 +241,7 @@ impl Kernels for CpuKernels {
     fn attention(
         &self,
         q: RSlice<'_, f32>,
-        k: RSlice<'_, u8>,
-        v: RSlice<'_, u8>,
+        kv: RSlice<'_, KvSpan<'_>>,
         params: &AttentionParams,
         mut out: RSliceMut<'_, f32>,
     ) -> RResult<(), UError> {
@@ -251,8 +249,7 @@ impl Kernels for CpuKernels {
             CpuKernels::attention(
                 self,
                 q.as_slice(),
-                k.as_slice(),
-                v.as_slice(),
+                kv.as_slice(),
                 params,
                 out.as_mut_slice(),
             )

@@ -1,12 +1,14 @@
 //! Flash attention against a naive `softmax(q·kᵀ·scale + mask)·v` in f64, on every ISA, and
 //! against PyTorch `scaled_dot_product_attention` fixtures (`tests/fixtures/gen_attention.py`).
 //! Tolerance: 1e-5 absolute on outputs of magnitude ≤ 1 (values are convex combinations of
-//! |v| ≤ 1 for the random cases; the fixtures' v are standard normal, |out| < 3).
+//! |v| ≤ 1 for the random cases; the fixtures' v are standard normal, |out| < 3). Every case
+//! also runs with the keys and values split into spans (KV-cache pages of 64 positions, and
+//! uneven ones that tiles straddle), which must give the same output bit for bit.
 
 use u_kernels_cpu::testutil::{Rng, f32_to_f16};
 use u_kernels_cpu::{CpuKernels, Isa};
 use u_sdk::quant::f16_to_f32;
-use u_sdk::{AttentionParams, DType};
+use u_sdk::{AttentionParams, DType, KvSpan};
 
 #[derive(Clone, Debug)]
 struct Shape {
@@ -96,16 +98,59 @@ fn naive(s: &Shape, scale: f32, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f32> {
 /// Output tolerance (absolute).
 const TOL: f32 = 1e-5;
 
+/// `kb`/`vb` cut into spans of `sizes` positions (cycled), the last one taking the rest.
+fn spans<'a>(s: &Shape, kb: &'a [u8], vb: &'a [u8], sizes: &[usize]) -> Vec<KvSpan<'a>> {
+    let row = kb.len() / s.nk.max(1);
+    let mut out = Vec::new();
+    let mut t = 0;
+    for &n in sizes.iter().cycle() {
+        let n = n.min(s.nk - t);
+        let (a, b) = (t * row, (t + n) * row);
+        out.push(KvSpan {
+            tokens: n as u32,
+            keys: kb[a..b].into(),
+            values: vb[a..b].into(),
+        });
+        t += n;
+        if t == s.nk {
+            break;
+        }
+    }
+    out
+}
+
 fn check(kern: &CpuKernels, s: &Shape, q: &[f32], kb: &[u8], vb: &[u8], scale: f32, want: &[f32]) {
-    let mut out = vec![f32::NAN; want.len()];
-    kern.attention(q, kb, vb, &params(s, scale), &mut out)
-        .unwrap_or_else(|e| panic!("{s:?}: {e}"));
+    let run = |kv: &[KvSpan<'_>]| {
+        let mut out = vec![f32::NAN; want.len()];
+        kern.attention(q, kv, &params(s, scale), &mut out)
+            .unwrap_or_else(|e| panic!("{s:?}: {e}"));
+        out
+    };
+    let whole = KvSpan {
+        tokens: s.nk as u32,
+        keys: kb.into(),
+        values: vb.into(),
+    };
+    let out = run(&[whole]);
     for (i, (a, b)) in out.iter().zip(want).enumerate() {
         assert!(
             (a - b).abs() <= TOL,
             "{} {s:?}: out[{i}] = {a}, want {b}",
             kern.isa().name()
         );
+    }
+    if s.nk > 0 {
+        for sizes in [&[64][..], &[7, 50, 0, 64, 1]] {
+            let paged = run(&spans(s, kb, vb, sizes));
+            assert!(
+                paged
+                    .iter()
+                    .zip(&out)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{} {s:?}: spans of {sizes:?} change the output",
+                kern.isa().name()
+            );
+        }
     }
 }
 
@@ -328,8 +373,15 @@ fn bad_parameters_are_errors() {
     let q = vec![0f32; 12];
     let kv = vec![0u8; 2 * 2 * 4 * 4];
     let mut out = vec![0f32; 12];
+    fn span<'a>(k: &'a [u8], v: &'a [u8]) -> KvSpan<'a> {
+        KvSpan {
+            tokens: 2,
+            keys: k.into(),
+            values: v.into(),
+        }
+    }
     let e = kern
-        .attention(&q, &kv, &kv, &params(&s, 1.0), &mut out)
+        .attention(&q, &[span(&kv, &kv)], &params(&s, 1.0), &mut out)
         .expect_err("3 heads / 2 kv");
     assert!(e.message.contains("attention"), "{}", e.message);
     let s = Shape {
@@ -338,15 +390,33 @@ fn bad_parameters_are_errors() {
         ..s
     };
     let e = kern
-        .attention(&q[..8], &kv[..30], &kv, &params(&s, 1.0), &mut out[..8])
+        .attention(
+            &q[..8],
+            &[span(&kv[..30], &kv)],
+            &params(&s, 1.0),
+            &mut out[..8],
+        )
         .expect_err("short k");
-    assert!(e.message.contains("kv_len"), "{}", e.message);
+    assert!(e.message.contains("span 0 of 2 tokens"), "{}", e.message);
+    let one = KvSpan {
+        tokens: 1,
+        keys: kv[..32].into(),
+        values: kv[..32].into(),
+    };
+    let e = kern
+        .attention(&q[..8], &[one], &params(&s, 1.0), &mut out[..8])
+        .expect_err("spans short of kv_len");
+    assert!(
+        e.message.contains("hold 1 positions, not kv_len"),
+        "{}",
+        e.message
+    );
     let s = Shape {
         dtype: DType::BF16,
         ..s
     };
     assert!(
-        kern.attention(&q[..8], &kv, &kv, &params(&s, 1.0), &mut out[..8])
+        kern.attention(&q[..8], &[span(&kv, &kv)], &params(&s, 1.0), &mut out[..8])
             .is_err()
     );
 }

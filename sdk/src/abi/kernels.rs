@@ -89,6 +89,35 @@ pub struct RopeParams {
     pub attn_factor: f32,
 }
 
+/// One run of consecutive cached positions for [`Kernels::attention`] (a KV-cache page, or a
+/// whole buffer): `tokens` keys and values, each `tokens × kv_heads × head_dim` elements of
+/// [`AttentionParams::kv_dtype`], in position order after the spans before it.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug)]
+pub struct KvSpan<'a> {
+    /// Positions held.
+    pub tokens: u32,
+    /// Keys, as bytes.
+    pub keys: RSlice<'a, u8>,
+    /// Values, as bytes.
+    pub values: RSlice<'a, u8>,
+}
+
+impl<'a> KvSpan<'a> {
+    /// A span of `tokens` f32 keys and values.
+    pub fn f32(tokens: u32, keys: &'a [f32], values: &'a [f32]) -> Self {
+        fn bytes(x: &[f32]) -> &[u8] {
+            // SAFETY: any f32 is 4 plain bytes; alignment 1 and the same length in bytes.
+            unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, std::mem::size_of_val(x)) }
+        }
+        Self {
+            tokens,
+            keys: bytes(keys).into(),
+            values: bytes(values).into(),
+        }
+    }
+}
+
 /// Parameters of [`Kernels::attention`].
 #[repr(C)]
 #[derive(StableAbi, Clone, Debug)]
@@ -160,13 +189,13 @@ pub trait Kernels: Send + Sync + Clone {
     ) -> RResult<(), UError>;
 
     /// Flash attention: `out = softmax(q·kᵀ·scale + mask)·v` without the full score matrix.
-    /// `q`: queries × heads × head_dim (f32); `k`, `v`: kv_len × kv_heads × head_dim in
-    /// `params.kv_dtype`; `out`: queries × heads × head_dim.
+    /// `q`: queries × heads × head_dim (f32); `kv`: the `kv_len` cached positions as spans read
+    /// in place (e.g. one per KV-cache page, so nothing is gathered); `out`: queries × heads ×
+    /// head_dim.
     fn attention(
         &self,
         q: RSlice<'_, f32>,
-        k: RSlice<'_, u8>,
-        v: RSlice<'_, u8>,
+        kv: RSlice<'_, KvSpan<'_>>,
         params: &AttentionParams,
         out: RSliceMut<'_, f32>,
     ) -> RResult<(), UError>;

@@ -13,7 +13,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 use u_sdk::{
-    Activation, AttentionParams, BackendInfo, DType, Kernels, Kernels_TO, KernelsBox, Op,
+    Activation, AttentionParams, BackendInfo, DType, Kernels, Kernels_TO, KernelsBox, KvSpan, Op,
     RopeParams, TensorView, UError,
 };
 
@@ -174,12 +174,11 @@ impl<F: MatmulFn> Kernels for MatmulWith<F> {
     fn attention(
         &self,
         q: RSlice<'_, f32>,
-        k: RSlice<'_, u8>,
-        v: RSlice<'_, u8>,
+        kv: RSlice<'_, KvSpan<'_>>,
         params: &AttentionParams,
         out: RSliceMut<'_, f32>,
     ) -> RResult<(), UError> {
-        self.inner.attention(q, k, v, params, out)
+        self.inner.attention(q, kv, params, out)
     }
 
     fn activation(&self, x: RSliceMut<'_, f32>, act: Activation) -> RResult<(), UError> {
