@@ -11,18 +11,12 @@
 
 mod common;
 
-use abi_stable::{
-    sabi_trait::TD_Opaque,
-    std_types::{RResult, RSlice, RSliceMut},
-};
+use abi_stable::std_types::{RSlice, RSliceMut};
 use std::path::{Path, PathBuf};
 use u_arch_llama::LlamaArchitecture;
 use u_cache_kv::{Config, KvCachePlugin};
-use u_sdk::{
-    Activation, Architecture, AttentionParams, BackendInfo, DType, Kernels, Kernels_TO, KernelsBox,
-    KvCacheBox, KvSpan, LogitsWanted, ModelBox, Op, RopeParams, SeqChunk, SeqId, TensorView,
-    UError,
-};
+use u_kernels_cpu::testutil::KernelsWith;
+use u_sdk::{Architecture, KernelsBox, KvCacheBox, LogitsWanted, ModelBox, SeqChunk, SeqId};
 
 /// Every fixture family arch-llama generates (dense, MoE, sliding window, QK norm, llama3 RoPE).
 const MODELS: [&str; 8] = [
@@ -46,79 +40,13 @@ fn gguf(name: &str) -> PathBuf {
 /// The CPU kernels with every RoPE position moved by `by`: a model built on them computes a
 /// fresh sequence as if it sat at positions `by..` with nothing before it (attention masks and
 /// windows are relative to the sequence; only the rotation sees the absolute position).
-#[derive(Clone)]
-struct Shifted {
-    inner: KernelsBox,
-    by: u32,
-}
-
-impl Kernels for Shifted {
-    fn info(&self) -> BackendInfo {
-        self.inner.info()
-    }
-    fn supports(&self, op: Op, dtype: DType) -> bool {
-        self.inner.supports(op, dtype)
-    }
-    fn matmul(
-        &self,
-        weight: &TensorView<'_>,
-        x: RSlice<'_, f32>,
-        m: u32,
-        y: RSliceMut<'_, f32>,
-    ) -> RResult<(), UError> {
-        self.inner.matmul(weight, x, m, y)
-    }
-    fn rms_norm(
-        &self,
-        x: RSlice<'_, f32>,
-        weight: RSlice<'_, f32>,
-        eps: f32,
-        y: RSliceMut<'_, f32>,
-    ) -> RResult<(), UError> {
-        self.inner.rms_norm(x, weight, eps, y)
-    }
-    fn layer_norm(
-        &self,
-        x: RSlice<'_, f32>,
-        weight: RSlice<'_, f32>,
-        bias: RSlice<'_, f32>,
-        eps: f32,
-        y: RSliceMut<'_, f32>,
-    ) -> RResult<(), UError> {
-        self.inner.layer_norm(x, weight, bias, eps, y)
-    }
-    fn rope(
-        &self,
-        x: RSliceMut<'_, f32>,
-        positions: RSlice<'_, u32>,
-        params: &RopeParams,
-    ) -> RResult<(), UError> {
-        let moved: Vec<u32> = positions.iter().map(|p| p + self.by).collect();
-        self.inner.rope(x, RSlice::from_slice(&moved), params)
-    }
-    fn attention(
-        &self,
-        q: RSlice<'_, f32>,
-        kv: RSlice<'_, KvSpan<'_>>,
-        params: &AttentionParams,
-        out: RSliceMut<'_, f32>,
-    ) -> RResult<(), UError> {
-        self.inner.attention(q, kv, params, out)
-    }
-    fn activation(&self, x: RSliceMut<'_, f32>, act: Activation) -> RResult<(), UError> {
-        self.inner.activation(x, act)
-    }
-    fn softmax(&self, x: RSliceMut<'_, f32>, row_len: u32) -> RResult<(), UError> {
-        self.inner.softmax(x, row_len)
-    }
-    fn embedding(
-        &self,
-        table: &TensorView<'_>,
-        ids: RSlice<'_, u32>,
-        out: RSliceMut<'_, f32>,
-    ) -> RResult<(), UError> {
-        self.inner.embedding(table, ids, out)
-    }
+fn shifted(inner: KernelsBox, by: u32) -> KernelsBox {
+    KernelsWith::new(inner)
+        .rope(move |inner, x, positions, params| {
+            let moved: Vec<u32> = positions.iter().map(|p| p + by).collect();
+            inner.rope(x, RSlice::from_slice(&moved), params)
+        })
+        .into_box()
 }
 
 /// Fixture `name` on the CPU kernels (positions moved by `shift`), its KV in `cache`.
@@ -129,17 +57,7 @@ fn build(name: &str, cache: &KvCacheBox, shift: u32) -> ModelBox {
     let cpu = u_kernels_cpu::CpuKernels::new(1)
         .expect("kernels")
         .into_box();
-    let kernels = if shift == 0 {
-        cpu
-    } else {
-        Kernels_TO::from_value(
-            Shifted {
-                inner: cpu,
-                by: shift,
-            },
-            TD_Opaque,
-        )
-    };
+    let kernels = if shift == 0 { cpu } else { shifted(cpu, shift) };
     LlamaArchitecture::default()
         .build(weights, kernels, cache.clone())
         .into_result()
@@ -332,7 +250,7 @@ fn kv_diff(
 /// that is what a cached document is, and a graft cannot make it attend to a conversation it
 /// never saw. The reference sequence therefore holds the conversation's KV followed by the
 /// document's KV computed by the model in a fresh sequence whose RoPE positions start at `q`
-/// ([`Shifted`] kernels: every rotation at its absolute position, attention over the document
+/// ([`shifted`] kernels: every rotation at its absolute position, attention over the document
 /// only) — the same model code and kernels, nothing of [`u_cache_kv::rope`]. The source at
 /// `p > 0` is built the same way (positions `p..`, behind `p` rows of filler the document never
 /// attended to); `p = 0` is the plain case of a document prefilled in a sequence of its own.
