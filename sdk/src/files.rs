@@ -141,6 +141,12 @@ impl FileError {
     }
 }
 
+impl From<FileError> for crate::UError {
+    fn from(e: FileError) -> Self {
+        crate::UError::new(e.kind(), e.to_string())
+    }
+}
+
 /// Memory-maps a whole regular file, read-only.
 ///
 /// Like every mmap-based loader, this assumes nobody truncates or rewrites the file while it is

@@ -1,22 +1,25 @@
-//! A loader's parsed model as the ABI's [`WeightSet`].
+//! A loader's parsed model as the ABI's [`WeightSet`], and the loader itself as its [`Loader`].
 //!
-//! A loader implements [`WeightSource`] in plain Rust and hands out [`SharedWeights`]; the
-//! adapter adds what every loader would otherwise repeat: the panic guard on each call and the
-//! conversions to ABI types. Linked statically, outside the ABI fingerprint.
+//! A loader implements [`WeightSource`] (and [`OpenWeights`]) in plain Rust; [`SharedWeights`]
+//! and [`FileLoader`] add what every loader would otherwise repeat: the panic guard on each
+//! call, the conversions to ABI types, and opening files through the host's grants. Linked
+//! statically, outside the ABI fingerprint.
 
 use crate::{
     abi::{
         error::UError,
-        loader::{WeightSet, WeightSet_TO, WeightSetBox},
+        host::HostBox,
+        loader::{Loader, Loader_TO, LoaderBox, WeightSet, WeightSet_TO, WeightSetBox},
         tensor::{MetaValue, TensorInfo, TensorView},
     },
+    files::{FileOpener, HostFiles},
     guard::{guard, guard_infallible},
 };
 use abi_stable::{
     sabi_trait::TD_Opaque,
-    std_types::{ROption, RResult, RStr, RString, RVec},
+    std_types::{ROption, RResult, RSlice, RStr, RString, RVec},
 };
-use std::sync::Arc;
+use std::{marker::PhantomData, path::Path, sync::Arc};
 
 /// What a loaded model offers, in plain Rust; [`SharedWeights`] serves it over the ABI.
 pub trait WeightSource: Send + Sync + 'static {
@@ -99,6 +102,63 @@ impl<S: WeightSource> WeightSet for SharedWeights<S> {
     fn tensor<'a>(&'a self, name: RStr<'_>) -> RResult<TensorView<'a>, UError> {
         guard(&format!("loader-{}.tensor", S::FORMAT), || {
             self.0.tensor(name.as_str())
+        })
+    }
+}
+
+/// A [`WeightSource`] a loader opens from files.
+pub trait OpenWeights: WeightSource + Sized {
+    /// Whether the file at `path`, whose first bytes (at most 4 KiB) are `head`, is one this
+    /// loader reads.
+    fn sniff(path: &str, head: &[u8]) -> bool;
+    /// Opens the model at `path`, reading every file through `files`.
+    fn open(files: &dyn FileOpener, path: &Path) -> crate::Result<Self>;
+}
+
+/// The `loader` entry object of a loader whose models are `S`: files are opened through the
+/// host (so the deployment's `fs.read` grant applies), models served as [`SharedWeights`].
+pub struct FileLoader<S> {
+    host: HostBox,
+    source: PhantomData<fn() -> S>,
+}
+
+impl<S> Clone for FileLoader<S> {
+    fn clone(&self) -> Self {
+        Self {
+            host: self.host.clone(),
+            source: PhantomData,
+        }
+    }
+}
+
+impl<S: OpenWeights> FileLoader<S> {
+    /// A loader that opens files through `host`.
+    pub fn new(host: HostBox) -> Self {
+        Self {
+            host,
+            source: PhantomData,
+        }
+    }
+
+    /// This loader as an ABI object.
+    pub fn into_box(self) -> LoaderBox {
+        Loader_TO::from_value(self, TD_Opaque)
+    }
+}
+
+impl<S: OpenWeights> Loader for FileLoader<S> {
+    fn formats(&self) -> RVec<RString> {
+        RVec::from(vec![RString::from(S::FORMAT)])
+    }
+
+    fn can_open(&self, path: RStr<'_>, head: RSlice<'_, u8>) -> bool {
+        guard_infallible(|| S::sniff(path.as_str(), head.as_slice()), || false)
+    }
+
+    fn open(&self, path: RStr<'_>) -> RResult<WeightSetBox, UError> {
+        guard(&format!("loader-{}.open", S::FORMAT), || {
+            let source = S::open(&HostFiles(&self.host), Path::new(path.as_str()))?;
+            Ok(SharedWeights::new(source).into_box())
         })
     }
 }

@@ -1,60 +1,13 @@
-//! The ABI side: [`u_sdk::Loader`], and a memory-mapped GGUF file as a weight source.
+//! A memory-mapped GGUF file as a weight source, and the loader that opens it.
 
 use crate::gguf::{Array, Gguf, MAGIC, Value};
-use abi_stable::{
-    sabi_trait::TD_Opaque,
-    std_types::{RResult, RSlice, RStr, RString, RVec},
-};
 use memmap2::Mmap;
-use std::{fs::File, os::fd::FromRawFd, path::Path};
+use std::{fs::File, path::Path};
 use u_sdk::{
-    HostBox, Loader, Loader_TO, LoaderBox, MetaValue, TensorInfo, TensorView, UError, WeightSetBox,
-    guard, guard_infallible,
-    weights::{SharedWeights, WeightSource},
+    MetaValue, TensorInfo, TensorView, UError,
+    files::{FileError, FileOpener},
+    weights::{FileLoader, OpenWeights, SharedWeights, WeightSource},
 };
-
-/// The loader: opens files through the host's `open_read`, so the `fs.read` grant applies.
-#[derive(Clone)]
-pub struct GgufLoader {
-    host: HostBox,
-}
-
-impl GgufLoader {
-    /// A loader that opens files through `host`.
-    pub fn new(host: HostBox) -> Self {
-        Self { host }
-    }
-
-    /// This loader as an ABI object.
-    pub fn into_box(self) -> LoaderBox {
-        Loader_TO::from_value(self, TD_Opaque)
-    }
-}
-
-impl Loader for GgufLoader {
-    fn formats(&self) -> RVec<RString> {
-        guard_infallible(|| RVec::from(vec![RString::from("gguf")]), RVec::new)
-    }
-
-    fn can_open(&self, _path: RStr<'_>, head: RSlice<'_, u8>) -> bool {
-        guard_infallible(|| head.as_slice().starts_with(&MAGIC), || false)
-    }
-
-    fn open(&self, path: RStr<'_>) -> RResult<WeightSetBox, UError> {
-        guard("loader-gguf.open", || {
-            let fd = self.host.open_read(path).into_result()?;
-            if fd < 0 {
-                return Err(UError::new(
-                    u_sdk::ErrorKind::Internal,
-                    format!("host returned an invalid file descriptor {fd} for {path}"),
-                ));
-            }
-            // SAFETY: the host hands over an open descriptor that this plugin now owns.
-            let file = unsafe { File::from_raw_fd(fd) };
-            Ok(SharedWeights::new(GgufFile::from_file(&file, path.as_str())?).into_box())
-        })
-    }
-}
 
 /// A memory-mapped, parsed GGUF file.
 pub struct GgufFile {
@@ -64,6 +17,20 @@ pub struct GgufFile {
 
 /// The weight set handed to the host: a shared [`GgufFile`] (cloning shares the map).
 pub type GgufWeights = SharedWeights<GgufFile>;
+
+/// The loader: opens files through the host's `open_read`, so the `fs.read` grant applies.
+pub type GgufLoader = FileLoader<GgufFile>;
+
+impl OpenWeights for GgufFile {
+    fn sniff(_path: &str, head: &[u8]) -> bool {
+        head.starts_with(&MAGIC)
+    }
+
+    fn open(files: &dyn FileOpener, path: &Path) -> u_sdk::Result<Self> {
+        let file = files.open(path).map_err(|e| FileError::open(path, e))?;
+        GgufFile::from_file(&file, &path.display().to_string())
+    }
+}
 
 /// Opens a file directly, without a host (tests and tools).
 pub fn open_path(path: &Path) -> u_sdk::Result<GgufWeights> {

@@ -33,15 +33,10 @@ pub mod proto;
 pub use error::Error;
 pub use model::{FileOpener, OnnxModel, StdFs, Storage, Tensor};
 
-use abi_stable::{
-    sabi_trait::TD_Opaque,
-    std_types::{RResult, RSlice, RStr, RString, RVec},
-};
 use std::path::Path;
 use u_sdk::{
-    HostBox, Loader, Loader_TO, MetaValue, PluginInfo, PluginInstance, TensorInfo, TensorView,
-    UError, WeightSetBox, guard, guard_infallible,
-    weights::{SharedWeights, WeightSource},
+    HostBox, MetaValue, PluginInfo, PluginInstance, TensorInfo, TensorView,
+    weights::{FileLoader, OpenWeights, SharedWeights, WeightSource},
 };
 
 u_sdk::export_plugin! {
@@ -62,10 +57,9 @@ pub fn describe() -> PluginInfo {
 
 /// Creates the loader with its host services.
 pub fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
-    Ok(PluginInstance::Loader(Loader_TO::from_value(
-        OnnxLoader { host },
-        TD_Opaque,
-    )))
+    Ok(PluginInstance::Loader(
+        FileLoader::<OnnxModel>::new(host).into_box(),
+    ))
 }
 
 /// Whether `path`/`head` look like ONNX: the `.onnx` extension, or a `ModelProto` that starts
@@ -84,34 +78,18 @@ pub fn sniff(path: &str, head: &[u8]) -> bool {
     }
 }
 
-/// The `loader` entry object.
-#[derive(Clone)]
-pub struct OnnxLoader {
-    host: HostBox,
-}
-
-impl Loader for OnnxLoader {
-    fn formats(&self) -> RVec<RString> {
-        guard_infallible(|| vec![RString::from("onnx")].into(), RVec::new)
-    }
-
-    fn can_open(&self, path: RStr<'_>, head: RSlice<'_, u8>) -> bool {
-        guard_infallible(|| sniff(path.as_str(), head.as_slice()), || false)
-    }
-
-    fn open(&self, path: RStr<'_>) -> RResult<WeightSetBox, UError> {
-        guard("loader-onnx.open", || {
-            let model = OnnxModel::open(
-                &u_sdk::files::HostFiles(&self.host),
-                Path::new(path.as_str()),
-            )?;
-            Ok(SharedWeights::new(model).into_box())
-        })
-    }
-}
-
 /// The weight set handed to the host: a shared, loaded [`OnnxModel`].
 pub type OnnxWeights = SharedWeights<OnnxModel>;
+
+impl OpenWeights for OnnxModel {
+    fn sniff(path: &str, head: &[u8]) -> bool {
+        sniff(path, head)
+    }
+
+    fn open(files: &dyn u_sdk::files::FileOpener, path: &Path) -> u_sdk::Result<Self> {
+        Ok(OnnxModel::open(files, path)?)
+    }
+}
 
 impl WeightSource for OnnxModel {
     const FORMAT: &'static str = "onnx";

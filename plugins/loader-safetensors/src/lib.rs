@@ -26,15 +26,10 @@ pub mod model;
 pub use error::{Error, HeaderError};
 pub use model::{FileOpener, SafetensorsModel, StdFs, Tensor};
 
-use abi_stable::{
-    sabi_trait::TD_Opaque,
-    std_types::{RResult, RSlice, RStr, RString, RVec},
-};
 use std::path::Path;
 use u_sdk::{
-    HostBox, Loader, Loader_TO, MetaValue, PluginInfo, PluginInstance, TensorInfo, TensorView,
-    UError, WeightSetBox, guard, guard_infallible,
-    weights::{SharedWeights, WeightSource},
+    HostBox, MetaValue, PluginInfo, PluginInstance, TensorInfo, TensorView,
+    weights::{FileLoader, OpenWeights, SharedWeights, WeightSource},
 };
 
 u_sdk::export_plugin! {
@@ -54,10 +49,9 @@ pub fn describe() -> PluginInfo {
 
 /// Creates the loader with its host services.
 pub fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
-    Ok(PluginInstance::Loader(Loader_TO::from_value(
-        SafetensorsLoader { host },
-        TD_Opaque,
-    )))
+    Ok(PluginInstance::Loader(
+        FileLoader::<SafetensorsModel>::new(host).into_box(),
+    ))
 }
 
 /// Whether `path`/`head` look like safetensors: the file name, or a plausible header length
@@ -77,34 +71,18 @@ pub fn sniff(path: &str, head: &[u8]) -> bool {
     }
 }
 
-/// The `loader` entry object.
-#[derive(Clone)]
-pub struct SafetensorsLoader {
-    host: HostBox,
-}
-
-impl Loader for SafetensorsLoader {
-    fn formats(&self) -> RVec<RString> {
-        guard_infallible(|| vec![RString::from("safetensors")].into(), RVec::new)
-    }
-
-    fn can_open(&self, path: RStr<'_>, head: RSlice<'_, u8>) -> bool {
-        guard_infallible(|| sniff(path.as_str(), head.as_slice()), || false)
-    }
-
-    fn open(&self, path: RStr<'_>) -> RResult<WeightSetBox, UError> {
-        guard("loader-safetensors.open", || {
-            let model = SafetensorsModel::open(
-                &u_sdk::files::HostFiles(&self.host),
-                Path::new(path.as_str()),
-            )?;
-            Ok(SharedWeights::new(model).into_box())
-        })
-    }
-}
-
 /// The weight set handed to the host: a shared, loaded [`SafetensorsModel`].
 pub type SafetensorsWeights = SharedWeights<SafetensorsModel>;
+
+impl OpenWeights for SafetensorsModel {
+    fn sniff(path: &str, head: &[u8]) -> bool {
+        sniff(path, head)
+    }
+
+    fn open(files: &dyn u_sdk::files::FileOpener, path: &Path) -> u_sdk::Result<Self> {
+        Ok(SafetensorsModel::open(files, path)?)
+    }
+}
 
 impl WeightSource for SafetensorsModel {
     const FORMAT: &'static str = "safetensors";
