@@ -91,7 +91,7 @@ pub enum Error {
         /// The limit.
         max: usize,
     },
-    /// A ggml tensor type this loader does not map to a [`DType`].
+    /// A ggml tensor type this loader does not map to a [`u_sdk::DType`].
     #[error("tensor {name:?}: ggml type {type_id} ({type_name}) is not supported")]
     UnsupportedType {
         /// Tensor name.
