@@ -3,8 +3,8 @@
 //! Architectures read one set of tensor names and metadata keys whatever the file format. The
 //! scheme is llama.cpp's GGUF naming, so the GGUF loader passes names through unchanged and the
 //! HF-format loaders (safetensors, ONNX) map through [`hf_to_canonical`] and
-//! `config_metadata` (feature `json`). This module is not part of the ABI (it lives outside `src/abi/`): it is
-//! linked statically into each loader.
+//! `config_metadata` (feature `json`). This module is not part of the ABI (it lives outside
+//! `src/abi/`): it is linked statically into each loader.
 //!
 //! # Tensor names
 //!
