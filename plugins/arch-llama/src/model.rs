@@ -243,7 +243,7 @@ impl Attention {
                     ),
                 ));
             }
-            let spans = kv_spans(&pages, kd, &mut s.keys, &mut s.values)?;
+            let (spans, kv_dtype) = kv_spans(&pages, kd, &mut s.keys, &mut s.values)?;
             let params = AttentionParams {
                 heads: self.heads as u32,
                 kv_heads: self.kv_heads as u32,
@@ -253,7 +253,7 @@ impl Attention {
                 first_query_pos: seg.start as u32,
                 window: self.window,
                 scale: 1.0 / (self.head_dim as f32).sqrt(),
-                kv_dtype: DType::F32,
+                kv_dtype,
             };
             c.k.attention(
                 RSlice::from_slice(&q[rows.start * qd..rows.end * qd]),
@@ -267,31 +267,47 @@ impl Attention {
     }
 }
 
-/// The keys and values of `pages` as f32 spans for the attention kernel: each f32 page read
-/// where it lies; int8 pages (and everything with them) dequantized into `keys`/`values` as one
-/// span.
+/// The keys and values of `pages` as spans for the attention kernel, read where they lie: every
+/// page f32, or every page int8 (with its scales); a sequence that mixes the two (int8 switched
+/// on part-way) is dequantized into `keys`/`values` as one f32 span. Returns the spans' dtype.
 fn kv_spans<'p>(
     pages: &'p [KvPage<'p>],
     kd: usize,
     keys: &'p mut Vec<f32>,
     values: &'p mut Vec<f32>,
-) -> Result<Vec<KvSpan<'p>>> {
+) -> Result<(Vec<KvSpan<'p>>, DType)> {
     let short = |p: &KvPage<'_>| {
         UError::new(
             u_sdk::ErrorKind::Internal,
             format!("arch-llama: KV page of {} tokens is short", p.tokens),
         )
     };
-    if pages.iter().all(|p| p.dtype == DType::F32) {
-        return pages
+    let groups = kd.div_ceil(u_sdk::KV_INT8_GROUP as usize);
+    for dtype in [DType::F32, DType::I8] {
+        if !pages.iter().all(|p| p.dtype == dtype) {
+            continue;
+        }
+        let spans = pages
             .iter()
             .map(|p| {
-                let n = p.tokens as usize * kd;
-                let k = p.keys.as_slice().get(..n).ok_or_else(|| short(p))?;
-                let v = p.values.as_slice().get(..n).ok_or_else(|| short(p))?;
-                Ok(KvSpan::f32(p.tokens, k, v))
+                let (n, ns) = (p.tokens as usize * kd, p.tokens as usize * groups);
+                Ok(if dtype == DType::F32 {
+                    let k = p.keys.as_slice().get(..n).ok_or_else(|| short(p))?;
+                    let v = p.values.as_slice().get(..n).ok_or_else(|| short(p))?;
+                    KvSpan::f32(p.tokens, k, v)
+                } else {
+                    let part = |q: &'p [i8], s: &'p [f32]| {
+                        q.get(..n).zip(s.get(..ns)).ok_or_else(|| short(p))
+                    };
+                    KvSpan::i8(
+                        p.tokens,
+                        part(p.keys_i8.as_slice(), p.key_scales.as_slice())?,
+                        part(p.values_i8.as_slice(), p.value_scales.as_slice())?,
+                    )
+                })
             })
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
+        return Ok((spans, dtype));
     }
     keys.clear();
     values.clear();
@@ -302,7 +318,7 @@ fn kv_spans<'p>(
         values.extend_from_slice(v.get(..n).ok_or_else(|| short(p))?);
     }
     let tokens = (keys.len() / kd.max(1)) as u32;
-    Ok(vec![KvSpan::f32(tokens, keys, values)])
+    Ok((vec![KvSpan::f32(tokens, keys, values)], DType::F32))
 }
 
 /// The SwiGLU feed-forward network (Shazeer 2020): `down(silu(gate(x)) ⊙ up(x))`.

@@ -154,13 +154,20 @@ fn malformed_weight_sets_get_clear_errors() -> Result<()> {
     Ok(())
 }
 
-/// int8 KV pages (cache-kv's `set_dtype`) are dequantized for attention: the logits equal those
-/// of a cache that stores the same int8 round trip as f32 (≤ 1e-5), and stay near the f32
-/// reference (≤ 0.25 here: unit-scale random weights amplify the 1/254 quantization step).
+/// int8 KV pages (cache-kv's `set_dtype`) are read by attention: the logits equal those of a
+/// cache that stores the same int8 round trip as f32 (≤ 1e-5), and stay near the f32 reference
+/// (≤ 0.25 here: unit-scale random weights amplify the 1/254 quantization step). A cache
+/// configured with `kv_dtype = "int8"` gives the same logits without `set_dtype`.
 #[test]
 fn int8_kv_pages_from_the_cache_plugin_are_read() -> Result<()> {
     let (_, cases) = cases("qwen3")?;
     let int8 = build(support::safetensors("qwen3")?, support::cache_kv())?;
+    let config = u_cache_kv::Config::parse("kv_dtype = \"int8\"")?;
+    let configured = build(
+        support::safetensors("qwen3")?,
+        u_cache_kv::KvCachePlugin::new(config, None).into_box(),
+    )?;
+    assert!(u_cache_kv::Config::parse("kv_dtype = \"int4\"").is_err());
     let simulated = build(
         support::safetensors("qwen3")?,
         ReferenceCache::with_transform(4, Some(u_cache_kv::quant::round_trip)),
@@ -170,16 +177,21 @@ fn int8_kv_pages_from_the_cache_plugin_are_read() -> Result<()> {
         let s = int8.cache().create().into_result()?;
         int8.cache().set_dtype(s, u_sdk::DType::I8).into_result()?;
         let r = simulated.cache().create().into_result()?;
+        let c = configured.cache().create().into_result()?;
         // The first token alone, then the rest attending over stored int8 pages.
         let split = 1.min(case.prompt.len());
-        let mut a = Vec::new();
-        let mut b = Vec::new();
+        let (mut a, mut b, mut cfg) = (Vec::new(), Vec::new(), Vec::new());
         for part in [&case.prompt[..split], &case.prompt[split..]] {
             if !part.is_empty() {
                 a.extend(forward(&int8, &[(s, part, LogitsWanted::All)])?);
                 b.extend(forward(&simulated, &[(r, part, LogitsWanted::All)])?);
+                cfg.extend(forward(&configured, &[(c, part, LogitsWanted::All)])?);
             }
         }
+        assert_eq!(a, cfg, "kv_dtype = \"int8\" differs from set_dtype(I8)");
+        let cache = configured.cache();
+        let pages = cache.pages(c, 0).into_result()?;
+        assert!(pages.iter().all(|p| p.dtype == u_sdk::DType::I8));
         vs_sim = vs_sim.max(max_abs_diff(&a, &b));
         vs_f32 = vs_f32.max(max_abs_diff(&a, &case.logits));
     }
@@ -191,9 +203,9 @@ fn int8_kv_pages_from_the_cache_plugin_are_read() -> Result<()> {
 
 /// MoE layers read the routed experts' weights and no others: over the GGUF fixtures (experts
 /// stacked in one mapped tensor per projection; dense layers skipped), every matmul on a
-/// stacked tensor covers
-/// exactly one expert's slice, a one-token step reads exactly `expert_used_count` experts per
-/// projection and layer, and a longer prompt at most `used × tokens` of them.
+/// stacked tensor covers exactly one expert's slice, a one-token step reads exactly
+/// `expert_used_count` experts per projection and layer, and a longer prompt at most
+/// `used × tokens` of them.
 #[test]
 fn moe_layers_read_only_the_routed_experts() -> Result<()> {
     use u_sdk::weights::WeightSource;

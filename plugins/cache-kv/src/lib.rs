@@ -42,7 +42,7 @@ mod store;
 pub use disk::{FormatError, MAGIC, PREFIX_MAGIC, VERSION};
 pub use page::PAGE_TOKENS;
 pub use plugin::KvCachePlugin;
-pub use store::{Config, DEFAULT_DISK_BUDGET_MULTIPLE, SegmentStats, Store};
+pub use store::{Config, DEFAULT_DISK_BUDGET_MULTIPLE, KvDtype, SegmentStats, Store};
 
 use abi_stable::std_types::RVec;
 use u_sdk::{HostBox, PluginInfo, PluginInstance};

@@ -92,6 +92,22 @@ pub struct Config {
     /// only). Checkpoints are not counted and never deleted by it.
     #[serde(default)]
     pub max_disk_bytes: Option<u64>,
+    /// How new sequences store their KV: `"f32"` (the default, exact) or `"int8"` (a quarter of
+    /// the memory and disk: one scale per 32 values of a token's row; attention reads the int8
+    /// pages in place). A sequence may still switch later ([`Store::set_dtype`]).
+    #[serde(default)]
+    pub kv_dtype: KvDtype,
+}
+
+/// The storage of new sequences' KV pages (see [`Config::kv_dtype`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvDtype {
+    /// Exact f32 keys and values.
+    #[default]
+    F32,
+    /// int8 keys and values with per-group scales.
+    Int8,
 }
 
 fn default_max_bytes() -> Option<u64> {
@@ -121,6 +137,7 @@ impl Default for Config {
             max_checkpoints: default_max_checkpoints(),
             persist_prefixes: default_persist_prefixes(),
             max_disk_bytes: None,
+            kv_dtype: KvDtype::F32,
         }
     }
 }
@@ -384,7 +401,10 @@ impl Store {
     }
 
     /// Declares the layout (once; the same layout again is accepted).
-    pub fn configure(&self, layout: KvLayout) -> u_sdk::Result<()> {
+    pub fn configure(&self, mut layout: KvLayout) -> u_sdk::Result<()> {
+        if self.config.kv_dtype == KvDtype::Int8 {
+            layout.dtype = DType::I8;
+        }
         let mut g = self.geometry.write().unwrap_or_else(|p| p.into_inner());
         match &*g {
             Some(old) if old.layout == layout => Ok(()),

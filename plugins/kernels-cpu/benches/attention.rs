@@ -92,11 +92,7 @@ fn main() {
             for _ in 0..rounds {
                 let (t, c) = (Instant::now(), process_cpu_time());
                 for _ in 0..reps {
-                    let kv = KvSpan {
-                        tokens: ctx as u32,
-                        keys: bytes[..].into(),
-                        values: bytes[..].into(),
-                    };
+                    let kv = KvSpan::bytes(ctx as u32, &bytes[..], &bytes[..]);
                     kern.attention(&q, &[kv], &p, &mut out).expect("attention");
                 }
                 wall = wall.min(t.elapsed().as_secs_f64() / reps as f64);

@@ -18,8 +18,9 @@
 //! that sees no key gets zeros.
 //!
 //! The keys and values come as spans (KV-cache pages, read where they lie): a tile inside one
-//! span is read in place, one that straddles two is copied row by row into the tile buffer. The
-//! cache's pages hold [`K_TILE`] positions, so unwindowed attention never copies.
+//! f32 span is read in place, one that straddles two is copied row by row into the tile buffer.
+//! The cache's pages hold [`K_TILE`] positions, so unwindowed f32 attention never copies; int8
+//! spans are dequantized tile by tile (`q × scale`, the cache's own formula).
 //!
 //! Scratch is per thread (one thread-local lookup per task, reused across calls), so a call
 //! allocates only when a thread first sees a larger shape.
@@ -31,7 +32,7 @@ use crate::engine::Engine;
 use crate::vecops::VecOps;
 use block::{Block, Kernel};
 use std::cell::{Cell, RefCell};
-use u_sdk::{AttentionParams, DType, KvSpan, Result, UError};
+use u_sdk::{AttentionParams, DType, KV_INT8_GROUP, KvSpan, Result, UError};
 
 /// Queries per task.
 pub const Q_BLOCK: usize = 16;
@@ -61,10 +62,16 @@ impl SyncPtr {
     }
 }
 
-/// Key/value storage for one head: f32 in place, or bytes converted tile by tile.
+/// Key/value storage of a span: f32 in place, or bytes (f16, or f32 that is not aligned)
+/// converted tile by tile, or int8 with per-group scales (`groups` a token).
 enum Kv<'a> {
     F32(&'a [f32]),
     Bytes(&'a [u8], DType),
+    I8 {
+        q: &'a [u8],
+        scales: &'a [f32],
+        groups: usize,
+    },
 }
 
 impl<'a> Kv<'a> {
@@ -94,10 +101,10 @@ struct Spans<'a> {
 }
 
 /// Validates and runs attention.
-pub fn attention(
+pub fn attention<'a>(
     eng: &Engine,
     q: &[f32],
-    kv: &[KvSpan<'_>],
+    kv: &[KvSpan<'a>],
     p: &AttentionParams,
     out: &mut [f32],
 ) -> Result<()> {
@@ -116,9 +123,10 @@ pub fn attention(
     let esize = match p.kv_dtype {
         DType::F32 => 4,
         DType::F16 => 2,
+        DType::I8 => 1,
         other => {
             return Err(UError::unsupported(format!(
-                "attention: KV dtype {other} is not supported (F32, F16)"
+                "attention: KV dtype {other} is not supported (F32, F16, I8)"
             )));
         }
     };
@@ -153,11 +161,36 @@ pub fn attention(
                 sp.values.len()
             )));
         }
+        let groups = (kvh * d).div_ceil(KV_INT8_GROUP as usize);
+        let scales = if p.kv_dtype == DType::I8 {
+            n * groups
+        } else {
+            0
+        };
+        if sp.key_scales.len() != scales || sp.value_scales.len() != scales {
+            return Err(bad(format!(
+                "span {i} of {n} tokens must hold {scales} key and value scales (has {} and {})",
+                sp.key_scales.len(),
+                sp.value_scales.len()
+            )));
+        }
         if n > 0 {
             held += n;
             spans.starts.push(held);
-            spans.k.push(Kv::new(sp.keys.as_slice(), p.kv_dtype));
-            spans.v.push(Kv::new(sp.values.as_slice(), p.kv_dtype));
+            let kv = |q: &'a [u8], s: &'a [f32]| match p.kv_dtype {
+                DType::I8 => Kv::I8 {
+                    q,
+                    scales: s,
+                    groups,
+                },
+                dtype => Kv::new(q, dtype),
+            };
+            spans
+                .k
+                .push(kv(sp.keys.as_slice(), sp.key_scales.as_slice()));
+            spans
+                .v
+                .push(kv(sp.values.as_slice(), sp.value_scales.as_slice()));
         }
     }
     if held != nk {
@@ -493,6 +526,16 @@ fn tile<'a>(
                     .zip(b[row * d * 4..][..d * 4].chunks_exact(4))
                 {
                     *x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+            Kv::I8 { q, scales, groups } => {
+                // Head g's values are elements g·d.. of the token's row; scale groups run
+                // along the whole row.
+                let token = t - starts[i];
+                let (first, group) = (g * d, KV_INT8_GROUP as usize);
+                let codes = &q[row * d..][..d];
+                for (j, (x, &c)) in dst.iter_mut().zip(codes).enumerate() {
+                    *x = f32::from(c as i8) * scales[token * groups + (first + j) / group];
                 }
             }
         }

@@ -106,11 +106,7 @@ fn spans<'a>(s: &Shape, kb: &'a [u8], vb: &'a [u8], sizes: &[usize]) -> Vec<KvSp
     for &n in sizes.iter().cycle() {
         let n = n.min(s.nk - t);
         let (a, b) = (t * row, (t + n) * row);
-        out.push(KvSpan {
-            tokens: n as u32,
-            keys: kb[a..b].into(),
-            values: vb[a..b].into(),
-        });
+        out.push(KvSpan::bytes(n as u32, &kb[a..b], &vb[a..b]));
         t += n;
         if t == s.nk {
             break;
@@ -126,11 +122,7 @@ fn check(kern: &CpuKernels, s: &Shape, q: &[f32], kb: &[u8], vb: &[u8], scale: f
             .unwrap_or_else(|e| panic!("{s:?}: {e}"));
         out
     };
-    let whole = KvSpan {
-        tokens: s.nk as u32,
-        keys: kb.into(),
-        values: vb.into(),
-    };
+    let whole = KvSpan::bytes(s.nk as u32, kb, vb);
     let out = run(&[whole]);
     for (i, (a, b)) in out.iter().zip(want).enumerate() {
         assert!(
@@ -212,6 +204,99 @@ fn random_shapes_match_the_naive_reference_on_every_isa() {
                 vv[1..].copy_from_slice(&vb);
                 check(kern, &s, &q, &kk[1..], &vv[1..], scale, &want);
             }
+        }
+    }
+}
+
+/// Int8 KV spans (the cache's int8 pages: a scale per 32 values of a token's row) give the
+/// output of f32 spans holding their dequantized values, bit for bit: the tile conversion is
+/// `q × scale`, the cache's own dequantization. Pages of 64 and uneven spans, windows, every ISA.
+#[test]
+fn int8_spans_equal_their_dequantized_values() {
+    let mut rng = Rng::new(8);
+    let group = u_sdk::KV_INT8_GROUP as usize;
+    for kern in Isa::available()
+        .into_iter()
+        .map(|i| CpuKernels::with_isa(i, 2).expect("isa"))
+    {
+        for (heads, kvh, d, nq, nk, window) in [
+            (9, 3, 64, 1, 300, 0),
+            (4, 2, 48, 5, 130, 0),
+            (8, 8, 32, 17, 200, 70),
+        ] {
+            let s = Shape {
+                heads,
+                kv_heads: kvh,
+                d,
+                nq,
+                nk,
+                first: nk - nq,
+                window,
+                dtype: DType::I8,
+            };
+            let row = kvh * d;
+            let groups = row.div_ceil(group);
+            // Per token and group of 32: scale = max|x| / 127, q = round(x / scale).
+            let quantize = |x: &[f32]| {
+                let (mut q, mut sc) = (Vec::new(), Vec::new());
+                for r in x.chunks_exact(row) {
+                    for c in r.chunks(group) {
+                        let s = c.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+                        sc.push(s);
+                        q.extend(
+                            c.iter()
+                                .map(|v| if s > 0.0 { (v / s).round() as i8 } else { 0 }),
+                        );
+                    }
+                }
+                (q, sc)
+            };
+            let (kq, ks) = quantize(&rng.vec(nk * row, 1.0));
+            let (vq, vs) = quantize(&rng.vec(nk * row, 1.0));
+            assert_eq!(ks.len(), nk * groups);
+            let kf = u_sdk::dequantize_i8(&kq, &ks, nk as u32);
+            let vf = u_sdk::dequantize_i8(&vq, &vs, nk as u32);
+            let q = rng.vec(nq * heads * d, 1.0);
+            let scale = 1.0 / (d as f32).sqrt();
+            let run = |kv: &[KvSpan<'_>], dtype: DType| {
+                let mut out = vec![f32::NAN; q.len()];
+                kern.attention(
+                    &q,
+                    kv,
+                    &params(&Shape { dtype, ..s.clone() }, scale),
+                    &mut out,
+                )
+                .unwrap_or_else(|e| panic!("{s:?}: {e}"));
+                out
+            };
+            let want = run(&[KvSpan::f32(nk as u32, &kf, &vf)], DType::F32);
+            for pages in [nk, 64, 37] {
+                let mut spans = Vec::new();
+                for t0 in (0..nk).step_by(pages) {
+                    let t1 = (t0 + pages).min(nk);
+                    let (a, b, ga, gb) = (t0 * row, t1 * row, t0 * groups, t1 * groups);
+                    spans.push(KvSpan::i8(
+                        (t1 - t0) as u32,
+                        (&kq[a..b], &ks[ga..gb]),
+                        (&vq[a..b], &vs[ga..gb]),
+                    ));
+                }
+                let got = run(&spans, DType::I8);
+                assert!(
+                    got.iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{} {s:?}, pages of {pages}",
+                    kern.isa().name()
+                );
+            }
+            // Scales that do not match the span are an error, not a read past them.
+            let short = KvSpan::i8(nk as u32, (&kq, &ks[1..]), (&vq, &vs));
+            let mut out = vec![0f32; q.len()];
+            let e = kern
+                .attention(&q, &[short], &params(&s, scale), &mut out)
+                .expect_err("short scales");
+            assert!(e.message.contains("key and value scales"), "{}", e.message);
         }
     }
 }
@@ -374,11 +459,7 @@ fn bad_parameters_are_errors() {
     let kv = vec![0u8; 2 * 2 * 4 * 4];
     let mut out = vec![0f32; 12];
     fn span<'a>(k: &'a [u8], v: &'a [u8]) -> KvSpan<'a> {
-        KvSpan {
-            tokens: 2,
-            keys: k.into(),
-            values: v.into(),
-        }
+        KvSpan::bytes(2, k, v)
     }
     let e = kern
         .attention(&q, &[span(&kv, &kv)], &params(&s, 1.0), &mut out)
@@ -398,11 +479,7 @@ fn bad_parameters_are_errors() {
         )
         .expect_err("short k");
     assert!(e.message.contains("span 0 of 2 tokens"), "{}", e.message);
-    let one = KvSpan {
-        tokens: 1,
-        keys: kv[..32].into(),
-        values: kv[..32].into(),
-    };
+    let one = KvSpan::bytes(1, &kv[..32], &kv[..32]);
     let e = kern
         .attention(&q[..8], &[one], &params(&s, 1.0), &mut out[..8])
         .expect_err("spans short of kv_len");

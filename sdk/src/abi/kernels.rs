@@ -91,7 +91,9 @@ pub struct RopeParams {
 
 /// One run of consecutive cached positions for [`Kernels::attention`] (a KV-cache page, or a
 /// whole buffer): `tokens` keys and values, each `tokens × kv_heads × head_dim` elements of
-/// [`AttentionParams::kv_dtype`], in position order after the spans before it.
+/// [`AttentionParams::kv_dtype`], in position order after the spans before it. Int8 (`I8`)
+/// spans carry one `f32` scale per group of [`crate::KV_INT8_GROUP`] values of a token's row
+/// (`value = q × scale`, as the cache's int8 pages); the scales are empty otherwise.
 #[repr(C)]
 #[derive(StableAbi, Clone, Copy, Debug)]
 pub struct KvSpan<'a> {
@@ -101,19 +103,49 @@ pub struct KvSpan<'a> {
     pub keys: RSlice<'a, u8>,
     /// Values, as bytes.
     pub values: RSlice<'a, u8>,
+    /// Int8 keys' scales: tokens × ⌈kv_heads × head_dim / `KV_INT8_GROUP`⌉.
+    pub key_scales: RSlice<'a, f32>,
+    /// Int8 values' scales, laid out like `key_scales`.
+    pub value_scales: RSlice<'a, f32>,
 }
 
 impl<'a> KvSpan<'a> {
+    /// A span of `tokens` f32 (or, by `kv_dtype`, f16) keys and values given as bytes.
+    pub fn bytes(tokens: u32, keys: &'a [u8], values: &'a [u8]) -> Self {
+        Self {
+            tokens,
+            keys: keys.into(),
+            values: values.into(),
+            key_scales: RSlice::default(),
+            value_scales: RSlice::default(),
+        }
+    }
+
     /// A span of `tokens` f32 keys and values.
     pub fn f32(tokens: u32, keys: &'a [f32], values: &'a [f32]) -> Self {
         fn bytes(x: &[f32]) -> &[u8] {
             // SAFETY: any f32 is 4 plain bytes; alignment 1 and the same length in bytes.
             unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, std::mem::size_of_val(x)) }
         }
+        Self::bytes(tokens, bytes(keys), bytes(values))
+    }
+
+    /// A span of `tokens` int8 keys and values with their group scales.
+    pub fn i8(
+        tokens: u32,
+        (keys, key_scales): (&'a [i8], &'a [f32]),
+        (values, value_scales): (&'a [i8], &'a [f32]),
+    ) -> Self {
+        fn bytes(x: &[i8]) -> &[u8] {
+            // SAFETY: i8 and u8 have the same size, alignment and (all) bit patterns.
+            unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, x.len()) }
+        }
         Self {
             tokens,
             keys: bytes(keys).into(),
             values: bytes(values).into(),
+            key_scales: key_scales.into(),
+            value_scales: value_scales.into(),
         }
     }
 }
@@ -139,7 +171,7 @@ pub struct AttentionParams {
     pub window: u32,
     /// Score scale, usually `1/sqrt(head_dim)`.
     pub scale: f32,
-    /// Element type of the key/value buffers (`F32` or `F16`).
+    /// Element type of the key/value spans (`F32`, `F16`, or `I8` with scales).
     pub kv_dtype: DType,
 }
 
