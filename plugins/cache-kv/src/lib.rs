@@ -10,8 +10,8 @@
 //! - `radix`: a radix tree over token ids with compressed edges; lookup forks the deepest
 //!   cached prefix, pins it while the sequence lives, and LRU eviction keeps the cache under
 //!   `max_bytes`.
-//! - [`quant`]: int8 KV per sequence (group 32, one f32 scale each), handed out as int8 pages
-//!   that [`u_sdk::KvPage::keys_f32`] dequantizes.
+//! - [`quant`]: int8 KV per sequence, or for all with `kv_dtype = "int8"` (group 32, one f32
+//!   scale each), handed out as int8 pages that attention reads in place.
 //! - [`rope`]: re-rotation of keys for grafts at another position.
 //! - `disk` ([`FormatError`]): crash-safe, checksummed, model-bound checkpoint and prefix-tree
 //!   files, restored with `mmap`; the prefix tree is written through to disk and rebuilt from it

@@ -4,9 +4,11 @@
 //! write); the model appends each layer's keys and values and reads them back page by page, so
 //! attention runs over pages in place.
 //!
-//! Pages are `f32` unless a sequence opted into int8 ([`KvCache::set_dtype`]): then the pages it
-//! writes from then on hold `i8` values with one `f32` scale per [`KV_INT8_GROUP`] values, and
-//! [`KvPage::keys_f32`] / [`KvPage::values_f32`] dequantize them for attention.
+//! Pages are `f32` unless a sequence opted into int8 ([`KvCache::set_dtype`], or a cache
+//! configured so): then the pages it writes from then on hold `i8` values with one `f32` scale
+//! per [`KV_INT8_GROUP`] values. Attention reads them in place as int8 spans
+//! ([`crate::KvSpan::i8`]); [`KvPage::keys_f32`] / [`KvPage::values_f32`] dequantize them where
+//! f32 is needed.
 
 use crate::abi::{dtype::DType, error::UError, kernels::RopeParams};
 use abi_stable::{
