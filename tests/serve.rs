@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 use u_conformance::{
-    serving::{MODEL, Options, Server, generate_json, http, post, smollm2_path, start, start_with},
+    serving::{MODEL, Options, Server, generate_json, http, post, start, start_smollm2},
     text,
 };
 
@@ -198,8 +198,7 @@ fn openai_client_streaming_and_not_matches_generate_over_tcp_and_unix() {
 
 #[test]
 fn smollm2_chat_with_a_system_message_matches_generate() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut server = start_with(dir, &smollm2_path(), "loader-gguf", &Options::default());
+    let mut server = start_smollm2(&Options::default());
     client_matches_generate(
         &server,
         "SmolLM2-135M-Instruct.Q4_1",

@@ -16,8 +16,7 @@ use std::{
 use u_conformance::{
     bin,
     serving::{
-        MODEL, Options, Server, generate_json, http, model_dir, post, smollm2_path, start_tiny,
-        start_with,
+        MODEL, Options, Server, generate_json, http, model_dir, post, start_smollm2, start_tiny,
     },
     text,
 };
@@ -184,8 +183,7 @@ fn metric(port: u16, name: &str) -> f64 {
 /// the engine and timed), and answers exactly as the uncached first call did.
 #[test]
 fn cache_breakpoints_make_the_second_call_prefill_only_the_suffix() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = start_with(dir, &smollm2_path(), "loader-gguf", &Options::default());
+    let server = start_smollm2(&Options::default());
     let name = "SmolLM2-135M-Instruct.Q4_1";
     let facts: String = (1..=60)
         .map(|i| {

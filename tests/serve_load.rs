@@ -14,7 +14,7 @@ use std::{
     sync::atomic::{AtomicU64, Ordering},
     time::{Duration, Instant},
 };
-use u_conformance::serving::{Options, http, smollm2_path, start_with};
+use u_conformance::serving::{Options, http, start_smollm2};
 
 const CLIENTS: usize = 64;
 const TOKENS: u32 = 48;
@@ -79,16 +79,10 @@ fn load(port: u16, clients: usize, for_time: Duration) -> (u64, Duration, Vec<St
 
 #[test]
 fn sixty_four_streaming_clients_share_passes_without_errors() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = start_with(
-        dir,
-        &smollm2_path(),
-        "loader-gguf",
-        &Options {
-            model_config: format!("max_running = {CLIENTS}\nmax_queued = {CLIENTS}"),
-            ..Options::default()
-        },
-    );
+    let server = start_smollm2(&Options {
+        model_config: format!("max_running = {CLIENTS}\nmax_queued = {CLIENTS}"),
+        ..Options::default()
+    });
     // Warm up (page in the weights).
     stream_once(server.port, 0).unwrap();
     let (one, one_time, errors) = load(server.port, 1, Duration::from_secs(6));
@@ -142,16 +136,10 @@ fn first_token_at(port: u16, user: &str, i: usize) -> Result<Instant, String> {
 /// the running request ends (first come, first served would run it last).
 #[test]
 fn a_burst_from_one_client_does_not_starve_another() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = start_with(
-        dir,
-        &smollm2_path(),
-        "loader-gguf",
-        &Options {
-            model_config: "max_running = 1\nmax_queued = 8".into(),
-            ..Options::default()
-        },
-    );
+    let server = start_smollm2(&Options {
+        model_config: "max_running = 1\nmax_queued = 8".into(),
+        ..Options::default()
+    });
     let port = server.port;
     let queued = || -> u64 {
         let (_, text) = http(

@@ -128,13 +128,7 @@ impl Sampler {
     /// probability, most likely first.
     pub fn candidates(&self, logits: &[f32]) -> Vec<(u32, f64)> {
         let p = &self.params;
-        let inv_t = 1.0 / f64::from(p.temperature);
-        let mut c: Vec<(u32, f64)> = logits
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| !l.is_nan())
-            .map(|(i, &l)| (i as u32, f64::from(l) * inv_t))
-            .collect();
+        let mut c = scaled(logits, 1.0 / f64::from(p.temperature));
         // Most likely first; equal logits keep id order so results are deterministic.
         let order = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if p.top_k > 0 && (p.top_k as usize) < c.len() {
@@ -251,18 +245,23 @@ fn least_likely(candidates: &[(u32, f64)]) -> u32 {
         .map_or(0, |x| x.0)
 }
 
+/// Every token but NaN logits, with its logit times `inv_t` (1 / temperature), in id order.
+fn scaled(logits: &[f32], inv_t: f64) -> Vec<(u32, f64)> {
+    logits
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| !l.is_nan())
+        .map(|(i, &l)| (i as u32, f64::from(l) * inv_t))
+        .collect()
+}
+
 /// [`draw`] over every token of `softmax(logits · inv_t)`, most likely first, sorting only as
 /// far as the draw reaches: the next most likely tokens are partitioned off in growing chunks
 /// and sorted chunk by chunk (a full sort of the vocabulary for every token of every request
 /// was the server's hot spot). The same distribution and order as [`Sampler::candidates`]; the
 /// normalising sum is taken in token order.
 fn draw_all(logits: &[f32], inv_t: f64, r: f64) -> u32 {
-    let mut c: Vec<(u32, f64)> = logits
-        .iter()
-        .enumerate()
-        .filter(|(_, l)| !l.is_nan())
-        .map(|(i, &l)| (i as u32, f64::from(l) * inv_t))
-        .collect();
+    let mut c = scaled(logits, inv_t);
     let max = c.iter().map(|x| x.1).fold(f64::NEG_INFINITY, f64::max);
     let mut sum = 0.0;
     for x in &mut c {

@@ -111,6 +111,16 @@ pub fn start_tiny(options: &Options) -> Server {
     start_with(dir, &model, "loader-safetensors", options)
 }
 
+/// Starts the server on the default model (SmolLM2's GGUF file) in a fresh directory.
+pub fn start_smollm2(options: &Options) -> Server {
+    start_with(
+        tempfile::tempdir().unwrap(),
+        &smollm2_path(),
+        "loader-gguf",
+        options,
+    )
+}
+
 /// The default model (SmolLM2-135M-Instruct, GGUF): `$U_SMOLLM2_GGUF`, else the model cache
 /// `cargo xtask fetch-model` fills. Absent is a failure, never a skip.
 pub fn smollm2_path() -> PathBuf {

@@ -169,18 +169,9 @@ pub fn parse(body: &[u8], models: &[String]) -> Result<Parsed, ApiError> {
     let stop = json::strings(&o, "stop_sequences")?;
     let stream = json::boolean(&o, "stream")?;
     // Anthropic's `metadata.user_id`: the fair-queueing key when given.
-    let user = match o.get("metadata") {
-        None | Some(Value::Null) => None,
-        Some(Value::Object(m)) => json::string(m, "user_id")?,
-        Some(other) => {
-            return Err(ApiError::param(
-                "metadata",
-                format!(
-                    "`metadata` must be an object, got {}",
-                    json::type_name(other)
-                ),
-            ));
-        }
+    let user = match json::nested(&o, "metadata")? {
+        Some(m) => json::string(m, "user_id")?,
+        None => None,
     };
     if !models.contains(&model) {
         return Err(ApiError::model_not_found(&model));

@@ -93,6 +93,18 @@ pub fn string(o: &Obj, key: &str) -> Result<Option<String>, ApiError> {
     }
 }
 
+/// A nested object, if present.
+pub fn nested<'a>(o: &'a Obj, key: &str) -> Result<Option<&'a Obj>, ApiError> {
+    match o.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(m)) => Ok(Some(m)),
+        Some(other) => Err(ApiError::param(
+            key,
+            format!("`{key}` must be an object, got {}", type_name(other)),
+        )),
+    }
+}
+
 /// A string that must be present.
 pub fn required_string(o: &Obj, key: &str) -> Result<String, ApiError> {
     string(o, key)?.ok_or_else(|| ApiError::param(key, format!("you must provide `{key}`")))

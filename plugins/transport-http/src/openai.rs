@@ -185,18 +185,9 @@ pub fn parse(
     let sampling = sampling(&o, 2.0)?;
     let stop = json::strings(&o, "stop")?;
     let stream = json::boolean(&o, "stream")?;
-    let include_usage = match o.get("stream_options") {
-        None | Some(Value::Null) => false,
-        Some(Value::Object(so)) => json::boolean(so, "include_usage")?,
-        Some(other) => {
-            return Err(ApiError::param(
-                "stream_options",
-                format!(
-                    "`stream_options` must be an object, got {}",
-                    type_name(other)
-                ),
-            ));
-        }
+    let include_usage = match json::nested(&o, "stream_options")? {
+        Some(so) => json::boolean(so, "include_usage")?,
+        None => false,
     };
     let resume_from = json::string(&o, "resume_from")?;
     let save_as = json::string(&o, "save_as")?;
