@@ -1,13 +1,17 @@
-//! Fingerprints the ABI: hashes every source file under `src/abi/`, so that any change to an
-//! interface, a `#[repr(C)]` type or a dtype yields a new `ABI_HASH`. Plugins embed the hash they
-//! were built with; the host compares it before `dlopen`.
+//! Fingerprints the ABI: hashes the tokens of every source file under `src/abi/` (comments and
+//! layout whitespace removed, see `abi_fingerprint.rs`), so that any change to an interface, a
+//! `#[repr(C)]` type or a dtype yields a new `ABI_HASH` while documentation can be reworded
+//! freely. Plugins embed the hash they were built with; the host compares it before `dlopen`.
 
 use sha2::{Digest, Sha256};
 use std::{env, fs, path::Path};
 
+include!("abi_fingerprint.rs");
+
 fn main() {
     let abi_dir = Path::new("src/abi");
     println!("cargo:rerun-if-changed=src/abi");
+    println!("cargo:rerun-if-changed=abi_fingerprint.rs");
     let mut files: Vec<_> = fs::read_dir(abi_dir)
         .expect("src/abi exists")
         .map(|e| e.expect("readable dir entry").path())
@@ -20,11 +24,8 @@ fn main() {
         let name = file.file_name().expect("file name").to_string_lossy();
         hasher.update(name.as_bytes());
         hasher.update([0]);
-        // Normalise line endings so a checkout on another OS yields the same fingerprint.
-        let text = fs::read_to_string(file)
-            .expect("readable source")
-            .replace("\r\n", "\n");
-        hasher.update(text.as_bytes());
+        let text = fs::read_to_string(file).expect("readable source");
+        hasher.update(abi_tokens(&text).as_bytes());
         hasher.update([0]);
     }
     let digest = hasher.finalize();

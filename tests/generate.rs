@@ -14,7 +14,7 @@ use u_conformance::{bin, root, run, serving::smollm2_path, text};
 fn model_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let weights = root().join("plugins/arch-llama/tests/fixtures/models/llama");
-    let tokenizer = root().join("engine/tests/fixtures/tiny-tokenizer");
+    let tokenizer = root().join("plugins/runner-text/tests/fixtures/tiny-tokenizer");
     for (from, name) in [
         (&weights, "config.json"),
         (&weights, "model.safetensors"),

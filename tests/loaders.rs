@@ -33,16 +33,20 @@ fn inspect_reports_format_architecture_hyper_parameters_and_tensors() {
     assert_eq!(code, Some(0), "{log}");
     assert_eq!(v["format"], "safetensors");
     assert_eq!(v["architecture"], "llama");
-    assert_eq!(v["hyper_parameters"]["llama.block_count"], 2);
-    assert_eq!(v["hyper_parameters"]["llama.attention.head_count_kv"], 1);
+    // The format's own keys: config.json as the checkpoint states it.
+    assert_eq!(v["hyper_parameters"]["config.num_hidden_layers"], 2);
+    assert_eq!(v["hyper_parameters"]["config.num_key_value_heads"], 1);
     let names: Vec<&str> = v["tensors"]
         .as_array()
         .unwrap()
         .iter()
         .map(|t| t["name"].as_str().unwrap())
         .collect();
-    assert!(names.contains(&"token_embd.weight"), "{names:?}");
-    assert!(names.contains(&"blk.1.ffn_down.weight"), "{names:?}");
+    assert!(names.contains(&"model.embed_tokens.weight"), "{names:?}");
+    assert!(
+        names.contains(&"model.layers.1.mlp.down_proj.weight"),
+        "{names:?}"
+    );
 
     let (code, v, log) = inspect("tests/fixtures/onnx/external/model.onnx");
     assert_eq!(code, Some(0), "{log}");

@@ -6,7 +6,7 @@
 //! weight block for eight activation rows) and a sampler that no longer sorts the vocabulary per
 //! token, this measures 3.1× through HTTP here (the server on one compute thread, as in every
 //! serving test, the 64 clients on the other core) and 3.3–3.8× at the engine
-//! (`cargo bench -p u-engine --bench throughput`). Shared CI machines are noisy, so the test
+//! (`cargo bench -p u-runner-text --bench throughput`). Shared CI machines are noisy, so the test
 //! asserts [`MIN_RATIO`] with a margin below that and prints the ratio it measured.
 
 use serde_json::Value;

@@ -22,7 +22,10 @@
 //! max_body_bytes = 1048576
 //!
 //! [model]
-//! path = "/srv/models/smollm2.gguf"
+//! path = "/srv/models/smollm2.gguf"   # what `serve` serves (optional: without it, the table
+//!                          # only sets how models given on the command line are built)
+//! architecture = "arch-llama"  # which architecture plugin builds it, when several declare its
+//!                          # family (otherwise the one that declares it)
 //! max_running = 16         # requests batched into one forward pass (default 16)
 //! max_queued = 64          # requests that may wait; past that, 429 (default 64)
 //! step_tokens = 512        # tokens per forward pass, decodes first, prefill chunks share the rest
@@ -270,6 +273,9 @@ pub struct Deployment {
     pub plugins: Vec<PluginEntry>,
     /// The model to serve, if any.
     pub model: Option<PathBuf>,
+    /// The architecture plugin (by name) that builds the deployment's models, when more than one
+    /// loaded plugin declares their family (`[model] architecture`).
+    pub architecture: Option<String>,
     /// How the model is served (batching and queueing), from the `[model]` table.
     pub serving: Serving,
 }
@@ -325,7 +331,8 @@ struct RawPlugin {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawModel {
-    path: String,
+    path: Option<String>,
+    architecture: Option<String>,
     max_running: Option<u32>,
     max_queued: Option<u32>,
     step_tokens: Option<u32>,
@@ -409,7 +416,8 @@ impl Deployment {
                 }
                 None => Serving::default(),
             },
-            model: raw.model.map(|m| resolve(&dir, &m.path)),
+            architecture: raw.model.as_ref().and_then(|m| m.architecture.clone()),
+            model: raw.model.and_then(|m| m.path).map(|p| resolve(&dir, &p)),
         })
     }
 

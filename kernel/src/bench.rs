@@ -6,7 +6,8 @@
 //! `Model::forward` is timed directly:
 //!
 //! - **ppP**: `P` random token ids on a fresh sequence, in the engine's prefill chunks
-//!   ([`u_engine::DEFAULT_PREFILL_CHUNK`] tokens per forward pass), logits for the last token
+//!   ([`PREFILL_CHUNK`] tokens per forward pass, as the text runner prefills), logits for the
+//!   last token
 //!   only — llama-bench's `pp` (one batch, last logits). Rate: `P` ÷ time.
 //! - **tgN**: `N` single-token forward passes on a fresh sequence, each producing its logits,
 //!   each fed a random token id (no sampling) — llama-bench's `tg`. Rate: `N` ÷ time.
@@ -21,9 +22,24 @@ use anyhow::{Context, Result, anyhow};
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Instant;
-use u_engine::{DEFAULT_PREFILL_CHUNK, sampler::Rng};
 use u_runner::wiring;
-use u_sdk::{LogitsWanted, ModelBox, SeqChunk, SeqId};
+use u_sdk::{KvCacheBox, ModelBox, Output, Rows, Segment, SeqChunk, SeqId};
+
+/// Prompt tokens per prefill pass (the text runner's default chunk).
+pub const PREFILL_CHUNK: usize = 512;
+
+/// Random token ids (SplitMix64): reproducible from `--seed`.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
 
 /// Options of `u-runner bench`.
 #[derive(clap::Args)]
@@ -68,8 +84,15 @@ fn mean_std(xs: &[f64]) -> (f64, f64) {
 
 /// Seconds of one test on a fresh sequence: `n_prompt` tokens in prefill chunks, or `n_gen`
 /// single-token passes.
-fn run_once(model: &ModelBox, rng: &mut Rng, n_prompt: u32, n_gen: u32) -> Result<f64> {
-    let vocab = u64::from(model.config().vocab_size.max(1));
+fn run_once(
+    model: &ModelBox,
+    cache: &KvCacheBox,
+    vocab: u32,
+    rng: &mut Rng,
+    n_prompt: u32,
+    n_gen: u32,
+) -> Result<f64> {
+    let vocab = u64::from(vocab.max(1));
     let prompt: Vec<u32> = (0..n_prompt)
         .map(|_| (rng.next_u64() % vocab) as u32)
         .collect();
@@ -77,15 +100,14 @@ fn run_once(model: &ModelBox, rng: &mut Rng, n_prompt: u32, n_gen: u32) -> Resul
         .map(|_| (rng.next_u64() % vocab) as u32)
         .collect();
     let mut logits = vec![0f32; vocab as usize];
-    let cache = model.cache();
     let seq = cache
         .create()
         .into_result()
         .map_err(|e| anyhow!("cache.create: {e}"))?;
     let start = Instant::now();
-    let chunks = prompt.len().div_ceil(DEFAULT_PREFILL_CHUNK);
+    let chunks = prompt.len().div_ceil(PREFILL_CHUNK);
     let result = prompt
-        .chunks(DEFAULT_PREFILL_CHUNK)
+        .chunks(PREFILL_CHUNK)
         .enumerate()
         .try_for_each(|(i, chunk)| {
             if i + 1 == chunks {
@@ -108,15 +130,13 @@ fn run_once(model: &ModelBox, rng: &mut Rng, n_prompt: u32, n_gen: u32) -> Resul
 /// One forward pass of `tokens` appended to `seq`; the last token's logits go to `logits`
 /// unless it is empty.
 fn forward(model: &ModelBox, seq: SeqId, tokens: &[u32], logits: &mut [f32]) -> Result<()> {
-    let chunk = [SeqChunk {
-        seq,
-        tokens: RSlice::from_slice(tokens),
-        logits: if logits.is_empty() {
-            LogitsWanted::None
-        } else {
-            LogitsWanted::Last
-        },
-    }];
+    let input = [Segment::Tokens(RSlice::from_slice(tokens))];
+    let output = if logits.is_empty() {
+        Output::Nothing
+    } else {
+        Output::Logits(Rows::Last)
+    };
+    let chunk = [SeqChunk::tokens(seq, &input, output)];
     model
         .forward(
             RSlice::from_slice(&chunk),
@@ -132,23 +152,35 @@ pub fn run(args: BenchArgs) -> Result<i32> {
     let threads = args.threads.unwrap_or_else(|| threads(&d)).max(1);
     let opened = wiring::open(&d, &args.model, threads, wiring::Want::Model)?;
     let model = opened.model.context("no model was built")?;
-    let family = model.config().family;
-    let tensors = opened.weights.tensors();
+    let (_, config) = opened.built.context("no model was built")?;
+    let family = config.family;
+    let cache = model
+        .cache()
+        .into_result()
+        .map_err(|e| anyhow!("model.cache: {e}"))?
+        .into_option()
+        .context("the model keeps no KV cache: `bench` measures decoders")?;
+    let tensors = opened
+        .weights
+        .tensors()
+        .into_result()
+        .map_err(|e| anyhow!("{}: {e}", opened.loader))?;
     let size: u64 = tensors.iter().map(|t| t.byte_len).sum();
     let params: u64 = tensors
         .iter()
         .map(|t| t.shape.iter().product::<u64>())
         .sum();
-    let mut rng = Rng::seeded(args.seed);
+    let mut rng = Rng(args.seed);
     let reps = args.reps.max(1);
     let tests = [(args.n_prompt, 0), (0, args.n_gen)]
         .into_iter()
         .filter(|&(p, n)| p + n > 0);
     let mut results = Vec::new();
     for (n_prompt, n_gen) in tests {
-        run_once(&model, &mut rng, n_prompt, n_gen)?;
+        let vocab = config.vocab_size;
+        run_once(&model, &cache, vocab, &mut rng, n_prompt, n_gen)?;
         let secs = (0..reps)
-            .map(|_| run_once(&model, &mut rng, n_prompt, n_gen))
+            .map(|_| run_once(&model, &cache, vocab, &mut rng, n_prompt, n_gen))
             .collect::<Result<Vec<f64>>>()?;
         let n = f64::from(n_prompt + n_gen);
         let ts: Vec<f64> = secs.iter().map(|s| n / s).collect();

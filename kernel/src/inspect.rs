@@ -83,7 +83,11 @@ pub fn inspect(model: &Path, loaders: &[(String, LoaderBox)]) -> Result<ModelRep
     let head = read_head(model);
     let (loader_name, loader) = loaders
         .iter()
-        .find(|(_, l)| l.can_open(path.as_str().into(), head.as_slice().into()))
+        .find(|(_, l)| {
+            l.can_open(path.as_str().into(), head.as_slice().into())
+                .into_result()
+                .unwrap_or(false)
+        })
         .ok_or_else(|| {
             let names: Vec<&str> = loaders.iter().map(|(n, _)| n.as_str()).collect();
             format!(
@@ -99,19 +103,24 @@ pub fn inspect(model: &Path, loaders: &[(String, LoaderBox)]) -> Result<ModelRep
         RResult::ROk(w) => w,
         RResult::RErr(e) => return Err(format!("{loader_name}: {e}")),
     };
-    let architecture = match weights.architecture() {
+    let fail = |e: u_sdk::UError| format!("{loader_name}: {e}");
+    let architecture = match weights.architecture().into_result().map_err(fail)? {
         ROption::RSome(a) => Some(a.to_string()),
         ROption::RNone => None,
     };
     let mut metadata = serde_json::Map::new();
     let mut hyper_parameters = serde_json::Map::new();
-    for key in weights.metadata_keys() {
-        let ROption::RSome(value) = weights.metadata(key.as_str().into()) else {
+    for key in weights.metadata_keys().into_result().map_err(fail)? {
+        let ROption::RSome(value) = weights
+            .metadata(key.as_str().into())
+            .into_result()
+            .map_err(fail)?
+        else {
             continue;
         };
         let v = to_json(&value);
         if let Some(arch) = &architecture
-            && key.starts_with(&format!("{arch}."))
+            && (key.starts_with(&format!("{arch}.")) || key.starts_with("config."))
         {
             hyper_parameters.insert(key.to_string(), v.clone());
         }
@@ -119,6 +128,8 @@ pub fn inspect(model: &Path, loaders: &[(String, LoaderBox)]) -> Result<ModelRep
     }
     let tensors: Vec<TensorRow> = weights
         .tensors()
+        .into_result()
+        .map_err(fail)?
         .into_iter()
         .map(|t| TensorRow {
             name: t.name.to_string(),
@@ -129,7 +140,7 @@ pub fn inspect(model: &Path, loaders: &[(String, LoaderBox)]) -> Result<ModelRep
         .collect();
     Ok(ModelReport {
         path,
-        format: weights.format().to_string(),
+        format: weights.format().into_result().map_err(fail)?.to_string(),
         loader: loader_name.clone(),
         architecture,
         hyper_parameters,

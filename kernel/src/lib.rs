@@ -14,8 +14,10 @@
 //!    runs the transports ([`serve`]).
 //!
 //! [`inspect`] reads a model file through the deployment's loaders, for `u-runner inspect`;
-//! [`wiring`] opens a model and wires it into a `u_engine::Generator`, for `u-runner generate`,
-//! `u-runner tokenize` and the deployment's `[model]` under `u-runner serve`.
+//! [`wiring`] opens a model, builds it with the architecture plugin that declares its family
+//! and hands it to the runner plugin for its task, for `u-runner generate`, `tokenize`, `bench`
+//! and the deployment's `[model]` under `u-runner serve`. Scheduling, sampling and chat
+//! templates are the runner plugins' (`runner-text`), not the host's.
 
 pub mod inspect;
 pub mod listeners;

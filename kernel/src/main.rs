@@ -458,8 +458,7 @@ fn serve_deployment(d: Deployment, strict: bool) -> Result<i32> {
             opened.refused.len()
         );
     }
-    let model = d.model.as_deref();
-    let (_, refused) = serve::run(opened, threads(&d), model, d.serving)?;
+    let (_, refused) = serve::run(opened, threads(&d), &d)?;
     Ok(if refused == 0 { 0 } else { 1 })
 }
 
@@ -470,24 +469,16 @@ fn load_default(deployment: Option<PathBuf>) -> Result<Deployment> {
 
 fn generate(args: GenerateArgs) -> Result<i32> {
     use std::io::Write;
-    use u_engine::{ChatMessage, GenerateOptions};
     let d = load_default(args.deployment)?;
     let threads = args.threads.unwrap_or_else(|| threads(&d)).max(1);
-    let opened = wiring::open(&d, &args.model, threads, wiring::Want::Generator)?;
-    let generator = opened.generator.context("no model was built")?;
-    let prompt = if args.chat {
-        let mut messages = Vec::new();
-        if let Some(system) = args.system {
-            messages.push(ChatMessage::new("system", system));
-        }
-        messages.push(ChatMessage::new("user", args.prompt));
-        generator.chat_prompt(&messages)?
-    } else {
-        args.prompt
-    };
-    let options = GenerateOptions {
-        max_tokens: args.max_tokens,
-        sampling: u_sdk::SamplingParams {
+    let opened = wiring::open(&d, &args.model, threads, wiring::Want::Engine)?;
+    let (runner, engine) = opened.engine.context("no engine was started")?;
+    let name = wiring::served_name(&absolute(&args.model));
+    let mut request = u_sdk::GenerateRequest::new(
+        &name,
+        &args.prompt,
+        args.max_tokens,
+        u_sdk::SamplingParams {
             temperature: args.temperature,
             top_p: args.top_p,
             top_k: args.top_k,
@@ -497,41 +488,87 @@ fn generate(args: GenerateArgs) -> Result<i32> {
             frequency_penalty: args.frequency_penalty,
             seed: args.seed.into(),
         },
-        stop: args.stop,
-        ignore_eos: false,
-    };
-    let json_out = args.json;
-    let mut stdout = std::io::stdout().lock();
-    let out = generator.generate(&prompt, &options, &mut |_, piece| {
-        if json_out || piece.is_empty() {
-            return true;
+    );
+    if args.chat {
+        let turn = |role: &str, content: &str| u_sdk::ChatTurn {
+            role: role.into(),
+            content: content.into(),
+        };
+        let mut messages = Vec::new();
+        if let Some(system) = &args.system {
+            messages.push(turn("system", system));
         }
-        // A closed stdout (e.g. `| head`) ends generation.
-        stdout.write_all(piece.as_bytes()).is_ok() && stdout.flush().is_ok()
-    })?;
-    let t = &out.timings;
-    if json_out {
+        messages.push(turn("user", &args.prompt));
+        request.messages = messages.into();
+    }
+    request.stop = args.stop.iter().map(|s| s.as_str().into()).collect();
+    let text = std::sync::Arc::<std::sync::Mutex<String>>::default();
+    let sink = u_sdk::TokenSinkBox::new(StdoutSink {
+        quiet: args.json,
+        text: text.clone(),
+    });
+    let summary = engine
+        .generate(&request, sink)
+        .into_result()
+        .map_err(|e| anyhow::anyhow!("{runner}: {e}"))?;
+    let rate = |n: u32, ms: f64| if ms > 0.0 { n as f64 / (ms / 1e3) } else { 0.0 };
+    let finish = match summary.finish {
+        u_sdk::FinishReason::Stop => "stop",
+        u_sdk::FinishReason::Length => "length",
+        u_sdk::FinishReason::Cancelled => "cancelled",
+    };
+    let (prompt_tps, gen_tps) = (
+        rate(summary.prompt_tokens, summary.prompt_ms),
+        rate(summary.generated_tokens, summary.generate_ms),
+    );
+    if args.json {
         println!(
             "{}",
             serde_json::to_string(&json!({
-                "tokens": out.tokens,
-                "text": out.text,
-                "finish": out.finish,
-                "timings": t,
+                "tokens": summary.tokens.as_slice(),
+                "text": text.lock().map(|t| t.clone()).unwrap_or_default(),
+                "finish": finish,
+                "timings": {
+                    "prompt_tokens": summary.prompt_tokens,
+                    "prompt_tokens_per_s": prompt_tps,
+                    "generated_tokens": summary.generated_tokens,
+                    "generated_tokens_per_s": gen_tps,
+                    "prompt_ms": summary.prompt_ms,
+                    "generate_ms": summary.generate_ms,
+                },
             }))?
         );
     } else {
-        let _ = writeln!(stdout);
+        let _ = writeln!(std::io::stdout());
+        let device = opened
+            .backend
+            .map(|b| b.device.into_string())
+            .unwrap_or_default();
         eprintln!(
-            "prompt: {} tokens, {:.1} tokens/s | generated: {} tokens, {:.1} tokens/s ({}; {} threads, loader {})",
-            t.prompt_tokens,
-            t.prompt_tokens_per_s,
-            t.generated_tokens,
-            t.generated_tokens_per_s,
-            out.finish,
-            threads,
-            opened.loader
+            "prompt: {} tokens, {prompt_tps:.1} tokens/s | generated: {} tokens, {gen_tps:.1} tokens/s ({finish}; {threads} threads, {device}, loader {})",
+            summary.prompt_tokens, summary.generated_tokens, opened.loader
         );
     }
     Ok(0)
+}
+
+/// Streams generated text to stdout (unless `quiet`) and keeps all of it; a closed stdout
+/// (e.g. `| head`) ends generation.
+struct StdoutSink {
+    quiet: bool,
+    text: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl u_sdk::TokenSink for StdoutSink {
+    fn token(&mut self, token: &u_sdk::GeneratedToken<'_>) -> bool {
+        use std::io::Write;
+        if let Ok(mut t) = self.text.lock() {
+            t.push_str(&token.text);
+        }
+        if self.quiet || token.text.is_empty() {
+            return true;
+        }
+        let mut out = std::io::stdout().lock();
+        out.write_all(token.text.as_bytes()).is_ok() && out.flush().is_ok()
+    }
 }

@@ -1,21 +1,17 @@
 //! Running the transports of a loaded deployment inside the sandbox.
 //!
 //! When the deployment names a `[model]`, the model path is granted to the loader and tokenizer
-//! plugins, and after lock-down the model is wired (as for `u-runner generate`) into a
-//! `u_engine::EngineHandle` that every transport shares. Without a model the transports get an
-//! engine that serves nothing and says so.
+//! plugins, and after lock-down the model is built (as for `u-runner generate`) and handed to
+//! the runner plugin for its task, whose engine every transport shares. Without a model the
+//! transports get an engine that serves nothing and says so.
 
 use crate::{OpenReport, instantiate, listeners, sandbox, wiring};
 use abi_stable::std_types::{RResult, RStr, RVec};
 use std::{
-    path::Path,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
-use u_attest::deployment::Serving;
+use u_attest::Deployment;
 use u_sdk::{
     CheckpointInfo, CheckpointRequest, Engine, EngineBox, EngineStats, ErrorKind, GenerateRequest,
     GenerateSummary, PluginInstance, Shutdown, ShutdownBox, TokenSinkBox, TransportContext, UError,
@@ -65,8 +61,8 @@ impl HostEngine {
 }
 
 impl Engine for HostEngine {
-    fn models(&self) -> RVec<abi_stable::std_types::RString> {
-        self.models.iter().map(|m| m.as_str().into()).collect()
+    fn models(&self) -> RResult<RVec<abi_stable::std_types::RString>, UError> {
+        RResult::ROk(self.models.iter().map(|m| m.as_str().into()).collect())
     }
 
     fn generate(
@@ -77,8 +73,8 @@ impl Engine for HostEngine {
         RResult::RErr(Self::not_served(&request.model))
     }
 
-    fn stats(&self) -> EngineStats {
-        EngineStats::default()
+    fn stats(&self) -> RResult<EngineStats, UError> {
+        RResult::ROk(EngineStats::default())
     }
 
     fn checkpoint(&self, request: &CheckpointRequest) -> RResult<RVec<CheckpointInfo>, UError> {
@@ -90,18 +86,6 @@ impl Engine for HostEngine {
     }
 }
 
-/// The name a model is served under: its directory's name, or its file name without the
-/// extension.
-pub fn model_name(model: &Path) -> String {
-    let name = if model.is_dir() {
-        model.file_name()
-    } else {
-        model.file_stem()
-    };
-    name.map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "model".into())
-}
-
 /// Opens listeners, grants `model` (if any) to the loaders and tokenizers, locks the process
 /// down, then instantiates the plugins, wires the model into an engine and runs every transport
 /// until they return or a signal asks for shutdown. Returns the sandbox status and the number of
@@ -109,9 +93,9 @@ pub fn model_name(model: &Path) -> String {
 pub fn run(
     mut opened: OpenReport,
     threads: u32,
-    model: Option<&Path>,
-    serving: Serving,
+    deployment: &Deployment,
 ) -> anyhow::Result<(sandbox::Status, usize)> {
+    let model = deployment.model.as_deref();
     let mut plan = sandbox::Plan::default();
     if let Some(model) = model {
         if !model.exists() {
@@ -146,31 +130,35 @@ pub fn run(
     let refused = report.refused.len();
     let engine = match model {
         Some(model) => {
-            let built = wiring::build(&report, model, wiring::Want::Generator, status.clone())?;
-            let generator = built
-                .generator
-                .ok_or_else(|| anyhow::anyhow!("no model was built from {}", model.display()))?;
-            let name = model_name(model);
-            tracing::info!(model = %name, loader = %built.loader, "serving {}", model.display());
-            let defaults = u_engine::Limits::default();
-            let pick = |v: Option<u32>, d: usize| v.map_or(d, |v| v as usize);
-            let limits = u_engine::Limits {
-                max_running: pick(serving.max_running, defaults.max_running),
-                max_queued: pick(serving.max_queued, defaults.max_queued),
-                step_tokens: pick(serving.step_tokens, defaults.step_tokens),
-            };
+            let name = wiring::served_name(model);
+            let built = wiring::build(
+                &report,
+                model,
+                wiring::Want::Engine,
+                status.clone(),
+                deployment,
+                &name,
+            )?;
+            let (runner, engine) = built
+                .engine
+                .ok_or_else(|| anyhow::anyhow!("no engine was started for {}", model.display()))?;
+            let (arch, kind) = built
+                .built
+                .map(|(a, c)| (a, format!("{:?}", c.kind)))
+                .unwrap_or_default();
             tracing::info!(
-                max_running = limits.max_running,
-                max_queued = limits.max_queued,
-                step_tokens = limits.step_tokens,
-                "batching"
+                model = %name,
+                loader = %built.loader,
+                architecture = %arch,
+                kind = %kind,
+                runner = %runner,
+                device = %built.backend.map(|b| b.device.into_string()).unwrap_or_default(),
+                "serving {}",
+                model.display()
             );
-            u_engine::EngineHandle::with_limits(name, Arc::new(generator), limits).into_box()
+            engine
         }
-        None => EngineBox::from_value(
-            HostEngine { models: vec![] },
-            abi_stable::sabi_trait::TD_Opaque,
-        ),
+        None => EngineBox::new(HostEngine { models: vec![] }),
     };
     let mut transports = Vec::new();
     for plugin in report.loaded {

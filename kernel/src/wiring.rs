@@ -1,21 +1,24 @@
-//! Opening one model through a deployment, for `u-runner generate`, `tokenize` and `bench`:
-//! the model path is granted to the loader and tokenizer plugins for this command, the process
-//! is locked down to the union of the grants, and only then are the plugins instantiated and
-//! wired — loader → weight set → architecture (with kernels and cache) → model, and the
-//! tokenizer from `tokenizer.json` or the weight set's metadata.
+//! Opening one model through a deployment, for `u-runner generate`, `tokenize`, `bench` and the
+//! deployment's `[model]` under `serve`: the model path is granted to the loader and tokenizer
+//! plugins, the process is locked down to the union of the grants, and only then are the
+//! plugins instantiated and wired — loader → weight set → the architecture that declares its
+//! family (with the backend and cache) → model → the runner for its task → engine, and the
+//! tokenizer from `tokenizer.json` or the weight set's metadata. The host knows interfaces and
+//! signed manifests only: no model math, no templates, no sampling.
 
-use crate::{LoadReport, OpenReport, inspect, instantiate, open_deployment, sandbox};
-use abi_stable::std_types::RResult;
+use crate::{LoadReport, LoadedPlugin, OpenReport, inspect, instantiate, open_deployment, sandbox};
+use abi_stable::std_types::{ROption, RResult};
 use anyhow::{Context, Result, anyhow, bail};
 use std::path::{Path, PathBuf};
 use u_attest::{
     Deployment,
-    deployment::{PathGrant, absolute},
+    deployment::{PathGrant, Serving, absolute},
 };
-use u_engine::Generator;
 use u_sdk::{
-    ArchitectureBox, KernelsBox, KvCacheBox, ModelBox, PluginInstance, TokenizerBox,
-    TokenizerFactoryBox, WeightSetBox, manifest::PluginKind,
+    ArchitectureBox, BackendInfo, BuildContext, EngineBox, KvCacheBox, ModelBox, ModelConfig,
+    ModelKind, PluginInstance, RunnerBox, RunnerContext, ServingLimits, TokenizerBox,
+    TokenizerFactoryBox, WeightSetBox,
+    manifest::{PluginKind, Task},
 };
 
 /// What to build from the model.
@@ -23,9 +26,9 @@ use u_sdk::{
 pub enum Want {
     /// Only the tokenizer (for `tokenize`).
     Tokenizer,
-    /// Model and tokenizer (for `generate`).
-    Generator,
-    /// The model unwrapped, and the tokenizer (for `bench`, which calls `Model::forward`).
+    /// The model served by its runner (for `generate` and `serve`).
+    Engine,
+    /// The model alone, and the tokenizer (for `bench`, which calls `Model::forward`).
     Model,
 }
 
@@ -37,10 +40,14 @@ pub struct Opened {
     pub loader: String,
     /// The tokenizer, if the model has one.
     pub tokenizer: Option<TokenizerBox>,
-    /// The wired generator (for [`Want::Generator`]).
-    pub generator: Option<Generator>,
-    /// The built model alone (for [`Want::Model`]).
+    /// The architecture plugin that built the model, and what the model says it is.
+    pub built: Option<(String, ModelConfig)>,
+    /// The built model itself (for [`Want::Model`]; a runner owns it otherwise).
     pub model: Option<ModelBox>,
+    /// The backend the model computes on.
+    pub backend: Option<BackendInfo>,
+    /// The runner plugin serving the model and its engine (for [`Want::Engine`]).
+    pub engine: Option<(String, EngineBox)>,
     /// What the sandbox achieved.
     pub sandbox: sandbox::Status,
 }
@@ -107,86 +114,266 @@ pub fn open(deployment: &Deployment, model: &Path, threads: u32, want: Want) -> 
     for r in &report.refused {
         eprintln!("u-runner: plugin {} refused: {}", r.plugin, r.reason);
     }
-    build(&report, &model, want, status)
+    let name = served_name(&model);
+    build(&report, &model, want, status, deployment, &name)
 }
 
-/// Opens `model` with the loaded plugins of `report` and, for [`Want::Generator`] and
-/// [`Want::Model`], wires loader → weight set → architecture (with kernels and cache) → model,
-/// with its tokenizer. `status` is what the caller's lock-down achieved.
+/// The name a model is served under: its directory's name, or its file name without the
+/// extension.
+pub fn served_name(model: &Path) -> String {
+    let name = if model.is_dir() {
+        model.file_name()
+    } else {
+        model.file_stem()
+    };
+    name.map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into())
+}
+
+/// Opens `model` with the loaded plugins of `report` and, for [`Want::Model`] and
+/// [`Want::Engine`], builds it with the architecture that declares its family (the one the
+/// deployment's `[model] architecture` names, when it names one) and, for [`Want::Engine`],
+/// starts the runner for its task. `status` is what the caller's lock-down achieved.
 pub fn build(
     report: &LoadReport,
     model: &Path,
     want: Want,
     status: sandbox::Status,
+    deployment: &Deployment,
+    name: &str,
 ) -> Result<Opened> {
-    let mut archs: Vec<(String, ArchitectureBox)> = Vec::new();
-    let mut kernels: Option<KernelsBox> = None;
-    let mut cache: Option<KvCacheBox> = None;
-    let mut factory: Option<TokenizerFactoryBox> = None;
-    for p in &report.loaded {
-        let name = p.verified.manifest.name.clone();
-        match &p.instance {
-            PluginInstance::Architecture(a) => archs.push((name, a.clone())),
-            PluginInstance::Kernels(k) if kernels.is_none() => kernels = Some(k.clone()),
-            PluginInstance::Cache(c) if cache.is_none() => cache = Some(c.clone()),
-            PluginInstance::Tokenizer(t) if factory.is_none() => factory = Some(t.clone()),
-            _ => {}
-        }
-    }
-
     let (loader, weights) = open_weights(model, &inspect::loaders(report))?;
+    let factory = first(report, |i| match i {
+        PluginInstance::Tokenizer(t) => Some(t.clone()),
+        _ => None,
+    });
     let tokenizer = match &factory {
-        Some(f) => build_tokenizer(f, model, &weights)?,
+        Some((_, f)) => build_tokenizer(f, model, &weights)?,
         None => None,
     };
-    let model_box = if want != Want::Tokenizer {
-        let arch = weights.architecture().into_option().map(|a| a.to_string());
-        let (arch_name, architecture) = match &arch {
-            Some(a) => archs
-                .iter()
-                .find(|(_, x)| x.families().iter().any(|f| f.as_str() == a)),
-            None => archs.first(),
-        }
-        .ok_or_else(|| {
-            anyhow!(
-                "no architecture plugin in the deployment builds `{}` (loaded: {})",
-                arch.as_deref().unwrap_or("(unnamed architecture)"),
-                if archs.is_empty() {
-                    "none".to_string()
-                } else {
-                    archs
-                        .iter()
-                        .map(|(n, _)| n.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                }
-            )
-        })?;
-        let kernels = kernels.context("the deployment loads no kernels plugin")?;
-        let cache = cache.context("the deployment loads no cache plugin")?;
-        let model_box = match architecture.build(weights.clone(), kernels, cache) {
-            RResult::ROk(m) => m,
-            RResult::RErr(e) => bail!("{arch_name}: cannot build the model: {e}"),
-        };
-        Some(model_box)
-    } else {
-        None
-    };
-    let (generator, model_box) = match want {
-        Want::Generator => (
-            model_box.map(|m| Generator::new(m, tokenizer.clone())),
-            None,
-        ),
-        _ => (None, model_box),
-    };
-    Ok(Opened {
+    let mut opened = Opened {
         weights,
         loader,
         tokenizer,
-        generator,
-        model: model_box,
+        built: None,
+        model: None,
+        backend: None,
+        engine: None,
         sandbox: status,
+    };
+    if want == Want::Tokenizer {
+        return Ok(opened);
+    }
+    let family = opened
+        .weights
+        .architecture()
+        .into_result()
+        .map_err(|e| anyhow!("{}: {e}", opened.loader))?
+        .into_option()
+        .map(|a| a.to_string());
+    let (arch_name, architecture) = choose_architecture(
+        report,
+        family.as_deref(),
+        deployment.architecture.as_deref(),
+    )?;
+    let (_, backend) = first(report, |i| match i {
+        PluginInstance::Kernels(k) => Some(k.clone()),
+        _ => None,
     })
+    .context("the deployment loads no kernels plugin")?;
+    let cache: Option<KvCacheBox> = first(report, |i| match i {
+        PluginInstance::Cache(c) => Some(c.clone()),
+        _ => None,
+    })
+    .map(|(_, c)| c);
+    opened.backend = Some(
+        backend
+            .info()
+            .into_result()
+            .map_err(|e| anyhow!("kernels: {e}"))?,
+    );
+    let (model_box, config) = build_model(
+        &arch_name,
+        &architecture,
+        BuildContext {
+            weights: opened.weights.clone(),
+            family: family.clone().unwrap_or_default().into(),
+            backend: backend.clone(),
+            cache: cache.into(),
+        },
+    )?;
+    if want == Want::Engine {
+        opened.engine = Some(start_runner(
+            report,
+            name,
+            model_box,
+            &config,
+            opened.tokenizer.clone(),
+            deployment.serving,
+        )?);
+    } else {
+        opened.model = Some(model_box);
+    }
+    opened.built = Some((arch_name, config));
+    Ok(opened)
+}
+
+/// The first loaded plugin whose instance `pick` accepts, with its name.
+fn first<T>(
+    report: &LoadReport,
+    pick: impl Fn(&PluginInstance) -> Option<T>,
+) -> Option<(String, T)> {
+    report
+        .loaded
+        .iter()
+        .find_map(|p| pick(&p.instance).map(|t| (p.verified.manifest.name.clone(), t)))
+}
+
+/// The architecture for `family`: the deployment's choice when it names one (which must
+/// declare the family), else the one loaded plugin whose signed manifest declares it. Two
+/// plugins declaring it without a choice is an error naming both.
+fn choose_architecture(
+    report: &LoadReport,
+    family: Option<&str>,
+    choice: Option<&str>,
+) -> Result<(String, ArchitectureBox)> {
+    let archs: Vec<(&LoadedPlugin, &ArchitectureBox)> = report
+        .loaded
+        .iter()
+        .filter_map(|p| match &p.instance {
+            PluginInstance::Architecture(a) => Some((p, a)),
+            _ => None,
+        })
+        .collect();
+    let names = |ps: &[&LoadedPlugin]| {
+        if ps.is_empty() {
+            "none".to_string()
+        } else {
+            ps.iter()
+                .map(|p| {
+                    format!(
+                        "{} ({})",
+                        p.verified.manifest.name,
+                        p.verified.manifest.families.join(", ")
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        }
+    };
+    let all: Vec<&LoadedPlugin> = archs.iter().map(|(p, _)| *p).collect();
+    let shown = family.unwrap_or("(unnamed architecture)");
+    if let Some(choice) = choice {
+        let (p, a) = archs
+            .iter()
+            .find(|(p, _)| p.verified.manifest.name == choice)
+            .ok_or_else(|| {
+                anyhow!(
+                    "the deployment's [model] architecture is `{choice}`, but no architecture \
+                     plugin of that name is loaded (loaded: {})",
+                    names(&all)
+                )
+            })?;
+        if let Some(f) = family
+            && !p.verified.manifest.builds(f)
+        {
+            bail!(
+                "the deployment's [model] architecture `{choice}` does not declare the model's \
+                 family `{f}` (it declares {})",
+                p.verified.manifest.families.join(", ")
+            );
+        }
+        return Ok((choice.to_string(), (*a).clone()));
+    }
+    let claiming: Vec<&(&LoadedPlugin, &ArchitectureBox)> = match family {
+        Some(f) => archs
+            .iter()
+            .filter(|(p, _)| p.verified.manifest.builds(f))
+            .collect(),
+        None => archs.iter().collect(),
+    };
+    match claiming.as_slice() {
+        [(p, a)] => Ok((p.verified.manifest.name.clone(), (*a).clone())),
+        [] => bail!(
+            "no architecture plugin in the deployment builds `{shown}` (loaded: {})",
+            names(&all)
+        ),
+        many => bail!(
+            "architecture plugins {} all claim the family `{shown}`; name the one to use with \
+             `architecture = \"…\"` in the deployment's [model] table",
+            many.iter()
+                .map(|(p, _)| format!("`{}`", p.verified.manifest.name))
+                .collect::<Vec<_>>()
+                .join(" and ")
+        ),
+    }
+}
+
+fn build_model(
+    arch_name: &str,
+    architecture: &ArchitectureBox,
+    context: BuildContext,
+) -> Result<(ModelBox, ModelConfig)> {
+    let model = match architecture.build(context) {
+        RResult::ROk(m) => m,
+        RResult::RErr(e) => bail!("{arch_name}: cannot build the model: {e}"),
+    };
+    let config = model
+        .config()
+        .into_result()
+        .map_err(|e| anyhow!("{arch_name}: {e}"))?;
+    Ok((model, config))
+}
+
+/// The task a model of `kind` is served for.
+fn task_for(kind: ModelKind) -> Option<Task> {
+    match kind {
+        ModelKind::Decoder => Some(Task::TextGeneration),
+        ModelKind::Encoder => Some(Task::Embeddings),
+        ModelKind::CrossDecoder | ModelKind::Denoiser | ModelKind::Autoencoder => None,
+    }
+}
+
+/// Starts the first loaded runner whose signed manifest declares the model's task.
+fn start_runner(
+    report: &LoadReport,
+    name: &str,
+    model: ModelBox,
+    config: &ModelConfig,
+    tokenizer: Option<TokenizerBox>,
+    serving: Serving,
+) -> Result<(String, EngineBox)> {
+    let task = task_for(config.kind).ok_or_else(|| {
+        anyhow!(
+            "no runner task serves a {:?} model (`{}`) yet",
+            config.kind,
+            config.family
+        )
+    })?;
+    let (runner_name, runner): (String, RunnerBox) = report
+        .loaded
+        .iter()
+        .find_map(|p| match &p.instance {
+            PluginInstance::Runner(r) if p.verified.manifest.tasks.contains(&task) => {
+                Some((p.verified.manifest.name.clone(), r.clone()))
+            }
+            _ => None,
+        })
+        .ok_or_else(|| anyhow!("the deployment loads no runner plugin for the task `{task}`"))?;
+    let context = RunnerContext {
+        name: name.into(),
+        model,
+        tokenizer: tokenizer.into(),
+        limits: ServingLimits {
+            max_running: serving.max_running.unwrap_or(0),
+            max_queued: serving.max_queued.unwrap_or(0),
+            step_tokens: serving.step_tokens.unwrap_or(0),
+        },
+    };
+    match runner.start(context) {
+        RResult::ROk(engine) => Ok((runner_name, engine)),
+        RResult::RErr(e) => bail!("{runner_name}: cannot serve `{name}`: {e}"),
+    }
 }
 
 fn open_weights(
@@ -196,19 +383,27 @@ fn open_weights(
     let file = inspect::model_entry_file(model);
     let path = file.display().to_string();
     let head = read_head(&file);
-    let (name, loader) = loaders
-        .iter()
-        .find(|(_, l)| l.can_open(path.as_str().into(), head.as_slice().into()))
-        .ok_or_else(|| {
-            anyhow!(
-                "no loader in the deployment recognises {path} (loaded: {})",
-                loaders
-                    .iter()
-                    .map(|(n, _)| n.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        })?;
+    let mut chosen = None;
+    for (name, loader) in loaders {
+        match loader.can_open(path.as_str().into(), head.as_slice().into()) {
+            RResult::ROk(true) => {
+                chosen = Some((name, loader));
+                break;
+            }
+            RResult::ROk(false) => {}
+            RResult::RErr(e) => bail!("{name}: {e}"),
+        }
+    }
+    let (name, loader) = chosen.ok_or_else(|| {
+        anyhow!(
+            "no loader in the deployment recognises {path} (loaded: {})",
+            loaders
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })?;
     match loader.open(path.as_str().into()) {
         RResult::ROk(w) => Ok((name.clone(), w)),
         RResult::RErr(e) => bail!("{name}: {e}"),
@@ -235,10 +430,10 @@ fn build_tokenizer(
     } else {
         model.with_file_name("tokenizer.json")
     };
-    let has_vocab = weights
-        .metadata("tokenizer.ggml.model".into())
-        .into_option()
-        .is_some();
+    let has_vocab = matches!(
+        weights.metadata("tokenizer.ggml.model".into()),
+        RResult::ROk(ROption::RSome(_))
+    );
     if has_vocab {
         return match factory.build_from_weights(weights.clone()) {
             RResult::ROk(t) => Ok(Some(t)),

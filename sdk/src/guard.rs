@@ -1,7 +1,9 @@
 //! Keeps panics on the plugin's side of the boundary.
 //!
-//! A panic that unwinds through an `extern "C"` frame aborts the whole process, so every exported
-//! call runs its body through [`guard`], which turns a panic into an [`UError`] of kind
+//! A panic that unwinds through an `extern "C"` frame aborts the whole process. Every interface
+//! object made with the box constructors of [`crate::boxed`] runs each method under
+//! `catch_unwind`; [`guard`] does the same for code of the plugin's own (the root module's
+//! entry points, helper closures), turning a panic into an [`UError`] of kind
 //! [`ErrorKind::Panicked`].
 
 use crate::abi::error::{ErrorKind, UError};
@@ -23,7 +25,8 @@ pub fn guard_infallible<T>(body: impl FnOnce() -> T, fallback: impl FnOnce() -> 
     catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|_| fallback())
 }
 
-fn panic_error(what: &str, payload: &(dyn std::any::Any + Send)) -> UError {
+/// The error for a caught panic of `what`, with the panic's message.
+pub(crate) fn panic_error(what: &str, payload: &(dyn std::any::Any + Send)) -> UError {
     let detail = payload
         .downcast_ref::<&str>()
         .map(|s| s.to_string())

@@ -14,9 +14,12 @@
 //! - [`meta`]: the fixed-size `.u.meta` ELF section that carries the manifest, the ABI
 //!   fingerprint and — once signed by `u-attest` — the publisher key, code hash and signature.
 //! - [`export_plugin!`]: the single macro that exports a plugin and embeds its manifest.
-//! - [`naming`], [`convert`] and [`weights`]: helpers linked statically, outside the ABI — the
-//!   canonical tensor/metadata naming scheme every loader presents, decoding of stored values to
-//!   `f32`, and the adapter that serves a loader's parsed model as a [`WeightSet`].
+//! - [`boxed`]: every interface object is boxed through a `new` there, which guards each of its
+//!   methods against panics.
+//! - [`nn`]: tensors on a backend with the operations models are written in.
+//! - [`convert`], [`quant`], [`files`] and [`weights`]: helpers linked statically, outside the
+//!   ABI — decoding of stored values to `f32`, granted and size-limited file access, and the
+//!   adapter that serves a loader's parsed model as a [`WeightSet`].
 //!
 //! Design choice: interfaces are `#[sabi_trait]` objects rather than raw vtables so that layout
 //! mismatches are caught by `abi_stable` as a second line of defence, while the signed ABI
@@ -27,12 +30,13 @@
 #![allow(non_local_definitions)]
 
 pub mod abi;
+pub mod boxed;
 pub mod convert;
 pub mod files;
 mod guard;
 pub mod manifest;
 pub mod meta;
-pub mod naming;
+pub mod nn;
 pub mod quant;
 pub mod weights;
 

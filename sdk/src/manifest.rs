@@ -90,11 +90,13 @@ pub enum PluginKind {
     Cache,
     /// Client-facing protocols.
     Transport,
+    /// Task runners (text generation, embeddings): scheduling, sampling, templates.
+    Runner,
 }
 
 impl PluginKind {
     /// Every kind.
-    pub const ALL: [PluginKind; 7] = [
+    pub const ALL: [PluginKind; 8] = [
         PluginKind::Host,
         PluginKind::Loader,
         PluginKind::Kernels,
@@ -102,6 +104,7 @@ impl PluginKind {
         PluginKind::Tokenizer,
         PluginKind::Cache,
         PluginKind::Transport,
+        PluginKind::Runner,
     ];
 
     /// The name used in manifests.
@@ -114,12 +117,57 @@ impl PluginKind {
             PluginKind::Tokenizer => "tokenizer",
             PluginKind::Cache => "cache",
             PluginKind::Transport => "transport",
+            PluginKind::Runner => "runner",
         }
     }
 
     /// Parses a kind name.
     pub fn from_name(name: &str) -> Option<PluginKind> {
         PluginKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
+/// What a runner plugin does with a model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Task {
+    /// Completions and chat from a decoder.
+    TextGeneration,
+    /// Sentence embeddings (from an encoder, or pooled from a decoder).
+    Embeddings,
+    /// Speech to text.
+    Transcription,
+    /// Images from text or images.
+    ImageGeneration,
+}
+
+impl Task {
+    /// Every task.
+    pub const ALL: [Task; 4] = [
+        Task::TextGeneration,
+        Task::Embeddings,
+        Task::Transcription,
+        Task::ImageGeneration,
+    ];
+
+    /// The name used in manifests.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Task::TextGeneration => "text-generation",
+            Task::Embeddings => "embeddings",
+            Task::Transcription => "transcription",
+            Task::ImageGeneration => "image-generation",
+        }
+    }
+
+    /// Parses a task name.
+    pub fn from_name(name: &str) -> Option<Task> {
+        Task::ALL.into_iter().find(|t| t.name() == name)
+    }
+}
+
+impl fmt::Display for Task {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -149,7 +197,7 @@ pub enum ManifestError {
     },
     /// A kind outside the known kinds.
     #[error(
-        "plugin manifest has unknown kind `{0}` (known: host, loader, kernels, architecture, tokenizer, cache, transport)"
+        "plugin manifest has unknown kind `{0}` (known: host, loader, kernels, architecture, tokenizer, cache, transport, runner)"
     )]
     UnknownKind(String),
     /// A field whose value is not allowed.
@@ -175,6 +223,11 @@ pub struct PluginManifest {
     pub description: String,
     /// Capabilities requested.
     pub capabilities: BTreeSet<Capability>,
+    /// The model families an architecture builds (GGUF `general.architecture` names, HF
+    /// `model_type`s); empty for other kinds.
+    pub families: Vec<String>,
+    /// The tasks a runner serves; empty for other kinds.
+    pub tasks: Vec<Task>,
 }
 
 #[derive(Deserialize)]
@@ -185,6 +238,8 @@ struct RawManifest {
     kind: Option<String>,
     description: Option<String>,
     capabilities: Option<Vec<String>>,
+    families: Option<Vec<String>>,
+    tasks: Option<Vec<String>>,
 }
 
 impl PluginManifest {
@@ -233,18 +288,75 @@ impl PluginManifest {
                 });
             }
         }
+        let families = raw.families.unwrap_or_default();
+        match (kind, families.is_empty()) {
+            (PluginKind::Architecture, true) => {
+                return Err(ManifestError::MissingField("families"));
+            }
+            (PluginKind::Architecture, false) => {}
+            (_, false) => {
+                return Err(ManifestError::Invalid {
+                    field: "families",
+                    reason: format!("only an architecture declares families, not a {kind}"),
+                });
+            }
+            (_, true) => {}
+        }
+        if let Some(f) = families.iter().find(|f| {
+            f.is_empty()
+                || f.len() > 64
+                || !f
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+        }) {
+            return Err(ManifestError::Invalid {
+                field: "families",
+                reason: format!("`{f}` must be 1–64 of A-Z, a-z, 0-9, _, - and ."),
+            });
+        }
+        let tasks = raw
+            .tasks
+            .unwrap_or_default()
+            .iter()
+            .map(|t| {
+                Task::from_name(t).ok_or_else(|| ManifestError::Invalid {
+                    field: "tasks",
+                    reason: format!(
+                        "unknown task `{t}` (known: {})",
+                        Task::ALL.map(Task::name).join(", ")
+                    ),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        match (kind, tasks.is_empty()) {
+            (PluginKind::Runner, true) => return Err(ManifestError::MissingField("tasks")),
+            (PluginKind::Runner, false) | (_, true) => {}
+            (_, false) => {
+                return Err(ManifestError::Invalid {
+                    field: "tasks",
+                    reason: format!("only a runner declares tasks, not a {kind}"),
+                });
+            }
+        }
         Ok(PluginManifest {
             name,
             version,
             kind,
             description: raw.description.unwrap_or_default(),
             capabilities: caps,
+            families,
+            tasks,
         })
     }
 
     /// Whether the manifest requests `cap`.
     pub fn requests(&self, cap: Capability) -> bool {
         self.capabilities.contains(&cap)
+    }
+
+    /// Whether an architecture declares `family`.
+    pub fn builds(&self, family: &str) -> bool {
+        self.families.iter().any(|f| f == family)
     }
 }
 
@@ -302,6 +414,38 @@ capabilities = ["fs.read"]
                 ..
             })
         ));
+        let arch = GOOD.replace("\"loader\"", "\"architecture\"");
+        assert_eq!(
+            PluginManifest::parse(&arch),
+            Err(ManifestError::MissingField("families"))
+        );
+        let arch = format!("{arch}families = [\"llama\", \"qwen2_moe\"]\n");
+        assert!(PluginManifest::parse(&arch).unwrap().builds("qwen2_moe"));
+        let loader_families = format!("{GOOD}families = [\"llama\"]\n");
+        assert!(matches!(
+            PluginManifest::parse(&loader_families),
+            Err(ManifestError::Invalid {
+                field: "families",
+                ..
+            })
+        ));
+        let runner = GOOD.replace("\"loader\"", "\"runner\"");
+        assert_eq!(
+            PluginManifest::parse(&runner),
+            Err(ManifestError::MissingField("tasks"))
+        );
+        let runner = format!("{runner}tasks = [\"embeddings\"]\n");
+        assert_eq!(
+            PluginManifest::parse(&runner).unwrap().tasks,
+            vec![Task::Embeddings]
+        );
+        let bad_task = runner.replace("embeddings", "mining");
+        assert!(
+            PluginManifest::parse(&bad_task)
+                .unwrap_err()
+                .to_string()
+                .contains("unknown task `mining`")
+        );
         let dup = GOOD.replace("[\"fs.read\"]", "[\"fs.read\", \"fs.read\"]");
         assert!(matches!(
             PluginManifest::parse(&dup),

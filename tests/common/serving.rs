@@ -87,7 +87,7 @@ pub fn model_dir(dir: &Path) -> PathBuf {
     let model = dir.join(MODEL);
     std::fs::create_dir_all(&model).unwrap();
     let weights = root().join("plugins/arch-llama/tests/fixtures/models/llama");
-    let tokenizer = root().join("engine/tests/fixtures/tiny-tokenizer");
+    let tokenizer = root().join("plugins/runner-text/tests/fixtures/tiny-tokenizer");
     for (from, name) in [
         (&weights, "config.json"),
         (&weights, "model.safetensors"),
@@ -182,6 +182,9 @@ fs.read = ["{kv}/**"]
 fs.write = ["{kv}/**"]
 
 [[plugins]]
+path = "{runner}"
+
+[[plugins]]
 path = "{http}"
 [plugins.grants]
 net.listen = ["unix:{socket}", "tcp:127.0.0.1:{port}"]
@@ -201,6 +204,7 @@ path = "{model}"
         kernels = plugin("kernels-cpu").display(),
         arch = plugin("arch-llama").display(),
         cache = plugin("cache-kv").display(),
+        runner = plugin("runner-text").display(),
         http = plugin("transport-http").display(),
         kv = kv.display(),
         secrets = dir.path().join("secrets").display(),

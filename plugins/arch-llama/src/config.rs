@@ -1,9 +1,10 @@
 //! The typed hyper-parameters of a Llama-family model, read from a weight set's canonical
 //! metadata (GGUF keys, or `config.json` mapped by the HF-format loaders) and tensor shapes.
 
+use crate::naming;
 use crate::weights::Weights;
 use serde_json::Value;
-use u_sdk::{MetaValue, Result, RopeStyle, UError, naming};
+use u_sdk::{MetaValue, Result, RopeStyle, UError};
 
 /// Everything the model needs to know besides the weights themselves.
 #[derive(Debug, Clone, PartialEq)]
@@ -177,20 +178,7 @@ impl RopeConfig {
                 "arch-llama: rotary dimension {rotary_dim} for head dimension {head_dim}"
             )));
         }
-        let style = match w.meta_str(naming::ROPE_PAIRING_KEY).as_deref() {
-            Some(naming::ROPE_NEOX) => RopeStyle::NeoX,
-            Some(naming::ROPE_NORMAL) => RopeStyle::Normal,
-            Some(other) => {
-                return Err(UError::invalid(format!(
-                    "arch-llama: unknown {} `{other}`",
-                    naming::ROPE_PAIRING_KEY
-                )));
-            }
-            // No statement: the stored rows pair as llama.cpp's converter left them, i.e.
-            // permuted ("normal") for `llama`, untouched ("neox") for the Qwen architectures.
-            None if arch == "llama" => RopeStyle::Normal,
-            None => RopeStyle::NeoX,
-        };
+        let style = naming::rope_style(w.format(), arch);
 
         // θ_i = base^(−2i/d), computed in f32 as the reference does.
         let mut inv_freq: Vec<f32> = (0..rotary_dim / 2)

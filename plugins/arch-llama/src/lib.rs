@@ -16,61 +16,43 @@
 //!   Whether a layer is dense or sparse is read from its tensors (a router `ffn_gate_inp`), and
 //!   experts may be stacked (`ffn_gate_exps`, GGUF) or stored one tensor each (HF).
 //!
-//! Hyper-parameters come from canonical metadata (`{arch}.block_count`…, see
-//! `u_sdk::naming`), RoPE pairing from `u.rope.pairing` (absent: llama.cpp's per-architecture
-//! rule, "normal" for `llama`, "neox" otherwise).
+//! The plugin owns its names ([`naming`]): GGUF files are read in llama.cpp's names, HF
+//! checkpoints mapped to them, `config.json` hyper-parameters to GGUF keys (`{arch}.block_count`…),
+//! and the RoPE pairing follows from the format. The families it builds are declared in its
+//! signed manifest (`plugin.toml`).
 //!
 //! Reference implementation: Hugging Face `transformers` (`modeling_llama.py`,
 //! `modeling_mistral.py`, `modeling_qwen2.py`, `modeling_qwen3.py`, `modeling_mixtral.py`,
 //! `modeling_qwen2_moe.py`, `modeling_qwen3_moe.py`, `modeling_olmoe.py`), against which `tests/` checks logits on
 //! tiny random-weight models; the tensor naming and GGUF conventions are llama.cpp's.
 //!
-//! Layout: [`config`] (typed hyper-parameters from metadata), [`weights`] (metadata access and
-//! the linear layer), [`model`] (`Attention`, `Mlp`, `MoE`, `Block`, `Llama`), and the plugin
-//! glue below. Compute goes through the `Kernels` interface, KV through the `KvCache`
-//! interface; this crate does no math a kernel offers.
+//! Layout: [`naming`] (tensor names and hyper-parameter keys), [`config`] (typed
+//! hyper-parameters from metadata), [`weights`] (metadata access, the linear layer, RMSNorm),
+//! [`model`] (`Attention`, `Mlp`, `MoE`, `Block`, `Llama`), and the plugin glue below. Compute
+//! goes through the backend interface (`u_sdk::nn` tensors), KV through the `KvCache`
+//! interface; this crate does no math a backend offers.
 #![deny(missing_docs)]
 
 pub mod config;
 pub mod model;
+pub mod naming;
 pub mod weights;
 
 pub use config::Config;
 pub use model::Llama;
 pub use weights::Weights;
 
-use abi_stable::{
-    sabi_trait::TD_Opaque,
-    std_types::{ROption, RResult, RSlice, RSliceMut, RString, RVec},
-};
+use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RVec};
 use u_sdk::{
-    Architecture, Architecture_TO, ArchitectureBox, HostBox, KernelsBox, KvCacheBox, Model,
-    Model_TO, ModelBox, ModelConfig, PluginInfo, PluginInstance, RopeParams, SeqChunk, UError,
-    WeightSetBox, guard, guard_infallible,
+    Architecture, ArchitectureBox, BackendBox, BuildContext, HostBox, KvCacheBox, Model, ModelBox,
+    ModelConfig, PluginInfo, PluginInstance, SeqChunk, SeqId, UError, WeightSetBox, nn::Device,
 };
-
-/// The families this plugin builds (metadata architectures and HF model types).
-pub const FAMILIES: [&str; 10] = [
-    "llama",
-    "mistral",
-    "mixtral",
-    "qwen2",
-    "qwen3",
-    "qwen2moe",
-    "qwen3moe",
-    "qwen2_moe",
-    "qwen3_moe",
-    "olmoe",
-];
 
 fn describe() -> PluginInfo {
     PluginInfo {
         summary: "Llama-family decoder: Llama 2/3, Mistral, Qwen2/3, Mixtral, Qwen2/3-MoE, OLMoE"
             .into(),
-        details: RVec::from(vec![RString::from(format!(
-            "families={}",
-            FAMILIES.join(",")
-        ))]),
+        details: RVec::new(),
     }
 }
 
@@ -78,7 +60,7 @@ fn describe() -> PluginInfo {
 /// the deployment's `[plugins.config]` (see [`LlamaArchitecture::from_config`]).
 pub fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
     let arch = LlamaArchitecture::from_config(host.config().as_str())?;
-    Ok(PluginInstance::Architecture(arch.into_box()))
+    Ok(PluginInstance::Architecture(ArchitectureBox::new(arch)))
 }
 
 /// The exported root module and embedded manifest (in a private module: the macro's items are
@@ -132,70 +114,53 @@ impl LlamaArchitecture {
         }
         Ok(arch)
     }
+}
 
-    /// As an ABI object.
-    pub fn into_box(self) -> ArchitectureBox {
-        Architecture_TO::from_value(self, TD_Opaque)
+impl LlamaArchitecture {
+    /// Builds a model from `weights` on `backend` with its KV in `cache` (what
+    /// [`Architecture::build`] does, for Rust callers such as tests and benchmarks).
+    pub fn load(
+        &self,
+        weights: WeightSetBox,
+        backend: BackendBox,
+        cache: KvCacheBox,
+    ) -> u_sdk::Result<ModelBox> {
+        let weights = Weights::new(weights)?;
+        let device = Device::new(backend)?;
+        Ok(ModelBox::new(Llama::load(weights, device, cache, self)?))
     }
 }
 
 impl Architecture for LlamaArchitecture {
-    fn families(&self) -> RVec<RString> {
-        guard_infallible(
-            || FAMILIES.iter().map(|&f| RString::from(f)).collect(),
-            RVec::new,
-        )
-    }
-
-    fn build(
-        &self,
-        weights: WeightSetBox,
-        kernels: KernelsBox,
-        cache: KvCacheBox,
-    ) -> RResult<ModelBox, UError> {
-        guard("arch-llama.build", || {
-            let model = Llama::load(Weights::new(weights), kernels, cache, self)?;
-            Ok(Model_TO::from_value(model, TD_Opaque))
-        })
+    fn build(&self, context: BuildContext) -> RResult<ModelBox, UError> {
+        match context.cache.into_option() {
+            Some(cache) => self.load(context.weights, context.backend, cache).into(),
+            None => RResult::RErr(UError::invalid(
+                "arch-llama: a decoder needs a KV cache (the deployment loads no cache plugin)",
+            )),
+        }
     }
 }
 
 impl Model for Llama {
-    fn config(&self) -> ModelConfig {
-        let c = &self.cfg;
-        let moe = c.moe.map_or(0, |m| m.experts);
-        ModelConfig {
-            family: c.family.as_str().into(),
-            vocab_size: c.vocab_size as u32,
-            context_length: c.context_length as u32,
-            layers: c.layers as u32,
-            hidden: c.hidden as u32,
-            experts: moe as u32,
-        }
+    fn config(&self) -> RResult<ModelConfig, UError> {
+        RResult::ROk(self.model_config())
     }
 
-    fn cache(&self) -> KvCacheBox {
-        Llama::cache(self).clone()
-    }
-
-    fn key_rope(&self) -> ROption<RopeParams> {
-        ROption::RSome(Llama::key_rope(self))
-    }
-
-    fn embed(&self, tokens: RSlice<'_, u32>) -> RResult<RVec<f32>, UError> {
-        guard("arch-llama.embed", || {
-            Llama::embed(self, tokens.as_slice()).map(RVec::from)
-        })
+    fn cache(&self) -> RResult<ROption<KvCacheBox>, UError> {
+        RResult::ROk(ROption::RSome(Llama::cache(self).clone()))
     }
 
     fn forward(
         &self,
         batch: RSlice<'_, SeqChunk<'_>>,
-        mut logits: RSliceMut<'_, f32>,
+        mut out: RSliceMut<'_, f32>,
     ) -> RResult<(), UError> {
-        guard("arch-llama.forward", || {
-            Llama::forward(self, batch.as_slice(), logits.as_mut_slice())
-        })
+        Llama::forward(self, batch.as_slice(), out.as_mut_slice()).into()
+    }
+
+    fn graft(&self, dst: SeqId, src: SeqId, from: u64, count: u64) -> RResult<(), UError> {
+        Llama::graft(self, dst, src, from, count).into()
     }
 }
 

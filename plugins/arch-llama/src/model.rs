@@ -1,94 +1,50 @@
 //! The decoder: `Attention`, `Mlp`/`MoE`, `Block`, and the model that stacks them.
 //!
-//! Every forward pass runs all tokens of all sequences of a batch together through the
+//! Every forward pass runs all rows of all sequences of a batch together through the
 //! projections (one matmul per weight per pass); only attention runs per sequence, over that
-//! sequence's KV pages. Activations live in reused scratch buffers.
+//! sequence's KV pages where the cache keeps them. Tensors live in the backend, which owns the
+//! scratch memory; a block's `forward` is its math.
 
 use crate::{
     config::{Config, MoeConfig},
-    weights::{Linear, Weights},
+    naming::blk,
+    weights::{Linear, RmsNorm, Weights},
 };
-use abi_stable::std_types::{RSlice, RSliceMut};
-use std::sync::Mutex;
+use abi_stable::std_types::ROption;
 use u_sdk::{
-    Activation, AttentionParams, DType, KernelsBox, KvCacheBox, KvLayout, KvPage, KvSpan,
-    LogitsWanted, Result, RopeParams, SeqChunk, SeqId, UError, naming::blk,
+    Activation, AttentionMask, AttentionParams, DType, ErrorKind, KvCacheBox, KvLayout, KvPage,
+    ModelConfig, ModelKind, Output, Pooling, Result, RopeParams, Rows, Segment, SeqChunk, SeqId,
+    TensorDesc, UError,
+    nn::{Device, Tensor},
 };
 
-/// What every layer computes with.
-pub(crate) struct Ctx<'a> {
-    /// The kernels.
-    pub k: &'a KernelsBox,
-    /// The KV cache.
-    pub cache: &'a KvCacheBox,
-}
-
-/// One sequence's run of tokens inside the batch.
+/// One sequence's run of rows inside the batch.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Segment {
+pub(crate) struct Span {
     /// The sequence.
     pub seq: SeqId,
-    /// Tokens already cached before this pass (the position of the first new token).
+    /// Positions already cached before this pass (the position of the first new row).
     pub start: usize,
-    /// Offset of the first token in the batch.
+    /// Offset of the first row in the batch.
     pub offset: usize,
-    /// Number of new tokens.
+    /// Number of new rows.
     pub len: usize,
 }
 
-/// Reused activation buffers, grown to the largest batch seen.
-#[derive(Default)]
-pub(crate) struct Scratch {
-    tokens: Vec<u32>,
-    positions: Vec<u32>,
-    x: Vec<f32>,
-    h: Vec<f32>,
-    out: Vec<f32>,
-    attn: AttnScratch,
-    ffn: FfnScratch,
-}
-
-#[derive(Default)]
-struct AttnScratch {
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    tmp: Vec<f32>,
-    ctx: Vec<f32>,
-    keys: Vec<f32>,
-    values: Vec<f32>,
-}
-
-#[derive(Default)]
-struct FfnScratch {
-    gate: Vec<f32>,
-    up: Vec<f32>,
-    router: Vec<f32>,
-    xe: Vec<f32>,
-    ye: Vec<f32>,
-    shared: Vec<f32>,
-    shared_gate: Vec<f32>,
-    routes: Vec<Vec<(usize, f32)>>,
-    picked: Vec<(usize, f32)>,
-}
-
-/// `v[..n]`, growing `v` when needed (never shrinking, so steady-state decoding allocates
-/// nothing).
-fn buf(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    if v.len() < n {
-        v.resize(n, 0.0);
+impl Span {
+    fn rows(&self) -> std::ops::Range<usize> {
+        self.offset..self.offset + self.len
     }
-    &mut v[..n]
 }
 
-fn rms_norm(k: &KernelsBox, x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) -> Result<()> {
-    k.rms_norm(
-        RSlice::from_slice(x),
-        RSlice::from_slice(w),
-        eps,
-        RSliceMut::from_mut_slice(y),
-    )
-    .into_result()
+/// What every layer of one forward pass shares.
+pub(crate) struct Pass<'a> {
+    /// A cache handle for this pass only: the cache keeps every page it lends out alive until
+    /// the handle that borrowed it drops.
+    cache: KvCacheBox,
+    spans: &'a [Span],
+    /// The absolute position of every row (`I32`).
+    positions: Tensor,
 }
 
 /// The rotation of `heads` heads of `cfg.head_dim` values at a token's position.
@@ -103,6 +59,49 @@ fn rope_params(cfg: &Config, heads: usize) -> RopeParams {
     }
 }
 
+/// Qwen3's RMSNorm of each query/key head, or OLMoE's over the whole projection.
+struct QkNorm {
+    norm: RmsNorm,
+    /// Values per normalised row: `head_dim` (per head) or the whole projection.
+    width: u64,
+}
+
+impl QkNorm {
+    fn load(
+        w: &Weights,
+        dev: &Device,
+        cfg: &Config,
+        i: usize,
+        t: &str,
+        heads: usize,
+    ) -> Result<Option<QkNorm>> {
+        let name = blk(i, t, "weight");
+        if !w.has(&name) {
+            return Ok(None);
+        }
+        let hd = cfg.head_dim;
+        let len = w.shape(&name)?.iter().product::<u64>() as usize;
+        if len != hd && len != heads * hd {
+            return Err(UError::invalid(format!(
+                "arch-llama: {name} has {len} values, expected {hd} or {}",
+                heads * hd
+            )));
+        }
+        Ok(Some(QkNorm {
+            norm: RmsNorm::load(w, dev, &name, len, cfg.rms_eps)?,
+            width: len as u64,
+        }))
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dims = x.dims().to_vec();
+        let rows = x.desc().shape.elements() / self.width;
+        self.norm
+            .forward(&x.reshape(&[rows, self.width])?)?
+            .reshape(&dims)
+    }
+}
+
 /// Multi-head self-attention with grouped-query KV heads and rotary positions (RoFormer), with
 /// the optional Q/K/V biases of Qwen2, the Q/K RMSNorm of Qwen3 (per head) and OLMoE (over the
 /// whole projection), and OLMoE's Q/K/V clamp.
@@ -112,8 +111,8 @@ pub struct Attention {
     k: Linear,
     v: Linear,
     o: Linear,
-    q_norm: Option<Vec<f32>>,
-    k_norm: Option<Vec<f32>>,
+    q_norm: Option<QkNorm>,
+    k_norm: Option<QkNorm>,
     rope_q: RopeParams,
     rope_k: RopeParams,
     heads: usize,
@@ -121,17 +120,22 @@ pub struct Attention {
     head_dim: usize,
     window: u32,
     clip: Option<f32>,
-    eps: f32,
 }
 
 impl Attention {
     /// Loads layer `i`'s attention.
-    pub fn load(w: &Weights, cfg: &Config, i: usize) -> Result<Attention> {
+    pub fn load(w: &Weights, dev: &Device, cfg: &Config, i: usize) -> Result<Attention> {
         let (h, hd) = (cfg.hidden, cfg.head_dim);
-        let q = Linear::load(w, &format!("blk.{i}.attn_q"), h, true)?;
-        let k = Linear::load(w, &format!("blk.{i}.attn_k"), h, true)?;
-        let v = Linear::load(w, &format!("blk.{i}.attn_v"), h, true)?;
-        let o = Linear::load(w, &format!("blk.{i}.attn_output"), cfg.heads * hd, false)?;
+        let q = Linear::load(w, dev, &format!("blk.{i}.attn_q"), h, true)?;
+        let k = Linear::load(w, dev, &format!("blk.{i}.attn_k"), h, true)?;
+        let v = Linear::load(w, dev, &format!("blk.{i}.attn_v"), h, true)?;
+        let o = Linear::load(
+            w,
+            dev,
+            &format!("blk.{i}.attn_output"),
+            cfg.heads * hd,
+            false,
+        )?;
         if q.outputs != cfg.heads * hd
             || k.outputs != cfg.kv_heads * hd
             || v.outputs != cfg.kv_heads * hd
@@ -142,30 +146,14 @@ impl Attention {
                 cfg.heads, cfg.kv_heads
             )));
         }
-        // Q/K norms scale one head (`head_dim` values) or the whole projection.
-        let norm = |t: &str, heads: usize| -> Result<Option<Vec<f32>>> {
-            let name = blk(i, t, "weight");
-            if !w.has(&name) {
-                return Ok(None);
-            }
-            let v = w.f32(&name)?;
-            if v.len() != hd && v.len() != heads * hd {
-                return Err(UError::invalid(format!(
-                    "arch-llama: {name} has {} values, expected {hd} or {}",
-                    v.len(),
-                    heads * hd
-                )));
-            }
-            Ok(Some(v))
-        };
         Ok(Attention {
             layer: i as u32,
             q,
             k,
             v,
             o,
-            q_norm: norm("attn_q_norm", cfg.heads)?,
-            k_norm: norm("attn_k_norm", cfg.kv_heads)?,
+            q_norm: QkNorm::load(w, dev, cfg, i, "attn_q_norm", cfg.heads)?,
+            k_norm: QkNorm::load(w, dev, cfg, i, "attn_k_norm", cfg.kv_heads)?,
             rope_q: rope_params(cfg, cfg.heads),
             rope_k: rope_params(cfg, cfg.kv_heads),
             heads: cfg.heads,
@@ -173,152 +161,98 @@ impl Attention {
             head_dim: hd,
             window: cfg.window[i],
             clip: cfg.clip_qkv,
-            eps: cfg.rms_eps,
         })
     }
 
-    /// `out = Attention(h)` for every token of the batch, appending this layer's K/V.
-    fn forward(
-        &self,
-        c: &Ctx<'_>,
-        segs: &[Segment],
-        positions: &[u32],
-        h: &[f32],
-        s: &mut AttnScratch,
-        out: &mut [f32],
-    ) -> Result<()> {
-        let t = positions.len();
-        let (qd, kd) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
-        let q = buf(&mut s.q, t * qd);
-        let k = buf(&mut s.k, t * kd);
-        let v = buf(&mut s.v, t * kd);
-        let tmp = buf(&mut s.tmp, t * qd);
-        match &self.q_norm {
-            Some(nw) => {
-                self.q.forward(c.k, h, t, tmp)?;
-                rms_norm(c.k, tmp, nw, self.eps, q)?;
-            }
-            None => self.q.forward(c.k, h, t, q)?,
-        }
-        match &self.k_norm {
-            Some(nw) => {
-                self.k.forward(c.k, h, t, &mut tmp[..t * kd])?;
-                rms_norm(c.k, &tmp[..t * kd], nw, self.eps, k)?;
-            }
-            None => self.k.forward(c.k, h, t, k)?,
-        }
-        self.v.forward(c.k, h, t, v)?;
+    /// `Attention(h)` for every row of the batch, appending this layer's K/V to the cache.
+    fn forward(&self, h: &Tensor, pass: &Pass<'_>) -> Result<Tensor> {
+        let norm = |n: &Option<QkNorm>, x: Tensor| match n {
+            Some(n) => n.forward(&x),
+            None => Ok(x),
+        };
+        let q = norm(&self.q_norm, self.q.forward(h)?)?;
+        let k = norm(&self.k_norm, self.k.forward(h)?)?;
+        let v = self.v.forward(h)?;
         if let Some(c) = self.clip {
-            for x in q.iter_mut().chain(k.iter_mut()).chain(v.iter_mut()) {
-                *x = x.clamp(-c, c);
+            for x in [&q, &k, &v] {
+                x.clamp_assign(-c, c)?;
             }
         }
-        let pos = RSlice::from_slice(positions);
-        c.k.rope(RSliceMut::from_mut_slice(q), pos, &self.rope_q)
-            .into_result()?;
-        c.k.rope(RSliceMut::from_mut_slice(k), pos, &self.rope_k)
-            .into_result()?;
+        q.rope_assign(&pass.positions, &self.rope_q)?;
+        k.rope_assign(&pass.positions, &self.rope_k)?;
 
-        let ctx = buf(&mut s.ctx, t * qd);
-        for seg in segs.iter().filter(|s| s.len > 0) {
-            let rows = seg.offset..seg.offset + seg.len;
-            c.cache
-                .append(
-                    seg.seq,
-                    self.layer,
-                    RSlice::from_slice(&k[rows.start * kd..rows.end * kd]),
-                    RSlice::from_slice(&v[rows.start * kd..rows.end * kd]),
-                )
+        let ctx = h.device().alloc(DType::F32, q.dims())?;
+        for span in pass.spans.iter().filter(|s| s.len > 0) {
+            let rows = span.rows();
+            let (kr, vr) = (k.rows_range(rows.clone())?, v.rows_range(rows.clone())?);
+            pass.cache
+                .append(span.seq, self.layer, kr.desc(), vr.desc())
                 .into_result()?;
-            let pages = c.cache.pages(seg.seq, self.layer).into_result()?;
+            let pages = pass.cache.pages(span.seq, self.layer).into_result()?;
             let kv_len: usize = pages.iter().map(|p| p.tokens as usize).sum();
-            if kv_len != seg.start + seg.len {
+            if kv_len != span.start + span.len {
                 return Err(UError::new(
-                    u_sdk::ErrorKind::Internal,
+                    ErrorKind::Internal,
                     format!(
-                        "arch-llama: sequence {} layer {} holds {kv_len} cached tokens, expected {}",
-                        seg.seq,
+                        "arch-llama: sequence {} layer {} holds {kv_len} cached positions, expected {}",
+                        span.seq,
                         self.layer,
-                        seg.start + seg.len
+                        span.start + span.len
                     ),
                 ));
             }
-            let (spans, kv_dtype) = kv_spans(&pages, kd, &mut s.keys, &mut s.values)?;
+            let (spans, kv_dtype) = kv_spans(h.device(), &pages)?;
             let params = AttentionParams {
                 heads: self.heads as u32,
                 kv_heads: self.kv_heads as u32,
                 head_dim: self.head_dim as u32,
-                queries: seg.len as u32,
-                kv_len: kv_len as u32,
-                first_query_pos: seg.start as u32,
+                first_query_pos: span.start as u32,
                 window: self.window,
                 scale: 1.0 / (self.head_dim as f32).sqrt(),
+                mask: AttentionMask::Causal,
                 kv_dtype,
             };
-            c.k.attention(
-                RSlice::from_slice(&q[rows.start * qd..rows.end * qd]),
-                RSlice::from_slice(&spans),
-                &params,
-                RSliceMut::from_mut_slice(&mut ctx[rows.start * qd..rows.end * qd]),
-            )
-            .into_result()?;
+            let spans: Vec<&TensorDesc> = spans.iter().collect();
+            q.rows_range(rows.clone())?
+                .attention_into(&spans, &params, &ctx.rows_range(rows)?)?;
         }
-        self.o.forward(c.k, ctx, t, out)
+        self.o.forward(&ctx)
     }
 }
 
-/// The keys and values of `pages` as spans for the attention kernel, read where they lie: every
-/// page f32, or every page int8 (with its scales); a sequence that mixes the two (int8 switched
-/// on part-way) is dequantized into `keys`/`values` as one f32 span. Returns the spans' dtype.
-fn kv_spans<'p>(
-    pages: &'p [KvPage<'p>],
-    kd: usize,
-    keys: &'p mut Vec<f32>,
-    values: &'p mut Vec<f32>,
-) -> Result<(Vec<KvSpan<'p>>, DType)> {
-    let short = |p: &KvPage<'_>| {
-        UError::new(
-            u_sdk::ErrorKind::Internal,
-            format!("arch-llama: KV page of {} tokens is short", p.tokens),
-        )
+/// The keys and values of `pages` as attention spans, read where they lie: every page f32, or
+/// every page int8 (with its scales); a sequence that mixes the two (int8 switched on part-way)
+/// has its int8 pages dequantized into f32 tensors. Returns the spans' dtype.
+fn kv_spans(dev: &Device, pages: &[KvPage]) -> Result<(Vec<TensorDesc>, DType)> {
+    let scales = |p: &KvPage| match (&p.key_scales, &p.value_scales) {
+        (ROption::RSome(k), ROption::RSome(v)) => Ok((k.clone(), v.clone())),
+        _ => Err(UError::new(
+            ErrorKind::Internal,
+            "arch-llama: an int8 KV page without its scales",
+        )),
     };
-    let groups = kd.div_ceil(u_sdk::KV_INT8_GROUP as usize);
-    for dtype in [DType::F32, DType::I8] {
-        if !pages.iter().all(|p| p.dtype == dtype) {
-            continue;
+    if pages.iter().all(|p| p.dtype == DType::I8) {
+        let mut out = Vec::with_capacity(pages.len() * 4);
+        for p in pages {
+            let (ks, vs) = scales(p)?;
+            out.extend([p.keys.clone(), p.values.clone(), ks, vs]);
         }
-        let spans = pages
-            .iter()
-            .map(|p| {
-                let (n, ns) = (p.tokens as usize * kd, p.tokens as usize * groups);
-                Ok(if dtype == DType::F32 {
-                    let k = p.keys.as_slice().get(..n).ok_or_else(|| short(p))?;
-                    let v = p.values.as_slice().get(..n).ok_or_else(|| short(p))?;
-                    KvSpan::f32(p.tokens, k, v)
-                } else {
-                    let part = |q: &'p [i8], s: &'p [f32]| {
-                        q.get(..n).zip(s.get(..ns)).ok_or_else(|| short(p))
-                    };
-                    KvSpan::i8(
-                        p.tokens,
-                        part(p.keys_i8.as_slice(), p.key_scales.as_slice())?,
-                        part(p.values_i8.as_slice(), p.value_scales.as_slice())?,
-                    )
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        return Ok((spans, dtype));
+        return Ok((out, DType::I8));
     }
-    keys.clear();
-    values.clear();
+    let mut out = Vec::with_capacity(pages.len() * 2);
     for p in pages {
-        let n = p.tokens as usize * kd;
-        let (k, v) = (p.keys_f32(), p.values_f32());
-        keys.extend_from_slice(k.get(..n).ok_or_else(|| short(p))?);
-        values.extend_from_slice(v.get(..n).ok_or_else(|| short(p))?);
+        if p.dtype == DType::I8 {
+            let (ks, vs) = scales(p)?;
+            for (q, s) in [(&p.keys, ks), (&p.values, vs)] {
+                let f = dev.alloc(DType::F32, q.shape.dims())?;
+                dev.tensor(q.clone()).copy_into(Some(&dev.tensor(s)), &f)?;
+                out.push(f.desc().clone());
+            }
+        } else {
+            out.extend([p.keys.clone(), p.values.clone()]);
+        }
     }
-    let tokens = (keys.len() / kd.max(1)) as u32;
-    Ok((vec![KvSpan::f32(tokens, keys, values)], DType::F32))
+    Ok((out, DType::F32))
 }
 
 /// The SwiGLU feed-forward network (Shazeer 2020): `down(silu(gate(x)) ⊙ up(x))`.
@@ -337,10 +271,16 @@ impl Mlp {
     }
 
     /// Loads `blk.{i}.ffn_{gate,up,down}{suffix}`.
-    pub fn load(w: &Weights, hidden: usize, i: usize, suffix: &str) -> Result<Mlp> {
-        let gate = Linear::load(w, &format!("blk.{i}.ffn_gate{suffix}"), hidden, false)?;
-        let up = Linear::load(w, &format!("blk.{i}.ffn_up{suffix}"), hidden, false)?;
-        let down = Linear::load(w, &format!("blk.{i}.ffn_down{suffix}"), gate.outputs, false)?;
+    pub fn load(w: &Weights, dev: &Device, hidden: usize, i: usize, suffix: &str) -> Result<Mlp> {
+        let gate = Linear::load(w, dev, &format!("blk.{i}.ffn_gate{suffix}"), hidden, false)?;
+        let up = Linear::load(w, dev, &format!("blk.{i}.ffn_up{suffix}"), hidden, false)?;
+        let down = Linear::load(
+            w,
+            dev,
+            &format!("blk.{i}.ffn_down{suffix}"),
+            gate.outputs,
+            false,
+        )?;
         Mlp::new(gate, up, down, hidden)
     }
 
@@ -354,24 +294,12 @@ impl Mlp {
         Ok(Mlp { gate, up, down })
     }
 
-    fn forward(
-        &self,
-        c: &Ctx<'_>,
-        x: &[f32],
-        t: usize,
-        gate: &mut Vec<f32>,
-        up: &mut Vec<f32>,
-        out: &mut [f32],
-    ) -> Result<()> {
-        let ff = self.gate.outputs;
-        let g = buf(gate, t * ff);
-        let u = buf(up, t * ff);
-        self.gate.forward(c.k, x, t, g)?;
-        self.up.forward(c.k, x, t, u)?;
-        c.k.activation(RSliceMut::from_mut_slice(g), Activation::Silu)
-            .into_result()?;
-        g.iter_mut().zip(u.iter()).for_each(|(g, u)| *g *= u);
-        self.down.forward(c.k, g, t, out)
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let h = self
+            .gate
+            .forward(x)?
+            .gated(Activation::Silu, &self.up.forward(x)?)?;
+        self.down.forward(&h)
     }
 }
 
@@ -390,34 +318,38 @@ pub struct MoE {
 impl MoE {
     /// Loads layer `i`'s experts: stacked (`ffn_gate_exps`, GGUF) or one tensor per expert
     /// (`ffn_gate.{e}`, HF).
-    pub fn load(w: &Weights, cfg: &Config, moe: &MoeConfig, i: usize) -> Result<MoE> {
+    pub fn load(w: &Weights, dev: &Device, cfg: &Config, moe: &MoeConfig, i: usize) -> Result<MoE> {
         let h = cfg.hidden;
-        let router = Linear::load(w, &format!("blk.{i}.ffn_gate_inp"), h, false)?;
+        let router = Linear::load(w, dev, &format!("blk.{i}.ffn_gate_inp"), h, false)?;
         if router.outputs != moe.experts {
             return Err(UError::invalid(format!(
                 "arch-llama: layer {i} router has {} outputs for {} experts",
                 router.outputs, moe.experts
             )));
         }
-        let stacked = w.has(&blk(i, "ffn_gate_exps", "weight"));
-        let experts = (0..moe.experts)
-            .map(|e| {
-                if stacked {
-                    let gate = Linear::stacked(w, &blk(i, "ffn_gate_exps", "weight"), e, h)?;
-                    let up = Linear::stacked(w, &blk(i, "ffn_up_exps", "weight"), e, h)?;
-                    let down =
-                        Linear::stacked(w, &blk(i, "ffn_down_exps", "weight"), e, gate.outputs)?;
-                    Mlp::new(gate, up, down, h)
-                } else {
-                    Mlp::load(w, h, i, &format!(".{e}"))
-                }
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let experts = if w.has(&blk(i, "ffn_gate_exps", "weight")) {
+            let [gate, up, down] = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]
+                .map(|t| w.import(dev, &blk(i, t, "weight"), None));
+            let (gate, up, down) = (gate?, up?, down?);
+            (0..moe.experts)
+                .map(|e| {
+                    let g = Linear::expert(&gate, e, h)?;
+                    let u = Linear::expert(&up, e, h)?;
+                    let d = Linear::expert(&down, e, g.outputs)?;
+                    Mlp::new(g, u, d, h)
+                })
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            (0..moe.experts)
+                .map(|e| Mlp::load(w, dev, h, i, &format!(".{e}")))
+                .collect::<Result<Vec<_>>>()?
+        };
         let shared = if w.has(&blk(i, "ffn_gate_shexp", "weight")) {
-            let mlp = Mlp::load(w, h, i, "_shexp")?;
+            let mlp = Mlp::load(w, dev, h, i, "_shexp")?;
             let gate = if w.has(&blk(i, "ffn_gate_inp_shexp", "weight")) {
                 Some(Linear::load(
                     w,
+                    dev,
                     &format!("blk.{i}.ffn_gate_inp_shexp"),
                     h,
                     false,
@@ -439,82 +371,62 @@ impl MoE {
         })
     }
 
-    fn forward(
-        &self,
-        c: &Ctx<'_>,
-        x: &[f32],
-        t: usize,
-        s: &mut FfnScratch,
-        out: &mut [f32],
-    ) -> Result<()> {
-        let (n_exp, hidden) = (self.experts.len(), self.router.inputs);
-        let probs = buf(&mut s.router, t * n_exp);
-        self.router.forward(c.k, x, t, probs)?;
-        c.k.softmax(RSliceMut::from_mut_slice(probs), n_exp as u32)
-            .into_result()?;
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (n_exp, t, dev) = (self.experts.len(), x.rows(), x.device());
+        let probs = self.router.forward(x)?;
+        probs.softmax_assign()?;
+        let top = probs.top_k(self.used)?.to_vec_i32()?;
+        let p = probs.to_vec()?;
 
         // Route: per expert, the tokens it serves and their gate weights.
-        s.routes.resize_with(n_exp, Vec::new);
-        s.routes.iter_mut().for_each(Vec::clear);
-        let picked = &mut s.picked;
-        for (tok, row) in probs.chunks_exact(n_exp).enumerate() {
-            picked.clear();
-            picked.extend(row.iter().copied().enumerate());
-            // Largest first; ties to the lower index, as torch.topk.
-            picked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-            let top = &picked[..self.used];
-            let sum: f32 = top.iter().map(|p| p.1).sum();
-            for &(e, p) in top {
-                let g = if self.norm_topk { p / sum } else { p };
-                s.routes[e].push((tok, g));
+        let mut routes: Vec<(Vec<i32>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); n_exp];
+        for (tok, picked) in top.chunks_exact(self.used).enumerate() {
+            let row = &p[tok * n_exp..(tok + 1) * n_exp];
+            let sum: f32 = picked.iter().map(|&e| row[e as usize]).sum();
+            for &e in picked {
+                let g = row[e as usize];
+                let (toks, gates) = &mut routes[e as usize];
+                toks.push(tok as i32);
+                gates.push(if self.norm_topk { g / sum } else { g });
             }
         }
 
         // Only the routed experts' weights are read: ask for their pages before computing.
         if self.prefetch {
-            for (expert, routes) in self.experts.iter().zip(&s.routes) {
-                if !routes.is_empty() {
+            for (expert, (toks, _)) in self.experts.iter().zip(&routes) {
+                if !toks.is_empty() {
                     expert.prefetch();
                 }
             }
         }
-        out[..t * hidden].fill(0.0);
-        for (expert, routes) in self.experts.iter().zip(&s.routes) {
-            if routes.is_empty() {
+        let out = dev.from_f32(&vec![0.0; x.desc().shape.elements() as usize], x.dims())?;
+        for (expert, (toks, gates)) in self.experts.iter().zip(&routes) {
+            if toks.is_empty() {
                 continue;
             }
-            let n = routes.len();
-            let xe = buf(&mut s.xe, n * hidden);
-            for (row, &(tok, _)) in xe.chunks_exact_mut(hidden).zip(routes) {
-                row.copy_from_slice(&x[tok * hidden..(tok + 1) * hidden]);
-            }
-            let ye = buf(&mut s.ye, n * hidden);
-            expert.forward(c, xe, n, &mut s.gate, &mut s.up, ye)?;
-            for (row, &(tok, g)) in ye.chunks_exact(hidden).zip(routes) {
-                let o = &mut out[tok * hidden..(tok + 1) * hidden];
-                o.iter_mut().zip(row).for_each(|(o, y)| *o += g * y);
-            }
+            let ids = dev.from_i32(toks, &[toks.len() as u64])?;
+            let y = expert.forward(&x.get_rows(&ids)?)?;
+            out.scatter_add_assign(&y, &ids, &dev.from_f32(gates, &[gates.len() as u64])?)?;
         }
 
         if let Some((mlp, gate)) = &self.shared {
-            let y = buf(&mut s.shared, t * hidden);
-            mlp.forward(c, x, t, &mut s.gate, &mut s.up, y)?;
-            let sg = buf(&mut s.shared_gate, t);
-            if let Some(gate) = gate {
-                gate.forward(c.k, x, t, sg)?;
-                sg.iter_mut().for_each(|g| *g = 1.0 / (1.0 + (-*g).exp()));
-            } else {
-                sg.fill(1.0);
-            }
-            for ((o, y), g) in out
-                .chunks_exact_mut(hidden)
-                .zip(y.chunks_exact(hidden))
-                .zip(sg.iter())
-            {
-                o.iter_mut().zip(y).for_each(|(o, y)| *o += g * y);
-            }
+            let y = mlp.forward(x)?;
+            let g = match gate {
+                Some(gate) => {
+                    let g = gate.forward(x)?;
+                    g.activation_assign(Activation::Sigmoid)?;
+                    g.to_vec()?
+                }
+                None => vec![1.0; t],
+            };
+            let all: Vec<i32> = (0..t as i32).collect();
+            out.scatter_add_assign(
+                &y,
+                &dev.from_i32(&all, &[t as u64])?,
+                &dev.from_f32(&g, &[t as u64])?,
+            )?;
         }
-        Ok(())
+        Ok(out)
     }
 }
 
@@ -528,53 +440,47 @@ pub enum FeedForward {
     MoE(MoE),
 }
 
-/// A pre-norm transformer block: `x += Attention(RMSNorm(x)); x += FFN(RMSNorm(x))`.
+impl FeedForward {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            FeedForward::Dense(mlp) => mlp.forward(x),
+            FeedForward::MoE(moe) => moe.forward(x),
+        }
+    }
+}
+
+/// A pre-norm transformer block: `h = x + Attention(RMSNorm(x)); h + FFN(RMSNorm(h))`.
 pub struct Block {
-    attn_norm: Vec<f32>,
+    attn_norm: RmsNorm,
     attn: Attention,
-    ffn_norm: Vec<f32>,
+    ffn_norm: RmsNorm,
     ffn: FeedForward,
-    eps: f32,
 }
 
 impl Block {
     /// Loads block `i`.
-    pub fn load(w: &Weights, cfg: &Config, i: usize) -> Result<Block> {
+    pub fn load(w: &Weights, dev: &Device, cfg: &Config, i: usize) -> Result<Block> {
         let ffn = match (&cfg.moe, w.has(&blk(i, "ffn_gate_inp", "weight"))) {
-            (Some(moe), true) => FeedForward::MoE(MoE::load(w, cfg, moe, i)?),
+            (Some(moe), true) => FeedForward::MoE(MoE::load(w, dev, cfg, moe, i)?),
             (None, true) => {
                 return Err(UError::invalid(format!(
                     "arch-llama: layer {i} has a router but the metadata gives no expert count"
                 )));
             }
-            (_, false) => FeedForward::Dense(Mlp::load(w, cfg.hidden, i, "")?),
+            (_, false) => FeedForward::Dense(Mlp::load(w, dev, cfg.hidden, i, "")?),
         };
+        let norm = |t: &str| RmsNorm::load(w, dev, &blk(i, t, "weight"), cfg.hidden, cfg.rms_eps);
         Ok(Block {
-            attn_norm: w.vector(&blk(i, "attn_norm", "weight"), cfg.hidden)?,
-            attn: Attention::load(w, cfg, i)?,
-            ffn_norm: w.vector(&blk(i, "ffn_norm", "weight"), cfg.hidden)?,
+            attn_norm: norm("attn_norm")?,
+            attn: Attention::load(w, dev, cfg, i)?,
+            ffn_norm: norm("ffn_norm")?,
             ffn,
-            eps: cfg.rms_eps,
         })
     }
 
-    fn forward(&self, c: &Ctx<'_>, segs: &[Segment], s: &mut Scratch) -> Result<()> {
-        let t = s.positions.len();
-        let hidden = self.attn_norm.len();
-        let x = &mut s.x[..t * hidden];
-        let h = buf(&mut s.h, t * hidden);
-        let out = buf(&mut s.out, t * hidden);
-        rms_norm(c.k, x, &self.attn_norm, self.eps, h)?;
-        self.attn
-            .forward(c, segs, &s.positions, h, &mut s.attn, out)?;
-        x.iter_mut().zip(out.iter()).for_each(|(x, o)| *x += o);
-        rms_norm(c.k, x, &self.ffn_norm, self.eps, h)?;
-        match &self.ffn {
-            FeedForward::Dense(mlp) => mlp.forward(c, h, t, &mut s.ffn.gate, &mut s.ffn.up, out)?,
-            FeedForward::MoE(moe) => moe.forward(c, h, t, &mut s.ffn, out)?,
-        }
-        x.iter_mut().zip(out.iter()).for_each(|(x, o)| *x += o);
-        Ok(())
+    fn forward(&self, x: &Tensor, pass: &Pass<'_>) -> Result<Tensor> {
+        let h = x.add(&self.attn.forward(&self.attn_norm.forward(x)?, pass)?)?;
+        h.add(&self.ffn.forward(&self.ffn_norm.forward(&h)?)?)
     }
 }
 
@@ -583,21 +489,21 @@ impl Block {
 pub struct Llama {
     /// Hyper-parameters.
     pub cfg: Config,
-    kernels: KernelsBox,
+    device: Device,
     cache: KvCacheBox,
     blocks: Vec<Block>,
-    norm: Vec<f32>,
+    norm: RmsNorm,
     lm_head: Linear,
     /// The embedding table, `[vocab, hidden]`.
-    embed: Linear,
-    scratch: Mutex<Scratch>,
+    embed: Tensor,
 }
 
 impl Llama {
-    /// Builds the model and declares its KV layout to `cache`, with the plugin's settings.
+    /// Builds the model on `device` and declares its KV layout to `cache`, with the plugin's
+    /// settings.
     pub fn load(
         weights: Weights,
-        kernels: KernelsBox,
+        device: Device,
         cache: KvCacheBox,
         settings: &crate::LlamaArchitecture,
     ) -> Result<Llama> {
@@ -605,47 +511,61 @@ impl Llama {
         if let Some(moe) = &mut cfg.moe {
             moe.prefetch = settings.expert_prefetch;
         }
+        let dev = &device;
         let blocks = (0..cfg.layers)
-            .map(|i| Block::load(&weights, &cfg, i))
+            .map(|i| Block::load(&weights, dev, &cfg, i))
             .collect::<Result<Vec<_>>>()?;
         let head = if weights.has("output.weight") {
             "output"
         } else {
             "token_embd"
         };
-        let embed = Linear::load(&weights, "token_embd", cfg.hidden, false)?;
-        let lm_head = Linear::load(&weights, head, cfg.hidden, false)?;
+        let embed = weights.import(dev, "token_embd.weight", None)?;
+        let lm_head = Linear::load(&weights, dev, head, cfg.hidden, false)?;
         if lm_head.outputs != cfg.vocab_size {
             return Err(UError::invalid(format!(
                 "arch-llama: LM head has {} outputs for a vocabulary of {}",
                 lm_head.outputs, cfg.vocab_size
             )));
         }
-        let norm = weights.vector("output_norm.weight", cfg.hidden)?;
+        let norm = RmsNorm::load(&weights, dev, "output_norm.weight", cfg.hidden, cfg.rms_eps)?;
         cache
-            .configure(KvLayout {
-                layers: cfg.layers as u32,
-                kv_heads: cfg.kv_heads as u32,
-                head_dim: cfg.head_dim as u32,
-                dtype: DType::F32,
-                model_id: model_id(&weights, &cfg).into(),
-            })
+            .configure(
+                KvLayout {
+                    layers: cfg.layers as u32,
+                    kv_heads: cfg.kv_heads as u32,
+                    head_dim: cfg.head_dim as u32,
+                    dtype: DType::F32,
+                    model_id: model_id(&weights, &cfg).into(),
+                },
+                device.backend().clone(),
+            )
             .into_result()?;
         Ok(Llama {
             cfg,
-            kernels,
+            device,
             cache,
             blocks,
             norm,
             lm_head,
             embed,
-            scratch: Mutex::new(Scratch::default()),
         })
     }
 
-    /// The rotation applied to one token's cached keys (all KV heads).
-    pub fn key_rope(&self) -> RopeParams {
-        rope_params(&self.cfg, self.cfg.kv_heads)
+    /// What the model is, as the ABI says it.
+    pub fn model_config(&self) -> ModelConfig {
+        let c = &self.cfg;
+        ModelConfig {
+            kind: ModelKind::Decoder,
+            family: c.family.as_str().into(),
+            vocab_size: c.vocab_size as u32,
+            hidden: c.hidden as u32,
+            layers: c.layers as u32,
+            context_length: c.context_length as u32,
+            experts: c.moe.map_or(0, |m| m.experts) as u32,
+            attention: AttentionMask::Causal,
+            pooling: Pooling::Mean,
+        }
     }
 
     /// The cache the model's KV lives in.
@@ -653,12 +573,69 @@ impl Llama {
         &self.cache
     }
 
-    /// Runs `batch`, writing the requested logits (see [`u_sdk::Model::forward`]). On error the
-    /// sequences are rolled back to their lengths before the call.
-    pub fn forward(&self, batch: &[SeqChunk<'_>], logits: &mut [f32]) -> Result<()> {
-        let mut segs = Vec::with_capacity(batch.len());
-        let mut offset = 0;
-        let mut wanted = 0;
+    /// Checks one chunk against the model: inputs in range, extras this model applies.
+    fn check(&self, chunk: &SeqChunk<'_>) -> Result<usize> {
+        let hidden = self.cfg.hidden;
+        let bad =
+            |why: String| UError::invalid(format!("arch-llama: sequence {}: {why}", chunk.seq));
+        for segment in chunk.input.iter() {
+            match segment {
+                Segment::Tokens(t) => {
+                    if let Some(&id) = t.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+                        return Err(bad(format!(
+                            "token {id} is outside the vocabulary of {}",
+                            self.cfg.vocab_size
+                        )));
+                    }
+                }
+                Segment::Embeddings(e) if !e.len().is_multiple_of(hidden) => {
+                    return Err(bad(format!(
+                        "{} embedding values are not whole rows of {hidden}",
+                        e.len()
+                    )));
+                }
+                Segment::Embeddings(_) => {}
+            }
+        }
+        let x = &chunk.extras;
+        if !x.adapters.is_empty() {
+            return Err(UError::unsupported(
+                "arch-llama: per-sequence adapters are not implemented yet",
+            ));
+        }
+        if x.cross.is_some() || !x.conditioning.is_empty() {
+            return Err(UError::unsupported(
+                "arch-llama: a decoder-only model takes no cross-attention context or conditioning",
+            ));
+        }
+        for s in x.steering.iter() {
+            if s.vector.len() != hidden
+                || s.first_layer > s.last_layer
+                || s.last_layer as usize >= self.cfg.layers
+            {
+                return Err(bad(format!(
+                    "a steering vector of {} values for blocks {}..={} (the model has {} blocks of \
+                     width {hidden})",
+                    s.vector.len(),
+                    s.first_layer,
+                    s.last_layer,
+                    self.cfg.layers
+                )));
+            }
+        }
+        let rows = chunk.rows(hidden);
+        if rows == 0 && chunk.output != Output::Nothing {
+            return Err(bad("asks for output of no input".into()));
+        }
+        Ok(rows)
+    }
+
+    /// Runs `batch`, writing the outputs it asks for (see [`u_sdk::Model::forward`]). On error
+    /// the sequences are rolled back to their lengths before the call.
+    pub fn forward(&self, batch: &[SeqChunk<'_>], out: &mut [f32]) -> Result<()> {
+        let config = self.model_config();
+        let mut spans = Vec::with_capacity(batch.len());
+        let (mut offset, mut floats) = (0, 0);
         for (n, chunk) in batch.iter().enumerate() {
             if batch[..n].iter().any(|c| c.seq == chunk.seq) {
                 return Err(UError::invalid(format!(
@@ -666,41 +643,21 @@ impl Llama {
                     chunk.seq
                 )));
             }
-            let len = chunk.tokens.len();
-            wanted += match chunk.logits {
-                LogitsWanted::None => 0,
-                LogitsWanted::Last if len > 0 => 1,
-                LogitsWanted::All => len,
-                LogitsWanted::Last => {
-                    return Err(UError::invalid(format!(
-                        "arch-llama: sequence {} asks for the last logits of no tokens",
-                        chunk.seq
-                    )));
-                }
-            };
-            if let Some(&bad) = chunk
-                .tokens
-                .iter()
-                .find(|&&t| t as usize >= self.cfg.vocab_size)
-            {
-                return Err(UError::invalid(format!(
-                    "arch-llama: token {bad} is outside the vocabulary of {}",
-                    self.cfg.vocab_size
-                )));
-            }
+            let len = self.check(chunk)?;
+            floats += chunk.output.floats(len, &config);
             let start = self.cache.len(chunk.seq).into_result()? as usize;
             if start + len > self.cfg.context_length {
                 return Err(UError::new(
-                    u_sdk::ErrorKind::ResourceExhausted,
+                    ErrorKind::ResourceExhausted,
                     format!(
-                        "arch-llama: sequence {} would reach {} tokens, past the context length {}",
+                        "arch-llama: sequence {} would reach {} positions, past the context length {}",
                         chunk.seq,
                         start + len,
                         self.cfg.context_length
                     ),
                 ));
             }
-            segs.push(Segment {
+            spans.push(Span {
                 seq: chunk.seq,
                 start,
                 offset,
@@ -708,171 +665,277 @@ impl Llama {
             });
             offset += len;
         }
-        let vocab = self.cfg.vocab_size;
-        if logits.len() != wanted * vocab {
+        if out.len() != floats {
             return Err(UError::invalid(format!(
-                "arch-llama: logits buffer holds {} floats, the batch asks for {wanted} rows of {vocab}",
-                logits.len()
+                "arch-llama: the output buffer holds {} floats, the batch asks for {floats}",
+                out.len()
             )));
         }
         if offset == 0 {
             return Ok(());
         }
-        let mut scratch = self
-            .scratch
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let result = self.run(batch, &segs, &mut scratch, Output::Logits(logits));
+        let result = self.run(batch, &spans, out);
         if result.is_err() {
-            for seg in &segs {
-                let _ = self.cache.truncate(seg.seq, seg.start as u64);
+            for s in &spans {
+                let _ = self.cache.truncate(s.seq, s.start as u64);
             }
         }
         result
     }
 
-    /// The mean over `tokens` of the final hidden state (after the output norm), run in a
-    /// scratch sequence of the cache that is released afterwards (see [`u_sdk::Model::embed`]).
-    pub fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
-        if tokens.is_empty() {
-            return Err(UError::invalid("arch-llama: nothing to embed"));
+    /// The batch's input rows: token embeddings and embedding rows, in order.
+    fn input(&self, batch: &[SeqChunk<'_>], rows: usize) -> Result<Tensor> {
+        let dev = &self.device;
+        let segments = || batch.iter().flat_map(|c| c.input.iter());
+        if segments().all(|s| matches!(s, Segment::Tokens(_))) {
+            let ids: Vec<i32> = segments()
+                .flat_map(|s| match s {
+                    Segment::Tokens(t) => t.as_slice(),
+                    Segment::Embeddings(_) => &[],
+                })
+                .map(|&t| t as i32)
+                .collect();
+            return self
+                .embed
+                .get_rows(&dev.from_i32(&ids, &[ids.len() as u64])?);
         }
-        if tokens.len() > self.cfg.context_length {
+        let hidden = self.cfg.hidden;
+        let x = dev.alloc(DType::F32, &[rows as u64, hidden as u64])?;
+        let mut at = 0;
+        for s in segments() {
+            let n = s.rows(hidden);
+            let dst = x.rows_range(at..at + n)?;
+            match s {
+                Segment::Tokens(t) => {
+                    let ids: Vec<i32> = t.iter().map(|&t| t as i32).collect();
+                    let e = self.embed.get_rows(&dev.from_i32(&ids, &[n as u64])?)?;
+                    e.copy_into(None, &dst)?;
+                }
+                Segment::Embeddings(e) => dst.write(e)?,
+            }
+            at += n;
+        }
+        Ok(x)
+    }
+
+    fn run(&self, batch: &[SeqChunk<'_>], spans: &[Span], out: &mut [f32]) -> Result<()> {
+        let dev = &self.device;
+        let rows: usize = spans.iter().map(|s| s.len).sum();
+        let positions: Vec<i32> = spans
+            .iter()
+            .flat_map(|s| (s.start..s.start + s.len).map(|p| p as i32))
+            .collect();
+        let pass = Pass {
+            cache: self.cache.clone(),
+            spans,
+            positions: dev.from_i32(&positions, &[rows as u64])?,
+        };
+        let wants_layer = |i: usize| {
+            batch
+                .iter()
+                .any(|c| matches!(c.output, Output::Hidden { layer, .. } if layer as usize == i))
+        };
+        let mut captured: Vec<(usize, Tensor)> = Vec::new();
+        let mut x = self.input(batch, rows)?;
+        for (i, block) in self.blocks.iter().enumerate() {
+            x = block.forward(&x, &pass)?;
+            for (chunk, span) in batch.iter().zip(spans) {
+                for s in chunk.extras.steering.iter() {
+                    if (s.first_layer as usize..=s.last_layer as usize).contains(&i) {
+                        let v = dev.from_f32(&s.vector, &[1, s.vector.len() as u64])?;
+                        x.rows_range(span.rows())?
+                            .add_scaled_assign(&v, s.strength)?;
+                    }
+                }
+            }
+            if wants_layer(i) {
+                captured.push((i, x.clone()));
+            }
+        }
+        self.write_outputs(batch, spans, &x, &captured, out)
+    }
+
+    /// Writes each chunk's output into its part of `out`, in batch order: logits through one
+    /// LM-head matmul over every row that wants them, hidden states and pooled vectors from the
+    /// normed final rows (or a captured block's rows).
+    fn write_outputs(
+        &self,
+        batch: &[SeqChunk<'_>],
+        spans: &[Span],
+        x: &Tensor,
+        captured: &[(usize, Tensor)],
+        out: &mut [f32],
+    ) -> Result<()> {
+        let dev = &self.device;
+        let (hidden, vocab, layers) = (self.cfg.hidden, self.cfg.vocab_size, self.cfg.layers);
+        let wanted = |rows: &Rows, span: &Span| match rows {
+            Rows::Last => span.offset + span.len - 1..span.offset + span.len,
+            Rows::All => span.rows(),
+        };
+        let logit_rows: Vec<i32> = batch
+            .iter()
+            .zip(spans)
+            .filter_map(|(c, s)| match &c.output {
+                Output::Logits(r) => Some(wanted(r, s)),
+                _ => None,
+            })
+            .flatten()
+            .map(|r| r as i32)
+            .collect();
+        let logits = if logit_rows.is_empty() {
+            Vec::new()
+        } else {
+            let ids = dev.from_i32(&logit_rows, &[logit_rows.len() as u64])?;
+            let h = self.norm.forward(&x.get_rows(&ids)?)?;
+            self.lm_head.forward(&h)?.to_vec()?
+        };
+        let needs_final = batch.iter().any(|c| {
+            matches!(c.output, Output::Pooled(_))
+                || matches!(c.output, Output::Hidden { layer, .. } if layer as usize == layers)
+        });
+        let normed = match needs_final {
+            true => Some(self.norm.forward(x)?.to_vec()?),
+            false => None,
+        };
+        let layer_rows = |layer: usize| -> Result<Vec<f32>> {
+            match captured.iter().find(|(i, _)| *i == layer) {
+                Some((_, t)) => t.to_vec(),
+                None => Ok(normed.clone().unwrap_or_default()),
+            }
+        };
+        let (mut at, mut next_logit) = (0, 0);
+        for (chunk, span) in batch.iter().zip(spans) {
+            match &chunk.output {
+                Output::Nothing => {}
+                Output::Logits(r) => {
+                    let n = wanted(r, span).len() * vocab;
+                    out[at..at + n].copy_from_slice(&logits[next_logit..next_logit + n]);
+                    next_logit += n;
+                    at += n;
+                }
+                Output::Hidden { layer, rows } => {
+                    let all = layer_rows(*layer as usize)?;
+                    let r = wanted(rows, span);
+                    let n = r.len() * hidden;
+                    out[at..at + n].copy_from_slice(&all[r.start * hidden..r.end * hidden]);
+                    at += n;
+                }
+                Output::Pooled(pooling) => {
+                    let all = normed.as_deref().unwrap_or_default();
+                    let rows = &all[span.offset * hidden..(span.offset + span.len) * hidden];
+                    pool(rows, hidden, *pooling, &mut out[at..at + hidden]);
+                    at += hidden;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends positions `from..from + count` of `src`'s KV to `dst`, keys re-rotated from their
+    /// old positions to `dst`'s (see [`u_sdk::Model::graft`]); on error `dst` is unchanged.
+    pub fn graft(&self, dst: SeqId, src: SeqId, from: u64, count: u64) -> Result<()> {
+        let cache = self.cache.clone();
+        let held = cache.len(src).into_result()?;
+        if from.checked_add(count).is_none_or(|end| end > held) {
+            return Err(UError::invalid(format!(
+                "arch-llama: graft of positions {from}..{} but sequence {src} holds {held}",
+                from.saturating_add(count)
+            )));
+        }
+        let q0 = cache.len(dst).into_result()?;
+        if q0 + count > self.cfg.context_length as u64 {
             return Err(UError::new(
-                u_sdk::ErrorKind::ResourceExhausted,
+                ErrorKind::ResourceExhausted,
                 format!(
-                    "arch-llama: {} tokens to embed, past the context length {}",
-                    tokens.len(),
+                    "arch-llama: the graft would take sequence {dst} to {} positions, past the \
+                     context length {}",
+                    q0 + count,
                     self.cfg.context_length
                 ),
             ));
         }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
-            return Err(UError::invalid(format!(
-                "arch-llama: token {bad} is outside the vocabulary of {}",
-                self.cfg.vocab_size
-            )));
+        let result = self.graft_layers(&cache, dst, src, from, count, q0);
+        if result.is_err() {
+            let _ = cache.truncate(dst, q0);
         }
-        let hidden = self.cfg.hidden;
-        let seq = self.cache.create().into_result()?;
-        let mut sum = vec![0f64; hidden];
-        let mut rows = Vec::new();
-        let mut result = Ok(());
-        let mut scratch = self
-            .scratch
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (i, chunk) in tokens.chunks(EMBED_CHUNK).enumerate() {
-            let batch = [SeqChunk {
-                seq,
-                tokens: RSlice::from_slice(chunk),
-                logits: LogitsWanted::None,
-            }];
-            let segs = [Segment {
-                seq,
-                start: i * EMBED_CHUNK,
-                offset: 0,
-                len: chunk.len(),
-            }];
-            result = self.run(&batch, &segs, &mut scratch, Output::Hidden(&mut rows));
-            if result.is_err() {
-                break;
+        result
+    }
+
+    fn graft_layers(
+        &self,
+        cache: &KvCacheBox,
+        dst: SeqId,
+        src: SeqId,
+        from: u64,
+        count: u64,
+        q0: u64,
+    ) -> Result<()> {
+        let dev = &self.device;
+        let n = count as usize;
+        let to: Vec<i32> = (q0..q0 + count).map(|p| p as i32).collect();
+        let was: Vec<i32> = (from..from + count).map(|p| p as i32).collect();
+        let (to, was) = (dev.from_i32(&to, &[count])?, dev.from_i32(&was, &[count])?);
+        let rope = RopeParams {
+            attn_factor: 1.0,
+            ..rope_params(&self.cfg, self.cfg.kv_heads)
+        };
+        let kd = (self.cfg.kv_heads * self.cfg.head_dim) as u64;
+        for layer in 0..self.cfg.layers as u32 {
+            let pages = cache.pages(src, layer).into_result()?;
+            let (k, v) = (
+                dev.alloc(DType::F32, &[count, kd])?,
+                dev.alloc(DType::F32, &[count, kd])?,
+            );
+            let mut start = 0usize;
+            for p in &pages {
+                let len = p.tokens as usize;
+                let (a, b) = (
+                    (from as usize).max(start),
+                    (from as usize + n).min(start + len),
+                );
+                if a < b {
+                    let rows = a - start..b - start;
+                    let dst_rows = a - from as usize..b - from as usize;
+                    let scales = [&p.key_scales, &p.value_scales];
+                    for ((t, s), d) in [&p.keys, &p.values].into_iter().zip(scales).zip([&k, &v]) {
+                        let s = match s {
+                            ROption::RSome(s) => {
+                                Some(dev.tensor(s.clone()).rows_range(rows.clone())?)
+                            }
+                            ROption::RNone => None,
+                        };
+                        dev.tensor(t.clone())
+                            .rows_range(rows.clone())?
+                            .copy_into(s.as_ref(), &d.rows_range(dst_rows.clone())?)?;
+                    }
+                }
+                start += len;
             }
+            k.rope_move_assign(&to, &was, &rope)?;
+            cache.append(dst, layer, k.desc(), v.desc()).into_result()?;
+        }
+        Ok(())
+    }
+}
+
+/// One vector summarising `rows` (each `hidden` wide), accumulated in f64.
+fn pool(rows: &[f32], hidden: usize, pooling: Pooling, out: &mut [f32]) {
+    let n = rows.len() / hidden.max(1);
+    match pooling {
+        Pooling::First => out.copy_from_slice(&rows[..hidden]),
+        Pooling::Last => out.copy_from_slice(&rows[(n - 1) * hidden..]),
+        Pooling::Mean => {
+            let mut sum = vec![0f64; hidden];
             for row in rows.chunks_exact(hidden) {
                 sum.iter_mut()
                     .zip(row)
                     .for_each(|(s, &v)| *s += f64::from(v));
             }
+            out.iter_mut()
+                .zip(sum)
+                .for_each(|(o, s)| *o = (s / n as f64) as f32);
         }
-        drop(scratch);
-        self.cache.release(seq).into_result()?;
-        result?;
-        Ok(sum
-            .iter()
-            .map(|s| (s / tokens.len() as f64) as f32)
-            .collect())
     }
-
-    fn run(
-        &self,
-        batch: &[SeqChunk<'_>],
-        segs: &[Segment],
-        s: &mut Scratch,
-        out: Output<'_>,
-    ) -> Result<()> {
-        // A handle per pass: the cache keeps every page it lends out alive until the handle that
-        // borrowed it drops, so borrowing through the model's long-lived handle would keep every
-        // page ever read.
-        let cache = self.cache.clone();
-        let c = Ctx {
-            k: &self.kernels,
-            cache: &cache,
-        };
-        let hidden = self.cfg.hidden;
-        s.tokens.clear();
-        s.positions.clear();
-        for (chunk, seg) in batch.iter().zip(segs) {
-            s.tokens.extend_from_slice(&chunk.tokens);
-            s.positions
-                .extend((seg.start..seg.start + seg.len).map(|p| p as u32));
-        }
-        let t = s.tokens.len();
-        let x = buf(&mut s.x, t * hidden);
-        c.k.embedding(
-            self.embed.view(),
-            RSlice::from_slice(&s.tokens),
-            RSliceMut::from_mut_slice(x),
-        )
-        .into_result()?;
-        for block in &self.blocks {
-            block.forward(&c, segs, s)?;
-        }
-
-        let logits = match out {
-            Output::Logits(logits) => logits,
-            Output::Hidden(rows) => {
-                rows.resize(t * hidden, 0.0);
-                return rms_norm(c.k, &s.x[..t * hidden], &self.norm, self.cfg.rms_eps, rows);
-            }
-        };
-        // Gather the rows whose logits are wanted, then norm and project only those.
-        let h = buf(&mut s.h, t * hidden);
-        let mut rows = 0;
-        for (chunk, seg) in batch.iter().zip(segs) {
-            let range = match chunk.logits {
-                LogitsWanted::None => continue,
-                LogitsWanted::Last => seg.offset + seg.len - 1..seg.offset + seg.len,
-                LogitsWanted::All => seg.offset..seg.offset + seg.len,
-            };
-            let n = range.len();
-            h[rows * hidden..(rows + n) * hidden]
-                .copy_from_slice(&s.x[range.start * hidden..range.end * hidden]);
-            rows += n;
-        }
-        if rows == 0 {
-            return Ok(());
-        }
-        let normed = buf(&mut s.out, rows * hidden);
-        rms_norm(
-            c.k,
-            &h[..rows * hidden],
-            &self.norm,
-            self.cfg.rms_eps,
-            normed,
-        )?;
-        self.lm_head.forward(c.k, normed, rows, logits)
-    }
-}
-
-/// Tokens per pass when embedding.
-const EMBED_CHUNK: usize = 512;
-
-/// What a pass produces.
-enum Output<'a> {
-    /// The logits the batch asks for.
-    Logits(&'a mut [f32]),
-    /// The normed final hidden state of every token.
-    Hidden(&'a mut Vec<f32>),
 }
 
 /// An identity of the model for the cache: FNV-1a over the architecture, every tensor's name,

@@ -1,35 +1,94 @@
-//! Access to the weight set: typed metadata, tensor shapes, and the linear layer.
+//! The weight set under this architecture's names, and the layers built from it.
 //!
-//! Large tensors are never copied: a [`Linear`] takes one zero-copy view of its weight at load
-//! and keeps it, with a handle on the weight set that keeps the view's bytes alive, so a forward
-//! pass neither looks tensors up nor allocates. Small vectors (norm scales, biases) are decoded
-//! to `f32` once at load.
+//! [`Weights`] reads a loader's weight set in its own format's names and presents them in the
+//! names of [`crate::naming`] (GGUF's, unchanged for GGUF files; mapped for HF checkpoints),
+//! with HF `config.json` hyper-parameters derived into GGUF-style keys. Large tensors are never
+//! copied: [`Linear`] imports its weight into the backend once at load ([`Device::import_weight`]:
+//! in place on a host backend) and keeps it; small vectors (norm scales, biases) are imported the
+//! same way, so a forward pass neither looks tensors up nor converts them.
 
-use abi_stable::std_types::{RSlice, RSliceMut};
+use crate::naming::{self, ARCHITECTURE_KEY};
 use serde_json::Value;
-use u_sdk::{DType, KernelsBox, MetaValue, Result, TensorView, UError, WeightSetBox};
+use std::collections::HashMap;
+use u_sdk::{
+    DType, MetaValue, Result, TensorView, UError, WeightSetBox,
+    nn::{Device, Tensor},
+};
 
-/// The weight set with typed accessors.
+/// The weight set in this architecture's names, with typed accessors.
 #[derive(Clone)]
 pub struct Weights {
     set: WeightSetBox,
-    shapes: std::collections::HashMap<String, Vec<u64>>,
+    format: String,
+    /// Canonical name → name in the file, and the shape.
+    tensors: HashMap<String, (String, Vec<u64>)>,
+    /// Metadata this architecture derives (HF hyper-parameters under GGUF keys).
+    derived: HashMap<String, MetaValue>,
 }
 
 impl Weights {
-    /// Wraps a weight set, indexing its tensor shapes.
-    pub fn new(set: WeightSetBox) -> Weights {
-        let shapes = set
-            .tensors()
-            .into_iter()
-            .map(|t| (t.name.into_string(), t.shape.into_vec()))
-            .collect();
-        Weights { set, shapes }
+    /// Wraps a weight set, indexing its tensors under canonical names.
+    pub fn new(set: WeightSetBox) -> Result<Weights> {
+        let format = set.format().into_result()?.into_string();
+        let get = |k: &str| set.metadata(k.into()).into_result().ok()?.into_option();
+        let mut derived = HashMap::new();
+        let hf = format != "gguf";
+        let arch = if hf {
+            get("config.model_type")
+                .and_then(|v| v.as_str().map(|t| naming::hf_architecture(t).into_owned()))
+        } else {
+            get(ARCHITECTURE_KEY).and_then(|v| v.as_str().map(str::to_string))
+        };
+        if hf && let Some(arch) = &arch {
+            derived.insert(
+                ARCHITECTURE_KEY.into(),
+                MetaValue::Str(arch.as_str().into()),
+            );
+            derived.extend(naming::derived_hparams(arch, get));
+        }
+        let mut tensors = HashMap::new();
+        for t in set.tensors().into_result()? {
+            let stored = t.name.into_string();
+            let canonical = if hf {
+                naming::canonical_name(arch.as_deref(), &stored).into_owned()
+            } else {
+                stored.clone()
+            };
+            if let Some((first, _)) = tensors.get(&canonical) {
+                return Err(UError::invalid(format!(
+                    "arch-llama: tensors `{first}` and `{stored}` both mean `{canonical}`"
+                )));
+            }
+            tensors.insert(canonical, (stored, t.shape.into_vec()));
+        }
+        Ok(Weights {
+            set,
+            format,
+            tensors,
+            derived,
+        })
     }
 
-    /// One metadata value.
+    /// The weight set as the loader gave it.
+    pub fn set(&self) -> &WeightSetBox {
+        &self.set
+    }
+
+    /// The file format (`gguf`, `safetensors`, `onnx`).
+    pub fn format(&self) -> &str {
+        &self.format
+    }
+
+    /// One metadata value: derived keys first, then the file's own.
     pub fn meta(&self, key: &str) -> Option<MetaValue> {
-        self.set.metadata(key.into()).into_option()
+        if let Some(v) = self.derived.get(key) {
+            return Some(v.clone());
+        }
+        self.set
+            .metadata(key.into())
+            .into_result()
+            .ok()?
+            .into_option()
     }
 
     /// A metadata value as an unsigned integer.
@@ -69,27 +128,31 @@ impl Weights {
         }
     }
 
-    /// Every tensor's name and shape (in no particular order).
+    /// Every tensor's canonical name and shape (in no particular order).
     pub fn shapes(&self) -> impl Iterator<Item = (&String, &Vec<u64>)> {
-        self.shapes.iter()
+        self.tensors.iter().map(|(k, (_, s))| (k, s))
     }
 
     /// Whether a tensor exists.
     pub fn has(&self, name: &str) -> bool {
-        self.shapes.contains_key(name)
+        self.tensors.contains_key(name)
+    }
+
+    fn entry(&self, name: &str) -> Result<&(String, Vec<u64>)> {
+        self.tensors
+            .get(name)
+            .ok_or_else(|| UError::not_found(format!("arch-llama: tensor `{name}` is missing")))
     }
 
     /// A tensor's shape, outermost first.
     pub fn shape(&self, name: &str) -> Result<Vec<u64>> {
-        self.shapes
-            .get(name)
-            .cloned()
-            .ok_or_else(|| UError::not_found(format!("arch-llama: tensor `{name}` is missing")))
+        Ok(self.entry(name)?.1.clone())
     }
 
     /// A zero-copy view of a tensor.
     pub fn view(&self, name: &str) -> Result<TensorView<'_>> {
-        self.set.tensor(name.into()).into_result()
+        let stored = &self.entry(name)?.0;
+        self.set.tensor(stored.as_str().into()).into_result()
     }
 
     /// A tensor decoded to `f32` (for small vectors).
@@ -98,8 +161,14 @@ impl Weights {
         u_sdk::quant::dequantize_view(&v).map_err(|e| UError::invalid(format!("{name}: {e}")))
     }
 
-    /// A vector of exactly `len` values.
-    pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+    /// Tensor `name` in the backend, as stored (no copy on a host backend), viewed as `dims`.
+    pub fn import(&self, device: &Device, name: &str, dims: Option<&[u64]>) -> Result<Tensor> {
+        let stored = &self.entry(name)?.0;
+        device.import_weight(&self.set, stored, dims)
+    }
+
+    /// A vector of exactly `len` values, in the backend as `F32`.
+    pub fn vector(&self, device: &Device, name: &str, len: usize) -> Result<Tensor> {
         let v = self.f32(name)?;
         if v.len() != len {
             return Err(UError::invalid(format!(
@@ -107,19 +176,16 @@ impl Weights {
                 v.len()
             )));
         }
-        Ok(v)
+        device.from_f32(&v, &[len as u64])
     }
 }
 
-/// `y = x·Wᵀ (+ b)`: a weight of shape `[out, in]` in any dtype the kernels take — or one
-/// expert's slice of a stacked `[E, out, in]` tensor (GGUF) — and an optional f32 bias.
+/// `y = x·Wᵀ (+ b)`: a weight of shape `[out, in]` in any dtype the backend takes — or one
+/// expert's slice of a stacked `[E, out, in]` tensor (GGUF) — and an optional bias. Quantized
+/// weights stay in their blocks: quantization belongs to this layer, not to the model.
 pub struct Linear {
-    bias: Option<Vec<f32>>,
-    /// The weight as the kernels take it, `[out, in]`. Its bytes borrow `set` (declared after
-    /// it, so dropped after it).
-    view: TensorView<'static>,
-    /// The weight set `view` was taken from, kept alive with it.
-    _set: WeightSetBox,
+    weight: Tensor,
+    bias: Option<Tensor>,
     /// Input features.
     pub inputs: usize,
     /// Output features.
@@ -129,7 +195,13 @@ pub struct Linear {
 impl Linear {
     /// Loads `{name}.weight` (and `{name}.bias` when `bias` is asked for and present), checking
     /// that it maps `inputs` features. A 1-D weight of `inputs` values is one output row.
-    pub fn load(w: &Weights, name: &str, inputs: usize, bias: bool) -> Result<Linear> {
+    pub fn load(
+        w: &Weights,
+        device: &Device,
+        name: &str,
+        inputs: usize,
+        bias: bool,
+    ) -> Result<Linear> {
         let weight = format!("{name}.weight");
         let shape = w.shape(&weight)?;
         let outputs = match shape.as_slice() {
@@ -143,131 +215,78 @@ impl Linear {
         };
         let bias_name = format!("{name}.bias");
         let bias = if bias && w.has(&bias_name) {
-            Some(w.vector(&bias_name, outputs)?)
+            Some(w.vector(device, &bias_name, outputs)?)
         } else {
             None
         };
-        let (view, set) = bind(w, &weight, None, outputs, inputs)?;
+        let weight = w.import(device, &weight, Some(&[outputs as u64, inputs as u64]))?;
         Ok(Linear {
+            weight,
             bias,
-            view,
-            _set: set,
             inputs,
             outputs,
         })
     }
 
-    /// Expert `index` of a stacked `[E, out, in]` tensor `name`.
-    pub fn stacked(w: &Weights, name: &str, index: usize, inputs: usize) -> Result<Linear> {
-        let shape = w.shape(name)?;
-        let bad = || {
-            UError::invalid(format!(
-                "arch-llama: {name} has shape {shape:?}, expected [>{index}, _, {inputs}]"
-            ))
-        };
-        let (experts, outputs) = match shape.as_slice() {
-            [e, o, i] if *i as usize == inputs => (*e as usize, *o as usize),
-            _ => return Err(bad()),
-        };
-        if index >= experts {
-            return Err(bad());
+    /// Expert `index` of a stacked `[E, out, in]` weight already in the backend (a view of
+    /// it, not a copy), taking `inputs` features.
+    pub fn expert(stacked: &Tensor, index: usize, inputs: usize) -> Result<Linear> {
+        let dims = stacked.dims();
+        match dims {
+            [e, o, i] if *i as usize == inputs && index < *e as usize => Ok(Linear {
+                weight: stacked.index(index)?,
+                bias: None,
+                inputs,
+                outputs: *o as usize,
+            }),
+            _ => Err(UError::invalid(format!(
+                "arch-llama: stacked experts of shape {dims:?}, expected [>{index}, _, {inputs}]"
+            ))),
         }
-        let dtype = w.view(name)?.dtype;
-        let per = dtype
-            .bytes_for(outputs as u64 * inputs as u64)
-            .ok_or_else(bad)? as usize;
-        let bytes = index * per..(index + 1) * per;
-        let (view, set) = bind(w, name, Some(&bytes), outputs, inputs)?;
-        Ok(Linear {
-            bias: None,
-            view,
-            _set: set,
-            inputs,
-            outputs,
-        })
     }
 
-    /// Asks the kernel to read this weight's pages ahead (`madvise(MADV_WILLNEED)` on the mapped
-    /// bytes), so a page fault does not stall the matmul that follows. Advice only: failures
-    /// (e.g. weights that are not file-mapped) are ignored.
+    /// Asks for the weight's pages ahead of use (see [`Tensor::will_need`]).
     pub fn prefetch(&self) {
-        will_need(self.view.data.as_slice());
+        self.weight.will_need();
     }
 
-    /// The weight as the kernels take it (`[out, in]`).
-    pub fn view(&self) -> &TensorView<'_> {
-        &self.view
+    /// The weight (`[out, in]`).
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
     }
 
     /// The weight's dtype.
     pub fn dtype(&self) -> DType {
-        self.view.dtype
+        self.weight.dtype()
     }
 
-    /// `y[m × out] = x[m × in]·Wᵀ + b`.
-    pub fn forward(&self, k: &KernelsBox, x: &[f32], m: usize, y: &mut [f32]) -> Result<()> {
-        let y = &mut y[..m * self.outputs];
-        k.matmul(
-            &self.view,
-            RSlice::from_slice(&x[..m * self.inputs]),
-            m as u32,
-            RSliceMut::from_mut_slice(y),
-        )
-        .into_result()?;
+    /// `x·Wᵀ + b` for `x` `[m, in]`: `[m, out]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = x.matmul_t(&self.weight)?;
         if let Some(b) = &self.bias {
-            for row in y.chunks_exact_mut(self.outputs) {
-                row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
-            }
+            y.add_assign(b)?;
         }
-        Ok(())
+        Ok(y)
     }
 }
 
-/// `madvise(MADV_WILLNEED)` over the pages holding `bytes`.
-fn will_need(bytes: &[u8]) {
-    if bytes.is_empty() {
-        return;
-    }
-    // SAFETY: sysconf has no preconditions.
-    let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
-        p if p > 0 => p as usize,
-        _ => 4096,
-    };
-    let start = bytes.as_ptr() as usize & !(page - 1);
-    let end = bytes.as_ptr() as usize + bytes.len();
-    // SAFETY: MADV_WILLNEED only schedules reads of pages of this process's own mappings; it
-    // changes no contents, and a range that is not mapped just makes the call fail.
-    unsafe {
-        libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_WILLNEED);
-    }
+/// Root-mean-square normalisation with a learned scale (Zhang & Sennrich 2019).
+pub struct RmsNorm {
+    weight: Tensor,
+    eps: f32,
 }
 
-/// A view of `name` (its byte range `bytes`, if given) as an `[outputs, inputs]` weight, and the
-/// handle on the weight set that keeps its bytes alive.
-fn bind(
-    w: &Weights,
-    name: &str,
-    bytes: Option<&std::ops::Range<usize>>,
-    outputs: usize,
-    inputs: usize,
-) -> Result<(TensorView<'static>, WeightSetBox)> {
-    let set = w.set.clone();
-    let full = set.tensor(name.into()).into_result()?;
-    let all = full.data.as_slice();
-    let data = match bytes {
-        None => all,
-        Some(r) => all.get(r.clone()).ok_or_else(|| {
-            UError::invalid(format!("arch-llama: {name} is shorter than its shape"))
-        })?,
-    };
-    let view = TensorView {
-        dtype: full.dtype,
-        shape: vec![outputs as u64, inputs as u64].into(),
-        data: RSlice::from_slice(data),
-    };
-    // SAFETY: the bytes live in the weight set's memory map (a heap object behind `set`, which
-    // moving the handle does not move) and the set's API is immutable, so they stay valid and
-    // unchanged while `set` lives; `Linear` keeps `set` and drops the view first.
-    let view = unsafe { std::mem::transmute::<TensorView<'_>, TensorView<'static>>(view) };
-    Ok((view, set))
+impl RmsNorm {
+    /// Loads scale `name` of `len` values.
+    pub fn load(w: &Weights, device: &Device, name: &str, len: usize, eps: f32) -> Result<RmsNorm> {
+        Ok(RmsNorm {
+            weight: w.vector(device, name, len)?,
+            eps,
+        })
+    }
+
+    /// Normalises each row of `x`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.rms_norm(&self.weight, self.eps)
+    }
 }

@@ -10,7 +10,7 @@ use support::{
     reference_kernels::RecordMatmul,
 };
 use u_loader_safetensors::{SafetensorsModel, SafetensorsWeights};
-use u_sdk::{ErrorKind, LogitsWanted, WeightSetBox};
+use u_sdk::{ErrorKind, Output, Rows, WeightSetBox};
 
 fn fixture_with_config(
     model: &str,
@@ -28,7 +28,7 @@ fn fixture_with_config(
 #[test]
 fn model_config_reports_the_family_and_sizes() -> Result<()> {
     let m = build(support::safetensors("mixtral")?, ReferenceCache::new_box(4))?;
-    let c = m.config();
+    let c = m.config().unwrap();
     assert_eq!(c.family.as_str(), "mixtral");
     assert_eq!(
         (c.vocab_size, c.layers, c.hidden, c.experts),
@@ -36,36 +36,42 @@ fn model_config_reports_the_family_and_sizes() -> Result<()> {
     );
     assert_eq!(c.context_length, 256);
     let m = build(support::gguf("qwen3")?, ReferenceCache::new_box(4))?;
-    assert_eq!(m.config().family.as_str(), "qwen3");
-    assert_eq!(m.config().experts, 0);
+    assert_eq!(m.config().unwrap().family.as_str(), "qwen3");
+    assert_eq!(m.config().unwrap().experts, 0);
     Ok(())
 }
 
 #[test]
 fn malformed_batches_are_refused_and_leave_the_cache_untouched() -> Result<()> {
     let m = build(support::safetensors("llama")?, ReferenceCache::new_box(4))?;
-    let cache = m.cache();
+    let cache = m.cache().unwrap().unwrap();
     let s = cache.create().into_result()?;
-    forward(&m, &[(s, &[5, 6, 7], LogitsWanted::None)])?;
+    forward(&m, &[(s, &[5, 6, 7], Output::Nothing)])?;
 
     let err = |r: Result<Vec<f32>>| r.expect_err("refused").to_string();
     let e = err(forward(
         &m,
-        &[(s, &[1], LogitsWanted::Last), (s, &[2], LogitsWanted::Last)],
+        &[
+            (s, &[1], Output::Logits(Rows::Last)),
+            (s, &[2], Output::Logits(Rows::Last)),
+        ],
     ));
     assert!(e.contains("twice"), "{e}");
-    let e = err(forward(&m, &[(s, &[128], LogitsWanted::Last)]));
+    let e = err(forward(&m, &[(s, &[128], Output::Logits(Rows::Last))]));
     assert!(e.contains("outside the vocabulary"), "{e}");
-    let e = err(forward(&m, &[(s, &[], LogitsWanted::Last)]));
-    assert!(e.contains("no tokens"), "{e}");
-    let e = err(forward(&m, &[(9999, &[1], LogitsWanted::Last)]));
+    let e = err(forward(&m, &[(s, &[], Output::Logits(Rows::Last))]));
+    assert!(e.contains("no input"), "{e}");
+    let e = err(forward(&m, &[(9999, &[1], Output::Logits(Rows::Last))]));
     assert!(!e.is_empty());
     // A logits buffer of the wrong size.
-    let chunk = [u_sdk::SeqChunk {
-        seq: s,
-        tokens: abi_stable::std_types::RSlice::from_slice(&[1]),
-        logits: LogitsWanted::Last,
-    }];
+    let input = [u_sdk::Segment::Tokens(
+        abi_stable::std_types::RSlice::from_slice(&[1]),
+    )];
+    let chunk = [u_sdk::SeqChunk::tokens(
+        s,
+        &input,
+        Output::Logits(Rows::Last),
+    )];
     let mut small = vec![0f32; 10];
     let r = m.forward(
         abi_stable::std_types::RSlice::from_slice(&chunk),
@@ -79,7 +85,7 @@ fn malformed_batches_are_refused_and_leave_the_cache_untouched() -> Result<()> {
         "refused batches appended nothing"
     );
     // Nothing asked: no logits, KV still appended.
-    assert!(forward(&m, &[(s, &[8], LogitsWanted::None)])?.is_empty());
+    assert!(forward(&m, &[(s, &[8], Output::Nothing)])?.is_empty());
     assert_eq!(cache.len(s).into_result()?, 4);
     Ok(())
 }
@@ -92,20 +98,20 @@ fn chunked_prefill_and_forks_give_the_same_logits() -> Result<()> {
         support::safetensors("qwen2_moe")?,
         ReferenceCache::new_box(4),
     )?;
-    let cache = m.cache();
+    let cache = m.cache().unwrap().unwrap();
 
     // Prefill in chunks of 3, all logits: the same rows as one pass.
     let s = cache.create().into_result()?;
     let mut rows = Vec::new();
     for part in case.prompt.chunks(3) {
-        rows.extend(forward(&m, &[(s, part, LogitsWanted::All)])?);
+        rows.extend(forward(&m, &[(s, part, Output::Logits(Rows::All))])?);
     }
     assert!(max_abs_diff(&rows, &case.logits) <= 1e-4);
 
     // A fork continues exactly as its parent.
     let f = cache.fork(s).into_result()?;
-    let a = forward(&m, &[(s, &[42], LogitsWanted::Last)])?;
-    let b = forward(&m, &[(f, &[42], LogitsWanted::Last)])?;
+    let a = forward(&m, &[(s, &[42], Output::Logits(Rows::Last))])?;
+    let b = forward(&m, &[(f, &[42], Output::Logits(Rows::Last))])?;
     assert_eq!(a.len(), vocab);
     assert!(max_abs_diff(&a, &b) <= 1e-6);
     Ok(())
@@ -115,11 +121,11 @@ fn chunked_prefill_and_forks_give_the_same_logits() -> Result<()> {
 fn the_context_length_is_enforced() -> Result<()> {
     let w = fixture_with_config("mistral", |c| c["max_position_embeddings"] = 4.into())?;
     let m = build(w, ReferenceCache::new_box(4))?;
-    let s = m.cache().create().into_result()?;
-    forward(&m, &[(s, &[1, 2, 3], LogitsWanted::Last)])?;
-    let e = forward(&m, &[(s, &[4, 5], LogitsWanted::Last)]).unwrap_err();
+    let s = m.cache().unwrap().unwrap().create().into_result()?;
+    forward(&m, &[(s, &[1, 2, 3], Output::Logits(Rows::Last))])?;
+    let e = forward(&m, &[(s, &[4, 5], Output::Logits(Rows::Last))]).unwrap_err();
     assert!(e.to_string().contains("context length"), "{e}");
-    assert_eq!(m.cache().len(s).into_result()?, 3);
+    assert_eq!(m.cache().unwrap().unwrap().len(s).into_result()?, 3);
     Ok(())
 }
 
@@ -174,22 +180,37 @@ fn int8_kv_pages_from_the_cache_plugin_are_read() -> Result<()> {
     )?;
     let (mut vs_sim, mut vs_f32) = (0f32, 0f32);
     for case in &cases {
-        let s = int8.cache().create().into_result()?;
-        int8.cache().set_dtype(s, u_sdk::DType::I8).into_result()?;
-        let r = simulated.cache().create().into_result()?;
-        let c = configured.cache().create().into_result()?;
+        let s = int8.cache().unwrap().unwrap().create().into_result()?;
+        int8.cache()
+            .unwrap()
+            .unwrap()
+            .set_dtype(s, u_sdk::DType::I8)
+            .into_result()?;
+        let r = simulated.cache().unwrap().unwrap().create().into_result()?;
+        let c = configured
+            .cache()
+            .unwrap()
+            .unwrap()
+            .create()
+            .into_result()?;
         // The first token alone, then the rest attending over stored int8 pages.
         let split = 1.min(case.prompt.len());
         let (mut a, mut b, mut cfg) = (Vec::new(), Vec::new(), Vec::new());
         for part in [&case.prompt[..split], &case.prompt[split..]] {
             if !part.is_empty() {
-                a.extend(forward(&int8, &[(s, part, LogitsWanted::All)])?);
-                b.extend(forward(&simulated, &[(r, part, LogitsWanted::All)])?);
-                cfg.extend(forward(&configured, &[(c, part, LogitsWanted::All)])?);
+                a.extend(forward(&int8, &[(s, part, Output::Logits(Rows::All))])?);
+                b.extend(forward(
+                    &simulated,
+                    &[(r, part, Output::Logits(Rows::All))],
+                )?);
+                cfg.extend(forward(
+                    &configured,
+                    &[(c, part, Output::Logits(Rows::All))],
+                )?);
             }
         }
         assert_eq!(a, cfg, "kv_dtype = \"int8\" differs from set_dtype(I8)");
-        let cache = configured.cache();
+        let cache = configured.cache().unwrap().unwrap();
         let pages = cache.pages(c, 0).into_result()?;
         assert!(pages.iter().all(|p| p.dtype == u_sdk::DType::I8));
         vs_sim = vs_sim.max(max_abs_diff(&a, &b));
@@ -227,10 +248,10 @@ fn moe_layers_read_only_the_routed_experts() -> Result<()> {
         );
         let (kernels, log) = RecordMatmul::new_box(support::kernels());
         let m = build_with(file.clone().into_box(), kernels, ReferenceCache::new_box(4))?;
-        let seq = m.cache().create().into_result()?;
+        let seq = m.cache().unwrap().unwrap().create().into_result()?;
         for tokens in [&[1u32, 5, 9, 13][..], &[2], &[7]] {
             log.lock().unwrap().clear();
-            forward(&m, &[(seq, tokens, LogitsWanted::Last)])?;
+            forward(&m, &[(seq, tokens, Output::Logits(Rows::Last))])?;
             let reads = log.lock().unwrap().clone();
             let moe_layers = (0..layers).filter(|l| {
                 file.gguf()

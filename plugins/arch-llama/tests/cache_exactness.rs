@@ -5,7 +5,7 @@
 mod support;
 
 use support::*;
-use u_sdk::LogitsWanted;
+use u_sdk::{Output, Rows};
 
 const TOLERANCE: f32 = 1e-5;
 
@@ -28,11 +28,11 @@ fn restored_and_prefix_matched_kv_continue_exactly_like_a_recompute() {
         let model = build(safetensors(name).unwrap(), cache.clone()).unwrap();
 
         let full = cache.create().into_result().unwrap();
-        let reference = forward(&model, &[(full, prompt, LogitsWanted::All)]).unwrap();
+        let reference = forward(&model, &[(full, prompt, Output::Logits(Rows::All))]).unwrap();
         let expected = &reference[split * vocab..];
 
         let doc = cache.create().into_result().unwrap();
-        forward(&model, &[(doc, head, LogitsWanted::None)]).unwrap();
+        forward(&model, &[(doc, head, Output::Nothing)]).unwrap();
         cache
             .save_checkpoint("doc".into(), doc)
             .into_result()
@@ -40,7 +40,8 @@ fn restored_and_prefix_matched_kv_continue_exactly_like_a_recompute() {
         cache.insert_prefix(head.into(), doc).into_result().unwrap();
 
         let restored = cache.load_checkpoint("doc".into()).into_result().unwrap();
-        let from_checkpoint = forward(&model, &[(restored, tail, LogitsWanted::All)]).unwrap();
+        let from_checkpoint =
+            forward(&model, &[(restored, tail, Output::Logits(Rows::All))]).unwrap();
         let d1 = max_abs_diff(&from_checkpoint, expected);
 
         let found = cache
@@ -51,7 +52,7 @@ fn restored_and_prefix_matched_kv_continue_exactly_like_a_recompute() {
             found.matched as usize, split,
             "{name}: deepest prefix match"
         );
-        let from_tree = forward(&model, &[(found.seq, tail, LogitsWanted::All)]).unwrap();
+        let from_tree = forward(&model, &[(found.seq, tail, Output::Logits(Rows::All))]).unwrap();
         let d2 = max_abs_diff(&from_tree, expected);
 
         println!("{name}: checkpoint Δ={d1:.2e}, prefix tree Δ={d2:.2e}");

@@ -13,7 +13,7 @@ mod support;
 
 use anyhow::Result;
 use support::{MODELS, argmax, build, cases, max_abs_diff, reference_cache::ReferenceCache};
-use u_sdk::{KvCacheBox, LogitsWanted, ModelBox, WeightSetBox};
+use u_sdk::{KvCacheBox, ModelBox, Output, Pooling, Rows, WeightSetBox};
 
 /// Stated tolerance on logits.
 const TOL: f32 = 1e-4;
@@ -21,11 +21,11 @@ const TOL: f32 = 1e-4;
 /// Prefill of each prompt alone (all logits), then greedy decoding one token at a time.
 fn check_sequential(name: &str, model: &ModelBox) -> Result<f32> {
     let (vocab, cases) = cases(name)?;
-    let cache = model.cache();
+    let cache = model.cache().unwrap().unwrap();
     let mut worst = 0f32;
     for case in &cases {
         let seq = cache.create().into_result()?;
-        let logits = support::forward(model, &[(seq, &case.prompt, LogitsWanted::All)])?;
+        let logits = support::forward(model, &[(seq, &case.prompt, Output::Logits(Rows::All))])?;
         let diff = max_abs_diff(&logits, &case.logits);
         worst = worst.max(diff);
         assert!(
@@ -37,7 +37,7 @@ fn check_sequential(name: &str, model: &ModelBox) -> Result<f32> {
         let mut next = argmax(&logits[logits.len() - vocab..]);
         let mut generated = vec![next];
         while generated.len() < case.generated.len() {
-            let l = support::forward(model, &[(seq, &[next], LogitsWanted::Last)])?;
+            let l = support::forward(model, &[(seq, &[next], Output::Logits(Rows::Last))])?;
             next = argmax(&l);
             generated.push(next);
         }
@@ -54,7 +54,7 @@ fn check_sequential(name: &str, model: &ModelBox) -> Result<f32> {
 /// sequences decoded together, one batch per step.
 fn check_batched(name: &str, model: &ModelBox) -> Result<()> {
     let (vocab, cases) = cases(name)?;
-    let cache = model.cache();
+    let cache = model.cache().unwrap().unwrap();
     let seqs: Vec<u64> = cases
         .iter()
         .map(|_| cache.create().into_result())
@@ -64,7 +64,7 @@ fn check_batched(name: &str, model: &ModelBox) -> Result<()> {
         .iter()
         .zip(&seqs)
         .filter(|(c, _)| c.prompt.len() > 1)
-        .map(|(c, &s)| (s, &c.prompt[..c.prompt.len() - 1], LogitsWanted::None))
+        .map(|(c, &s)| (s, &c.prompt[..c.prompt.len() - 1], Output::Nothing))
         .collect();
     support::forward(model, &heads)?;
     let tails: Vec<_> = cases
@@ -72,7 +72,7 @@ fn check_batched(name: &str, model: &ModelBox) -> Result<()> {
         .zip(&seqs)
         .map(|(c, &s)| {
             let from = c.prompt.len().saturating_sub(1);
-            (s, &c.prompt[from..], LogitsWanted::All)
+            (s, &c.prompt[from..], Output::Logits(Rows::All))
         })
         .collect();
     let logits = support::forward(model, &tails)?;
@@ -90,7 +90,7 @@ fn check_batched(name: &str, model: &ModelBox) -> Result<()> {
         let batch: Vec<_> = seqs
             .iter()
             .zip(&toks)
-            .map(|(&s, t)| (s, &t[..], LogitsWanted::Last))
+            .map(|(&s, t)| (s, &t[..], Output::Logits(Rows::Last)))
             .collect();
         let l = support::forward(model, &batch)?;
         for (i, g) in generated.iter_mut().enumerate() {
@@ -171,8 +171,8 @@ fn gguf_q8_0_runs_quantized_weights_in_place() -> Result<()> {
         )?;
         let f32 = build(Dequantized::new_box(support::gguf_q8_0(name)?)?, cache())?;
         let run = |m: &ModelBox, prompt: &[u32]| -> Result<Vec<f32>> {
-            let seq = m.cache().create().into_result()?;
-            support::forward(m, &[(seq, prompt, LogitsWanted::All)])
+            let seq = m.cache().unwrap().unwrap().create().into_result()?;
+            support::forward(m, &[(seq, prompt, Output::Logits(Rows::All))])
         };
         let (mut exact, mut kernels, mut weights) = (0f32, 0f32, 0f32);
         for case in &cases {
@@ -194,10 +194,10 @@ fn gguf_q8_0_runs_quantized_weights_in_place() -> Result<()> {
     Ok(())
 }
 
-/// `Model::embed`: the mean final hidden state over a prompt equals transformers'
-/// `last_hidden_state.mean(0)`, and the scratch sequence it ran in is released.
+/// `Output::Pooled(Mean)`: the mean final hidden state over a prompt equals transformers'
+/// `last_hidden_state.mean(0)`; a pooled output of no input is refused.
 #[test]
-fn embeddings_match_transformers_mean_hidden_state() -> Result<()> {
+fn pooled_output_matches_transformers_mean_hidden_state() -> Result<()> {
     for name in ["llama", "qwen3"] {
         let reference: serde_json::Value =
             serde_json::from_slice(&std::fs::read(support::dir(name).join("embedding.json"))?)?;
@@ -205,23 +205,16 @@ fn embeddings_match_transformers_mean_hidden_state() -> Result<()> {
         let want: Vec<f32> = serde_json::from_value(reference["mean_hidden"].clone())?;
         let cache = support::cache_kv();
         let model = build(support::safetensors(name)?, cache.clone())?;
-        let got = model
-            .embed(abi_stable::std_types::RSlice::from_slice(&prompt))
-            .into_result()?;
+        let seq = cache.create().into_result()?;
+        let got = support::forward(&model, &[(seq, &prompt, Output::Pooled(Pooling::Mean))])?;
         let worst = max_abs_diff(&got, &want);
         eprintln!(
-            "embed {name:<6} max |Δ| = {worst:.2e} over {} values",
+            "pooled {name:<6} max |Δ| = {worst:.2e} over {} values",
             want.len()
         );
         assert!(worst <= 1e-5, "{name}: {worst}");
-        assert_eq!(
-            cache.stats().into_result()?.sequences,
-            0,
-            "scratch sequence released"
-        );
-        let empty = model
-            .embed(abi_stable::std_types::RSlice::from_slice(&[]))
-            .into_result();
+        let fresh = cache.create().into_result()?;
+        let empty = support::forward(&model, &[(fresh, &[], Output::Pooled(Pooling::Mean))]);
         assert!(empty.is_err());
     }
     Ok(())

@@ -44,7 +44,7 @@ use std::path::PathBuf;
 use support::{
     argmax, max_abs_diff, reference_cache::ReferenceCache, reference_kernels::DequantMatmul,
 };
-use u_sdk::{LogitsWanted, ModelBox, WeightSetBox};
+use u_sdk::{ModelBox, Output, Rows, WeightSetBox};
 
 /// SmolLM2 logit tolerance (logits span about −15..25). Measured: 1.12 (first step, full
 /// vocab), 1.10 (top 10 of every step); llama.cpp's AVX-512 build vs its AVX2 build 1.11,
@@ -111,7 +111,7 @@ fn open(path: &std::path::Path) -> Result<WeightSetBox> {
     Ok(u_loader_gguf::open_path(path)?.into_box())
 }
 
-fn forward_one(m: &ModelBox, seq: u64, tokens: &[u32], w: LogitsWanted) -> Result<Vec<f32>> {
+fn forward_one(m: &ModelBox, seq: u64, tokens: &[u32], w: Output) -> Result<Vec<f32>> {
     support::forward(m, &[(seq, tokens, w)])
 }
 
@@ -189,15 +189,15 @@ fn smollm2_greedy_64_and_logits_match_llama_cpp() -> Result<()> {
             .iter()
             .map(|g| g.as_f64().unwrap() as f32)
             .collect();
-        let seq = model.cache().create().into_result()?;
-        let mut logits = forward_one(&model, seq, &prompt, LogitsWanted::Last)?;
+        let seq = model.cache().unwrap().unwrap().create().into_result()?;
+        let mut logits = forward_one(&model, seq, &prompt, Output::Logits(Rows::Last))?;
         if let Some(k) = full_idx.iter().position(|&p| p as usize == i) {
             let reference = &full[k * vocab..(k + 1) * vocab];
             worst_full = worst_full.max(max_abs_diff(&logits, reference));
-            let s = exact.cache().create().into_result()?;
-            let l = forward_one(&exact, s, &prompt, LogitsWanted::Last)?;
+            let s = exact.cache().unwrap().unwrap().create().into_result()?;
+            let l = forward_one(&exact, s, &prompt, Output::Logits(Rows::Last))?;
             worst_exact = worst_exact.max(max_abs_diff(&l, reference));
-            exact.cache().release(s).into_result()?;
+            exact.cache().unwrap().unwrap().release(s).into_result()?;
         }
         // Teacher-forced on llama.cpp's tokens: where every argmax agrees this *is* free-running
         // greedy generation, and after an accepted near-tie the rest is still checked.
@@ -214,10 +214,10 @@ fn smollm2_greedy_64_and_logits_match_llama_cpp() -> Result<()> {
                 ties.push((i, step, ours, t, gaps[step]));
             }
             if step + 1 < want.len() {
-                logits = forward_one(&model, seq, &[t], LogitsWanted::Last)?;
+                logits = forward_one(&model, seq, &[t], Output::Logits(Rows::Last))?;
             }
         }
-        model.cache().release(seq).into_result()?;
+        model.cache().unwrap().unwrap().release(seq).into_result()?;
         let min_gap = gaps.iter().copied().fold(f32::INFINITY, f32::min);
         eprintln!(
             "smollm2 prompt {i} ({}): {} prompt tokens, 64 greedy tokens {}, min llama.cpp top-2 gap {min_gap:.4}",
@@ -366,9 +366,9 @@ fn tiny_run(e: &Value) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
     for p in e["prompts"].as_array().unwrap() {
         let prompt = ids(p);
         for (m, out) in [(&ours, &mut a), (&exact, &mut b)] {
-            let seq = m.cache().create().into_result()?;
-            out.extend(forward_one(m, seq, &prompt, LogitsWanted::All)?);
-            m.cache().release(seq).into_result()?;
+            let seq = m.cache().unwrap().unwrap().create().into_result()?;
+            out.extend(forward_one(m, seq, &prompt, Output::Logits(Rows::All))?);
+            m.cache().unwrap().unwrap().release(seq).into_result()?;
         }
     }
     ensure!(a.len() == want.len(), "{}: logits file size", e["logits"]);

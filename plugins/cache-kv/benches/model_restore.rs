@@ -13,7 +13,7 @@ use abi_stable::std_types::{RSlice, RSliceMut};
 use std::{path::PathBuf, time::Instant};
 use u_arch_llama::LlamaArchitecture;
 use u_cache_kv::{Config, KvCachePlugin};
-use u_sdk::{Architecture, KvCacheBox, LogitsWanted, ModelBox, SeqChunk, SeqId};
+use u_sdk::{KvCacheBox, ModelBox, Output, Rows, Segment, SeqChunk, SeqId};
 
 const PREFIX: usize = 2000;
 const CHUNK: usize = 512;
@@ -41,21 +41,17 @@ fn build(cache: KvCacheBox) -> ModelBox {
         .expect("kernels")
         .into_box();
     LlamaArchitecture::default()
-        .build(weights, kernels, cache)
-        .into_result()
+        .load(weights, kernels, cache)
         .expect("build model")
 }
 
 /// Runs `tokens` through `seq` in chunks; returns the argmax of the last logits.
 fn run(model: &ModelBox, seq: SeqId, tokens: &[u32]) -> u32 {
-    let vocab = model.config().vocab_size as usize;
+    let vocab = model.config().unwrap().vocab_size as usize;
     let mut logits = vec![0f32; vocab];
     for chunk in tokens.chunks(CHUNK) {
-        let batch = [SeqChunk {
-            seq,
-            tokens: RSlice::from_slice(chunk),
-            logits: LogitsWanted::Last,
-        }];
+        let input = [Segment::Tokens(RSlice::from_slice(chunk))];
+        let batch = [SeqChunk::tokens(seq, &input, Output::Logits(Rows::Last))];
         model
             .forward(
                 RSlice::from_slice(&batch),

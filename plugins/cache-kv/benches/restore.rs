@@ -14,7 +14,7 @@ use std::{
     os::fd::IntoRawFd,
     time::{Duration, Instant},
 };
-use u_cache_kv::{Config, KvCachePlugin};
+use u_cache_kv::{Alloc, Config, KvCachePlugin};
 use u_sdk::{DType, Host, Host_TO, KvLayout, LogLevel, UError, WriteMode};
 
 /// A host that grants everything (the benchmark measures the cache, not the checks).
@@ -82,7 +82,7 @@ fn main() {
     let host = || Some(Host_TO::from_value(OpenHost, TD_Opaque));
     let c = KvCachePlugin::new(config.clone(), host());
     let s = c.store();
-    s.configure(layout.clone()).unwrap();
+    s.configure(layout.clone(), Alloc::Heap).unwrap();
     let tokens: Vec<u32> = (0..PREFIX as u32).collect();
     let data: Vec<Vec<f32>> = (0..layers)
         .map(|l| {
@@ -114,8 +114,8 @@ fn main() {
                 Vec::with_capacity(PREFIX * row),
             );
             for p in c.clone().pages_of(warm, l).unwrap() {
-                k.extend_from_slice(&p.keys);
-                v.extend_from_slice(&p.values);
+                k.extend_from_slice(host_f32(&p.keys));
+                v.extend_from_slice(host_f32(&p.values));
             }
             s.append(seq, l, &k, &v).unwrap();
         }
@@ -126,7 +126,10 @@ fn main() {
     let mut disk = Vec::new();
     for _ in 0..5 {
         let fresh = KvCachePlugin::new(config.clone(), host());
-        fresh.store().configure(layout.clone()).unwrap();
+        fresh
+            .store()
+            .configure(layout.clone(), Alloc::Heap)
+            .unwrap();
         let t = Instant::now();
         let seq = fresh.store().load_checkpoint("prefix").unwrap();
         disk.push(t.elapsed());
@@ -146,4 +149,16 @@ fn main() {
          {cp:?}: {:.2}× (file in the page cache)",
         cp.as_secs_f64() / d.as_secs_f64()
     );
+}
+
+/// An f32 page tensor's values, where they lie in host memory.
+fn host_f32(t: &u_sdk::TensorDesc) -> &[f32] {
+    // SAFETY: the cache's pages are aligned host memory, kept alive by the descriptor's buffer;
+    // the tensor lies inside it.
+    unsafe {
+        std::slice::from_raw_parts(
+            (t.buffer.host_address() + t.offset as usize) as *const f32,
+            t.shape.elements() as usize,
+        )
+    }
 }

@@ -54,7 +54,7 @@
 //! `s` is stored again so that every page of a restored sequence maps one file region as is.
 
 use crate::{
-    page::{Counters, Kind, PAGE_TOKENS, Page, Shape, View},
+    page::{Counters, HostBytes, Kind, PAGE_TOKENS, Page, Shape, View},
     quant::GROUP,
     store::{Geometry, Snapshot},
 };
@@ -69,7 +69,7 @@ use std::{
         atomic::{AtomicU64, Ordering},
     },
 };
-use u_sdk::{HostBox, UError, WriteMode};
+use u_sdk::{BufferBox, HostBox, UError, WriteMode};
 use xxhash_rust::xxh3::Xxh3;
 
 /// Magic bytes at offset 0 of a checkpoint file.
@@ -540,6 +540,7 @@ pub fn restore(
     counters: &Arc<Counters>,
 ) -> Result<Mapped, FormatError> {
     let parsed = parse(&map, kind, g)?;
+    let buffer = BufferBox::new(HostBytes::map(map.clone()));
     let pages = parsed
         .layers
         .into_iter()
@@ -548,12 +549,7 @@ pub fn restore(
                 .into_iter()
                 .map(|e| {
                     Arc::new(Page::mapped(
-                        map.clone(),
-                        e.kind,
-                        e.tokens,
-                        e.offsets,
-                        g.shape,
-                        counters,
+                        &buffer, e.kind, e.tokens, e.offsets, g.shape, counters,
                     ))
                 })
                 .collect()

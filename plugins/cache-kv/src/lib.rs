@@ -3,7 +3,8 @@
 //! A `cache` plugin: the keys and values of running sequences, shared as much as exactness
 //! allows.
 //!
-//! - `page`: fixed pages of 64 tokens per layer, refcounted through `Arc`, **append-only**:
+//! - `page`: fixed pages of 64 tokens per layer, their memory a buffer of the model's backend
+//!   (so attention reads them in place), refcounted through `Arc`, **append-only**:
 //!   forking copies no data, the first writer past a shared page's frontier appends in place and
 //!   any other writer copies that one page (copy on write). Borrowed page slices therefore never
 //!   change or move; each cache handle keeps the pages it lent until it is dropped.
@@ -12,7 +13,6 @@
 //!   `max_bytes`.
 //! - [`quant`]: int8 KV per sequence, or for all with `kv_dtype = "int8"` (group 32, one f32
 //!   scale each), handed out as int8 pages that attention reads in place.
-//! - [`rope`]: re-rotation of keys for grafts at another position.
 //! - `disk` ([`FormatError`]): crash-safe, checksummed, model-bound checkpoint and prefix-tree
 //!   files, restored with `mmap`; the prefix tree is written through to disk and rebuilt from it
 //!   when a cache opens the directory again (see `store`).
@@ -36,11 +36,10 @@ mod page;
 mod plugin;
 pub mod quant;
 mod radix;
-pub mod rope;
 mod store;
 
 pub use disk::{FormatError, MAGIC, PREFIX_MAGIC, VERSION};
-pub use page::PAGE_TOKENS;
+pub use page::{Alloc, PAGE_TOKENS};
 pub use plugin::KvCachePlugin;
 pub use store::{Config, DEFAULT_DISK_BUDGET_MULTIPLE, KvDtype, SegmentStats, Store};
 

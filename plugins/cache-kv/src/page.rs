@@ -9,6 +9,7 @@
 //! lives. Only a page nobody else references (`Arc::get_mut`) may be rewound and overwritten.
 
 use crate::quant;
+use abi_stable::std_types::{RResult, RSlice, RSliceMut};
 use memmap2::Mmap;
 use std::{
     cell::UnsafeCell,
@@ -17,6 +18,7 @@ use std::{
         atomic::{AtomicU32, AtomicU64, Ordering},
     },
 };
+use u_sdk::{BackendBox, BufferBox, UError};
 
 /// Tokens per page.
 pub const PAGE_TOKENS: usize = 64;
@@ -87,32 +89,147 @@ impl Counters {
     }
 }
 
-type Cells<T> = Box<[UnsafeCell<T>]>;
-
-fn cells<T: Default>(n: usize) -> Cells<T> {
-    (0..n).map(|_| UnsafeCell::new(T::default())).collect()
+/// Where page memory comes from: a backend's buffers (the model's, so attention reads them
+/// in place), or, for a cache used on its own, the cache's own heap buffers.
+#[derive(Clone)]
+pub enum Alloc {
+    /// [`u_sdk::Backend::alloc`] of this (host-memory) backend.
+    Backend(BackendBox),
+    /// Plain heap memory of this plugin.
+    Heap,
 }
 
-enum Storage {
-    F32 {
-        keys: Cells<f32>,
-        values: Cells<f32>,
-    },
-    I8 {
-        keys: Cells<i8>,
-        values: Cells<i8>,
-        key_scales: Cells<f32>,
-        value_scales: Cells<f32>,
-    },
-    /// Read-only page inside a memory-mapped checkpoint file (offsets in bytes).
-    Mapped {
-        map: Arc<Mmap>,
-        kind: Kind,
-        keys: usize,
-        values: usize,
-        key_scales: usize,
-        value_scales: usize,
-    },
+impl Alloc {
+    /// A writable host buffer of `bytes` bytes.
+    pub fn buffer(&self, bytes: usize) -> u_sdk::Result<BufferBox> {
+        match self {
+            Alloc::Backend(b) => b.alloc(bytes as u64).into_result(),
+            Alloc::Heap => Ok(BufferBox::new(HostBytes::heap(bytes))),
+        }
+    }
+}
+
+/// Host memory as a [`u_sdk::Buffer`]: the cache's own heap pages, or a mapped file.
+#[derive(Clone)]
+pub struct HostBytes(Arc<Bytes>);
+
+enum Bytes {
+    Heap(Box<[UnsafeCell<u64>]>),
+    Map(Arc<Mmap>),
+}
+
+// SAFETY: heap cells are written only under the page protocol (claimed slots); maps are
+// read-only.
+unsafe impl Sync for Bytes {}
+// SAFETY: as above; the memory is owned.
+unsafe impl Send for Bytes {}
+
+impl HostBytes {
+    /// `bytes` zeroed heap bytes (8-byte aligned).
+    pub fn heap(bytes: usize) -> HostBytes {
+        let words = (0..bytes.div_ceil(8)).map(|_| UnsafeCell::new(0)).collect();
+        HostBytes(Arc::new(Bytes::Heap(words)))
+    }
+
+    /// A read-only file map.
+    pub fn map(map: Arc<Mmap>) -> HostBytes {
+        HostBytes(Arc::new(Bytes::Map(map)))
+    }
+
+    fn ptr_len(&self) -> (*mut u8, usize) {
+        match &*self.0 {
+            Bytes::Heap(w) => (UnsafeCell::raw_get(w.as_ptr()) as *mut u8, w.len() * 8),
+            Bytes::Map(m) => (m.as_ptr() as *mut u8, m.len()),
+        }
+    }
+}
+
+impl u_sdk::Buffer for HostBytes {
+    fn byte_len(&self) -> u64 {
+        self.ptr_len().1 as u64
+    }
+
+    fn host_address(&self) -> usize {
+        self.ptr_len().0 as usize
+    }
+
+    fn read_only(&self) -> bool {
+        matches!(&*self.0, Bytes::Map(_))
+    }
+
+    fn write(&self, offset: u64, bytes: RSlice<'_, u8>) -> RResult<(), UError> {
+        let (ptr, len) = self.ptr_len();
+        if self.read_only() || offset as usize + bytes.len() > len {
+            return RResult::RErr(UError::invalid("cache-kv: write outside a writable page"));
+        }
+        // SAFETY: in bounds (checked), heap memory; the caller owns the slots it writes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr.add(offset as usize), bytes.len())
+        };
+        RResult::ROk(())
+    }
+
+    fn read(&self, offset: u64, mut out: RSliceMut<'_, u8>) -> RResult<(), UError> {
+        let (ptr, len) = self.ptr_len();
+        if offset as usize + out.len() > len {
+            return RResult::RErr(UError::invalid("cache-kv: read past a page"));
+        }
+        // SAFETY: in bounds (checked); `out` is exclusively borrowed.
+        unsafe {
+            std::ptr::copy_nonoverlapping(ptr.add(offset as usize), out.as_mut_ptr(), out.len())
+        };
+        RResult::ROk(())
+    }
+}
+
+/// A page's memory: a host buffer and where its keys, values and (int8) scales start in it.
+struct Storage {
+    buffer: BufferBox,
+    base: *mut u8,
+    kind: Kind,
+    /// Byte offsets of keys, values, key scales, value scales.
+    offsets: [usize; 4],
+    /// Read-only: inside a mapped file.
+    mapped: bool,
+}
+
+impl Storage {
+    /// A new writable page of `kind` from `alloc`.
+    fn new(kind: Kind, shape: Shape, alloc: &Alloc) -> u_sdk::Result<Storage> {
+        let (n, g) = (PAGE_TOKENS * shape.row, PAGE_TOKENS * shape.groups);
+        let offsets = match kind {
+            Kind::F32 => [0, 4 * n, 8 * n, 8 * n],
+            Kind::I8 => {
+                let scales = (2 * n).next_multiple_of(4);
+                [0, n, scales, scales + 4 * g]
+            }
+        };
+        let bytes = match kind {
+            Kind::F32 => 8 * n,
+            Kind::I8 => offsets[3] + 4 * g,
+        };
+        let buffer = alloc.buffer(bytes)?;
+        let base = buffer.host_address() as *mut u8;
+        if base.is_null() || buffer.read_only() || (buffer.byte_len() as usize) < bytes {
+            return Err(UError::unsupported(
+                "cache-kv keeps pages in writable host memory; this backend's buffers are not",
+            ));
+        }
+        Ok(Storage {
+            buffer,
+            base,
+            kind,
+            offsets,
+            mapped: false,
+        })
+    }
+
+    /// Element `at` of region `r` (0 keys, 1 values, 2 key scales, 3 value scales).
+    fn slice<T>(&self, r: usize, at: usize) -> *mut T {
+        // SAFETY: offsets and slot counts stay inside the page's buffer (computed in `new`, or
+        // checked by the file parser for mapped pages).
+        unsafe { (self.base.add(self.offsets[r]) as *mut T).add(at) }
+    }
 }
 
 /// One page. See the module documentation for the append-only protocol.
@@ -124,11 +241,11 @@ pub struct Page {
     counters: Arc<Counters>,
 }
 
-// SAFETY: the cells are written only in slots claimed exclusively by one writer (CAS on
+// SAFETY: the buffer is written only in slots claimed exclusively by one writer (CAS on
 // `claimed`, or `&mut Page`) and never read before the writer publishes them through a lock;
 // published slots are never written again while shared.
 unsafe impl Sync for Page {}
-// SAFETY: as above; the page owns its buffers (or an `Arc<Mmap>`).
+// SAFETY: as above; the page holds its buffer.
 unsafe impl Send for Page {}
 
 /// A borrowed view of slots `0..tokens` of a page.
@@ -145,47 +262,43 @@ pub enum View<'a> {
 }
 
 impl Page {
-    /// A new empty page.
-    pub fn new(kind: Kind, shape: Shape, counters: &Arc<Counters>) -> Self {
-        let n = PAGE_TOKENS * shape.row;
-        let g = PAGE_TOKENS * shape.groups;
-        let storage = match kind {
-            Kind::F32 => Storage::F32 {
-                keys: cells(n),
-                values: cells(n),
-            },
-            Kind::I8 => Storage::I8 {
-                keys: cells(n),
-                values: cells(n),
-                key_scales: cells(g),
-                value_scales: cells(g),
-            },
-        };
-        Self::with(storage, 0, shape, shape.page_bytes(kind) as u64, counters)
+    /// A new empty page, its memory from `alloc`.
+    pub fn new(
+        kind: Kind,
+        shape: Shape,
+        counters: &Arc<Counters>,
+        alloc: &Alloc,
+    ) -> u_sdk::Result<Self> {
+        let storage = Storage::new(kind, shape, alloc)?;
+        Ok(Self::with(
+            storage,
+            0,
+            shape,
+            shape.page_bytes(kind) as u64,
+            counters,
+        ))
     }
 
-    /// A read-only page of `tokens` slots inside `map`, at the given byte offsets (checked by
-    /// the caller to be in bounds and aligned).
+    /// A read-only page of `tokens` slots inside `map` (shared as `buffer`), at the given byte
+    /// offsets (checked by the caller to be in bounds and aligned).
     pub fn mapped(
-        map: Arc<Mmap>,
+        buffer: &BufferBox,
         kind: Kind,
         tokens: usize,
         offsets: [usize; 4],
         shape: Shape,
         counters: &Arc<Counters>,
     ) -> Self {
-        let [keys, values, key_scales, value_scales] = offsets;
         let bytes = match kind {
             Kind::F32 => 2 * tokens * shape.row * 4,
             Kind::I8 => 2 * tokens * (shape.row + 4 * shape.groups),
         } as u64;
-        let storage = Storage::Mapped {
-            map,
+        let storage = Storage {
+            buffer: buffer.clone(),
+            base: buffer.host_address() as *mut u8,
             kind,
-            keys,
-            values,
-            key_scales,
-            value_scales,
+            offsets,
+            mapped: true,
         };
         Self::with(storage, tokens as u32, shape, bytes, counters)
     }
@@ -197,7 +310,7 @@ impl Page {
         bytes: u64,
         counters: &Arc<Counters>,
     ) -> Self {
-        counters.count(matches!(storage, Storage::Mapped { .. }), bytes, true);
+        counters.count(storage.mapped, bytes, true);
         Self {
             claimed: AtomicU32::new(claimed),
             shape,
@@ -207,18 +320,19 @@ impl Page {
         }
     }
 
+    /// The page's buffer and the byte offsets of its keys, values, key and value scales.
+    pub fn buffer(&self) -> (&BufferBox, [usize; 4]) {
+        (&self.storage.buffer, self.storage.offsets)
+    }
+
     /// The storage type.
     pub fn kind(&self) -> Kind {
-        match &self.storage {
-            Storage::F32 { .. } => Kind::F32,
-            Storage::I8 { .. } => Kind::I8,
-            Storage::Mapped { kind, .. } => *kind,
-        }
+        self.storage.kind
     }
 
     /// Whether this page lives in a read-only file map.
     pub fn is_mapped(&self) -> bool {
-        matches!(self.storage, Storage::Mapped { .. })
+        self.storage.mapped
     }
 
     /// Tries to claim slots `at..at + n` for an in-place append: succeeds only if `at` is the
@@ -255,35 +369,40 @@ impl Page {
         let row = self.shape.row;
         let n = keys.len() / row;
         debug_assert!(at + n <= self.claimed.load(Ordering::Relaxed) as usize);
-        match &self.storage {
-            Storage::F32 { keys: k, values: v } => {
-                // SAFETY: claimed slots, exclusive to this writer (see the function contract).
+        debug_assert!(!self.storage.mapped, "mapped pages are never claimed");
+        assert!(at + n <= PAGE_TOKENS, "page write out of bounds");
+        let st = &self.storage;
+        match st.kind {
+            Kind::F32 => {
+                // SAFETY: claimed slots in bounds (asserted), exclusive to this writer.
                 unsafe {
-                    write_cells(k, at * row, keys);
-                    write_cells(v, at * row, values);
+                    std::ptr::copy_nonoverlapping(keys.as_ptr(), st.slice(0, at * row), n * row);
+                    std::ptr::copy_nonoverlapping(values.as_ptr(), st.slice(1, at * row), n * row);
                 }
             }
-            Storage::I8 {
-                keys: k,
-                values: v,
-                key_scales: ks,
-                value_scales: vs,
-            } => {
+            Kind::I8 => {
                 let g = self.shape.groups;
                 let mut q = vec![0i8; row];
-                let mut s = vec![0f32; g];
+                let mut sc = vec![0f32; g];
                 for t in 0..n {
-                    for (src, dst, scales) in [(keys, k, ks), (values, v, vs)] {
-                        quant::quantize_row(&src[t * row..(t + 1) * row], &mut q, &mut s);
+                    for (src, r) in [(keys, 0), (values, 1)] {
+                        quant::quantize_row(&src[t * row..(t + 1) * row], &mut q, &mut sc);
                         // SAFETY: as above.
                         unsafe {
-                            write_cells(dst, (at + t) * row, &q);
-                            write_cells(scales, (at + t) * g, &s);
+                            std::ptr::copy_nonoverlapping(
+                                q.as_ptr(),
+                                st.slice(r, (at + t) * row),
+                                row,
+                            );
+                            std::ptr::copy_nonoverlapping(
+                                sc.as_ptr(),
+                                st.slice(r + 2, (at + t) * g),
+                                g,
+                            );
                         }
                     }
                 }
             }
-            Storage::Mapped { .. } => unreachable!("mapped pages are never claimed"),
         }
     }
 
@@ -291,90 +410,48 @@ impl Page {
     /// bit for bit, and claims them.
     pub fn copy_prefix_from(&mut self, src: &Page, n: usize) {
         *self.claimed.get_mut() = n as u32;
-        match (&mut self.storage, src.view(n)) {
-            (Storage::F32 { keys, values }, View::F32 { keys: k, values: v }) => {
-                copy_into(keys, k);
-                copy_into(values, v);
-            }
-            (
-                Storage::I8 {
-                    keys,
-                    values,
-                    key_scales,
-                    value_scales,
-                },
-                View::I8 {
-                    keys: k,
-                    values: v,
-                    key_scales: ks,
-                    value_scales: vs,
-                },
-            ) => {
-                copy_into(keys, k);
-                copy_into(values, v);
-                copy_into(key_scales, ks);
-                copy_into(value_scales, vs);
-            }
-            _ => unreachable!("copy between pages of different kinds"),
+        debug_assert_eq!(
+            self.kind(),
+            src.kind(),
+            "copy between pages of different kinds"
+        );
+        let (row, g) = (self.shape.row, self.shape.groups);
+        let st = &self.storage;
+        let sizes = match st.kind {
+            Kind::F32 => [4 * n * row, 4 * n * row, 0, 0],
+            Kind::I8 => [n * row, n * row, 4 * n * g, 4 * n * g],
+        };
+        for (r, size) in sizes.into_iter().enumerate() {
+            // SAFETY: `&mut self`: nobody else sees this page; both regions hold these bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    src.storage.slice::<u8>(r, 0),
+                    st.slice::<u8>(r, 0),
+                    size,
+                )
+            };
         }
     }
 
     /// Slots `0..n`, which must have been written and published.
     pub fn view(&self, n: usize) -> View<'_> {
         let (row, g) = (self.shape.row, self.shape.groups);
-        match &self.storage {
-            Storage::F32 { keys, values } => View::F32 {
-                keys: read_cells(keys, n * row),
-                values: read_cells(values, n * row),
-            },
-            Storage::I8 {
-                keys,
-                values,
-                key_scales,
-                value_scales,
-            } => View::I8 {
-                keys: read_cells(keys, n * row),
-                values: read_cells(values, n * row),
-                key_scales: read_cells(key_scales, n * g),
-                value_scales: read_cells(value_scales, n * g),
-            },
-            Storage::Mapped {
-                map,
-                kind,
-                keys,
-                values,
-                key_scales,
-                value_scales,
-            } => match kind {
+        assert!(n <= PAGE_TOKENS, "page read out of bounds");
+        let st = &self.storage;
+        // SAFETY: slots `0..n` are in bounds, published and no longer written while this page
+        // can be reached by anyone else (module protocol); plain number types.
+        unsafe {
+            match st.kind {
                 Kind::F32 => View::F32 {
-                    keys: map_slice(map, *keys, n * row),
-                    values: map_slice(map, *values, n * row),
+                    keys: std::slice::from_raw_parts(st.slice(0, 0), n * row),
+                    values: std::slice::from_raw_parts(st.slice(1, 0), n * row),
                 },
                 Kind::I8 => View::I8 {
-                    keys: map_slice(map, *keys, n * row),
-                    values: map_slice(map, *values, n * row),
-                    key_scales: map_slice(map, *key_scales, n * g),
-                    value_scales: map_slice(map, *value_scales, n * g),
+                    keys: std::slice::from_raw_parts(st.slice(0, 0), n * row),
+                    values: std::slice::from_raw_parts(st.slice(1, 0), n * row),
+                    key_scales: std::slice::from_raw_parts(st.slice(2, 0), n * g),
+                    value_scales: std::slice::from_raw_parts(st.slice(3, 0), n * g),
                 },
-            },
-        }
-    }
-
-    /// Slots `0..n` as f32 rows (dequantized for an int8 page).
-    pub fn read_f32(&self, n: usize, keys: &mut Vec<f32>, values: &mut Vec<f32>) {
-        match self.view(n) {
-            View::F32 { keys: k, values: v } => {
-                keys.extend_from_slice(k);
-                values.extend_from_slice(v);
-            }
-            View::I8 {
-                keys: k,
-                values: v,
-                key_scales: ks,
-                value_scales: vs,
-            } => {
-                keys.extend(u_sdk::dequantize_i8(k, ks, n as u32));
-                values.extend(u_sdk::dequantize_i8(v, vs, n as u32));
             }
         }
     }
@@ -384,40 +461,4 @@ impl Drop for Page {
     fn drop(&mut self) {
         self.counters.count(self.is_mapped(), self.bytes, false);
     }
-}
-
-/// # Safety
-/// `at..at + src.len()` is in bounds and exclusively owned by the caller.
-unsafe fn write_cells<T: Copy>(cells: &[UnsafeCell<T>], at: usize, src: &[T]) {
-    assert!(at + src.len() <= cells.len(), "page write out of bounds");
-    // SAFETY: in bounds (asserted); `UnsafeCell<T>` has `T`'s layout and permits writes through
-    // a shared reference; the slots are exclusively the caller's.
-    unsafe {
-        let dst = UnsafeCell::raw_get(cells.as_ptr().add(at));
-        std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
-    }
-}
-
-fn read_cells<T>(cells: &[UnsafeCell<T>], n: usize) -> &[T] {
-    assert!(n <= cells.len(), "page read out of bounds");
-    // SAFETY: `UnsafeCell<T>` has `T`'s layout; slots `0..n` are published and no longer
-    // written while this page can be reached by anyone else (module protocol).
-    unsafe { std::slice::from_raw_parts(UnsafeCell::raw_get(cells.as_ptr()), n) }
-}
-
-fn copy_into<T: Copy>(cells: &mut [UnsafeCell<T>], src: &[T]) {
-    for (c, &v) in cells.iter_mut().zip(src) {
-        *c.get_mut() = v;
-    }
-}
-
-fn map_slice<T: Copy>(map: &Mmap, offset: usize, n: usize) -> &[T] {
-    let size = std::mem::size_of::<T>();
-    assert!(
-        offset + n * size <= map.len() && offset.is_multiple_of(std::mem::align_of::<T>()),
-        "mapped page slice out of bounds or misaligned"
-    );
-    // SAFETY: in bounds and aligned (asserted; the map base is page-aligned); `T` is a plain
-    // number type valid for any bit pattern; the map is read-only and private.
-    unsafe { std::slice::from_raw_parts(map.as_ptr().add(offset) as *const T, n) }
 }

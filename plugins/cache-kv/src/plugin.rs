@@ -2,26 +2,24 @@
 
 use crate::{
     disk::Disk,
-    page::{Page, View},
+    page::{Alloc, Kind, Page},
     store::{Config, Store},
 };
-use abi_stable::{
-    sabi_trait::TD_Opaque,
-    std_types::{RResult, RSlice, RStr, RString, RVec},
-};
+use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RStr, RString, RVec};
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
 };
 use u_sdk::{
-    DType, HostBox, KvCache, KvCache_TO, KvCacheBox, KvLayout, KvPage, KvStats, PrefixMatch,
-    RopeParams, SeqId, UError, guard,
+    BackendBox, DType, HostBox, KvCache, KvCacheBox, KvLayout, KvPage, KvStats, PrefixMatch, SeqId,
+    Shape, TensorDesc, UError,
 };
 
 /// A handle to a cache. Clones share the cache; each handle keeps the pages it handed out
-/// through [`KvCache::pages`] (its *leases*) until it is dropped, which is what makes the
-/// returned slices valid for the handle's lifetime: a leased page is never freed, and since the
-/// lease counts as a reference, nobody rewinds it either (writers copy it instead).
+/// through [`KvCache::pages`] (its *leases*) until it is dropped, which is what keeps the
+/// returned tensors unchanged for the handle's lifetime: since the lease counts as a reference,
+/// nobody rewinds a leased page (writers copy it instead). The tensors' buffers keep the memory
+/// itself alive.
 pub struct KvCachePlugin {
     store: Arc<Store>,
     leases: Mutex<HashMap<usize, Arc<Page>>>,
@@ -70,149 +68,160 @@ impl KvCachePlugin {
 
     /// This handle as an ABI object.
     pub fn into_box(self) -> KvCacheBox {
-        KvCache_TO::from_value(self, TD_Opaque)
+        KvCacheBox::new(self)
     }
 
-    /// `layer`'s pages of `seq`, leased to this handle.
-    pub fn pages_of(&self, seq: SeqId, layer: u32) -> u_sdk::Result<Vec<KvPage<'_>>> {
+    /// `layer`'s pages of `seq` as tensors in their buffers, leased to this handle.
+    pub fn pages_of(&self, seq: SeqId, layer: u32) -> u_sdk::Result<Vec<KvPage>> {
+        let g = self.store.geometry()?;
+        let (row, groups) = (g.shape.row as u64, g.shape.groups as u64);
         let pages = self.store.pages(seq, layer)?;
         let mut leases = self.leases.lock().unwrap_or_else(|p| p.into_inner());
         let mut out = Vec::with_capacity(pages.len());
         for (page, n) in pages {
-            let ptr = Arc::as_ptr(&page);
-            leases.entry(ptr as usize).or_insert(page);
-            // SAFETY: the lease map holds a strong reference to this page until `self` is
-            // dropped or reclaimed through `&mut self`, neither of which can happen while the
-            // returned borrow of `self` lives; slots `0..n` are published and, the page being
-            // shared with the lease, never written again (see `page`).
-            let page: &Page = unsafe { &*ptr };
-            out.push(match page.view(n) {
-                View::F32 { keys, values } => KvPage::f32(n as u32, keys, values),
-                View::I8 {
-                    keys,
-                    values,
-                    key_scales,
-                    value_scales,
-                } => KvPage {
+            let (buffer, [k, v, ks, vs]) = page.buffer();
+            let tensor = |offset: usize, dtype: DType, width: u64| TensorDesc {
+                buffer: buffer.clone(),
+                offset: offset as u64,
+                dtype,
+                shape: Shape::new(&[n as u64, width]),
+            };
+            out.push(match page.kind() {
+                Kind::F32 => KvPage {
                     tokens: n as u32,
-                    keys: RSlice::default(),
-                    values: RSlice::default(),
+                    dtype: DType::F32,
+                    keys: tensor(k, DType::F32, row),
+                    values: tensor(v, DType::F32, row),
+                    key_scales: ROption::RNone,
+                    value_scales: ROption::RNone,
+                },
+                Kind::I8 => KvPage {
+                    tokens: n as u32,
                     dtype: DType::I8,
-                    keys_i8: keys.into(),
-                    values_i8: values.into(),
-                    key_scales: key_scales.into(),
-                    value_scales: value_scales.into(),
+                    keys: tensor(k, DType::I8, row),
+                    values: tensor(v, DType::I8, row),
+                    key_scales: ROption::RSome(tensor(ks, DType::F32, groups)),
+                    value_scales: ROption::RSome(tensor(vs, DType::F32, groups)),
                 },
             });
+            // The lease keeps the page (not only its memory) referenced, so no writer rewinds
+            // and overwrites the slots just handed out while this handle lives.
+            leases.entry(Arc::as_ptr(&page) as usize).or_insert(page);
         }
         Ok(out)
     }
 }
 
+/// `t`'s f32 values: borrowed from host memory, or read back from a device buffer.
+fn host_rows(t: &TensorDesc) -> u_sdk::Result<std::borrow::Cow<'_, [f32]>> {
+    if t.dtype != DType::F32 {
+        return Err(UError::invalid(format!(
+            "cache-kv: appended KV must be F32, not {:?}",
+            t.dtype
+        )));
+    }
+    let n = t.shape.elements() as usize;
+    let end = t.offset as usize + 4 * n;
+    if end as u64 > t.buffer.byte_len() {
+        return Err(UError::invalid(format!(
+            "cache-kv: appended {t:?} runs past its buffer"
+        )));
+    }
+    let base = t.buffer.host_address();
+    if base != 0 && (base + t.offset as usize).is_multiple_of(4) {
+        // SAFETY: in bounds (checked), aligned, host memory the op that produced it finished
+        // writing; plain f32s, only read while this call runs.
+        let rows =
+            unsafe { std::slice::from_raw_parts((base + t.offset as usize) as *const f32, n) };
+        return Ok(std::borrow::Cow::Borrowed(rows));
+    }
+    let mut rows = vec![0f32; n];
+    // SAFETY: f32 is plain bytes; same memory, same length in bytes.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(rows.as_mut_ptr() as *mut u8, 4 * n) };
+    t.buffer
+        .read(t.offset, RSliceMut::from_mut_slice(bytes))
+        .into_result()?;
+    Ok(std::borrow::Cow::Owned(rows))
+}
+
 impl KvCache for KvCachePlugin {
-    fn configure(&self, layout: KvLayout) -> RResult<(), UError> {
-        guard("cache-kv.configure", || self.store.configure(layout))
+    fn configure(&self, layout: KvLayout, backend: BackendBox) -> RResult<(), UError> {
+        self.store.configure(layout, Alloc::Backend(backend)).into()
     }
 
     fn create(&self) -> RResult<SeqId, UError> {
-        guard("cache-kv.create", || self.store.create())
+        self.store.create().into()
     }
 
     fn fork(&self, seq: SeqId) -> RResult<SeqId, UError> {
-        guard("cache-kv.fork", || self.store.fork(seq))
+        self.store.fork(seq).into()
     }
 
     fn release(&self, seq: SeqId) -> RResult<(), UError> {
-        guard("cache-kv.release", || self.store.release(seq))
+        self.store.release(seq).into()
     }
 
     fn len(&self, seq: SeqId) -> RResult<u64, UError> {
-        guard("cache-kv.len", || self.store.len(seq))
+        self.store.len(seq).into()
     }
 
     fn truncate(&self, seq: SeqId, len: u64) -> RResult<(), UError> {
-        guard("cache-kv.truncate", || self.store.truncate(seq, len))
+        self.store.truncate(seq, len).into()
     }
 
     fn append(
         &self,
         seq: SeqId,
         layer: u32,
-        keys: RSlice<'_, f32>,
-        values: RSlice<'_, f32>,
+        keys: &TensorDesc,
+        values: &TensorDesc,
     ) -> RResult<(), UError> {
-        guard("cache-kv.append", || {
-            self.store
-                .append(seq, layer, keys.as_slice(), values.as_slice())
-        })
+        (|| {
+            let (k, v) = (host_rows(keys)?, host_rows(values)?);
+            self.store.append(seq, layer, &k, &v)
+        })()
+        .into()
     }
 
-    fn pages<'a>(&'a self, seq: SeqId, layer: u32) -> RResult<RVec<KvPage<'a>>, UError> {
-        guard("cache-kv.pages", || {
-            self.pages_of(seq, layer).map(RVec::from)
-        })
+    fn pages(&self, seq: SeqId, layer: u32) -> RResult<RVec<KvPage>, UError> {
+        self.pages_of(seq, layer).map(RVec::from).into()
     }
 
     fn lookup_prefix(&self, tokens: RSlice<'_, u32>) -> RResult<PrefixMatch, UError> {
-        guard("cache-kv.lookup_prefix", || {
-            let (seq, matched) = self.store.lookup_prefix(tokens.as_slice())?;
-            Ok(PrefixMatch { seq, matched })
-        })
+        self.store
+            .lookup_prefix(tokens.as_slice())
+            .map(|(seq, matched)| PrefixMatch { seq, matched })
+            .into()
     }
 
     fn insert_prefix(&self, tokens: RSlice<'_, u32>, seq: SeqId) -> RResult<(), UError> {
-        guard("cache-kv.insert_prefix", || {
-            self.store.insert_prefix(tokens.as_slice(), seq)
-        })
+        self.store.insert_prefix(tokens.as_slice(), seq).into()
     }
 
     fn save_checkpoint(&self, name: RStr<'_>, seq: SeqId) -> RResult<(), UError> {
-        guard("cache-kv.save_checkpoint", || {
-            self.store.save_checkpoint(name.as_str(), seq)
-        })
+        self.store.save_checkpoint(name.as_str(), seq).into()
     }
 
     fn load_checkpoint(&self, name: RStr<'_>) -> RResult<SeqId, UError> {
-        guard("cache-kv.load_checkpoint", || {
-            self.store.load_checkpoint(name.as_str())
-        })
+        self.store.load_checkpoint(name.as_str()).into()
     }
 
     fn checkpoints(&self) -> RResult<RVec<RString>, UError> {
-        guard("cache-kv.checkpoints", || {
-            Ok(self
-                .store
-                .checkpoints()?
-                .into_iter()
-                .map(RString::from)
-                .collect())
-        })
+        self.store
+            .checkpoints()
+            .map(|c| c.into_iter().map(RString::from).collect())
+            .into()
     }
 
     fn delete_checkpoint(&self, name: RStr<'_>) -> RResult<(), UError> {
-        guard("cache-kv.delete_checkpoint", || {
-            self.store.delete_checkpoint(name.as_str())
-        })
+        self.store.delete_checkpoint(name.as_str()).into()
     }
 
     fn set_dtype(&self, seq: SeqId, dtype: DType) -> RResult<(), UError> {
-        guard("cache-kv.set_dtype", || self.store.set_dtype(seq, dtype))
-    }
-
-    fn graft(
-        &self,
-        dst: SeqId,
-        src: SeqId,
-        from: u64,
-        count: u64,
-        rope: &RopeParams,
-    ) -> RResult<(), UError> {
-        guard("cache-kv.graft", || {
-            self.store.graft(dst, src, from, count, rope)
-        })
+        self.store.set_dtype(seq, dtype).into()
     }
 
     fn stats(&self) -> RResult<KvStats, UError> {
-        guard("cache-kv.stats", || Ok(self.store.stats()))
+        RResult::ROk(self.store.stats())
     }
 }

@@ -54,9 +54,8 @@
 
 use crate::{
     disk::{self, Disk, FileKind},
-    page::{Counters, Kind, PAGE_TOKENS, Page, Shape},
+    page::{Alloc, Counters, Kind, PAGE_TOKENS, Page, Shape},
     radix::{Base, Radix},
-    rope,
 };
 use std::{
     collections::{BTreeMap, HashMap},
@@ -65,7 +64,7 @@ use std::{
         atomic::{AtomicU64, Ordering},
     },
 };
-use u_sdk::{DType, ErrorKind, KvLayout, KvStats, RopeParams, SeqId, UError};
+use u_sdk::{DType, ErrorKind, KvLayout, KvStats, SeqId, UError};
 
 /// Cache settings, from the plugin's `[plugins.config]` table.
 #[derive(Clone, Debug, serde::Deserialize)]
@@ -192,10 +191,21 @@ pub struct Geometry {
     pub shape: Shape,
     /// Page kind new sequences write.
     pub kind: Kind,
+    /// Where new pages' memory comes from.
+    pub alloc: Alloc,
+}
+
+impl std::fmt::Debug for Alloc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Alloc::Backend(_) => "backend buffers",
+            Alloc::Heap => "heap",
+        })
+    }
 }
 
 impl Geometry {
-    fn new(layout: KvLayout) -> u_sdk::Result<Self> {
+    fn new(layout: KvLayout, alloc: Alloc) -> u_sdk::Result<Self> {
         let kind = kind_of(layout.dtype)?;
         if layout.layers == 0 || layout.kv_heads == 0 || layout.head_dim == 0 {
             return Err(UError::invalid(format!(
@@ -208,6 +218,7 @@ impl Geometry {
             layout,
             shape,
             kind,
+            alloc,
         })
     }
 
@@ -253,26 +264,6 @@ impl Lane {
             .map(move |(i, p)| (p, (len - i * PAGE_TOKENS).min(PAGE_TOKENS)))
     }
 
-    /// Tokens `from..to` as f32 rows.
-    fn read_range(&self, from: usize, to: usize, row: usize) -> (Vec<f32>, Vec<f32>) {
-        let (mut k, mut v) = (Vec::new(), Vec::new());
-        let (mut pk, mut pv) = (Vec::new(), Vec::new());
-        for (i, (p, n)) in self.views().enumerate() {
-            let start = i * PAGE_TOKENS;
-            if start + n <= from || start >= to {
-                continue;
-            }
-            pk.clear();
-            pv.clear();
-            p.read_f32(n, &mut pk, &mut pv);
-            let a = from.max(start) - start;
-            let b = to.min(start + n) - start;
-            k.extend_from_slice(&pk[a * row..b * row]);
-            v.extend_from_slice(&pv[a * row..b * row]);
-        }
-        (k, v)
-    }
-
     /// Appends f32 rows, in place where this lane owns the page's frontier, else copying only
     /// the last page (copy on write). New pages are of `kind`.
     fn append(
@@ -280,9 +271,10 @@ impl Lane {
         keys: &[f32],
         values: &[f32],
         kind: Kind,
-        shape: Shape,
+        g: &Geometry,
         counters: &Arc<Counters>,
-    ) {
+    ) -> u_sdk::Result<()> {
+        let shape = g.shape;
         let row = shape.row;
         let n = keys.len() / row;
         let mut done = 0;
@@ -294,7 +286,7 @@ impl Lane {
                 &values[done * row..(done + take) * row],
             );
             if slot == 0 {
-                let mut p = Page::new(kind, shape, counters);
+                let mut p = Page::new(kind, shape, counters, &g.alloc)?;
                 p.rewind_and_claim(0, take);
                 // SAFETY: a fresh page, claimed above, not yet shared.
                 unsafe { p.write(0, k, v) };
@@ -310,7 +302,7 @@ impl Lane {
                     // SAFETY: `&mut`: nobody else references this page.
                     unsafe { p.write(slot, k, v) };
                 } else {
-                    let mut p = Page::new(last.kind(), shape, counters);
+                    let mut p = Page::new(last.kind(), shape, counters, &g.alloc)?;
                     p.copy_prefix_from(last, slot);
                     p.rewind_and_claim(slot, take);
                     // SAFETY: a fresh page, claimed above, not yet shared.
@@ -321,6 +313,7 @@ impl Lane {
             self.len += take;
             done += take;
         }
+        Ok(())
     }
 }
 
@@ -400,8 +393,9 @@ impl Store {
         }
     }
 
-    /// Declares the layout (once; the same layout again is accepted).
-    pub fn configure(&self, mut layout: KvLayout) -> u_sdk::Result<()> {
+    /// Declares the layout (once; the same layout again is accepted) and where pages' memory
+    /// comes from.
+    pub fn configure(&self, mut layout: KvLayout, alloc: Alloc) -> u_sdk::Result<()> {
         if self.config.kv_dtype == KvDtype::Int8 {
             layout.dtype = DType::I8;
         }
@@ -413,7 +407,7 @@ impl Store {
                 old.layout, layout
             ))),
             None => {
-                let geometry = Arc::new(Geometry::new(layout)?);
+                let geometry = Arc::new(Geometry::new(layout, alloc)?);
                 *g = Some(geometry.clone());
                 drop(g);
                 self.load_segments(&geometry);
@@ -606,7 +600,7 @@ impl Store {
             let s = self.seq(id)?;
             let mut s = lock(&s);
             let kind = s.kind;
-            s.data.lanes[layer as usize].append(keys, values, kind, g.shape, &self.counters);
+            s.data.lanes[layer as usize].append(keys, values, kind, &g, &self.counters)?;
         }
         self.enforce_budget();
         Ok(())
@@ -874,55 +868,5 @@ impl Store {
                 "cache-kv: no checkpoint named {name:?}"
             )))
         }
-    }
-
-    /// Appends tokens `from..from + count` of `src` to `dst`, re-rotating keys to `dst`'s
-    /// positions (see [`crate::rope`]).
-    pub fn graft(
-        &self,
-        dst: SeqId,
-        src: SeqId,
-        from: u64,
-        count: u64,
-        rope_params: &RopeParams,
-    ) -> u_sdk::Result<()> {
-        let g = self.geometry()?;
-        let head_dim = g.layout.head_dim as usize;
-        rope::check(rope_params, head_dim)?;
-        let src_snap = self.snapshot(src)?;
-        let (from, count) = (from as usize, count as usize);
-        if from + count > src_snap.len() {
-            return Err(UError::invalid(format!(
-                "cache-kv: graft of tokens {from}..{} but sequence {src} holds {}",
-                from + count,
-                src_snap.len()
-            )));
-        }
-        let row = g.shape.row;
-        let s = self.seq(dst)?;
-        let mut s = lock(&s);
-        let q0 = s.data.len();
-        if s.data.lanes.iter().any(|l| l.len != q0) {
-            return Err(UError::invalid(format!(
-                "cache-kv: graft target {dst} has layers of different lengths"
-            )));
-        }
-        let kind = s.kind;
-        for (layer, lane) in src_snap.lanes.iter().enumerate() {
-            let (mut k, v) = lane.read_range(from, from + count, row);
-            for (i, tok) in k.chunks_exact_mut(row).enumerate() {
-                rope::rerotate(
-                    tok,
-                    head_dim,
-                    (from + i) as u64,
-                    (q0 + i) as u64,
-                    rope_params,
-                );
-            }
-            s.data.lanes[layer].append(&k, &v, kind, g.shape, &self.counters);
-        }
-        drop(s);
-        self.enforce_budget();
-        Ok(())
     }
 }

@@ -63,7 +63,7 @@ fn run_ops(seed: u64, ops: usize) {
     let s = c.store();
     let mut saved: HashMap<String, MSeq> = HashMap::new();
     let reader = c.clone();
-    let mut leases: Vec<(KvPage<'_>, Vec<f32>, Vec<f32>)> = Vec::new();
+    let mut leases: Vec<(KvPage, Vec<f32>, Vec<f32>)> = Vec::new();
     let mut rng = Rng(seed);
     let mut model: HashMap<u64, MSeq> = HashMap::new();
     let mut ids: Vec<u64> = Vec::new();
@@ -159,7 +159,7 @@ fn run_ops(seed: u64, ops: usize) {
                 if leases.len() < 200 {
                     let layer = rng.below(LAYERS as usize) as u32;
                     for p in reader.pages_of(id, layer).unwrap() {
-                        let (k, v) = (p.keys_f32().into_owned(), p.values_f32().into_owned());
+                        let (k, v) = common::page_f32(&p);
                         leases.push((p, k, v));
                     }
                 }
@@ -171,8 +171,8 @@ fn run_ops(seed: u64, ops: usize) {
     }
     // Lent pages never changed, whatever happened to their sequences since.
     for (p, k, v) in &leases {
-        assert_eq!(&*p.keys_f32(), k.as_slice());
-        assert_eq!(&*p.values_f32(), v.as_slice());
+        assert_eq!(common::page_f32(p).0, *k);
+        assert_eq!(common::page_f32(p).1, *v);
     }
     eprintln!("seed {seed}: ops by kind {counts:?}, live {}", ids.len());
     drop(leases);

@@ -15,8 +15,10 @@ use abi_stable::std_types::{RSlice, RSliceMut};
 use std::path::{Path, PathBuf};
 use u_arch_llama::LlamaArchitecture;
 use u_cache_kv::{Config, KvCachePlugin};
-use u_kernels_cpu::testutil::KernelsWith;
-use u_sdk::{Architecture, KernelsBox, KvCacheBox, LogitsWanted, ModelBox, SeqChunk, SeqId};
+use u_kernels_cpu::testutil::BackendWith;
+use u_sdk::{
+    BackendBox, KvCacheBox, ModelBox, Op, OpCall, OpKind, Output, Rows, Segment, SeqChunk, SeqId,
+};
 
 /// Every fixture family arch-llama generates (dense, MoE, sliding window, QK norm, llama3 RoPE).
 const MODELS: [&str; 8] = [
@@ -37,14 +39,30 @@ fn gguf(name: &str) -> PathBuf {
         .join("model.gguf")
 }
 
-/// The CPU kernels with every RoPE position moved by `by`: a model built on them computes a
+/// The CPU backend with every RoPE position moved by `by`: a model built on it computes a
 /// fresh sequence as if it sat at positions `by..` with nothing before it (attention masks and
 /// windows are relative to the sequence; only the rotation sees the absolute position).
-fn shifted(inner: KernelsBox, by: u32) -> KernelsBox {
-    KernelsWith::new(inner)
-        .rope(move |inner, x, positions, params| {
-            let moved: Vec<u32> = positions.iter().map(|p| p + by).collect();
-            inner.rope(x, RSlice::from_slice(&moved), params)
+fn shifted(inner: BackendBox, by: u32) -> BackendBox {
+    BackendWith::new(inner)
+        .replace(OpKind::Rope, move |inner, call| {
+            let moved: Vec<i32> = common::bytes(call.srcs[1])
+                .chunks_exact(4)
+                .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) + by as i32)
+                .collect();
+            let positions = u_sdk::nn::Device::new(inner.clone())
+                .unwrap()
+                .from_i32(&moved, &[moved.len() as u64])
+                .unwrap();
+            let srcs = [call.srcs[0], positions.desc()];
+            let Op::Rope(params) = &call.op else {
+                unreachable!("only Rope is replaced")
+            };
+            let moved_call = OpCall {
+                op: Op::Rope(params),
+                srcs: RSlice::from_slice(&srcs),
+                dst: call.dst,
+            };
+            inner.compute(RSlice::from_slice(std::slice::from_ref(&moved_call)))
         })
         .into_box()
 }
@@ -59,24 +77,15 @@ fn build(name: &str, cache: &KvCacheBox, shift: u32) -> ModelBox {
         .into_box();
     let kernels = if shift == 0 { cpu } else { shifted(cpu, shift) };
     LlamaArchitecture::default()
-        .build(weights, kernels, cache.clone())
-        .into_result()
+        .load(weights, kernels, cache.clone())
         .expect("build")
 }
 
-fn forward(model: &ModelBox, seq: SeqId, tokens: &[u32], wanted: LogitsWanted) -> Vec<f32> {
-    let vocab = model.config().vocab_size as usize;
-    let rows = match wanted {
-        LogitsWanted::None => 0,
-        LogitsWanted::Last => 1,
-        LogitsWanted::All => tokens.len(),
-    };
-    let batch = [SeqChunk {
-        seq,
-        tokens: RSlice::from_slice(tokens),
-        logits: wanted,
-    }];
-    let mut out = vec![0f32; rows * vocab];
+fn forward(model: &ModelBox, seq: SeqId, tokens: &[u32], wanted: Output) -> Vec<f32> {
+    let config = model.config().unwrap();
+    let input = [Segment::Tokens(RSlice::from_slice(tokens))];
+    let batch = [SeqChunk::tokens(seq, &input, wanted)];
+    let mut out = vec![0f32; wanted.floats(tokens.len(), &config)];
     model
         .forward(
             RSlice::from_slice(&batch),
@@ -118,10 +127,10 @@ fn continuations(
 ) -> Vec<(&'static str, Vec<f32>)> {
     let tail = &prompt[split..];
     let restored = cache.load_checkpoint("head".into()).into_result().unwrap();
-    let from_checkpoint = forward(model, restored, tail, LogitsWanted::All);
+    let from_checkpoint = forward(model, restored, tail, Output::Logits(Rows::All));
     let found = cache.lookup_prefix(prompt.into()).into_result().unwrap();
     assert_eq!(found.matched as usize, split, "deepest prefix match");
-    let from_tree = forward(model, found.seq, tail, LogitsWanted::All);
+    let from_tree = forward(model, found.seq, tail, Output::Logits(Rows::All));
     for seq in [restored, found.seq] {
         cache.release(seq).into_result().unwrap();
     }
@@ -142,12 +151,13 @@ fn restored_prefixes_continue_exactly_like_a_full_recompute_in_memory_on_disk_an
         let split = 100; // not a page boundary: the tail continues a shared, partly filled page
         for (tier, cache) in [("memory", &memory), ("disk", &disk)] {
             let model = build(name, cache, 0);
-            let vocab = model.config().vocab_size as usize;
+            let vocab = model.config().unwrap().vocab_size as usize;
             prompt = tokens(vocab, 150, 1);
             let full = cache.create().into_result().unwrap();
-            expected = forward(&model, full, &prompt, LogitsWanted::All)[split * vocab..].to_vec();
+            expected =
+                forward(&model, full, &prompt, Output::Logits(Rows::All))[split * vocab..].to_vec();
             let head = cache.create().into_result().unwrap();
-            forward(&model, head, &prompt[..split], LogitsWanted::None);
+            forward(&model, head, &prompt[..split], Output::Nothing);
             cache
                 .save_checkpoint("head".into(), head)
                 .into_result()
@@ -162,13 +172,12 @@ fn restored_prefixes_continue_exactly_like_a_full_recompute_in_memory_on_disk_an
             // A graft at the positions the KV was computed at: tokens 40..split of `head` onto a
             // sequence holding tokens 0..40.
             let dst = cache.create().into_result().unwrap();
-            forward(&model, dst, &prompt[..40], LogitsWanted::None);
-            let rope = model.key_rope().into_option().expect("llama has RoPE");
-            cache
-                .graft(dst, head, 40, split as u64 - 40, &rope)
+            forward(&model, dst, &prompt[..40], Output::Nothing);
+            model
+                .graft(dst, head, 40, split as u64 - 40)
                 .into_result()
                 .unwrap();
-            let grafted = forward(&model, dst, &prompt[split..], LogitsWanted::All);
+            let grafted = forward(&model, dst, &prompt[split..], Output::Logits(Rows::All));
             results.push((
                 format!("{tier} graft in place"),
                 max_abs_diff(&grafted, &expected),
@@ -200,8 +209,9 @@ fn kv(cache: &KvCacheBox, seq: SeqId, layer: u32) -> (Vec<f32>, Vec<f32>) {
     let h = cache.clone();
     let (mut k, mut v) = (Vec::new(), Vec::new());
     for p in h.pages(seq, layer).into_result().unwrap().iter() {
-        k.extend_from_slice(&p.keys_f32());
-        v.extend_from_slice(&p.values_f32());
+        let (pk, pv) = common::page_f32(p);
+        k.extend(pk);
+        v.extend(pv);
     }
     (k, v)
 }
@@ -211,10 +221,12 @@ fn copy_kv(cache: &KvCacheBox, layers: u32, src: SeqId, from: usize, dst: SeqId)
     for l in 0..layers {
         let (k, v) = kv(cache, src, l);
         let row = k.len() / cache.len(src).into_result().unwrap() as usize;
-        cache
-            .append(dst, l, k[from * row..].into(), v[from * row..].into())
-            .into_result()
-            .unwrap();
+        let b = common::backend();
+        let (k, v) = (
+            common::tensor(&b, &k[from * row..], row),
+            common::tensor(&b, &v[from * row..], row),
+        );
+        cache.append(dst, l, &k, &v).into_result().unwrap();
     }
 }
 
@@ -242,8 +254,8 @@ fn kv_diff(
     (dk, dv)
 }
 
-/// A document's KV computed alone at positions `p..`, grafted with the model's
-/// [`u_sdk::Model::key_rope`] onto a conversation of `q ≠ p` tokens, then continued: the logits
+/// A document's KV computed alone at positions `p..`, grafted by the model
+/// ([`u_sdk::Model::graft`]) onto a conversation of `q ≠ p` tokens, then continued: the logits
 /// equal those of the document *recomputed alone at `q..`* after the same conversation.
 ///
 /// "Alone" means the document's tokens attend only to each other, not to the conversation:
@@ -251,7 +263,7 @@ fn kv_diff(
 /// never saw. The reference sequence therefore holds the conversation's KV followed by the
 /// document's KV computed by the model in a fresh sequence whose RoPE positions start at `q`
 /// ([`shifted`] kernels: every rotation at its absolute position, attention over the document
-/// only) — the same model code and kernels, nothing of [`u_cache_kv::rope`]. The source at
+/// only) — the same model code and kernels, nothing of the graft's re-rotation. The source at
 /// `p > 0` is built the same way (positions `p..`, behind `p` rows of filler the document never
 /// attended to); `p = 0` is the plain case of a document prefilled in a sequence of its own.
 ///
@@ -267,36 +279,30 @@ fn a_graft_at_another_position_equals_the_document_recomputed_alone_there() {
     for name in MODELS {
         let cache = KvCachePlugin::new(Config::default(), None).into_box();
         let model = build(name, &cache, 0);
-        let cfg = model.config();
+        let cfg = model.config().unwrap();
         let (vocab, layers) = (cfg.vocab_size as usize, cfg.layers);
-        let rope = model.key_rope().into_option().expect("llama has RoPE");
         let conversation_tokens = tokens(vocab, q, 2);
         let document = tokens(vocab, n, 3);
         let more = tokens(vocab, 6, 4);
         let conversation = cache.create().into_result().unwrap();
-        forward(
-            &model,
-            conversation,
-            &conversation_tokens,
-            LogitsWanted::None,
-        );
+        forward(&model, conversation, &conversation_tokens, Output::Nothing);
         // The reference: the conversation, then the document computed alone at q..
         let alone_at_q = cache.create().into_result().unwrap();
         forward(
             &build(name, &cache, q as u32),
             alone_at_q,
             &document,
-            LogitsWanted::None,
+            Output::Nothing,
         );
         let reference = cache.fork(conversation).into_result().unwrap();
         copy_kv(&cache, layers, alone_at_q, 0, reference);
-        let want = forward(&model, reference, &more, LogitsWanted::All);
+        let want = forward(&model, reference, &more, Output::Logits(Rows::All));
         let mut line = Vec::new();
         for p in [0usize, 23, 130] {
             // The source: the document computed alone at p.., at index p of its sequence.
             let src = if p == 0 {
                 let s = cache.create().into_result().unwrap();
-                forward(&model, s, &document, LogitsWanted::None);
+                forward(&model, s, &document, Output::Nothing);
                 s
             } else {
                 let alone = cache.create().into_result().unwrap();
@@ -304,29 +310,32 @@ fn a_graft_at_another_position_equals_the_document_recomputed_alone_there() {
                     &build(name, &cache, p as u32),
                     alone,
                     &document,
-                    LogitsWanted::None,
+                    Output::Nothing,
                 );
                 let s = cache.create().into_result().unwrap();
-                let filler = vec![0.5f32; p * (kv(&cache, alone, 0).0.len() / n)];
+                let row = kv(&cache, alone, 0).0.len() / n;
+                let filler = common::tensor(&common::backend(), &vec![0.5f32; p * row], row);
                 for l in 0..layers {
-                    let f = RSlice::from_slice(&filler);
-                    cache.append(s, l, f, f).into_result().unwrap();
+                    cache.append(s, l, &filler, &filler).into_result().unwrap();
                 }
                 copy_kv(&cache, layers, alone, 0, s);
                 s
             };
             let grafted = cache.fork(conversation).into_result().unwrap();
-            cache
-                .graft(grafted, src, p as u64, n as u64, &rope)
+            model
+                .graft(grafted, src, p as u64, n as u64)
                 .into_result()
                 .unwrap();
             let (dk, dv) = kv_diff(&cache, layers, grafted, reference, q..q + n);
-            let got = forward(&model, grafted, &more, LogitsWanted::All);
+            let got = forward(&model, grafted, &more, Output::Logits(Rows::All));
             let d = max_abs_diff(&got, &want);
             // Without re-rotation: the document's keys keep their old positions.
             let copied = cache.fork(conversation).into_result().unwrap();
             copy_kv(&cache, layers, src, p, copied);
-            let naive = max_abs_diff(&forward(&model, copied, &more, LogitsWanted::All), &want);
+            let naive = max_abs_diff(
+                &forward(&model, copied, &more, Output::Logits(Rows::All)),
+                &want,
+            );
             line.push(format!(
                 "{p}→{q}: keys {dk:.1e}, values {dv:.1e}, logits Δ={d:.1e} (no re-rotation: {naive:.1e})"
             ));

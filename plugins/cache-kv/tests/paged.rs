@@ -43,7 +43,11 @@ fn fork_shares_every_page_and_copies_nothing() {
         let pb = c.pages_of(b, l).unwrap();
         assert_eq!(pa.len(), pb.len());
         for (x, y) in pa.iter().zip(&pb) {
-            assert_eq!(x.keys.as_ptr(), y.keys.as_ptr(), "fork copied a page");
+            assert_eq!(
+                common::addr(&x.keys),
+                common::addr(&y.keys),
+                "fork copied a page"
+            );
             assert_eq!(x.tokens, y.tokens);
         }
     }
@@ -76,9 +80,9 @@ fn writing_a_shared_page_copies_only_that_page() {
     let pa = c.pages_of(a, 0).unwrap();
     let pb = c.pages_of(b, 0).unwrap();
     for i in 0..3 {
-        assert_eq!(pa[i].keys.as_ptr(), pb[i].keys.as_ptr());
+        assert_eq!(common::addr(&pa[i].keys), common::addr(&pb[i].keys));
     }
-    assert_ne!(pa[3].keys.as_ptr(), pb[3].keys.as_ptr());
+    assert_ne!(common::addr(&pa[3].keys), common::addr(&pb[3].keys));
 }
 
 #[test]
@@ -115,7 +119,7 @@ fn lent_slices_survive_release_truncate_and_rewrite() {
     append_all(&c, a, &mut rng, 100);
     let reader = c.clone();
     let pages = reader.pages_of(a, 0).unwrap();
-    let copy: Vec<Vec<f32>> = pages.iter().map(|p| p.keys.to_vec()).collect();
+    let copy: Vec<Vec<f32>> = pages.iter().map(|p| common::f32s(&p.keys)).collect();
     // Rewrite the same positions, then drop the sequence entirely.
     s.truncate(a, 10).unwrap();
     append_all(&c, a, &mut rng, 90);
@@ -125,7 +129,7 @@ fn lent_slices_survive_release_truncate_and_rewrite() {
         append_all(&c, x, &mut rng, 64);
     }
     for (p, k) in pages.iter().zip(&copy) {
-        assert_eq!(p.keys.as_slice(), k.as_slice());
+        assert_eq!(common::f32s(&p.keys), *k);
     }
     assert_eq!(reader.leased(), 2);
     drop(pages);
@@ -143,20 +147,20 @@ fn abi_object_round_trip() {
     let c = new_cache().into_box();
     let a = c.create().unwrap();
     let k: Vec<f32> = (0..3 * ROW).map(|i| i as f32).collect();
+    let b = common::backend();
+    let kt = common::tensor(&b, &k, ROW);
     for l in 0..LAYERS {
-        c.append(a, l, k.as_slice().into(), k.as_slice().into())
-            .unwrap();
+        c.append(a, l, &kt, &kt).unwrap();
     }
     assert_eq!(c.len(a).unwrap(), 3);
     let pages = c.pages(a, 1).unwrap();
     assert_eq!(pages.len(), 1);
     assert_eq!(pages[0].tokens, 3);
-    assert_eq!(pages[0].keys.as_slice(), k.as_slice());
-    let err = c
-        .append(a, 9, k.as_slice().into(), k.as_slice().into())
-        .unwrap_err();
+    assert_eq!(common::f32s(&pages[0].keys), k);
+    let err = c.append(a, 9, &kt, &kt).unwrap_err();
     assert!(err.message.contains("layer 9"), "{}", err.message);
-    let err = c.append(a, 0, k[..5].into(), k[..5].into()).unwrap_err();
+    let short = common::tensor(&b, &k[..5], 5);
+    let err = c.append(a, 0, &short, &short).unwrap_err();
     assert!(err.message.contains("whole number"), "{}", err.message);
     assert_eq!(c.stats().unwrap().page_tokens, 64);
 }

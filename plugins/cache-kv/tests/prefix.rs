@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Rng, cache, contents, host, layout};
+use common::{Rng, backend, cache, contents, host, layout, tensor};
 use u_cache_kv::{Config, PAGE_TOKENS};
 use u_sdk::PluginInstance;
 
@@ -161,13 +161,14 @@ fn budget_comes_from_the_plugin_config() {
     let PluginInstance::Cache(c) = u_cache_kv::instantiate(h).unwrap() else {
         panic!("not a cache")
     };
-    c.configure(layout(1, 1, 32, "m")).unwrap();
+    let b = backend();
+    c.configure(layout(1, 1, 32, "m"), b.clone()).unwrap();
     for i in 0..10u32 {
         let t: Vec<u32> = (i * 1000..i * 1000 + 64).collect();
         let a = c.create().unwrap();
         let k = vec![i as f32; 64 * 32];
-        c.append(a, 0, k.as_slice().into(), k.as_slice().into())
-            .unwrap();
+        let k = tensor(&b, &k, 32);
+        c.append(a, 0, &k, &k).unwrap();
         c.insert_prefix(t.as_slice().into(), a).unwrap();
         c.release(a).unwrap();
     }

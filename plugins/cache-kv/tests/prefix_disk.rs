@@ -13,7 +13,7 @@ use std::{
     path::Path,
     sync::{Arc, Mutex},
 };
-use u_cache_kv::{Config, KvCachePlugin, PAGE_TOKENS, PREFIX_MAGIC};
+use u_cache_kv::{Alloc, Config, KvCachePlugin, PAGE_TOKENS, PREFIX_MAGIC};
 use u_sdk::DType;
 
 const LAYERS: u32 = 2;
@@ -34,7 +34,9 @@ fn open(dir: &Path, grant: &Path, model: &str, max_bytes: Option<u64>) -> (KvCac
     };
     let (h, logs) = host_logged(grant, "");
     let c = KvCachePlugin::new(config, Some(h));
-    c.store().configure(layout(LAYERS, 2, 16, model)).unwrap();
+    c.store()
+        .configure(layout(LAYERS, 2, 16, model), Alloc::Heap)
+        .unwrap();
     (c, logs)
 }
 
@@ -307,7 +309,9 @@ fn the_budget_counts_heap_pages_and_spares_prefixes_on_disk() {
     );
     let config = Config::parse(&text).unwrap();
     let m = KvCachePlugin::new(config, Some(host_logged(d, "").0));
-    m.store().configure(layout(LAYERS, 2, 16, "m2")).unwrap();
+    m.store()
+        .configure(layout(LAYERS, 2, 16, "m2"), Alloc::Heap)
+        .unwrap();
     for p in &prompts {
         insert(&m, p, None);
     }
@@ -385,7 +389,9 @@ fn open_budget(dir: &Path, max_disk_bytes: u64) -> (KvCachePlugin, Logs) {
     };
     let (h, logs) = host_logged(dir, "");
     let c = KvCachePlugin::new(config, Some(h));
-    c.store().configure(layout(LAYERS, 2, 16, "m")).unwrap();
+    c.store()
+        .configure(layout(LAYERS, 2, 16, "m"), Alloc::Heap)
+        .unwrap();
     (c, logs)
 }
 

@@ -11,9 +11,10 @@
 //! time (`4·d` flops per visible query–key pair and head: `q·k` and `p·v`).
 
 use std::time::Instant;
+use u_kernels_cpu::attention::{KvSpan, Params as AttentionParams};
 use u_kernels_cpu::testutil::{Rng, f32_to_f16};
 use u_kernels_cpu::{CpuKernels, Isa};
-use u_sdk::{AttentionParams, DType, KvSpan};
+use u_sdk::DType;
 
 /// CPU time consumed by the whole process (all threads), in seconds.
 fn process_cpu_time() -> f64 {

@@ -32,7 +32,90 @@ use crate::engine::Engine;
 use crate::vecops::VecOps;
 use block::{Block, Kernel};
 use std::cell::{Cell, RefCell};
-use u_sdk::{AttentionParams, DType, KV_INT8_GROUP, KvSpan, Result, UError};
+use u_sdk::{DType, KV_INT8_GROUP, Result, UError};
+
+/// The shape of one attention call, as the kernel takes it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Params {
+    /// Query heads.
+    pub heads: u32,
+    /// Key/value heads (grouped-query attention when fewer than `heads`).
+    pub kv_heads: u32,
+    /// Dimension of each head.
+    pub head_dim: u32,
+    /// Number of query tokens.
+    pub queries: u32,
+    /// Number of key/value tokens.
+    pub kv_len: u32,
+    /// Absolute position of the first query (for the causal mask): query `i` sees keys
+    /// `0..=first_query_pos + i`; `kv_len − 1` or more makes it bidirectional.
+    pub first_query_pos: u32,
+    /// Sliding window (0 = none): a query sees only the last `window` keys.
+    pub window: u32,
+    /// Score scale, usually `1/sqrt(head_dim)`.
+    pub scale: f32,
+    /// Element type of the key/value spans (`F32`, `F16`, or `I8` with scales).
+    pub kv_dtype: DType,
+}
+
+/// One run of consecutive cached positions: `tokens` keys and values, each
+/// `tokens × kv_heads × head_dim` elements of [`Params::kv_dtype`], in position order after the
+/// spans before it. Int8 spans carry one `f32` scale per group of [`KV_INT8_GROUP`] values of a
+/// token's row (`value = q × scale`); the scales are empty otherwise.
+#[derive(Clone, Copy, Debug)]
+pub struct KvSpan<'a> {
+    /// Positions held.
+    pub tokens: u32,
+    /// Keys, as bytes.
+    pub keys: &'a [u8],
+    /// Values, as bytes.
+    pub values: &'a [u8],
+    /// Int8 keys' scales: tokens × ⌈kv_heads × head_dim / `KV_INT8_GROUP`⌉.
+    pub key_scales: &'a [f32],
+    /// Int8 values' scales, laid out like `key_scales`.
+    pub value_scales: &'a [f32],
+}
+
+impl<'a> KvSpan<'a> {
+    /// A span of `tokens` f32 (or, by `kv_dtype`, f16) keys and values given as bytes.
+    pub fn bytes(tokens: u32, keys: &'a [u8], values: &'a [u8]) -> Self {
+        Self {
+            tokens,
+            keys,
+            values,
+            key_scales: &[],
+            value_scales: &[],
+        }
+    }
+
+    /// A span of `tokens` f32 keys and values.
+    pub fn f32(tokens: u32, keys: &'a [f32], values: &'a [f32]) -> Self {
+        fn bytes(x: &[f32]) -> &[u8] {
+            // SAFETY: any f32 is 4 plain bytes; alignment 1 and the same length in bytes.
+            unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, std::mem::size_of_val(x)) }
+        }
+        Self::bytes(tokens, bytes(keys), bytes(values))
+    }
+
+    /// A span of `tokens` int8 keys and values with their group scales.
+    pub fn i8(
+        tokens: u32,
+        (keys, key_scales): (&'a [i8], &'a [f32]),
+        (values, value_scales): (&'a [i8], &'a [f32]),
+    ) -> Self {
+        fn bytes(x: &[i8]) -> &[u8] {
+            // SAFETY: i8 and u8 have the same size, alignment and (all) bit patterns.
+            unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, x.len()) }
+        }
+        Self {
+            tokens,
+            keys: bytes(keys),
+            values: bytes(values),
+            key_scales,
+            value_scales,
+        }
+    }
+}
 
 /// Queries per task.
 pub const Q_BLOCK: usize = 16;
@@ -105,7 +188,7 @@ pub fn attention<'a>(
     eng: &Engine,
     q: &[f32],
     kv: &[KvSpan<'a>],
-    p: &AttentionParams,
+    p: &Params,
     out: &mut [f32],
 ) -> Result<()> {
     let (h, kvh, d) = (p.heads as usize, p.kv_heads as usize, p.head_dim as usize);
@@ -185,12 +268,8 @@ pub fn attention<'a>(
                 },
                 dtype => Kv::new(q, dtype),
             };
-            spans
-                .k
-                .push(kv(sp.keys.as_slice(), sp.key_scales.as_slice()));
-            spans
-                .v
-                .push(kv(sp.values.as_slice(), sp.value_scales.as_slice()));
+            spans.k.push(kv(sp.keys, sp.key_scales));
+            spans.v.push(kv(sp.values, sp.value_scales));
         }
     }
     if held != nk {

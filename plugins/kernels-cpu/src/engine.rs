@@ -1,19 +1,14 @@
 //! The kernels object: the ISA chosen once, its own threads (a [`Team`] and a rayon pool), and
-//! the [`Kernels`] interface.
+//! each kernel on plain slices (the [`crate::CpuBackend`] runs them on tensors).
 
+use crate::attention::{KvSpan, Params};
 use crate::isa::{self, Isa};
 use crate::team::Team;
 use crate::vecops::VecOps;
 use crate::{attention, matmul, ops};
-use abi_stable::{
-    sabi_trait::TD_Opaque,
-    std_types::{RResult, RSlice, RSliceMut, RString},
-};
+use abi_stable::std_types::RString;
 use std::sync::Arc;
-use u_sdk::{
-    Activation, AttentionParams, BackendInfo, DType, Kernels, Kernels_TO, KernelsBox, KvSpan, Op,
-    Result, RopeParams, TensorView, UError, guard,
-};
+use u_sdk::{Activation, BackendInfo, Result, RopeParams, TensorView, UError};
 
 /// Everything a kernel needs: ISA, pool and the vector helpers for that ISA.
 pub struct Engine {
@@ -91,31 +86,24 @@ impl CpuKernels {
         self.eng.isa
     }
 
-    /// Wraps this backend as the ABI object.
-    pub fn into_box(self) -> KernelsBox {
-        Kernels_TO::from_value(self, TD_Opaque)
+    /// The ISA, pool and team every kernel runs with.
+    pub fn engine(&self) -> &Engine {
+        &self.eng
     }
 
-    /// What the backend is (see [`Kernels::info`]).
+    /// As the ABI's backend (with its own buffer pool).
+    pub fn into_box(self) -> u_sdk::BackendBox {
+        crate::CpuBackend::new(self).into_box()
+    }
+
+    /// What the backend is (see [`u_sdk::Backend::info`]).
     pub fn backend_info(&self) -> BackendInfo {
         BackendInfo {
             name: "cpu".into(),
+            device: format!("cpu ({} threads)", self.eng.threads).into(),
             isa: self.eng.isa.name().into(),
             features: isa::features().into_iter().map(RString::from).collect(),
             threads: self.eng.threads as u32,
-        }
-    }
-
-    /// Whether `op` is implemented for `dtype` (see [`Kernels::supports`]).
-    pub fn supports_op(&self, op: Op, dtype: DType) -> bool {
-        match op {
-            // Every dtype: dedicated kernels, or per-row dequantization for the rest.
-            Op::MatMul | Op::Embedding => true,
-            Op::Attention => matches!(dtype, DType::F32 | DType::F16),
-            Op::RmsNorm | Op::LayerNorm | Op::Rope | Op::Activation | Op::Softmax => {
-                dtype == DType::F32
-            }
-            Op::TopK => false,
         }
     }
 
@@ -124,23 +112,23 @@ impl CpuKernels {
         matmul::matmul(&self.eng, w, x, m, y)
     }
 
-    /// Flash attention (see [`Kernels::attention`]).
+    /// Flash attention (see [`crate::attention`]).
     pub fn attention(
         &self,
         q: &[f32],
         kv: &[KvSpan<'_>],
-        p: &AttentionParams,
+        p: &Params,
         out: &mut [f32],
     ) -> Result<()> {
         attention::attention(&self.eng, q, kv, p, out)
     }
 
-    /// RMS normalisation (see [`Kernels::rms_norm`]).
+    /// RMS normalisation.
     pub fn rms_norm(&self, x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) -> Result<()> {
         ops::rms_norm(&self.eng, x, w, eps, y)
     }
 
-    /// Layer normalisation (see [`Kernels::layer_norm`]).
+    /// Layer normalisation.
     pub fn layer_norm(
         &self,
         x: &[f32],
@@ -152,9 +140,10 @@ impl CpuKernels {
         ops::layer_norm(&self.eng, x, w, b, eps, y)
     }
 
-    /// Rotary embedding in place (see [`Kernels::rope`]).
+    /// Rotary embedding in place.
     pub fn rope(&self, x: &mut [f32], positions: &[u32], p: &RopeParams) -> Result<()> {
-        ops::rope(x, positions, p)
+        let positions: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
+        ops::rope(x, &positions, p)
     }
 
     /// Activation in place.
@@ -168,114 +157,8 @@ impl CpuKernels {
         ops::softmax(x, row_len)
     }
 
-    /// Embedding rows (see [`Kernels::embedding`]).
+    /// Embedding rows.
     pub fn embedding(&self, table: &TensorView<'_>, ids: &[u32], out: &mut [f32]) -> Result<()> {
         ops::embedding(&self.eng, table, ids, out)
-    }
-}
-
-impl Kernels for CpuKernels {
-    fn info(&self) -> BackendInfo {
-        self.backend_info()
-    }
-
-    fn supports(&self, op: Op, dtype: DType) -> bool {
-        self.supports_op(op, dtype)
-    }
-
-    fn matmul(
-        &self,
-        weight: &TensorView<'_>,
-        x: RSlice<'_, f32>,
-        m: u32,
-        mut y: RSliceMut<'_, f32>,
-    ) -> RResult<(), UError> {
-        guard("kernels.matmul", || {
-            CpuKernels::matmul(self, weight, x.as_slice(), m as usize, y.as_mut_slice())
-        })
-    }
-
-    fn rms_norm(
-        &self,
-        x: RSlice<'_, f32>,
-        weight: RSlice<'_, f32>,
-        eps: f32,
-        mut y: RSliceMut<'_, f32>,
-    ) -> RResult<(), UError> {
-        guard("kernels.rms_norm", || {
-            CpuKernels::rms_norm(self, x.as_slice(), weight.as_slice(), eps, y.as_mut_slice())
-        })
-    }
-
-    fn layer_norm(
-        &self,
-        x: RSlice<'_, f32>,
-        weight: RSlice<'_, f32>,
-        bias: RSlice<'_, f32>,
-        eps: f32,
-        mut y: RSliceMut<'_, f32>,
-    ) -> RResult<(), UError> {
-        guard("kernels.layer_norm", || {
-            CpuKernels::layer_norm(
-                self,
-                x.as_slice(),
-                weight.as_slice(),
-                bias.as_slice(),
-                eps,
-                y.as_mut_slice(),
-            )
-        })
-    }
-
-    fn rope(
-        &self,
-        mut x: RSliceMut<'_, f32>,
-        positions: RSlice<'_, u32>,
-        params: &RopeParams,
-    ) -> RResult<(), UError> {
-        guard("kernels.rope", || {
-            CpuKernels::rope(self, x.as_mut_slice(), positions.as_slice(), params)
-        })
-    }
-
-    fn attention(
-        &self,
-        q: RSlice<'_, f32>,
-        kv: RSlice<'_, KvSpan<'_>>,
-        params: &AttentionParams,
-        mut out: RSliceMut<'_, f32>,
-    ) -> RResult<(), UError> {
-        guard("kernels.attention", || {
-            CpuKernels::attention(
-                self,
-                q.as_slice(),
-                kv.as_slice(),
-                params,
-                out.as_mut_slice(),
-            )
-        })
-    }
-
-    fn activation(&self, mut x: RSliceMut<'_, f32>, act: Activation) -> RResult<(), UError> {
-        guard("kernels.activation", || {
-            CpuKernels::activation(self, x.as_mut_slice(), act)
-        })
-    }
-
-    fn softmax(&self, mut x: RSliceMut<'_, f32>, row_len: u32) -> RResult<(), UError> {
-        guard("kernels.softmax", || {
-            CpuKernels::softmax(self, x.as_mut_slice(), row_len as usize)
-        })
-    }
-
-    fn embedding(
-        &self,
-        table: &TensorView<'_>,
-        ids: RSlice<'_, u32>,
-        mut out: RSliceMut<'_, f32>,
-    ) -> RResult<(), UError> {
-        guard("kernels.embedding", || {
-            CpuKernels::embedding(self, table, ids.as_slice(), out.as_mut_slice())
-        })
     }
 }

@@ -1,6 +1,8 @@
 //! # u-kernels-cpu — the CPU compute plugin of U
 //!
-//! A `kernels` plugin implementing [`u_sdk::Kernels`] on the CPU. The instruction-set path is
+//! A `kernels` plugin implementing the [`u_sdk::Backend`] interface on the CPU ([`CpuBackend`]:
+//! host buffers from a reusing pool, weights imported from the loader's map in place, op lists
+//! run in order). The instruction-set path is
 //! chosen once at instantiation ([`Isa::detect`]: AVX-512 VNNI, AVX-512, AVX2+FMA+F16C, NEON,
 //! scalar) and every kernel's function pointer is fixed then. Work runs on the plugin's own
 //! threads, sized from the host's thread grant: a [`team`] in which the calling thread works
@@ -11,7 +13,9 @@
 //!   the fly to int8 ([`act`]); other ggml types fall back to per-row dequantization.
 //! - [`attention`]: flash attention (online softmax over key tiles) with causal mask, GQA,
 //!   sliding window, f32 or f16 KV.
-//! - [`ops`]: RMSNorm, LayerNorm, RoPE, activations, softmax, embedding rows.
+//! - [`ops`]: RMSNorm, LayerNorm, RoPE, activations, softmax, embedding rows;
+//!   [`elementwise`]: add, multiply, scale, gated activations; [`routing`]: top-k and the
+//!   scatter of MoE expert outputs; [`conv`]: 1-D/2-D convolution, group norm, upsampling.
 //!
 //! The scalar path is the reference every SIMD path is tested against; the scalar path itself is
 //! tested against [`u_sdk::quant`]'s bit-exact dequantizers.
@@ -19,15 +23,20 @@
 
 pub mod act;
 pub mod attention;
+mod backend;
+pub mod conv;
+pub mod elementwise;
 mod engine;
 pub mod isa;
 pub mod matmul;
 pub mod ops;
+pub mod routing;
 pub mod team;
 #[doc(hidden)]
 pub mod testutil;
 pub mod vecops;
 
+pub use backend::CpuBackend;
 pub use engine::{CpuKernels, Engine};
 pub use isa::Isa;
 
@@ -44,7 +53,7 @@ fn describe() -> PluginInfo {
             format!("features={}", isa::features().join(",")).into(),
             "matmul=F32,F16,BF16,Q8_0,Q4_0,Q4_1,Q5_0,Q4_K,Q5_K,Q6_K,TQ2_0 (others dequantized per row)"
                 .into(),
-            "attention=flash,causal,gqa,window,kv=F32|F16".into(),
+            "attention=flash,causal|bidirectional,gqa,window,kv=F32|F16|I8".into(),
         ]),
     }
 }

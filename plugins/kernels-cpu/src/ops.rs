@@ -83,9 +83,7 @@ pub fn layer_norm(
     Ok(())
 }
 
-/// Rotates pairs by `pos · inv_freq[i]`: adjacent pairs (Normal) or halves of the rotary part
-/// (NeoX); dimensions past `rotary_dim` are left as they are.
-pub fn rope(x: &mut [f32], positions: &[u32], p: &RopeParams) -> Result<()> {
+fn check_rope(x: &[f32], tokens: usize, p: &RopeParams) -> Result<()> {
     let (rd, hd, heads) = (p.rotary_dim as usize, p.head_dim as usize, p.heads as usize);
     let half = rd / 2;
     if rd % 2 != 0 || rd > hd || hd == 0 || p.inv_freq.len() != half {
@@ -95,26 +93,79 @@ pub fn rope(x: &mut [f32], positions: &[u32], p: &RopeParams) -> Result<()> {
             p.inv_freq.len()
         )));
     }
-    if Some(x.len()) != positions.len().checked_mul(heads * hd) {
+    if Some(x.len()) != tokens.checked_mul(heads * hd) {
         return Err(UError::invalid(format!(
-            "rope: x has {} values, expected tokens {} × heads {heads} × head_dim {hd}",
+            "rope: x has {} values, expected tokens {tokens} × heads {heads} × head_dim {hd}",
             x.len(),
-            positions.len()
         )));
     }
+    Ok(())
+}
+
+/// The dimensions pair `i` rotates.
+fn pair(style: RopeStyle, i: usize, half: usize) -> (usize, usize) {
+    match style {
+        RopeStyle::Normal => (2 * i, 2 * i + 1),
+        RopeStyle::NeoX => (i, i + half),
+    }
+}
+
+/// Rotates pairs by `pos · inv_freq[i]`: adjacent pairs (Normal) or halves of the rotary part
+/// (NeoX); dimensions past `rotary_dim` are left as they are.
+pub fn rope(x: &mut [f32], positions: &[i32], p: &RopeParams) -> Result<()> {
+    check_rope(x, positions.len(), p)?;
+    let (hd, heads, half) = (
+        p.head_dim as usize,
+        p.heads as usize,
+        p.rotary_dim as usize / 2,
+    );
     // cos/sin once per (token, pair), applied to every head: no allocation.
     for (tok, &pos) in x.chunks_exact_mut(heads * hd).zip(positions) {
         for (i, &f) in p.inv_freq.iter().enumerate() {
             let theta = pos as f32 * f;
             let (c, s) = (theta.cos() * p.attn_factor, theta.sin() * p.attn_factor);
-            let (a, b) = match p.style {
-                RopeStyle::Normal => (2 * i, 2 * i + 1),
-                RopeStyle::NeoX => (i, i + half),
-            };
+            let (a, b) = pair(p.style, i, half);
             for head in tok.chunks_exact_mut(hd) {
                 let (x0, x1) = (head[a], head[b]);
                 head[a] = x0 * c - x1 * s;
                 head[b] = x0 * s + x1 * c;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Moves rows rotated at positions `from` to positions `to` (a graft): one more rotation by
+/// `θ_i(to) − θ_i(from)`, since rotations compose. The angles are formed as [`rope`] forms them
+/// (`(pos as f32) × inv_freq[i]` in f32), the difference, its cosine and sine and the rotation
+/// in f64, so the result matches rows rotated directly at `to` to f32 rounding. The YaRN
+/// `attn_factor`, applied once at `from`, is not applied again.
+pub fn rope_move(x: &mut [f32], to: &[i32], from: &[i32], p: &RopeParams) -> Result<()> {
+    check_rope(x, to.len(), p)?;
+    if from.len() != to.len() {
+        return Err(UError::invalid(format!(
+            "rope: {} target positions for {} source positions",
+            to.len(),
+            from.len()
+        )));
+    }
+    let (hd, heads, half) = (
+        p.head_dim as usize,
+        p.heads as usize,
+        p.rotary_dim as usize / 2,
+    );
+    for ((tok, &q), &r) in x.chunks_exact_mut(heads * hd).zip(to).zip(from) {
+        if q == r {
+            continue;
+        }
+        for (i, &f) in p.inv_freq.iter().enumerate() {
+            let d = (q as f32 * f) as f64 - (r as f32 * f) as f64;
+            let (c, s) = (d.cos(), d.sin());
+            let (a, b) = pair(p.style, i, half);
+            for head in tok.chunks_exact_mut(hd) {
+                let (x0, x1) = (head[a] as f64, head[b] as f64);
+                head[a] = (x0 * c - x1 * s) as f32;
+                head[b] = (x0 * s + x1 * c) as f32;
             }
         }
     }
@@ -137,9 +188,9 @@ pub fn erf(x: f64) -> f64 {
     if x >= 0.0 { 1.0 - erfc } else { erfc - 1.0 }
 }
 
-/// Applies `act` in place.
-pub fn activation(eng: &Engine, x: &mut [f32], act: Activation) {
-    let f: fn(f32) -> f32 = match act {
+/// The scalar function of `act`.
+pub fn activation_fn(act: Activation) -> fn(f32) -> f32 {
+    match act {
         Activation::Silu => |v| v / (1.0 + (-v).exp()),
         Activation::GeluTanh => |v| {
             const C: f32 = 0.797_884_6; // sqrt(2/π)
@@ -148,7 +199,15 @@ pub fn activation(eng: &Engine, x: &mut [f32], act: Activation) {
         Activation::GeluErf => {
             |v| (0.5 * f64::from(v) * (1.0 + erf(f64::from(v) / std::f64::consts::SQRT_2))) as f32
         }
-    };
+        Activation::Sigmoid => |v| 1.0 / (1.0 + (-v).exp()),
+        Activation::Relu => |v| v.max(0.0),
+        Activation::Tanh => f32::tanh,
+    }
+}
+
+/// Applies `act` in place.
+pub fn activation(eng: &Engine, x: &mut [f32], act: Activation) {
+    let f = activation_fn(act);
     if x.len() >= PAR_MIN {
         eng.pool.install(|| {
             x.par_chunks_mut(4096)

@@ -1,14 +1,11 @@
-//! Deterministic random weights and activations for tests and benchmarks, and kernels with
+//! Deterministic random weights and activations for tests and benchmarks, and a backend with
 //! operations replaced for other crates' tests (not part of the API).
 
-use abi_stable::{
-    sabi_trait::TD_Opaque,
-    std_types::{RResult, RSlice, RSliceMut},
-};
+use abi_stable::std_types::{RResult, RSlice};
 use std::sync::Arc;
 use u_sdk::{
-    Activation, AttentionParams, BackendInfo, DType, Kernels, Kernels_TO, KernelsBox, KvSpan, Op,
-    RopeParams, TensorView, UError,
+    Backend, BackendBox, BackendInfo, BufferBox, BufferType, DType, KeepaliveBox, OpCall, OpKind,
+    UError,
 };
 
 /// A small deterministic generator (SplitMix64).
@@ -122,155 +119,81 @@ pub fn random_weight(rng: &mut Rng, dtype: DType, n: usize, k: usize) -> Vec<u8>
     out
 }
 
-/// A replacement for [`u_sdk::Kernels::matmul`]: `(inner, weight, x, m, y)`.
-pub type MatmulFn = dyn Fn(
-        &KernelsBox,
-        &TensorView<'_>,
-        RSlice<'_, f32>,
-        u32,
-        RSliceMut<'_, f32>,
-    ) -> RResult<(), UError>
-    + Send
-    + Sync;
-/// A replacement for [`u_sdk::Kernels::rope`]: `(inner, x, positions, params)`.
-pub type RopeFn = dyn Fn(&KernelsBox, RSliceMut<'_, f32>, RSlice<'_, u32>, &RopeParams) -> RResult<(), UError>
-    + Send
-    + Sync;
+/// A replacement for one kind of op: `(inner, call)`; it may run the op itself or change it and
+/// hand it on to `inner`.
+pub type OpFn = dyn Fn(&BackendBox, &OpCall<'_>) -> RResult<(), UError> + Send + Sync;
 
-/// Kernels with some operations replaced by a test's own (a reference matmul, recorded calls,
-/// moved positions); every other operation goes to `inner`.
+/// A backend with some kinds of op replaced by a test's own (a reference matmul, recorded
+/// calls, moved positions); every other op, and every buffer, goes to `inner`.
 #[derive(Clone)]
-pub struct KernelsWith {
-    inner: KernelsBox,
-    matmul: Option<Arc<MatmulFn>>,
-    rope: Option<Arc<RopeFn>>,
+pub struct BackendWith {
+    inner: BackendBox,
+    replaced: Vec<(OpKind, Arc<OpFn>)>,
 }
 
-impl KernelsWith {
+impl BackendWith {
     /// `inner`, nothing replaced yet.
-    pub fn new(inner: KernelsBox) -> Self {
+    pub fn new(inner: BackendBox) -> Self {
         Self {
             inner,
-            matmul: None,
-            rope: None,
+            replaced: Vec::new(),
         }
     }
 
-    /// Replaces `matmul`.
-    pub fn matmul(
+    /// Replaces ops of `kind`.
+    pub fn replace(
         mut self,
-        f: impl Fn(
-            &KernelsBox,
-            &TensorView<'_>,
-            RSlice<'_, f32>,
-            u32,
-            RSliceMut<'_, f32>,
-        ) -> RResult<(), UError>
-        + Send
-        + Sync
-        + 'static,
+        kind: OpKind,
+        f: impl Fn(&BackendBox, &OpCall<'_>) -> RResult<(), UError> + Send + Sync + 'static,
     ) -> Self {
-        self.matmul = Some(Arc::new(f));
-        self
-    }
-
-    /// Replaces `rope`.
-    pub fn rope(
-        mut self,
-        f: impl Fn(&KernelsBox, RSliceMut<'_, f32>, RSlice<'_, u32>, &RopeParams) -> RResult<(), UError>
-        + Send
-        + Sync
-        + 'static,
-    ) -> Self {
-        self.rope = Some(Arc::new(f));
+        self.replaced.push((kind, Arc::new(f)));
         self
     }
 
     /// As an ABI object.
-    pub fn into_box(self) -> KernelsBox {
-        Kernels_TO::from_value(self, TD_Opaque)
+    pub fn into_box(self) -> BackendBox {
+        BackendBox::new(self)
     }
 }
 
-impl Kernels for KernelsWith {
-    fn info(&self) -> BackendInfo {
+impl Backend for BackendWith {
+    fn info(&self) -> RResult<BackendInfo, UError> {
         self.inner.info()
     }
 
-    fn supports(&self, op: Op, dtype: DType) -> bool {
+    fn buffer_type(&self) -> RResult<BufferType, UError> {
+        self.inner.buffer_type()
+    }
+
+    fn supports(&self, op: OpKind, dtype: DType) -> RResult<bool, UError> {
         self.inner.supports(op, dtype)
     }
 
-    fn matmul(
-        &self,
-        weight: &TensorView<'_>,
-        x: RSlice<'_, f32>,
-        m: u32,
-        y: RSliceMut<'_, f32>,
-    ) -> RResult<(), UError> {
-        match &self.matmul {
-            Some(f) => f(&self.inner, weight, x, m, y),
-            None => self.inner.matmul(weight, x, m, y),
+    fn alloc(&self, bytes: u64) -> RResult<BufferBox, UError> {
+        self.inner.alloc(bytes)
+    }
+
+    fn import(&self, bytes: RSlice<'_, u8>, owner: KeepaliveBox) -> RResult<BufferBox, UError> {
+        self.inner.import(bytes, owner)
+    }
+
+    fn compute(&self, ops: RSlice<'_, OpCall<'_>>) -> RResult<(), UError> {
+        for call in ops.iter() {
+            let kind = call.op.kind();
+            let result = match self.replaced.iter().find(|(k, _)| *k == kind) {
+                Some((_, f)) => f(&self.inner, call),
+                None => self
+                    .inner
+                    .compute(RSlice::from_slice(std::slice::from_ref(call))),
+            };
+            if result.is_err() {
+                return result;
+            }
         }
+        RResult::ROk(())
     }
 
-    fn rms_norm(
-        &self,
-        x: RSlice<'_, f32>,
-        weight: RSlice<'_, f32>,
-        eps: f32,
-        y: RSliceMut<'_, f32>,
-    ) -> RResult<(), UError> {
-        self.inner.rms_norm(x, weight, eps, y)
-    }
-
-    fn layer_norm(
-        &self,
-        x: RSlice<'_, f32>,
-        weight: RSlice<'_, f32>,
-        bias: RSlice<'_, f32>,
-        eps: f32,
-        y: RSliceMut<'_, f32>,
-    ) -> RResult<(), UError> {
-        self.inner.layer_norm(x, weight, bias, eps, y)
-    }
-
-    fn rope(
-        &self,
-        x: RSliceMut<'_, f32>,
-        positions: RSlice<'_, u32>,
-        params: &RopeParams,
-    ) -> RResult<(), UError> {
-        match &self.rope {
-            Some(f) => f(&self.inner, x, positions, params),
-            None => self.inner.rope(x, positions, params),
-        }
-    }
-
-    fn attention(
-        &self,
-        q: RSlice<'_, f32>,
-        kv: RSlice<'_, KvSpan<'_>>,
-        params: &AttentionParams,
-        out: RSliceMut<'_, f32>,
-    ) -> RResult<(), UError> {
-        self.inner.attention(q, kv, params, out)
-    }
-
-    fn activation(&self, x: RSliceMut<'_, f32>, act: Activation) -> RResult<(), UError> {
-        self.inner.activation(x, act)
-    }
-
-    fn softmax(&self, x: RSliceMut<'_, f32>, row_len: u32) -> RResult<(), UError> {
-        self.inner.softmax(x, row_len)
-    }
-
-    fn embedding(
-        &self,
-        table: &TensorView<'_>,
-        ids: RSlice<'_, u32>,
-        out: RSliceMut<'_, f32>,
-    ) -> RResult<(), UError> {
-        self.inner.embedding(table, ids, out)
+    fn synchronize(&self) -> RResult<(), UError> {
+        self.inner.synchronize()
     }
 }

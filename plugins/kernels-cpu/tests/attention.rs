@@ -5,10 +5,11 @@
 //! also runs with the keys and values split into spans (KV-cache pages of 64 positions, and
 //! uneven ones that tiles straddle), which must give the same output bit for bit.
 
+use u_kernels_cpu::attention::{KvSpan, Params as AttentionParams};
 use u_kernels_cpu::testutil::{Rng, f32_to_f16};
 use u_kernels_cpu::{CpuKernels, Isa};
+use u_sdk::DType;
 use u_sdk::quant::f16_to_f32;
-use u_sdk::{AttentionParams, DType, KvSpan};
 
 #[derive(Clone, Debug)]
 struct Shape {

@@ -133,7 +133,14 @@ fn activations_and_softmax() {
     }
     let mut rng = Rng::new(9);
     let x = rng.vec(40_000, 6.0);
-    for act in [Activation::Silu, Activation::GeluTanh, Activation::GeluErf] {
+    for act in [
+        Activation::Silu,
+        Activation::GeluTanh,
+        Activation::GeluErf,
+        Activation::Sigmoid,
+        Activation::Relu,
+        Activation::Tanh,
+    ] {
         let mut y = x.clone();
         kern.activation(&mut y, act).expect("act");
         let want: Vec<f64> = x
@@ -152,6 +159,9 @@ fn activations_and_softmax() {
                     Activation::GeluErf => {
                         0.5 * v * (1.0 + u_kernels_cpu::ops::erf(v / std::f64::consts::SQRT_2))
                     }
+                    Activation::Sigmoid => 1.0 / (1.0 + (-v).exp()),
+                    Activation::Relu => v.max(0.0),
+                    Activation::Tanh => v.tanh(),
                 }
             })
             .collect();
@@ -215,29 +225,41 @@ fn embedding_rows_of_every_dtype() {
     }
 }
 
+/// Keeps nothing alive: the test's bytes are `'static`.
+struct Nothing;
+
+impl u_sdk::Keepalive for Nothing {
+    fn describe(&self) -> abi_stable::std_types::RString {
+        "static test bytes".into()
+    }
+}
+
 #[test]
 fn the_abi_object_reports_the_isa_and_catches_errors() {
     let kern = CpuKernels::new(2).expect("kernels");
     let isa = kern.isa();
     let boxed = kern.into_box();
-    let info = boxed.info();
+    let info = boxed.info().unwrap();
     assert_eq!(info.isa.as_str(), isa.name());
     assert_eq!(info.threads, 2);
-    assert!(boxed.supports(u_sdk::Op::MatMul, DType::Q4_K));
-    assert!(!boxed.supports(u_sdk::Op::Attention, DType::Q4_0));
-    let mut y = [0f32; 1];
-    let w = [0u8; 4];
-    let view = TensorView {
-        dtype: DType::F32,
-        shape: RVec::from(vec![1, 2]),
-        data: RSlice::from_slice(&w),
-    };
-    let r = boxed.matmul(
-        &view,
-        RSlice::from_slice(&[1.0, 2.0]),
-        1,
-        (&mut y[..]).into(),
+    assert!(boxed.supports(u_sdk::OpKind::MatMul, DType::Q4_K).unwrap());
+    assert!(
+        !boxed
+            .supports(u_sdk::OpKind::Attention, DType::Q4_0)
+            .unwrap()
     );
+    static W: [u8; 4] = [0; 4];
+    let weight = u_sdk::TensorDesc {
+        buffer: boxed
+            .import(RSlice::from_slice(&W), u_sdk::KeepaliveBox::new(Nothing))
+            .unwrap(),
+        offset: 0,
+        dtype: DType::F32,
+        shape: u_sdk::Shape::new(&[1, 2]),
+    };
+    let dev = u_sdk::nn::Device::new(boxed).unwrap();
+    let x = dev.from_f32(&[1.0, 2.0], &[1, 2]).unwrap();
+    let r = x.matmul_t(&dev.tensor(weight));
     assert!(
         r.is_err(),
         "4 bytes for a [1, 2] f32 weight must be refused"

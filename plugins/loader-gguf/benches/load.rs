@@ -15,7 +15,7 @@ fn median_open(path: &std::path::Path, runs: usize) -> Duration {
         .map(|_| {
             let t = Instant::now();
             let w = u_loader_gguf::open_path(path).expect("open");
-            let first = &w.tensors()[0];
+            let first = &w.tensors().unwrap()[0];
             let view = w.tensor(first.name.as_str().into()).expect("tensor");
             std::hint::black_box(view.data.len());
             t.elapsed()

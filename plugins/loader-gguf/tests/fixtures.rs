@@ -123,11 +123,14 @@ fn views_point_into_the_map_and_shapes_are_reversed() {
     let cube = g.tensor_info("cube.q8_0").unwrap();
     assert_eq!(cube.dims, vec![64, 3, 2]);
     assert_eq!(cube.shape(), vec![2, 3, 64]);
-    let infos = weights.tensors();
+    let infos = weights.tensors().unwrap();
     let cube = infos.iter().find(|t| t.name == "cube.q8_0").unwrap();
     assert_eq!(cube.shape.as_slice(), &[2, 3, 64]);
     assert_eq!(cube.byte_len, 6 * 2 * 34);
-    assert_eq!(weights.architecture().into_option().unwrap(), "testarch");
+    assert_eq!(
+        weights.architecture().unwrap().into_option().unwrap(),
+        "testarch"
+    );
     let err = weights.tensor("nope".into()).unwrap_err();
     assert_eq!(err.kind, ErrorKind::NotFound);
 }
@@ -213,13 +216,14 @@ fn every_metadata_type_reads_back() {
     // The same through the ABI.
     let keys: Vec<String> = weights
         .metadata_keys()
+        .unwrap()
         .iter()
         .map(|k| k.to_string())
         .collect();
     assert_eq!(keys.len(), g.metadata.len());
     assert_eq!(keys[0], "general.architecture");
     assert_eq!(keys.last().unwrap(), "a.nested");
-    let meta = |k: &str| weights.metadata(k.into()).into_option().unwrap();
+    let meta = |k: &str| weights.metadata(k.into()).unwrap().into_option().unwrap();
     assert_eq!(meta("t.u8"), MetaValue::UInt(200));
     assert_eq!(meta("t.i16"), MetaValue::Int(-30000));
     assert_eq!(meta("t.u64"), MetaValue::UInt(18_000_000_000_000_000_000));
@@ -248,8 +252,11 @@ fn every_metadata_type_reads_back() {
         meta("a.nested"),
         MetaValue::Json(r#"[[1,2],[3],["x","y"],[[true]]]"#.into())
     );
-    assert!(weights.metadata("absent".into()).is_none());
-    assert_eq!(weights.architecture().into_option().unwrap(), "metaarch");
+    assert!(weights.metadata("absent".into()).unwrap().is_none());
+    assert_eq!(
+        weights.architecture().unwrap().into_option().unwrap(),
+        "metaarch"
+    );
 
     let w = dequantize_view(&weights.tensor("weight".into()).unwrap()).unwrap();
     assert_eq!(w, (0..12).map(|i| i as f32).collect::<Vec<_>>());
@@ -304,6 +311,7 @@ fn the_plugin_opens_files_through_the_host() {
     assert_eq!(
         loader
             .formats()
+            .unwrap()
             .iter()
             .map(|s| s.as_str())
             .collect::<Vec<_>>(),
@@ -311,12 +319,20 @@ fn the_plugin_opens_files_through_the_host() {
     );
     let path = root.join("quants.gguf");
     let head = std::fs::read(&path).unwrap();
-    assert!(loader.can_open(path.to_str().unwrap().into(), head[..64].into()));
-    assert!(!loader.can_open("x.safetensors".into(), b"\x08\0\0\0\0\0\0\0{}"[..].into()));
+    assert!(
+        loader
+            .can_open(path.to_str().unwrap().into(), head[..64].into())
+            .unwrap()
+    );
+    assert!(
+        !loader
+            .can_open("x.safetensors".into(), b"\x08\0\0\0\0\0\0\0{}"[..].into())
+            .unwrap()
+    );
 
     let set = loader.open(path.to_str().unwrap().into()).unwrap();
-    assert_eq!(set.format(), "gguf");
-    let infos = set.tensors();
+    assert_eq!(set.format().unwrap(), "gguf");
+    let infos = set.tensors().unwrap();
     let q4k = infos.iter().find(|t| t.name == "q4_k").unwrap();
     assert_eq!(
         (q4k.dtype, q4k.shape.as_slice()),

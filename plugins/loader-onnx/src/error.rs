@@ -49,15 +49,11 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
-    /// Two initializers with one name, or two names with one canonical name.
-    #[error("initializers `{first}` and `{second}` both map to the name `{canonical}`")]
+    /// Two initializers with one name.
+    #[error("two initializers are named `{name}`")]
     NameClash {
-        /// One stored name.
-        first: String,
-        /// The other.
-        second: String,
-        /// The shared (canonical) name.
-        canonical: String,
+        /// The name.
+        name: String,
     },
     /// A malformed `config.json`.
     #[error("{path}: bad config.json: {reason}")]

@@ -14,11 +14,10 @@
 //! Dtypes: FLOAT, FLOAT16, BFLOAT16, DOUBLE, INT8, UINT8, INT16, INT32, INT64; anything else is
 //! a clear `Unsupported` error. Sparse initializers and graph nodes are ignored.
 //!
-//! Names go through [`u_sdk::naming`] like the safetensors loader: HF Llama-family names (as
-//! `torch.onnx`/optimum exports keep them) become canonical GGUF names, unknown names (e.g.
-//! `onnx::MatMul_123`, which exporters use for transposed copies) pass through, and HF-named
-//! weights carry `u.rope.pairing = "neox"`. A `config.json` next to the model becomes metadata
-//! as in the safetensors loader; the model's own properties appear as `onnx.*`.
+//! Initializers keep their stored names (HF names, as `torch.onnx`/optimum exports keep them,
+//! or generated ones); a `config.json` next to the model becomes `config.*` metadata as in the
+//! safetensors loader, and the model's own properties appear as `onnx.*`. What names mean is
+//! the architecture plugin's business.
 //!
 //! The parsing core ([`model`]) needs no host, so it is unit-tested and fuzzed (`fuzz/`); the
 //! plugin glue below only adapts it to the ABI, with every exported call run under
@@ -49,7 +48,7 @@ u_sdk::export_plugin! {
 pub fn describe() -> PluginInfo {
     PluginInfo {
         summary:
-            "ONNX loader: initializers (raw, typed, external data), memory-mapped, canonical names"
+            "ONNX loader: initializers (raw, typed, external data), memory-mapped, names as stored"
                 .into(),
         details: vec!["formats=onnx".into()].into(),
     }

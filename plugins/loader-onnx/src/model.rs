@@ -1,4 +1,4 @@
-//! A loaded ONNX model's initializers: validated, canonically named, and backed by the memory
+//! A loaded ONNX model's initializers: validated, named as stored, and backed by the memory
 //! map of the model file (raw data), of external data files, or by a small owned buffer
 //! (typed fields, converted to their stored little-endian layout). Usable without a host
 //! through [`StdFs`].
@@ -13,7 +13,7 @@ use std::{
     collections::HashMap,
     path::{Component, Path, PathBuf},
 };
-use u_sdk::{DType, MetaValue, TensorInfo, TensorView, files, naming};
+use u_sdk::{DType, MetaValue, TensorInfo, TensorView, files, weights};
 
 /// The largest `config.json` accepted (16 MiB).
 pub const MAX_CONFIG_LEN: u64 = 16 * 1024 * 1024;
@@ -34,10 +34,8 @@ pub enum Storage {
 /// One initializer of the model.
 #[derive(Debug, Clone)]
 pub struct Tensor {
-    /// Canonical name (see [`u_sdk::naming`]).
-    pub name: String,
     /// Name as stored in the model.
-    pub source_name: String,
+    pub name: String,
     /// Element type.
     pub dtype: DType,
     /// Dimensions, outermost first.
@@ -125,48 +123,29 @@ impl OnnxModel {
 
         let mut metadata = Vec::new();
         if let Some((cpath, cfg)) = &config {
-            metadata = naming::config_metadata(cfg).map_err(|reason| Error::Config {
+            metadata = weights::config_metadata(cfg).map_err(|reason| Error::Config {
                 path: cpath.clone(),
                 reason,
             })?;
         }
         let architecture = metadata
             .iter()
-            .find(|(k, _)| k == naming::ARCHITECTURE_KEY)
+            .find(|(k, _)| k == "config.model_type")
             .and_then(|(_, v)| v.as_str())
             .map(str::to_string);
 
         let mut tensors: Vec<Tensor> = Vec::with_capacity(graph.initializer.len());
         let mut by_name: HashMap<String, usize> = HashMap::new();
-        let mut stored_names: HashMap<&str, ()> = HashMap::new();
-        let mut hf_named = false;
         for t in &graph.initializer {
-            if stored_names.insert(t.name.as_str(), ()).is_some() {
+            if by_name.contains_key(&t.name) {
                 return Err(Error::NameClash {
-                    first: t.name.clone(),
-                    second: t.name.clone(),
-                    canonical: t.name.clone(),
+                    name: t.name.clone(),
                 });
             }
             let (dtype, shape, storage, data) = resolve(t, ext.as_deref_mut())?;
-            let canonical = match naming::hf_to_canonical(architecture.as_deref(), &t.name) {
-                Some(c) => {
-                    hf_named = true;
-                    c
-                }
-                None => t.name.clone(),
-            };
-            if let Some(&j) = by_name.get(&canonical) {
-                return Err(Error::NameClash {
-                    first: tensors[j].source_name.clone(),
-                    second: t.name.clone(),
-                    canonical,
-                });
-            }
-            by_name.insert(canonical.clone(), tensors.len());
+            by_name.insert(t.name.clone(), tensors.len());
             tensors.push(Tensor {
-                name: canonical,
-                source_name: t.name.clone(),
+                name: t.name.clone(),
                 dtype,
                 shape,
                 storage,
@@ -174,12 +153,6 @@ impl OnnxModel {
             });
         }
 
-        if hf_named {
-            metadata.push((
-                naming::ROPE_PAIRING_KEY.to_string(),
-                MetaValue::Str(naming::ROPE_NEOX.into()),
-            ));
-        }
         metadata.extend(onnx_metadata(&model));
         let mut meta_index = HashMap::new();
         metadata.retain(|(k, _)| {
@@ -202,12 +175,12 @@ impl OnnxModel {
         &self.tensors
     }
 
-    /// An initializer by canonical name.
+    /// An initializer by name.
     pub fn tensor(&self, name: &str) -> Option<&Tensor> {
         self.by_name.get(name).map(|&i| &self.tensors[i])
     }
 
-    /// A view of an initializer by canonical name (no copy).
+    /// A view of an initializer by name (no copy).
     pub fn view(&self, name: &str) -> Result<TensorView<'_>> {
         let t = self
             .tensor(name)
@@ -224,8 +197,7 @@ impl OnnxModel {
         self.view(name)?.to_f32()
     }
 
-    /// Metadata, in a stable order: canonical keys and `config.*` from `config.json`,
-    /// [`naming::ROPE_PAIRING_KEY`], then `onnx.*` from the model.
+    /// Metadata, in a stable order: `config.*` from `config.json`, then `onnx.*` from the model.
     pub fn metadata(&self) -> &[(String, MetaValue)] {
         &self.metadata
     }
@@ -235,7 +207,7 @@ impl OnnxModel {
         self.meta_index.get(key).map(|&i| &self.metadata[i].1)
     }
 
-    /// The canonical architecture name from `config.json`'s `model_type`, if known.
+    /// The architecture as `config.json`'s `model_type` names it, if known.
     pub fn architecture(&self) -> Option<&str> {
         self.architecture.as_deref()
     }

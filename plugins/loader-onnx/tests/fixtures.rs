@@ -52,11 +52,10 @@ fn check_against(model: &OnnxModel) {
     let exp = expected();
     assert_eq!(model.tensors().len(), exp.len(), "initializer count");
     for (stored, e) in &exp {
-        let canonical = e["canonical"].as_str().unwrap();
         let t = model
-            .tensor(canonical)
-            .unwrap_or_else(|| panic!("missing canonical tensor {canonical} (from {stored})"));
-        assert_eq!(&t.source_name, stored);
+            .tensor(stored)
+            .unwrap_or_else(|| panic!("missing tensor {stored}"));
+        assert_eq!(&t.name, stored);
         assert_eq!(
             t.dtype.name(),
             e["dtype"].as_str().unwrap(),
@@ -69,7 +68,7 @@ fn check_against(model: &OnnxModel) {
             .map(|v| v.as_u64().unwrap())
             .collect();
         assert_eq!(t.shape, shape, "{stored} shape");
-        let view = model.view(canonical).unwrap();
+        let view = model.view(stored).unwrap();
         let got = decoded(t.dtype, &view.data);
         let want = e["values"].as_array().unwrap();
         assert_eq!(got.len(), want.len(), "{stored} element count");
@@ -87,14 +86,18 @@ fn inline_initializers_match_onnx() {
     let model = OnnxModel::open(&StdFs, &fixtures().join("tiny_llama.onnx")).unwrap();
     check_against(&model);
     let storage = |n: &str| model.tensor(n).unwrap().storage;
-    assert_eq!(storage("token_embd.weight"), Storage::Raw);
-    assert_eq!(storage("blk.0.attn_v.weight"), Storage::Raw);
-    assert_eq!(storage("blk.0.attn_norm.weight"), Storage::Typed);
-    assert_eq!(storage("blk.0.ffn_gate.weight"), Storage::Typed);
-    // HF names → rope pairing stated even without a config.json.
+    assert_eq!(storage("model.embed_tokens.weight"), Storage::Raw);
     assert_eq!(
-        model.metadata_value("u.rope.pairing"),
-        Some(&MetaValue::Str("neox".into()))
+        storage("model.layers.0.self_attn.v_proj.weight"),
+        Storage::Raw
+    );
+    assert_eq!(
+        storage("model.layers.0.input_layernorm.weight"),
+        Storage::Typed
+    );
+    assert_eq!(
+        storage("model.layers.0.mlp.gate_proj.weight"),
+        Storage::Typed
     );
     assert_eq!(model.architecture(), None);
     let m = |k: &str| model.metadata_value(k).cloned();
@@ -112,7 +115,13 @@ fn inline_initializers_match_onnx() {
         m("onnx.graph_name"),
         Some(MetaValue::Str("tiny_llama".into()))
     );
-    assert_eq!(model.tensor_f32("blk.0.ffn_up.weight").unwrap().len(), 96);
+    assert_eq!(
+        model
+            .tensor_f32("model.layers.0.mlp.up_proj.weight")
+            .unwrap()
+            .len(),
+        96
+    );
 }
 
 /// Raw initializers are slices of the mapped file: their addresses differ by exactly their
@@ -159,22 +168,24 @@ fn external_data_matches_onnx() {
     assert_eq!(
         external,
         [
-            "token_embd.weight",
-            "blk.0.attn_q.weight",
-            "blk.0.attn_k.weight",
-            "blk.0.attn_v.weight",
-            "blk.0.ffn_down.weight"
+            "model.embed_tokens.weight",
+            "model.layers.0.self_attn.q_proj.weight",
+            "model.layers.0.self_attn.k_proj.weight",
+            "model.layers.0.self_attn.v_proj.weight",
+            "model.layers.0.mlp.down_proj.weight"
         ]
     );
     // External views are contiguous slices of one mapped weights.bin.
     let p = |n: &str| model.view(n).unwrap().data.as_ptr() as usize;
-    assert_eq!(p("blk.0.attn_q.weight") - p("token_embd.weight"), 512);
-    // config.json next to the model.
+    assert_eq!(
+        p("model.layers.0.self_attn.q_proj.weight") - p("model.embed_tokens.weight"),
+        512
+    );
+    // config.json next to the model, verbatim.
     assert_eq!(model.architecture(), Some("llama"));
     let m = |k: &str| model.metadata_value(k).cloned();
-    assert_eq!(m("llama.rope.freq_base"), Some(MetaValue::Float(500000.0)));
-    assert_eq!(m("llama.attention.head_count_kv"), Some(MetaValue::UInt(1)));
-    assert_eq!(m("llama.block_count"), Some(MetaValue::UInt(1)));
-    assert_eq!(m("u.rope.pairing"), Some(MetaValue::Str("neox".into())));
-    assert_eq!(model.metadata()[0].0, "general.architecture");
+    assert_eq!(m("config.rope_theta"), Some(MetaValue::Float(500000.0)));
+    assert_eq!(m("config.num_key_value_heads"), Some(MetaValue::UInt(1)));
+    assert_eq!(m("llama.block_count"), None, "no model-specific keys");
+    assert!(model.metadata()[0].0.starts_with("config."));
 }

@@ -125,16 +125,6 @@ pub enum Error {
     /// A file that could not be read.
     #[error(transparent)]
     File(#[from] FileError),
-    /// Two stored names map to the same canonical name.
-    #[error("tensors `{first}` and `{second}` both map to the canonical name `{canonical}`")]
-    NameClash {
-        /// One stored name.
-        first: String,
-        /// The other.
-        second: String,
-        /// The shared canonical name.
-        canonical: String,
-    },
     /// A tensor name that is not in the weight set.
     #[error("no tensor named `{0}`")]
     NoTensor(String),
@@ -151,7 +141,6 @@ impl From<Error> for UError {
             Error::Index { .. } | Error::Config { .. } | Error::Inconsistent { .. } => {
                 ErrorKind::InvalidInput
             }
-            Error::NameClash { .. } => ErrorKind::InvalidInput,
             Error::NoTensor(_) => ErrorKind::NotFound,
             Error::File(f) => f.kind(),
         };

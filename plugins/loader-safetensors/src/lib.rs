@@ -6,15 +6,14 @@
 //! nothing is copied. Tensors keep their stored dtype (F16, BF16, F32, F64, I8, U8, I16, I32,
 //! I64); [`SafetensorsModel::tensor_f32`] converts on request.
 //!
-//! Names are presented in U's canonical (GGUF) scheme through [`u_sdk::naming`]: Hugging Face
-//! Llama-family names are mapped, unknown names pass through, per-expert MoE tensors stay
-//! separate (`blk.{i}.ffn_up.{e}.weight`, no stacking copy), and HF-origin weights carry
-//! `u.rope.pairing = "neox"`. A `config.json` next to the weights becomes metadata: GGUF-style
-//! hyper-parameters (`llama.block_count`…) plus every entry as `config.<key>`.
+//! The loader knows the format, not models: tensors keep the names they are stored under, and
+//! a `config.json` next to the weights becomes metadata, every entry as `config.<key>`
+//! ([`u_sdk::weights::config_metadata`]); its `model_type` names the architecture. What the
+//! names and keys mean is for the architecture plugin to say.
 //!
 //! The parsing core ([`header`], [`index`], [`model`]) is plain Rust that needs no host, so it
-//! is unit-tested and fuzzed (`fuzz/`); the plugin glue below only adapts it to the ABI, with
-//! every exported call run under [`u_sdk::guard`].
+//! is unit-tested and fuzzed (`fuzz/`); the plugin glue below only adapts it to the ABI
+//! (panic-guarded by the SDK's boxes).
 
 #![deny(missing_docs)]
 
@@ -41,7 +40,7 @@ u_sdk::export_plugin! {
 /// Run-time self-description.
 pub fn describe() -> PluginInfo {
     PluginInfo {
-        summary: "safetensors loader: single or sharded files, memory-mapped, canonical names"
+        summary: "safetensors loader: single or sharded files, memory-mapped, names as stored"
             .into(),
         details: vec!["formats=safetensors".into()].into(),
     }

@@ -1,5 +1,5 @@
-//! A loaded safetensors model: one or more memory-mapped files, validated headers, canonical
-//! tensor names and metadata. Usable without a host through [`StdFs`].
+//! A loaded safetensors model: one or more memory-mapped files, validated headers, tensor names
+//! as stored and metadata. Usable without a host through [`StdFs`].
 
 use crate::{
     error::{Error, Result},
@@ -15,7 +15,7 @@ use std::{
 use u_sdk::{
     DType, MetaValue, TensorInfo, TensorView,
     files::{self, FileError},
-    naming,
+    weights,
 };
 
 /// The largest `config.json` accepted (16 MiB).
@@ -33,10 +33,8 @@ pub type Backing = Arc<dyn AsRef<[u8]> + Send + Sync>;
 /// One tensor of the model.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tensor {
-    /// Canonical name (see [`u_sdk::naming`]).
-    pub name: String,
     /// Name as stored in the file.
-    pub source_name: String,
+    pub name: String,
     /// Element type as stored.
     pub dtype: DType,
     /// Dimensions, outermost first.
@@ -128,7 +126,7 @@ impl SafetensorsModel {
                 });
             }
             for (k, v) in &idx.metadata {
-                extra_meta.push((format!("safetensors.index.{k}"), naming::json_to_meta(v)));
+                extra_meta.push((format!("safetensors.index.{k}"), weights::json_to_meta(v)));
             }
             Some((index_path, idx))
         } else if let Some(p) = single_path {
@@ -164,7 +162,7 @@ impl SafetensorsModel {
     ) -> Result<Self> {
         let mut metadata = Vec::new();
         if let Some((path, cfg)) = &config {
-            metadata = naming::config_metadata(cfg).map_err(|reason| Error::Config {
+            metadata = weights::config_metadata(cfg).map_err(|reason| Error::Config {
                 path: path.clone(),
                 reason,
             })?;
@@ -172,7 +170,7 @@ impl SafetensorsModel {
         let mut file_meta = Vec::new();
         let architecture = metadata
             .iter()
-            .find(|(k, _)| k == naming::ARCHITECTURE_KEY)
+            .find(|(k, _)| k == "config.model_type")
             .and_then(|(_, v)| v.as_str())
             .map(str::to_string);
 
@@ -221,38 +219,15 @@ impl SafetensorsModel {
 
         let mut tensors = Vec::with_capacity(raw.len());
         let mut by_name: HashMap<String, usize> = HashMap::with_capacity(raw.len());
-        let mut hf_named = false;
         for (shard, t) in raw {
-            let canonical = match naming::hf_to_canonical(architecture.as_deref(), &t.name) {
-                Some(c) => {
-                    hf_named = true;
-                    c
-                }
-                None => t.name.clone(),
-            };
-            if let Some(&j) = by_name.get(&canonical) {
-                let first: &Tensor = &tensors[j];
-                return Err(Error::NameClash {
-                    first: first.source_name.clone(),
-                    second: t.name,
-                    canonical,
-                });
-            }
-            by_name.insert(canonical.clone(), tensors.len());
+            by_name.insert(t.name.clone(), tensors.len());
             tensors.push(Tensor {
-                name: canonical,
-                source_name: t.name,
+                name: t.name,
                 dtype: t.dtype,
                 shape: t.shape,
                 shard,
                 range: t.range,
             });
-        }
-        if hf_named {
-            metadata.push((
-                naming::ROPE_PAIRING_KEY.to_string(),
-                MetaValue::Str(naming::ROPE_NEOX.into()),
-            ));
         }
         metadata.extend(file_meta);
         metadata.extend(extra_meta);
@@ -278,7 +253,7 @@ impl SafetensorsModel {
         &self.tensors
     }
 
-    /// A tensor by canonical name.
+    /// A tensor by name.
     pub fn tensor(&self, name: &str) -> Option<&Tensor> {
         self.by_name.get(name).map(|&i| &self.tensors[i])
     }
@@ -289,7 +264,7 @@ impl SafetensorsModel {
         data.get(t.range.clone()).unwrap_or(&[])
     }
 
-    /// A zero-copy view of a tensor by canonical name.
+    /// A zero-copy view of a tensor by name.
     pub fn view(&self, name: &str) -> Result<TensorView<'_>> {
         let t = self
             .tensor(name)
@@ -306,8 +281,8 @@ impl SafetensorsModel {
         self.view(name)?.to_f32()
     }
 
-    /// Metadata, in a stable order: canonical keys and `config.*` from `config.json`,
-    /// [`naming::ROPE_PAIRING_KEY`], then `safetensors.*` from the file header and index.
+    /// Metadata, in a stable order: `config.*` from `config.json`, then `safetensors.*` from the
+    /// file header and index.
     pub fn metadata(&self) -> &[(String, MetaValue)] {
         &self.metadata
     }
@@ -317,7 +292,7 @@ impl SafetensorsModel {
         self.meta_index.get(key).map(|&i| &self.metadata[i].1)
     }
 
-    /// The canonical architecture name from `config.json`'s `model_type`, if known.
+    /// The architecture as `config.json`'s `model_type` names it, if known.
     pub fn architecture(&self) -> Option<&str> {
         self.architecture.as_deref()
     }

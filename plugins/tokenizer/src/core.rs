@@ -6,15 +6,12 @@
 //! character join up again, and only the final text is made valid UTF-8 (lossily).
 
 use crate::vocab::TokenType;
-use abi_stable::{
-    sabi_trait::TD_Opaque,
-    std_types::{ROption, RResult, RSlice, RStr, RString, RVec},
-};
+use abi_stable::std_types::{ROption, RResult, RSlice, RStr, RString, RVec};
 use std::{
     borrow::Cow,
     sync::{Arc, OnceLock},
 };
-use u_sdk::{SpecialTokens, Tokenizer as AbiTokenizer, Tokenizer_TO, TokenizerBox, UError, guard};
+use u_sdk::{SpecialTokens, Tokenizer as AbiTokenizer, TokenizerBox, UError};
 
 /// How a normal token's text maps to bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -223,7 +220,7 @@ impl Tok {
 
     /// This tokenizer as an ABI object.
     pub fn into_box(self) -> TokenizerBox {
-        Tokenizer_TO::from_value(self, TD_Opaque)
+        TokenizerBox::new(self)
     }
 }
 
@@ -272,43 +269,31 @@ fn byte_level_decode(text: &str) -> Vec<u8> {
 }
 
 impl AbiTokenizer for Tok {
-    fn vocab_size(&self) -> u32 {
-        u_sdk::guard_infallible(|| Tok::vocab_size(self), || 0)
+    fn vocab_size(&self) -> RResult<u32, UError> {
+        RResult::ROk(Tok::vocab_size(self))
     }
 
     fn encode(&self, text: RStr<'_>, add_special: bool) -> RResult<RVec<u32>, UError> {
-        guard("tokenizer.encode", || {
-            Tok::encode(self, text.as_str(), add_special).map(RVec::from)
-        })
+        Tok::encode(self, text.as_str(), add_special)
+            .map(RVec::from)
+            .into()
     }
 
     fn decode(&self, ids: RSlice<'_, u32>, skip_special: bool) -> RResult<RString, UError> {
-        guard("tokenizer.decode", || {
-            Tok::decode(self, ids.as_slice(), skip_special).map(RString::from)
-        })
+        Tok::decode(self, ids.as_slice(), skip_special)
+            .map(RString::from)
+            .into()
     }
 
     fn token_bytes(&self, id: u32) -> RResult<RVec<u8>, UError> {
-        guard("tokenizer.token_bytes", || {
-            Tok::token_bytes(self, id).map(RVec::from)
-        })
+        Tok::token_bytes(self, id).map(RVec::from).into()
     }
 
-    fn special_tokens(&self) -> SpecialTokens {
-        u_sdk::guard_infallible(
-            || Tok::special_tokens(self),
-            || SpecialTokens {
-                bos: ROption::RNone,
-                eos: RVec::new(),
-                add_bos: false,
-            },
-        )
+    fn special_tokens(&self) -> RResult<SpecialTokens, UError> {
+        RResult::ROk(Tok::special_tokens(self))
     }
 
-    fn chat_template(&self) -> ROption<RString> {
-        u_sdk::guard_infallible(
-            || Tok::chat_template(self).map(RString::from).into(),
-            || ROption::RNone,
-        )
+    fn chat_template(&self) -> RResult<ROption<RString>, UError> {
+        RResult::ROk(Tok::chat_template(self).map(RString::from).into())
     }
 }

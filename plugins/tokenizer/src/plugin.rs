@@ -1,14 +1,10 @@
 //! The ABI side: [`u_sdk::TokenizerFactory`], reading files only through the host.
 
 use crate::Tok;
-use abi_stable::{
-    sabi_trait::TD_Opaque,
-    std_types::{RResult, RStr},
-};
+use abi_stable::std_types::{RResult, RStr};
 use std::{fs::File, io::Read, os::fd::FromRawFd};
 use u_sdk::{
-    ErrorKind, HostBox, TokenizerBox, TokenizerFactory, TokenizerFactory_TO, TokenizerFactoryBox,
-    UError, WeightSetBox, guard,
+    ErrorKind, HostBox, TokenizerBox, TokenizerFactory, TokenizerFactoryBox, UError, WeightSetBox,
 };
 
 /// Builds tokenizers from GGUF weight sets and `tokenizer.json` files.
@@ -25,7 +21,7 @@ impl Factory {
 
     /// This factory as an ABI object.
     pub fn into_box(self) -> TokenizerFactoryBox {
-        TokenizerFactory_TO::from_value(self, TD_Opaque)
+        TokenizerFactoryBox::new(self)
     }
 
     fn read(&self, path: &str) -> Result<String, UError> {
@@ -47,13 +43,11 @@ impl Factory {
 
 impl TokenizerFactory for Factory {
     fn build_from_weights(&self, weights: WeightSetBox) -> RResult<TokenizerBox, UError> {
-        guard("tokenizer.build_from_weights", || {
-            Ok(Tok::from_meta(&weights)?.into_box())
-        })
+        Tok::from_meta(&weights).map(Tok::into_box).into()
     }
 
     fn build_from_file(&self, path: RStr<'_>) -> RResult<TokenizerBox, UError> {
-        guard("tokenizer.build_from_file", || {
+        (|| {
             let path = path.as_str();
             let json = self.read(path)?;
             // The config beside it is optional: absent or not granted means none.
@@ -62,6 +56,7 @@ impl TokenizerFactory for Factory {
             let tok = Tok::from_json(&json, config.as_deref())
                 .map_err(|e| UError::new(e.kind, format!("{path}: {}", e.message)))?;
             Ok(tok.into_box())
-        })
+        })()
+        .into()
     }
 }

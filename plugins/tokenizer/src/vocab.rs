@@ -15,7 +15,7 @@ pub trait MetaSource {
 
 impl MetaSource for WeightSetBox {
     fn meta(&self, key: &str) -> Option<MetaValue> {
-        self.metadata(key.into()).into_option()
+        self.metadata(key.into()).into_result().ok()?.into_option()
     }
 }
 

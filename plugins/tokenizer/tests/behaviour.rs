@@ -340,20 +340,20 @@ impl Host for TestHost {
 struct MetaOnly(HashMap<String, MetaValue>);
 
 impl WeightSet for MetaOnly {
-    fn format(&self) -> RString {
-        "gguf".into()
+    fn format(&self) -> RResult<RString, UError> {
+        RResult::ROk("gguf".into())
     }
-    fn architecture(&self) -> ROption<RString> {
-        ROption::RNone
+    fn architecture(&self) -> RResult<ROption<RString>, UError> {
+        RResult::ROk(ROption::RNone)
     }
-    fn metadata_keys(&self) -> RVec<RString> {
-        self.0.keys().map(|k| RString::from(k.as_str())).collect()
+    fn metadata_keys(&self) -> RResult<RVec<RString>, UError> {
+        RResult::ROk(self.0.keys().map(|k| RString::from(k.as_str())).collect())
     }
-    fn metadata(&self, key: RStr<'_>) -> ROption<MetaValue> {
-        self.0.get(key.as_str()).cloned().into()
+    fn metadata(&self, key: RStr<'_>) -> RResult<ROption<MetaValue>, UError> {
+        RResult::ROk(self.0.get(key.as_str()).cloned().into())
     }
-    fn tensors(&self) -> RVec<TensorInfo> {
-        RVec::new()
+    fn tensors(&self) -> RResult<RVec<TensorInfo>, UError> {
+        RResult::ROk(RVec::new())
     }
     fn tensor<'a>(&'a self, name: RStr<'_>) -> RResult<TensorView<'a>, UError> {
         RResult::RErr(UError::not_found(format!("no tensor {name}")))
@@ -380,7 +380,7 @@ fn plugin_builds_from_weights() {
     let f = factory(vec![]);
     let ws = WeightSet_TO::from_value(MetaOnly(meta("llama-bpe")), TD_Opaque);
     let tok = f.build_from_weights(ws).unwrap();
-    assert_eq!(tok.vocab_size(), 128256);
+    assert_eq!(tok.vocab_size().unwrap(), 128256);
     let ids = tok.encode("Hello world".into(), true).unwrap();
     assert_eq!(ids.as_slice(), &[128000, 9906, 1917]);
     assert_eq!(
@@ -388,8 +388,8 @@ fn plugin_builds_from_weights() {
         "Hello world"
     );
     assert_eq!(tok.token_bytes(1917).unwrap().as_slice(), b" world");
-    assert_eq!(tok.special_tokens().bos, ROption::RSome(128000));
-    assert!(tok.chat_template().is_none());
+    assert_eq!(tok.special_tokens().unwrap().bos, ROption::RSome(128000));
+    assert!(tok.chat_template().unwrap().is_none());
     let e = tok
         .decode(vec![999_999u32].as_slice().into(), false)
         .unwrap_err();
@@ -424,10 +424,10 @@ fn plugin_builds_from_tokenizer_json_through_the_host() {
         &[1, 15043, 3186]
     );
     assert_eq!(
-        tok.chat_template().unwrap().as_str(),
+        tok.chat_template().unwrap().unwrap().as_str(),
         "{{ bos_token }}{{ messages[0].content }}"
     );
-    assert!(tok.special_tokens().eos.contains(&32007));
+    assert!(tok.special_tokens().unwrap().eos.contains(&32007));
 
     // Without the grant the host refuses, and the error says so.
     let e = fails(factory(vec![]).build_from_file(path_str.into()));

@@ -393,8 +393,11 @@ mod tests {
             cached_tokens: 60,
             cache_written_tokens: 30,
             generated_tokens: 5,
+            tokens: vec![1, 2, 3, 4, 5].into(),
             finish: FinishReason::Stop,
             stop_sequence: abi_stable::std_types::ROption::RSome("END".into()),
+            prompt_ms: 1.0,
+            generate_ms: 2.0,
         };
         let u = usage(&s);
         assert_eq!(u["input_tokens"], 10);

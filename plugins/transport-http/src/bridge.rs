@@ -1,6 +1,5 @@
 //! Running the blocking engine off the async runtime and streaming its tokens back.
 
-use abi_stable::sabi_trait::TD_Opaque;
 use tokio::sync::mpsc;
 use u_sdk::{
     EngineBox, GenerateRequest, GenerateSummary, GeneratedToken, TokenLogprob, TokenSink,
@@ -52,7 +51,7 @@ impl TokenSink for ChannelSink {
 pub fn start(engine: EngineBox, request: GenerateRequest) -> mpsc::Receiver<Event> {
     let (tx, rx) = mpsc::channel(64);
     tokio::task::spawn_blocking(move || {
-        let sink = TokenSinkBox::from_value(ChannelSink(tx.clone()), TD_Opaque);
+        let sink = TokenSinkBox::new(ChannelSink(tx.clone()));
         let event = match engine.generate(&request, sink).into_result() {
             Ok(summary) => Event::Done(summary),
             Err(e) => Event::Failed(e),

@@ -173,14 +173,11 @@ fn instantiate(host: HostBox) -> Result<PluginInstance> {
         Some(path) => Some(read_secret(&host, path)?),
         None => None,
     };
-    Ok(PluginInstance::Transport(TransportBox::from_value(
-        server::Http {
-            host,
-            config,
-            secret,
-        },
-        abi_stable::sabi_trait::TD_Opaque,
-    )))
+    Ok(PluginInstance::Transport(TransportBox::new(server::Http {
+        host,
+        config,
+        secret,
+    })))
 }
 
 #[cfg(test)]

@@ -586,8 +586,11 @@ mod tests {
             cached_tokens: 1,
             cache_written_tokens: 0,
             generated_tokens: 2,
+            tokens: vec![7, 8].into(),
             finish: FinishReason::Length,
             stop_sequence: Default::default(),
+            prompt_ms: 1.0,
+            generate_ms: 2.0,
         }
     }
 

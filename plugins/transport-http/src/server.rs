@@ -67,7 +67,7 @@ enum AnyListener {
 
 impl Transport for Http {
     fn serve(&self, context: TransportContext) -> RResult<(), UError> {
-        u_sdk::guard("transport-http.serve", || self.run(context))
+        self.run(context).into()
     }
 }
 
@@ -449,16 +449,19 @@ async fn dispatch(
         };
         v.check(method.as_str(), &path_and_query, &headers, &body, now)?;
     }
+    let engine_error = |e: UError| ApiError::from_engine(&e);
     let models: Vec<String> = state
         .engine
         .models()
+        .into_result()
+        .map_err(engine_error)?
         .iter()
         .map(|m| m.to_string())
         .collect();
     let max = state.config.default_max_tokens;
     match route {
         Route::Health => {
-            let stats = state.engine.stats();
+            let stats = state.engine.stats().into_result().map_err(engine_error)?;
             Ok(json_response(
                 200,
                 &json!({"status": "ok", "models": models, "running": stats.running,
@@ -467,7 +470,8 @@ async fn dispatch(
             .into())
         }
         Route::Metrics => {
-            let text = state.metrics.render(&state.engine.stats());
+            let stats = state.engine.stats().into_result().map_err(engine_error)?;
+            let text = state.metrics.render(&stats);
             let mut r = Response::new(Full::new(Bytes::from(text)).boxed());
             r.headers_mut().insert(
                 header::CONTENT_TYPE,

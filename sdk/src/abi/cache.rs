@@ -2,20 +2,23 @@
 //!
 //! Sequences are handles into a paged store. Forking a sequence shares its pages (copy on
 //! write); the model appends each layer's keys and values and reads them back page by page, so
-//! attention runs over pages in place.
+//! attention runs over pages in place. Pages live in buffers of the model's backend (the cache
+//! allocates them there), so a device backend never copies KV per step. A cache stores and
+//! indexes: position-dependent math (re-rotating keys for a graft) is the model's.
 //!
 //! Pages are `f32` unless a sequence opted into int8 ([`KvCache::set_dtype`], or a cache
 //! configured so): then the pages it writes from then on hold `i8` values with one `f32` scale
-//! per [`KV_INT8_GROUP`] values. Attention reads them in place as int8 spans
-//! ([`crate::KvSpan::i8`]); [`KvPage::keys_f32`] / [`KvPage::values_f32`] dequantize them where
-//! f32 is needed.
+//! per [`KV_INT8_GROUP`] values, which attention reads in place.
 
-use crate::abi::{dtype::DType, error::UError, kernels::RopeParams};
+use crate::abi::{
+    backend::{BackendBox, KV_INT8_GROUP, TensorDesc},
+    dtype::DType,
+    error::UError,
+};
 use abi_stable::{
     StableAbi, sabi_trait,
-    std_types::{RBox, RResult, RSlice, RStr, RString, RVec},
+    std_types::{RBox, ROption, RResult, RSlice, RStr, RString, RVec},
 };
-use std::borrow::Cow;
 
 /// Identifies a sequence inside one cache.
 pub type SeqId = u64;
@@ -37,74 +40,27 @@ pub struct KvLayout {
     pub model_id: RString,
 }
 
-/// Values per quantization group of int8 KV: a token's row of `kv_heads × head_dim` values is
-/// cut into groups of this many consecutive values (the last one may be shorter), each with one
-/// `f32` scale, `value = q × scale`.
-pub const KV_INT8_GROUP: u32 = 32;
-
-/// One page of a sequence's keys and values for one layer, borrowed from the cache.
+/// One page of a sequence's keys and values for one layer: tensors in backend buffers the cache
+/// owns (or a file it maps), read in place by attention.
 ///
-/// An `F32` page fills `keys`/`values`; an `I8` page leaves them empty and fills the `*_i8` and
-/// `*_scales` fields instead. [`KvPage::keys_f32`] and [`KvPage::values_f32`] read either.
+/// An `F32` page's `keys`/`values` are `[tokens, kv_heads × head_dim]` `F32`; an `I8` page's are
+/// `I8` with one `F32` scale per [`KV_INT8_GROUP`] values in `key_scales`/`value_scales`
+/// (`[tokens, ⌈kv_heads × head_dim / KV_INT8_GROUP⌉]`).
 #[repr(C)]
 #[derive(StableAbi, Clone, Debug)]
-pub struct KvPage<'a> {
+pub struct KvPage {
     /// Number of tokens stored in this page.
     pub tokens: u32,
-    /// Keys: tokens × kv_heads × head_dim, as f32 (empty for an `I8` page).
-    pub keys: RSlice<'a, f32>,
-    /// Values: tokens × kv_heads × head_dim, as f32 (empty for an `I8` page).
-    pub values: RSlice<'a, f32>,
     /// Storage type of this page: `F32` or `I8`.
     pub dtype: DType,
-    /// `I8` keys: tokens × kv_heads × head_dim (empty for an `F32` page).
-    pub keys_i8: RSlice<'a, i8>,
-    /// `I8` values: tokens × kv_heads × head_dim (empty for an `F32` page).
-    pub values_i8: RSlice<'a, i8>,
-    /// Key scales: tokens × ⌈kv_heads × head_dim / [`KV_INT8_GROUP`]⌉.
-    pub key_scales: RSlice<'a, f32>,
-    /// Value scales, laid out like `key_scales`.
-    pub value_scales: RSlice<'a, f32>,
-}
-
-impl<'a> KvPage<'a> {
-    /// An `F32` page.
-    pub fn f32(tokens: u32, keys: &'a [f32], values: &'a [f32]) -> Self {
-        Self {
-            tokens,
-            keys: keys.into(),
-            values: values.into(),
-            dtype: DType::F32,
-            keys_i8: RSlice::default(),
-            values_i8: RSlice::default(),
-            key_scales: RSlice::default(),
-            value_scales: RSlice::default(),
-        }
-    }
-
-    /// Keys as f32: borrowed for an `F32` page, dequantized for an `I8` page.
-    pub fn keys_f32(&self) -> Cow<'a, [f32]> {
-        match self.dtype {
-            DType::I8 => Cow::Owned(dequantize_i8(
-                self.keys_i8.as_slice(),
-                self.key_scales.as_slice(),
-                self.tokens,
-            )),
-            _ => Cow::Borrowed(self.keys.as_slice()),
-        }
-    }
-
-    /// Values as f32: borrowed for an `F32` page, dequantized for an `I8` page.
-    pub fn values_f32(&self) -> Cow<'a, [f32]> {
-        match self.dtype {
-            DType::I8 => Cow::Owned(dequantize_i8(
-                self.values_i8.as_slice(),
-                self.value_scales.as_slice(),
-                self.tokens,
-            )),
-            _ => Cow::Borrowed(self.values.as_slice()),
-        }
-    }
+    /// Keys.
+    pub keys: TensorDesc,
+    /// Values.
+    pub values: TensorDesc,
+    /// Int8 key scales (`I8` pages only).
+    pub key_scales: ROption<TensorDesc>,
+    /// Int8 value scales (`I8` pages only).
+    pub value_scales: ROption<TensorDesc>,
 }
 
 /// Dequantizes `tokens` rows of int8 KV with per-group scales (see [`KV_INT8_GROUP`]).
@@ -158,8 +114,9 @@ pub struct PrefixMatch {
 /// Entry interface of a `cache` plugin.
 #[sabi_trait]
 pub trait KvCache: Send + Sync + Clone {
-    /// Declares the layout; must be called once before any sequence is created.
-    fn configure(&self, layout: KvLayout) -> RResult<(), UError>;
+    /// Declares the layout and the backend whose buffers hold the pages; must be called once
+    /// before any sequence is created.
+    fn configure(&self, layout: KvLayout, backend: BackendBox) -> RResult<(), UError>;
 
     /// Creates an empty sequence.
     fn create(&self) -> RResult<SeqId, UError>;
@@ -176,21 +133,21 @@ pub trait KvCache: Send + Sync + Clone {
     /// Drops tokens past `len` (rollback).
     fn truncate(&self, seq: SeqId, len: u64) -> RResult<(), UError>;
 
-    /// Appends `tokens` positions of keys and values for `layer` (tokens × kv_heads × head_dim).
+    /// Appends positions of keys and values for `layer`: `F32` tensors `[tokens, kv_heads ×
+    /// head_dim]` of the configured backend.
     fn append(
         &self,
         seq: SeqId,
         layer: u32,
-        keys: RSlice<'_, f32>,
-        values: RSlice<'_, f32>,
+        keys: &TensorDesc,
+        values: &TensorDesc,
     ) -> RResult<(), UError>;
 
     /// The pages holding `layer`'s KV for `seq`, in token order.
     ///
-    /// The slices stay valid and unchanged for as long as this handle lives, whatever is later
-    /// done to `seq`: the handle keeps every page it handed out. Clone the cache handle for a
-    /// forward pass and drop the clone afterwards to let those pages go.
-    fn pages<'a>(&'a self, seq: SeqId, layer: u32) -> RResult<RVec<KvPage<'a>>, UError>;
+    /// The pages stay unchanged whatever is later done to `seq` (the returned tensors share
+    /// their buffers): a page is never written again once it can be seen.
+    fn pages(&self, seq: SeqId, layer: u32) -> RResult<RVec<KvPage>, UError>;
 
     /// Finds the deepest cached prefix of `tokens` and returns a sequence holding it.
     fn lookup_prefix(&self, tokens: RSlice<'_, u32>) -> RResult<PrefixMatch, UError>;
@@ -212,28 +169,10 @@ pub trait KvCache: Send + Sync + Clone {
 
     /// Sets the storage type (`F32` or `I8`) of the pages `seq` writes from now on; pages it
     /// already holds keep theirs. New sequences start with [`KvLayout::dtype`].
-    fn set_dtype(&self, _seq: SeqId, _dtype: DType) -> RResult<(), UError> {
-        RResult::RErr(UError::unsupported("this cache has no int8 KV"))
-    }
-
-    /// Grafts tokens `from..from + count` of `src` (computed at those positions) onto the end of
-    /// `dst`, at positions `dst.len()..`: keys are re-rotated by `dst.len() − from` with `rope`'s
-    /// inverse frequencies, so they equal keys computed at the new positions. Values are copied.
-    fn graft(
-        &self,
-        _dst: SeqId,
-        _src: SeqId,
-        _from: u64,
-        _count: u64,
-        _rope: &RopeParams,
-    ) -> RResult<(), UError> {
-        RResult::RErr(UError::unsupported("this cache cannot graft"))
-    }
+    fn set_dtype(&self, seq: SeqId, dtype: DType) -> RResult<(), UError>;
 
     /// Counters: bytes and pages held, sequences, prefix nodes, checkpoints, page size.
-    fn stats(&self) -> RResult<KvStats, UError> {
-        RResult::RErr(UError::unsupported("this cache keeps no statistics"))
-    }
+    fn stats(&self) -> RResult<KvStats, UError>;
 }
 
 /// An owned cache object.

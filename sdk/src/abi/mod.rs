@@ -4,36 +4,39 @@
 //! `#[sabi_trait]` objects; each plugin kind has one entry trait, created by the plugin's root
 //! module ([`PluginMod`]) from the [`HostBox`] the host hands it.
 
+pub mod backend;
 pub mod cache;
 pub mod dtype;
 pub mod error;
 pub mod host;
-pub mod kernels;
 pub mod loader;
 pub mod model;
 pub mod root;
+pub mod runner;
 pub mod tensor;
 pub mod tokenizer;
 pub mod transport;
 
+pub use backend::*;
 pub use cache::*;
 pub use dtype::DType;
 pub use error::{ErrorKind, Result, UError, UResult};
 pub use host::*;
-pub use kernels::*;
 pub use loader::*;
 pub use model::*;
 pub use root::*;
+pub use runner::*;
 pub use tensor::*;
 pub use tokenizer::*;
 pub use transport::*;
 
 /// The ABI major version. Bumped by hand for deliberate breaking changes; [`ABI_HASH`] catches
 /// every change, deliberate or not.
-pub const ABI_MAJOR: u32 = 1;
+pub const ABI_MAJOR: u32 = 2;
 
-/// SHA-256 over the sources of `src/abi/`, computed when the SDK is built. Two builds of the SDK
-/// are ABI-compatible only if their hashes are equal.
+/// SHA-256 over the sources of `src/abi/` with comments and layout whitespace removed (the types
+/// and signatures, not their documentation), computed when the SDK is built. Two builds of the
+/// SDK are ABI-compatible only if their hashes are equal.
 pub const ABI_HASH: [u8; 32] = include!(concat!(env!("OUT_DIR"), "/abi_hash.rs"));
 
 /// A short human-readable form of the ABI identity, e.g. `1:3fa94c0e12d7`.

@@ -1,101 +1,275 @@
-//! Architecture plugins: build a runnable [`Model`] from a weight set, kernels and a cache.
+//! Architecture plugins: build a runnable [`Model`] from a weight set, a backend and (for models
+//! that keep per-sequence state) a cache.
+//!
+//! One interface for every kind of model ([`ModelKind`]): a batch is a list of [`SeqChunk`]s,
+//! each a sequence's input — segments of token ids or of embedding rows — the output it asks
+//! for ([`Output`]: logits, the hidden state after a layer, a pooled vector) and its
+//! per-sequence extras ([`SeqExtras`]: adapters, steering vectors, a cross-attention context,
+//! conditioning). Sequences with different extras share one forward pass.
 
 use crate::abi::{
+    backend::{AttentionMask, BackendBox},
     cache::{KvCacheBox, SeqId},
     error::UError,
-    kernels::{KernelsBox, RopeParams},
     loader::WeightSetBox,
 };
 use abi_stable::{
     StableAbi, sabi_trait,
-    std_types::{RBox, ROption, RResult, RSlice, RSliceMut, RString, RVec},
+    std_types::{RBox, ROption, RResult, RSlice, RSliceMut, RStr, RString},
 };
 
-/// Hyper-parameters a server needs to know about a built model.
+/// What kind of model a plugin built.
+#[repr(u8)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ModelKind {
+    /// A causal language model: tokens in, next-token logits out, a KV cache per sequence.
+    Decoder,
+    /// A bidirectional encoder (BERT, ViT, CLIP): input rows in, hidden states or a pooled
+    /// vector out; no state between passes.
+    Encoder,
+    /// A decoder that also attends to a context computed once per request (Whisper's text
+    /// decoder over the audio encoder's output: static cross-attention KV).
+    CrossDecoder,
+    /// A denoiser of diffusion latents (UNet, DiT, MMDiT): latent rows and conditioning in,
+    /// the prediction out; no tokens.
+    Denoiser,
+    /// A variational autoencoder's encoder or decoder (images ↔ latents); no tokens.
+    Autoencoder,
+}
+
+/// How a pooled output summarises a chunk's rows.
+#[repr(u8)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Pooling {
+    /// Mean over the rows (sentence-transformers' default).
+    Mean,
+    /// The first row (BERT's `[CLS]`, ViT's class token).
+    First,
+    /// The last row (decoder embeddings).
+    Last,
+}
+
+/// What a server needs to know about a built model.
 #[repr(C)]
 #[derive(StableAbi, Clone, Debug, PartialEq)]
 pub struct ModelConfig {
-    /// The family the architecture recognised (`"llama"`, `"qwen3"`, `"mixtral"`…).
+    /// What kind of model this is.
+    pub kind: ModelKind,
+    /// The family the architecture built (`"llama"`, `"qwen3"`, `"bert"`…).
     pub family: RString,
-    /// Vocabulary size (length of one logits row).
+    /// Token ids the model reads and length of one logits row; 0 for a model without tokens.
     pub vocab_size: u32,
-    /// Longest context the model supports.
-    pub context_length: u32,
-    /// Transformer layers.
-    pub layers: u32,
-    /// Hidden size.
+    /// Width of an embedding row, a hidden state and a pooled vector.
     pub hidden: u32,
+    /// Layers (blocks); [`Output::Hidden`] takes `0..=layers`.
+    pub layers: u32,
+    /// Longest sequence the model supports.
+    pub context_length: u32,
     /// Experts per MoE layer (0 for dense models).
     pub experts: u32,
+    /// How the model's self-attention masks keys.
+    pub attention: AttentionMask,
+    /// How the model summarises a sequence when asked for [`Output::Pooled`] without a
+    /// preference (the checkpoint's own recipe where it states one).
+    pub pooling: Pooling,
 }
 
-/// Which logits a sequence's chunk asks for.
+/// Which rows of a chunk an output covers.
 #[repr(u8)]
-#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogitsWanted {
-    /// None (a prefill chunk that is not the last).
-    None,
-    /// Only the last token's.
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Rows {
+    /// Only the chunk's last row.
     Last,
-    /// Every token's.
+    /// Every row of the chunk.
     All,
+}
+
+/// What a chunk asks the pass to produce, written to the output buffer in batch order.
+#[repr(C, u8)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Output {
+    /// Nothing (a prefill chunk that is not the last).
+    Nothing,
+    /// Logits: `vocab_size` floats per row.
+    Logits(Rows),
+    /// The hidden state after block `layer` (`layer == layers`: after the final norm):
+    /// `hidden` floats per row.
+    Hidden {
+        /// Block index, `0..=layers`.
+        layer: u32,
+        /// Which rows.
+        rows: Rows,
+    },
+    /// One vector of `hidden` floats over the chunk's rows (after the final norm), pooled as
+    /// asked.
+    Pooled(Pooling),
+}
+
+impl Output {
+    /// Floats this output takes for a chunk of `rows` rows of a model with `config`.
+    pub fn floats(&self, rows: usize, config: &ModelConfig) -> usize {
+        let count = |r: &Rows| match r {
+            Rows::Last => usize::from(rows > 0),
+            Rows::All => rows,
+        };
+        match self {
+            Output::Nothing => 0,
+            Output::Logits(r) => count(r) * config.vocab_size as usize,
+            Output::Hidden { rows: r, .. } => count(r) * config.hidden as usize,
+            Output::Pooled(_) => usize::from(rows > 0) * config.hidden as usize,
+        }
+    }
+}
+
+/// Part of a chunk's input: token ids, or rows of `hidden` floats that stand where token
+/// embeddings would (soft prompts, image patches, audio frames, latents).
+#[repr(C, u8)]
+#[derive(StableAbi, Clone, Copy, Debug)]
+pub enum Segment<'a> {
+    /// Token ids, embedded by the model.
+    Tokens(RSlice<'a, u32>),
+    /// Embedding rows, `hidden` floats each, used as they are.
+    Embeddings(RSlice<'a, f32>),
+}
+
+impl Segment<'_> {
+    /// Rows (positions) this segment adds, for a model of width `hidden`.
+    pub fn rows(&self, hidden: usize) -> usize {
+        match self {
+            Segment::Tokens(t) => t.len(),
+            Segment::Embeddings(e) => e.len() / hidden.max(1),
+        }
+    }
+}
+
+/// A low-rank adapter applied to this sequence, by the name the model knows it under.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug)]
+pub struct AdapterScale<'a> {
+    /// The adapter's name.
+    pub name: RStr<'a>,
+    /// Multiplier of its low-rank delta.
+    pub scale: f32,
+}
+
+/// A steering (control) vector added to the residual stream after each block of a range.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug)]
+pub struct Steering<'a> {
+    /// First block it applies after.
+    pub first_layer: u32,
+    /// Last block it applies after (inclusive).
+    pub last_layer: u32,
+    /// Multiplier of `vector`.
+    pub strength: f32,
+    /// `hidden` floats.
+    pub vector: RSlice<'a, f32>,
+}
+
+/// A context this sequence cross-attends to, computed once per request (e.g. the audio
+/// encoder's output for Whisper's decoder): its keys and values are computed from `rows` on the
+/// first pass and kept in the cache sequence `kv` for every later pass.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug)]
+pub struct CrossContext<'a> {
+    /// The cache sequence holding (or receiving) the context's static KV.
+    pub kv: SeqId,
+    /// The context rows (`hidden`-wide); empty once `kv` holds them.
+    pub rows: RSlice<'a, f32>,
+}
+
+/// Per-sequence extras of a chunk. Sequences with different extras share one pass: a model
+/// applies each to its own sequence's rows only.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug, Default)]
+pub struct SeqExtras<'a> {
+    /// Low-rank adapters and their scales.
+    pub adapters: RSlice<'a, AdapterScale<'a>>,
+    /// Steering vectors.
+    pub steering: RSlice<'a, Steering<'a>>,
+    /// A cross-attention context.
+    pub cross: ROption<CrossContext<'a>>,
+    /// A conditioning vector (a diffusion timestep embedding input, a class label, a pooled
+    /// text embedding), as the model documents it.
+    pub conditioning: RSlice<'a, f32>,
 }
 
 /// One sequence's part of a batched forward pass.
 #[repr(C)]
-#[derive(StableAbi, Clone, Debug)]
+#[derive(StableAbi, Clone, Copy, Debug)]
 pub struct SeqChunk<'a> {
-    /// The sequence (its KV lives in the model's cache).
+    /// The sequence: its KV lives in the model's cache, and new positions continue from its
+    /// current length. Models without a cache ignore it.
     pub seq: SeqId,
-    /// New tokens to run; their positions continue from the sequence's current length.
-    pub tokens: RSlice<'a, u32>,
-    /// Which logits to produce.
-    pub logits: LogitsWanted,
+    /// The input, in order.
+    pub input: RSlice<'a, Segment<'a>>,
+    /// What to produce.
+    pub output: Output,
+    /// Adapters, steering, cross-attention context, conditioning.
+    pub extras: SeqExtras<'a>,
 }
 
-/// Entry interface of an `architecture` plugin.
+impl<'a> SeqChunk<'a> {
+    /// A chunk of one token segment with no extras.
+    pub fn tokens(seq: SeqId, input: &'a [Segment<'a>], output: Output) -> Self {
+        Self {
+            seq,
+            input: RSlice::from_slice(input),
+            output,
+            extras: SeqExtras::default(),
+        }
+    }
+
+    /// Rows (positions) of the chunk's input.
+    pub fn rows(&self, hidden: usize) -> usize {
+        self.input.iter().map(|s| s.rows(hidden)).sum()
+    }
+}
+
+/// What an architecture builds a model from.
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct BuildContext {
+    /// The weights, as the loader presents them (its format's own names and metadata).
+    pub weights: WeightSetBox,
+    /// The family the host matched the weights to (one the plugin's manifest declares).
+    pub family: RString,
+    /// Where to compute.
+    pub backend: BackendBox,
+    /// Where to keep per-sequence KV (for models that keep any).
+    pub cache: ROption<KvCacheBox>,
+}
+
+/// Entry interface of an `architecture` plugin. The families it builds are declared in its
+/// signed manifest (`families = […]`).
 #[sabi_trait]
 pub trait Architecture: Send + Sync + Clone {
-    /// Model families this plugin builds, e.g. `["llama", "mistral", "qwen2", "mixtral"]`.
-    fn families(&self) -> RVec<RString>;
-
-    /// Builds a model from `weights`, computing with `kernels` and storing KV in `cache`.
-    fn build(
-        &self,
-        weights: WeightSetBox,
-        kernels: KernelsBox,
-        cache: KvCacheBox,
-    ) -> RResult<ModelBox, UError>;
+    /// Builds a model.
+    fn build(&self, context: BuildContext) -> RResult<ModelBox, UError>;
 }
 
 /// A built model.
 #[sabi_trait]
 pub trait Model: Send + Sync {
-    /// Its hyper-parameters.
-    fn config(&self) -> ModelConfig;
+    /// What it is.
+    fn config(&self) -> RResult<ModelConfig, UError>;
 
-    /// The cache its KV lives in (to create, fork and release sequences).
-    fn cache(&self) -> KvCacheBox;
+    /// The cache its per-sequence KV lives in (to create, fork and release sequences), if any.
+    fn cache(&self) -> RResult<ROption<KvCacheBox>, UError>;
 
-    /// The rotation applied to cached keys (`None` for a model without RoPE), so a cache
-    /// graft can re-rotate keys to other positions.
-    fn key_rope(&self) -> ROption<RopeParams> {
-        ROption::RNone
-    }
-
-    /// Mean over `tokens` of the final hidden state (after the output norm), `hidden` floats,
-    /// computed in a scratch sequence that is released afterwards.
-    fn embed(&self, _tokens: RSlice<'_, u32>) -> RResult<RVec<f32>, UError> {
-        RResult::RErr(UError::unsupported("this model computes no embeddings"))
-    }
-
-    /// Runs every chunk of `batch` in one pass, appending their KV, and writes the requested
-    /// logits into `logits` in batch order (vocab_size floats per requested token).
+    /// Runs every chunk of `batch` in one pass, appending their KV, and writes the outputs they
+    /// ask for into `out` in batch order (see [`Output::floats`]). On error no sequence has
+    /// advanced.
     fn forward(
         &self,
         batch: RSlice<'_, SeqChunk<'_>>,
-        logits: RSliceMut<'_, f32>,
+        out: RSliceMut<'_, f32>,
     ) -> RResult<(), UError>;
+
+    /// Appends positions `from..from + count` of `src`'s cached state to the end of `dst`, as
+    /// if computed there: position-dependent parts (RoPE-rotated keys) are moved to their new
+    /// positions. The cache only stores; the model owns this math.
+    fn graft(&self, dst: SeqId, src: SeqId, from: u64, count: u64) -> RResult<(), UError>;
 }
 
 /// An owned architecture object.

@@ -1,8 +1,9 @@
 //! The root module every plugin exports, and the instance it creates.
 
 use crate::abi::{
-    cache::KvCacheBox, error::UError, host::HostBox, kernels::KernelsBox, loader::LoaderBox,
-    model::ArchitectureBox, tokenizer::TokenizerFactoryBox, transport::TransportBox,
+    backend::BackendBox, cache::KvCacheBox, error::UError, host::HostBox, loader::LoaderBox,
+    model::ArchitectureBox, runner::RunnerBox, tokenizer::TokenizerFactoryBox,
+    transport::TransportBox,
 };
 use abi_stable::{
     StableAbi, declare_root_module_statics,
@@ -18,8 +19,8 @@ use abi_stable::{
 pub enum PluginInstance {
     /// A weight loader.
     Loader(LoaderBox),
-    /// Compute kernels.
-    Kernels(KernelsBox),
+    /// A compute backend.
+    Kernels(BackendBox),
     /// A model architecture.
     Architecture(ArchitectureBox),
     /// A tokenizer factory.
@@ -28,6 +29,8 @@ pub enum PluginInstance {
     Cache(KvCacheBox),
     /// A transport.
     Transport(TransportBox),
+    /// A task runner.
+    Runner(RunnerBox),
 }
 
 impl PluginInstance {
@@ -40,6 +43,7 @@ impl PluginInstance {
             PluginInstance::Tokenizer(_) => "tokenizer",
             PluginInstance::Cache(_) => "cache",
             PluginInstance::Transport(_) => "transport",
+            PluginInstance::Runner(_) => "runner",
         }
     }
 }
@@ -55,6 +59,10 @@ pub struct PluginInfo {
 }
 
 /// The root module: the functions the host calls right after loading a plugin.
+///
+/// A prefix type: later SDK versions may append fields after `instantiate` (e.g. lifecycle
+/// hooks to quiesce threads before a fork and restart them in the child) without breaking
+/// plugins built against this one.
 #[repr(C)]
 #[derive(StableAbi)]
 #[sabi(kind(Prefix(prefix_ref = PluginModRef)))]

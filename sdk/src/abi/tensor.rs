@@ -14,7 +14,8 @@ use abi_stable::{
 #[repr(C)]
 #[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
 pub struct TensorInfo {
-    /// The canonical name (see the loaders' naming scheme, e.g. `blk.0.attn_q.weight`).
+    /// The name as the file stores it (e.g. `blk.0.attn_q.weight` in GGUF,
+    /// `model.layers.0.self_attn.q_proj.weight` in an HF checkpoint).
     pub name: RString,
     /// Element type as stored.
     pub dtype: DType,

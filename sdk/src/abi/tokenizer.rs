@@ -32,7 +32,7 @@ pub trait TokenizerFactory: Send + Sync + Clone {
 #[sabi_trait]
 pub trait Tokenizer: Send + Sync + Clone {
     /// Number of token ids.
-    fn vocab_size(&self) -> u32;
+    fn vocab_size(&self) -> RResult<u32, UError>;
 
     /// Encodes `text`; with `add_special`, adds BOS (and other template tokens) as the model
     /// expects.
@@ -45,10 +45,10 @@ pub trait Tokenizer: Send + Sync + Clone {
     fn token_bytes(&self, id: u32) -> RResult<RVec<u8>, UError>;
 
     /// BOS/EOS and friends.
-    fn special_tokens(&self) -> SpecialTokens;
+    fn special_tokens(&self) -> RResult<SpecialTokens, UError>;
 
     /// The model's chat template (Jinja), if it ships one.
-    fn chat_template(&self) -> ROption<RString>;
+    fn chat_template(&self) -> RResult<ROption<RString>, UError>;
 }
 
 /// An owned tokenizer factory.

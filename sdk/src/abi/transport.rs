@@ -1,4 +1,4 @@
-//! Transport plugins: carry requests from clients to the engine the host wires up.
+//! Transport plugins: carry requests from clients to the engine a runner plugin serves.
 //!
 //! A transport never opens sockets itself: the host creates the listeners the deployment grants
 //! (`net.listen`) before the process is locked down, and passes their file descriptors in the
@@ -160,7 +160,7 @@ pub enum FinishReason {
 
 /// Token counts and outcome of a finished request.
 #[repr(C)]
-#[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
+#[derive(StableAbi, Clone, Debug, PartialEq)]
 pub struct GenerateSummary {
     /// Tokens in the prompt.
     pub prompt_tokens: u32,
@@ -170,10 +170,16 @@ pub struct GenerateSummary {
     pub cache_written_tokens: u32,
     /// Tokens generated.
     pub generated_tokens: u32,
+    /// The generated token ids (an end-of-sequence token that ended generation excluded).
+    pub tokens: RVec<u32>,
     /// Why it ended.
     pub finish: FinishReason,
     /// The stop string that ended generation, if one did (`finish` is then `Stop`).
     pub stop_sequence: ROption<RString>,
+    /// Prefill wall time, milliseconds.
+    pub prompt_ms: f64,
+    /// Decode wall time (sampling included), milliseconds.
+    pub generate_ms: f64,
 }
 
 /// Receives generated text as it is produced.
@@ -257,11 +263,11 @@ pub struct CheckpointInfo {
     pub tokens: u64,
 }
 
-/// The engine the host wires from loader, architecture, tokenizer and cache plugins.
+/// What a runner plugin serves: the engine transports send requests to.
 #[sabi_trait]
 pub trait Engine: Send + Sync + Clone {
     /// Names of the models this engine serves.
-    fn models(&self) -> RVec<RString>;
+    fn models(&self) -> RResult<RVec<RString>, UError>;
 
     /// Runs one request to completion, streaming into `sink`. Fails with
     /// [`ErrorKind::Busy`](crate::abi::error::ErrorKind::Busy) when the queue is full.
@@ -272,14 +278,14 @@ pub trait Engine: Send + Sync + Clone {
     ) -> RResult<GenerateSummary, UError>;
 
     /// Counters for monitoring.
-    fn stats(&self) -> EngineStats;
+    fn stats(&self) -> RResult<EngineStats, UError>;
 
     /// Saves, forks, grafts, lists or deletes KV checkpoints; returns the checkpoints the
     /// command wrote (`Save`, `Fork`, `Graft`) or all of them (`List`).
     fn checkpoint(&self, request: &CheckpointRequest) -> RResult<RVec<CheckpointInfo>, UError>;
 
-    /// A sentence embedding of `input`: the mean over its tokens of the model's final hidden
-    /// state, L2-normalised.
+    /// A sentence embedding of `input`: the model's pooled output over its tokens (its own
+    /// pooling, e.g. the mean for sentence-transformers encoders and decoders), L2-normalised.
     fn embed(&self, model: RStr<'_>, input: RStr<'_>) -> RResult<RVec<f32>, UError>;
 }
 

@@ -2,14 +2,9 @@
 //! F32 (through `u_sdk::quant`), to compare quantized weights used in place with the same
 //! values in f32.
 
-use abi_stable::{
-    sabi_trait::TD_Opaque,
-    std_types::{ROption, RResult, RSlice, RStr, RString, RVec},
-};
+use abi_stable::std_types::{ROption, RResult, RSlice, RStr, RString, RVec};
 use std::{collections::HashMap, sync::Arc};
-use u_sdk::{
-    DType, MetaValue, TensorInfo, TensorView, UError, WeightSet, WeightSet_TO, WeightSetBox,
-};
+use u_sdk::{DType, MetaValue, TensorInfo, TensorView, UError, WeightSet, WeightSetBox};
 
 /// A tensor's shape and F32 bytes.
 type F32Tensor = (Vec<u64>, Vec<u8>);
@@ -25,49 +20,48 @@ impl Dequantized {
     /// Dequantizes every tensor of `inner`.
     pub fn new_box(inner: WeightSetBox) -> anyhow::Result<WeightSetBox> {
         let mut tensors = HashMap::new();
-        for info in inner.tensors() {
+        for info in inner.tensors().into_result()? {
             let view = inner.tensor(info.name.as_str().into()).into_result()?;
             let values = u_sdk::quant::dequantize_view(&view)?;
             let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
             tensors.insert(info.name.into_string(), (info.shape.into_vec(), bytes));
         }
-        Ok(WeightSet_TO::from_value(
-            Dequantized {
-                inner,
-                tensors: Arc::new(tensors),
-            },
-            TD_Opaque,
-        ))
+        Ok(WeightSetBox::new(Dequantized {
+            inner,
+            tensors: Arc::new(tensors),
+        }))
     }
 }
 
 impl WeightSet for Dequantized {
-    fn format(&self) -> RString {
+    fn format(&self) -> RResult<RString, UError> {
         self.inner.format()
     }
 
-    fn architecture(&self) -> ROption<RString> {
+    fn architecture(&self) -> RResult<ROption<RString>, UError> {
         self.inner.architecture()
     }
 
-    fn metadata_keys(&self) -> RVec<RString> {
+    fn metadata_keys(&self) -> RResult<RVec<RString>, UError> {
         self.inner.metadata_keys()
     }
 
-    fn metadata(&self, key: RStr<'_>) -> ROption<MetaValue> {
+    fn metadata(&self, key: RStr<'_>) -> RResult<ROption<MetaValue>, UError> {
         self.inner.metadata(key)
     }
 
-    fn tensors(&self) -> RVec<TensorInfo> {
-        self.tensors
-            .iter()
-            .map(|(name, (shape, bytes))| TensorInfo {
-                name: name.as_str().into(),
-                dtype: DType::F32,
-                shape: shape.clone().into(),
-                byte_len: bytes.len() as u64,
-            })
-            .collect()
+    fn tensors(&self) -> RResult<RVec<TensorInfo>, UError> {
+        RResult::ROk(
+            self.tensors
+                .iter()
+                .map(|(name, (shape, bytes))| TensorInfo {
+                    name: name.as_str().into(),
+                    dtype: DType::F32,
+                    shape: shape.clone().into(),
+                    byte_len: bytes.len() as u64,
+                })
+                .collect(),
+        )
     }
 
     fn tensor<'a>(&'a self, name: RStr<'_>) -> RResult<TensorView<'a>, UError> {

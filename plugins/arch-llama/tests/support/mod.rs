@@ -11,7 +11,7 @@ use serde_json::Value;
 use std::path::PathBuf;
 use u_arch_llama::LlamaArchitecture;
 use u_sdk::{
-    Architecture, KernelsBox, KvCacheBox, LogitsWanted, ModelBox, SeqChunk, SeqId, WeightSetBox,
+    BackendBox, KvCacheBox, ModelBox, ModelConfig, Output, Segment, SeqChunk, SeqId, WeightSetBox,
 };
 
 /// Models the fixture generator writes.
@@ -104,8 +104,8 @@ pub fn gguf_q8_0(model: &str) -> Result<WeightSetBox> {
     Ok(w.into_box())
 }
 
-/// The CPU kernels plugin (as an rlib).
-pub fn kernels() -> KernelsBox {
+/// The CPU backend plugin (as an rlib).
+pub fn kernels() -> BackendBox {
     u_kernels_cpu::CpuKernels::new(2)
         .expect("kernels")
         .into_box()
@@ -124,37 +124,37 @@ pub fn build(weights: WeightSetBox, cache: KvCacheBox) -> Result<ModelBox> {
 /// Builds a model with the given kernels.
 pub fn build_with(
     weights: WeightSetBox,
-    kernels: KernelsBox,
+    kernels: BackendBox,
     cache: KvCacheBox,
 ) -> Result<ModelBox> {
-    Ok(LlamaArchitecture::default()
-        .build(weights, kernels, cache)
-        .into_result()?)
+    Ok(LlamaArchitecture::default().load(weights, kernels, cache)?)
 }
 
-/// Runs one batch, returning its logits.
-pub fn forward(model: &ModelBox, batch: &[(SeqId, &[u32], LogitsWanted)]) -> Result<Vec<f32>> {
-    let vocab = model.config().vocab_size as usize;
-    let rows: usize = batch
+/// Runs one batch of token chunks, returning the outputs they ask for.
+pub fn forward(model: &ModelBox, batch: &[(SeqId, &[u32], Output)]) -> Result<Vec<f32>> {
+    let config = model.config().into_result()?;
+    let inputs: Vec<[Segment<'_>; 1]> = batch
         .iter()
-        .map(|(_, t, w)| match w {
-            LogitsWanted::None => 0,
-            LogitsWanted::Last => 1,
-            LogitsWanted::All => t.len(),
-        })
-        .sum();
+        .map(|(_, t, _)| [Segment::Tokens(RSlice::from_slice(t))])
+        .collect();
     let chunks: Vec<SeqChunk<'_>> = batch
         .iter()
-        .map(|&(seq, tokens, logits)| SeqChunk {
-            seq,
-            tokens: RSlice::from_slice(tokens),
-            logits,
-        })
+        .zip(&inputs)
+        .map(|(&(seq, _, output), input)| SeqChunk::tokens(seq, input, output))
         .collect();
-    let mut out = vec![0f32; rows * vocab];
+    run(model, &config, &chunks)
+}
+
+/// Runs any chunks, returning the outputs they ask for.
+pub fn run(model: &ModelBox, config: &ModelConfig, chunks: &[SeqChunk<'_>]) -> Result<Vec<f32>> {
+    let floats: usize = chunks
+        .iter()
+        .map(|c| c.output.floats(c.rows(config.hidden as usize), config))
+        .sum();
+    let mut out = vec![0f32; floats];
     model
         .forward(
-            RSlice::from_slice(&chunks),
+            RSlice::from_slice(chunks),
             RSliceMut::from_mut_slice(&mut out),
         )
         .into_result()?;

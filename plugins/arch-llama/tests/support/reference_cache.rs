@@ -2,15 +2,15 @@
 //! (so the model's multi-page path is exercised), no sharing, no prefix tree, no checkpoints.
 //! The real cache is `u-cache-kv`; this exists so the architecture's tests do not depend on it.
 
-use abi_stable::{
-    sabi_trait::TD_Opaque,
-    std_types::{RResult, RSlice, RStr, RString, RVec},
-};
+use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RStr, RString, RVec};
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
 };
-use u_sdk::{KvCache, KvCache_TO, KvCacheBox, KvLayout, KvPage, PrefixMatch, SeqId, UError};
+use u_sdk::{
+    BackendBox, DType, KvCache, KvCacheBox, KvLayout, KvPage, KvStats, PrefixMatch, SeqId, Shape,
+    TensorDesc, UError,
+};
 
 /// A transform of appended KV data (`data`, row length), e.g. an int8 round trip.
 pub type Transform = fn(&[f32], usize) -> Vec<f32>;
@@ -21,6 +21,7 @@ type LayerKv = (Vec<f32>, Vec<f32>);
 #[derive(Default)]
 struct State {
     layout: Option<KvLayout>,
+    backend: Option<BackendBox>,
     next: SeqId,
     /// Per sequence, per layer: keys and values (tokens × row).
     seqs: HashMap<SeqId, Vec<LayerKv>>,
@@ -33,8 +34,6 @@ pub struct ReferenceCache {
     page_tokens: usize,
     /// Applied to appended keys and values (`data`, row length), e.g. an int8 round trip.
     transform: Option<Transform>,
-    /// Snapshot storage keeping lent pages alive for the cache's lifetime.
-    lent: Arc<Mutex<Vec<Arc<Vec<f32>>>>>,
 }
 
 impl ReferenceCache {
@@ -45,15 +44,11 @@ impl ReferenceCache {
 
     /// A boxed cache that stores `transform(keys/values, row)` instead of what is appended.
     pub fn with_transform(page_tokens: usize, transform: Option<Transform>) -> KvCacheBox {
-        KvCache_TO::from_value(
-            ReferenceCache {
-                state: Arc::default(),
-                page_tokens,
-                transform,
-                lent: Arc::default(),
-            },
-            TD_Opaque,
-        )
+        KvCacheBox::new(ReferenceCache {
+            state: Arc::default(),
+            page_tokens,
+            transform,
+        })
     }
 
     fn row(&self) -> usize {
@@ -67,9 +62,54 @@ fn missing(seq: SeqId) -> UError {
     UError::not_found(format!("no sequence {seq}"))
 }
 
+/// A tensor's f32 values, read back from its buffer.
+fn read(t: &TensorDesc) -> Result<Vec<f32>, UError> {
+    let mut bytes = vec![0u8; t.shape.elements() as usize * 4];
+    t.buffer
+        .read(t.offset, RSliceMut::from_mut_slice(&mut bytes))
+        .into_result()?;
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+/// `keys` then `values` of `tokens` rows in one new buffer of `backend`, as a page.
+fn page(
+    backend: &BackendBox,
+    tokens: usize,
+    row: usize,
+    keys: &[f32],
+    values: &[f32],
+) -> Result<KvPage, UError> {
+    let bytes: Vec<u8> = keys
+        .iter()
+        .chain(values)
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let buffer = backend.alloc(bytes.len().max(1) as u64).into_result()?;
+    buffer.write(0, RSlice::from_slice(&bytes)).into_result()?;
+    let tensor = |offset: usize| TensorDesc {
+        buffer: buffer.clone(),
+        offset: offset as u64,
+        dtype: DType::F32,
+        shape: Shape::new(&[tokens as u64, row as u64]),
+    };
+    Ok(KvPage {
+        tokens: tokens as u32,
+        dtype: DType::F32,
+        keys: tensor(0),
+        values: tensor(keys.len() * 4),
+        key_scales: ROption::RNone,
+        value_scales: ROption::RNone,
+    })
+}
+
 impl KvCache for ReferenceCache {
-    fn configure(&self, layout: KvLayout) -> RResult<(), UError> {
-        self.state.lock().unwrap().layout = Some(layout);
+    fn configure(&self, layout: KvLayout, backend: BackendBox) -> RResult<(), UError> {
+        let mut s = self.state.lock().unwrap();
+        s.layout = Some(layout);
+        s.backend = Some(backend);
         RResult::ROk(())
     }
 
@@ -126,10 +166,14 @@ impl KvCache for ReferenceCache {
         &self,
         seq: SeqId,
         layer: u32,
-        keys: RSlice<'_, f32>,
-        values: RSlice<'_, f32>,
+        keys: &TensorDesc,
+        values: &TensorDesc,
     ) -> RResult<(), UError> {
         let row = self.row();
+        let (keys, values) = match (read(keys), read(values)) {
+            (Ok(k), Ok(v)) => (k, v),
+            (Err(e), _) | (_, Err(e)) => return RResult::RErr(e),
+        };
         let mut s = self.state.lock().unwrap();
         let Some(layers) = s.seqs.get_mut(&seq) else {
             return RResult::RErr(missing(seq));
@@ -151,36 +195,22 @@ impl KvCache for ReferenceCache {
         RResult::ROk(())
     }
 
-    fn pages<'a>(&'a self, seq: SeqId, layer: u32) -> RResult<RVec<KvPage<'a>>, UError> {
+    fn pages(&self, seq: SeqId, layer: u32) -> RResult<RVec<KvPage>, UError> {
         let row = self.row();
-        let (k, v) = {
+        let (k, v, backend) = {
             let s = self.state.lock().unwrap();
             let Some(layers) = s.seqs.get(&seq) else {
                 return RResult::RErr(missing(seq));
             };
             let (k, v) = &layers[layer as usize];
-            (Arc::new(k.clone()), Arc::new(v.clone()))
-        };
-        // Keep the snapshot alive as long as the cache (test-only: memory grows).
-        let mut lent = self.lent.lock().unwrap();
-        lent.push(k.clone());
-        lent.push(v.clone());
-        drop(lent);
-        // SAFETY: the Arcs are kept in `self.lent` until the cache is dropped, and their
-        // contents are never mutated.
-        let (k, v): (&'a [f32], &'a [f32]) = unsafe {
-            (
-                std::slice::from_raw_parts(k.as_ptr(), k.len()),
-                std::slice::from_raw_parts(v.as_ptr(), v.len()),
-            )
+            (k.clone(), v.clone(), s.backend.clone().expect("configured"))
         };
         let per = self.page_tokens * row;
-        let pages = k
-            .chunks(per)
+        k.chunks(per)
             .zip(v.chunks(per))
-            .map(|(k, v)| KvPage::f32((k.len() / row) as u32, k, v))
-            .collect();
-        RResult::ROk(pages)
+            .map(|(k, v)| page(&backend, k.len() / row, row, k, v))
+            .collect::<Result<RVec<_>, UError>>()
+            .into()
     }
 
     fn lookup_prefix(&self, _tokens: RSlice<'_, u32>) -> RResult<PrefixMatch, UError> {
@@ -205,5 +235,13 @@ impl KvCache for ReferenceCache {
 
     fn delete_checkpoint(&self, _name: RStr<'_>) -> RResult<(), UError> {
         RResult::RErr(UError::unsupported("reference cache: no checkpoints"))
+    }
+
+    fn set_dtype(&self, _seq: SeqId, _dtype: DType) -> RResult<(), UError> {
+        RResult::RErr(UError::unsupported("reference cache: f32 only"))
+    }
+
+    fn stats(&self) -> RResult<KvStats, UError> {
+        RResult::RErr(UError::unsupported("reference cache: no statistics"))
     }
 }

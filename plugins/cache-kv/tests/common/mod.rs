@@ -10,8 +10,10 @@ use std::{
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
 };
-use u_cache_kv::{Config, KvCachePlugin};
-use u_sdk::{DType, Host, Host_TO, HostBox, KvLayout, LogLevel, UError, WriteMode};
+use u_cache_kv::{Alloc, Config, KvCachePlugin};
+use u_sdk::{
+    DType, Host, Host_TO, HostBox, KvLayout, KvPage, LogLevel, TensorDesc, UError, WriteMode,
+};
 
 /// splitmix64.
 pub struct Rng(pub u64);
@@ -48,7 +50,7 @@ pub fn layout(layers: u32, kv_heads: u32, head_dim: u32, model: &str) -> KvLayou
 /// A cache with `config`, no disk tier unless `host` is given, configured with `layout`.
 pub fn cache(config: Config, host: Option<HostBox>, layout: KvLayout) -> KvCachePlugin {
     let c = KvCachePlugin::new(config, host);
-    c.store().configure(layout).unwrap();
+    c.store().configure(layout, Alloc::Heap).unwrap();
     c
 }
 
@@ -147,8 +149,63 @@ pub fn contents(c: &KvCachePlugin, seq: u64, layer: u32) -> (Vec<f32>, Vec<f32>)
     let h = c.clone();
     let (mut k, mut v) = (Vec::new(), Vec::new());
     for p in h.pages_of(seq, layer).unwrap() {
-        k.extend_from_slice(&p.keys_f32());
-        v.extend_from_slice(&p.values_f32());
+        let (pk, pv) = page_f32(&p);
+        k.extend(pk);
+        v.extend(pv);
     }
     (k, v)
+}
+
+/// A host tensor's bytes.
+pub fn bytes(t: &TensorDesc) -> &[u8] {
+    let len = t.byte_len().unwrap() as usize;
+    // SAFETY: cache pages are host memory kept alive by the descriptor's buffer, in bounds.
+    unsafe {
+        std::slice::from_raw_parts(
+            (t.buffer.host_address() + t.offset as usize) as *const u8,
+            len,
+        )
+    }
+}
+
+/// A host tensor's f32 values.
+pub fn f32s(t: &TensorDesc) -> Vec<f32> {
+    bytes(t)
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// A page's keys and values as f32 (dequantized for an int8 page).
+pub fn page_f32(p: &KvPage) -> (Vec<f32>, Vec<f32>) {
+    match (&p.key_scales, &p.value_scales) {
+        (abi_stable::std_types::ROption::RSome(ks), abi_stable::std_types::ROption::RSome(vs)) => {
+            let q = |t: &TensorDesc| bytes(t).iter().map(|&b| b as i8).collect::<Vec<i8>>();
+            (
+                u_sdk::dequantize_i8(&q(&p.keys), &f32s(ks), p.tokens),
+                u_sdk::dequantize_i8(&q(&p.values), &f32s(vs), p.tokens),
+            )
+        }
+        _ => (f32s(&p.keys), f32s(&p.values)),
+    }
+}
+
+/// The CPU backend (as an rlib), for caches configured through the ABI.
+pub fn backend() -> u_sdk::BackendBox {
+    u_kernels_cpu::CpuKernels::new(1).unwrap().into_box()
+}
+
+/// `data` as an `F32` tensor of rows of `row` values in a buffer of `backend`.
+pub fn tensor(backend: &u_sdk::BackendBox, data: &[f32], row: usize) -> TensorDesc {
+    u_sdk::nn::Device::new(backend.clone())
+        .unwrap()
+        .from_f32(data, &[(data.len() / row) as u64, row as u64])
+        .unwrap()
+        .desc()
+        .clone()
+}
+
+/// Where a host tensor's first byte lies (to tell shared pages from copies).
+pub fn addr(t: &TensorDesc) -> usize {
+    t.buffer.host_address() + t.offset as usize
 }

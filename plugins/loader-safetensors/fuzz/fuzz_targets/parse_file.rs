@@ -1,4 +1,4 @@
-//! A whole safetensors file from arbitrary bytes: header validation, canonical naming, views
+//! A whole safetensors file from arbitrary bytes: header validation, names, views
 //! and f32 conversion must never panic, and every view must have its declared length.
 #![no_main]
 

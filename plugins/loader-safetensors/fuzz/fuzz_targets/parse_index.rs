@@ -1,4 +1,4 @@
-//! The JSON side: `model.safetensors.index.json` and `config.json` → canonical metadata.
+//! The JSON side: `model.safetensors.index.json` and `config.json` → metadata.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -6,9 +6,6 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     let _ = u_loader_safetensors::index::parse(data);
     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) {
-        let _ = u_sdk::naming::config_metadata(&v);
-    }
-    if let Ok(s) = std::str::from_utf8(data) {
-        let _ = u_sdk::naming::hf_to_canonical(None, s);
+        let _ = u_sdk::weights::config_metadata(&v);
     }
 });

@@ -1,0 +1,112 @@
+//! One forward pass for many requests: every running request contributes a chunk — a decoding
+//! one its last token, a prefilling one as much of its prompt as the step's token budget leaves
+//! (oldest first), so long prompts never stall the decodes running beside them.
+
+use crate::{Error, Generator, Result, sequence::Sequence};
+use abi_stable::std_types::{RSlice, RSliceMut};
+use u_sdk::{Output, Segment, SeqChunk};
+
+/// Running requests, each with the driver's tag `T` (where its output goes).
+pub(crate) struct Batch<T> {
+    slots: Vec<(Sequence, T)>,
+    step_tokens: usize,
+    logits: Vec<f32>,
+}
+
+impl<T> Batch<T> {
+    /// An empty batch whose passes carry about `step_tokens` tokens (decodes first).
+    pub(crate) fn new(step_tokens: usize) -> Self {
+        Self {
+            slots: Vec::new(),
+            step_tokens: step_tokens.max(1),
+            logits: Vec::new(),
+        }
+    }
+
+    /// Adds a request; it joins the next pass.
+    pub(crate) fn push(&mut self, seq: Sequence, tag: T) {
+        self.slots.push((seq, tag));
+    }
+
+    /// Requests in the batch.
+    pub(crate) fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether no request is running.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// The running requests and their tags.
+    pub(crate) fn slots_mut(&mut self) -> impl Iterator<Item = &mut (Sequence, T)> {
+        self.slots.iter_mut()
+    }
+
+    /// Removes and returns the requests that need no more passes.
+    pub(crate) fn take_done(&mut self) -> Vec<(Sequence, T)> {
+        self.slots.extract_if(.., |(s, _)| s.is_done()).collect()
+    }
+
+    /// Runs one forward pass over every request that has work and feeds each its logits;
+    /// returns whether a pass ran. A request whose bookkeeping fails afterwards is failed alone;
+    /// when the pass itself fails no request advanced (the model rolled their KV back).
+    pub(crate) fn step(&mut self, g: &Generator) -> Result<bool> {
+        let Self {
+            slots,
+            step_tokens,
+            logits,
+        } = self;
+        let decoding = slots
+            .iter()
+            .filter(|(s, _)| !s.is_done() && !s.is_prefilling())
+            .count();
+        let mut prefill_left = step_tokens.saturating_sub(decoding).max(1);
+        let mut plan = Vec::with_capacity(slots.len());
+        let mut inputs = Vec::with_capacity(slots.len());
+        for (i, (s, _)) in slots.iter().enumerate() {
+            let max = match s.is_prefilling() {
+                true if prefill_left == 0 => continue,
+                true => prefill_left,
+                false => usize::MAX,
+            };
+            let (tokens, wanted) = s.next_chunk(max);
+            if tokens.is_empty() {
+                continue;
+            }
+            if s.is_prefilling() {
+                prefill_left -= tokens.len();
+            }
+            plan.push((i, tokens.len(), wanted != Output::Nothing, wanted));
+            inputs.push([Segment::Tokens(RSlice::from_slice(tokens))]);
+        }
+        if plan.is_empty() {
+            return Ok(false);
+        }
+        let chunks: Vec<SeqChunk<'_>> = plan
+            .iter()
+            .zip(&inputs)
+            .map(|(&(i, _, _, wanted), input)| SeqChunk::tokens(slots[i].0.seq(), input, wanted))
+            .collect();
+        let vocab = g.config().vocab_size as usize;
+        let rows = plan.iter().filter(|p| p.2).count();
+        logits.resize(rows * vocab, 0.0);
+        g.model()
+            .forward(
+                RSlice::from_slice(&chunks),
+                RSliceMut::from_mut_slice(logits),
+            )
+            .into_result()
+            .map_err(|e| Error::plugin("model.forward", e))?;
+        drop(chunks);
+        let mut rows = logits.chunks_exact_mut(vocab.max(1));
+        for (i, n, wants, _) in plan {
+            let row = if wants { rows.next() } else { None };
+            let s = &mut slots[i].0;
+            if let Err(e) = s.advance(g, n, row) {
+                s.fail(e);
+            }
+        }
+        Ok(true)
+    }
+}

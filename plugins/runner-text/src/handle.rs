@@ -1,0 +1,361 @@
+//! [`EngineHandle`]: a [`Generator`] behind the scheduler, as the ABI's [`Engine`] for transports.
+
+use crate::{
+    Error, GenerateOptions, Generator, Limits, Result,
+    logprobs::MAX_TOP_LOGPROBS,
+    prompt::Prompt,
+    sampler,
+    scheduler::{Event, Scheduler},
+    sequence::{Origin, Outcome, Spec},
+};
+use abi_stable::std_types::{ROption, RResult, RSlice, RStr, RString, RVec};
+use std::sync::Arc;
+use u_sdk::{
+    CheckpointInfo, CheckpointOp, CheckpointRequest, Engine, EngineBox, EngineStats,
+    GenerateRequest, GenerateSummary, GeneratedToken, KvCacheBox, SeqId, TokenSinkBox, UError,
+};
+
+/// A model served under one name through the ABI's [`Engine`] interface: requests from any
+/// number of threads run together in the continuous batch of one scheduler thread (see
+/// [`Limits`]). Clones share the scheduler; it stops when the last clone is dropped.
+#[derive(Clone)]
+pub struct EngineHandle {
+    name: Arc<str>,
+    scheduler: Arc<Scheduler>,
+}
+
+impl EngineHandle {
+    /// Serves `generator` under the model name `name` with the default [`Limits`].
+    pub fn new(name: impl Into<String>, generator: Arc<Generator>) -> Self {
+        Self::with_limits(name, generator, Limits::default())
+    }
+
+    /// Serves `generator` under `name`, running at most `limits.max_running` requests at once
+    /// and queueing at most `limits.max_queued` more.
+    pub fn with_limits(name: impl Into<String>, generator: Arc<Generator>, limits: Limits) -> Self {
+        Self {
+            name: name.into().into(),
+            scheduler: Arc::new(Scheduler::start(generator, limits)),
+        }
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> Limits {
+        self.scheduler.limits()
+    }
+
+    /// The generator requests run on.
+    pub fn generator(&self) -> &Arc<Generator> {
+        self.scheduler.generator()
+    }
+
+    /// As an ABI object for transports.
+    pub fn into_box(self) -> EngineBox {
+        EngineBox::new(self)
+    }
+
+    fn check_model(&self, model: &str) -> std::result::Result<(), UError> {
+        if model == &*self.name {
+            Ok(())
+        } else {
+            Err(UError::not_found(format!(
+                "model `{model}` is not served (this engine serves `{}`)",
+                self.name
+            )))
+        }
+    }
+
+    fn cache(&self) -> KvCacheBox {
+        self.generator().cache().clone()
+    }
+
+    /// Runs `spec` through the scheduler for `client` (the fair-queueing key), forwarding its
+    /// pieces to `sink` (which returns `false` to cancel).
+    fn run(
+        &self,
+        spec: Spec,
+        client: &str,
+        sink: &mut dyn FnMut(&GeneratedToken<'_>) -> bool,
+    ) -> Result<Outcome> {
+        let ticket = self.scheduler.submit(spec, client)?;
+        let (mut last, mut live) = (0, true);
+        for event in ticket.events.iter() {
+            let piece = match event {
+                Event::Piece(piece) => piece,
+                Event::Done(outcome) => return outcome,
+            };
+            last = piece.id.unwrap_or(last);
+            if live {
+                live = sink(&GeneratedToken {
+                    id: last,
+                    text: piece.text.as_str().into(),
+                    logprob: piece.logprob.into(),
+                    top_logprobs: RSlice::from_slice(&piece.top),
+                });
+                if !live {
+                    ticket.cancel();
+                }
+            }
+        }
+        Err(Error::Stopped)
+    }
+
+    /// `Save`: prefill the request's text (after checkpoint `source`, if set) and keep it.
+    fn save(&self, r: &CheckpointRequest) -> Result<Vec<CheckpointInfo>> {
+        let source = (!r.source.is_empty()).then(|| r.source.to_string());
+        let prompt = Prompt::new(self.generator(), &r.prompt, &r.messages, source.is_some())?;
+        if prompt.is_empty() {
+            return match source {
+                Some(_) => self.fork(r),
+                None => Err(Error::InvalidRequest(
+                    "a checkpoint save needs a prompt, messages or a source checkpoint".into(),
+                )),
+            };
+        }
+        let (tokens, _) = prompt.tokens(self.generator(), &[])?;
+        let spec = Spec {
+            prompt: tokens,
+            origin: match source {
+                Some(name) => Origin::Checkpoint { name, tokens: None },
+                None => Origin::Prefix,
+            },
+            options: GenerateOptions {
+                max_tokens: 0,
+                sampling: sampler::greedy(),
+                stop: Vec::new(),
+                ignore_eos: false,
+            },
+            breakpoints: Vec::new(),
+            top_logprobs: None,
+            save_as: Some(r.name.to_string()),
+        };
+        let out = self.run(spec, "", &mut |_| true)?;
+        Ok(vec![CheckpointInfo {
+            name: r.name.clone(),
+            tokens: out.prompt_tokens as u64,
+        }])
+    }
+
+    /// `Fork`: checkpoint `source` saved again as `name` (pages shared).
+    fn fork(&self, r: &CheckpointRequest) -> Result<Vec<CheckpointInfo>> {
+        let seq = Leased::load(self.cache(), &r.source)?;
+        seq.save(&r.name)?;
+        let mut known = self.scheduler.checkpoints();
+        match known.get(r.source.as_str()).cloned() {
+            Some(ids) => known.insert(r.name.to_string(), ids),
+            None => known.remove(r.name.as_str()),
+        };
+        Ok(vec![CheckpointInfo {
+            name: r.name.clone(),
+            tokens: seq.len()?,
+        }])
+    }
+
+    /// `Graft`: checkpoint `source` appended to checkpoint `target`, re-positioned by the model
+    /// (RoPE keys re-rotated).
+    fn graft(&self, r: &CheckpointRequest) -> Result<Vec<CheckpointInfo>> {
+        let dst = Leased::load(self.cache(), &r.target)?;
+        let src = Leased::load(self.cache(), &r.source)?;
+        let count = src.len()?;
+        self.generator()
+            .model()
+            .graft(dst.seq, src.seq, 0, count)
+            .into_result()
+            .map_err(|e| Error::plugin("model.graft", e))?;
+        dst.save(&r.name)?;
+        let mut known = self.scheduler.checkpoints();
+        let ids = match (known.get(r.target.as_str()), known.get(r.source.as_str())) {
+            (Some(a), Some(b)) => Some([a.as_slice(), b.as_slice()].concat()),
+            _ => None,
+        };
+        match ids {
+            Some(ids) => known.insert(r.name.to_string(), ids),
+            None => known.remove(r.name.as_str()),
+        };
+        Ok(vec![CheckpointInfo {
+            name: r.name.clone(),
+            tokens: dst.len()?,
+        }])
+    }
+
+    /// `List`: every checkpoint, with its length when this engine knows it.
+    fn list(&self) -> Result<Vec<CheckpointInfo>> {
+        let names = self
+            .cache()
+            .checkpoints()
+            .into_result()
+            .map_err(|e| Error::plugin("cache.checkpoints", e))?;
+        let known = self.scheduler.checkpoints();
+        Ok(names
+            .into_iter()
+            .map(|name| CheckpointInfo {
+                tokens: known.get(name.as_str()).map_or(0, |t| t.len() as u64),
+                name,
+            })
+            .collect())
+    }
+
+    /// `Delete`: checkpoint `name` removed.
+    fn delete(&self, r: &CheckpointRequest) -> Result<Vec<CheckpointInfo>> {
+        self.cache()
+            .delete_checkpoint(r.name.as_str().into())
+            .into_result()
+            .map_err(|e| Error::plugin("cache.delete_checkpoint", e))?;
+        self.scheduler.checkpoints().remove(r.name.as_str());
+        Ok(Vec::new())
+    }
+}
+
+/// A cache sequence loaded from a checkpoint, released when dropped.
+struct Leased {
+    cache: KvCacheBox,
+    seq: SeqId,
+}
+
+impl Drop for Leased {
+    fn drop(&mut self) {
+        // Fails only for an unknown sequence; nothing is left to do then.
+        let _ = self.cache.release(self.seq);
+    }
+}
+
+impl Leased {
+    fn load(cache: KvCacheBox, name: &str) -> Result<Self> {
+        let seq = cache
+            .load_checkpoint(name.into())
+            .into_result()
+            .map_err(|e| Error::plugin("cache.load_checkpoint", e))?;
+        Ok(Self { cache, seq })
+    }
+
+    fn len(&self) -> Result<u64> {
+        self.cache
+            .len(self.seq)
+            .into_result()
+            .map_err(|e| Error::plugin("cache.len", e))
+    }
+
+    fn save(&self, name: &str) -> Result<()> {
+        self.cache
+            .save_checkpoint(name.into(), self.seq)
+            .into_result()
+            .map_err(|e| Error::plugin("cache.save_checkpoint", e))
+    }
+}
+
+impl Engine for EngineHandle {
+    fn models(&self) -> RResult<RVec<RString>, UError> {
+        RResult::ROk(RVec::from(vec![RString::from(&*self.name)]))
+    }
+
+    fn generate(
+        &self,
+        request: &GenerateRequest,
+        mut sink: TokenSinkBox,
+    ) -> RResult<GenerateSummary, UError> {
+        (|| {
+            self.check_model(&request.model)?;
+            let top_logprobs = match request.top_logprobs {
+                ROption::RSome(n) if n > MAX_TOP_LOGPROBS => {
+                    return Err(Error::InvalidRequest(format!(
+                        "top_logprobs is {n}; at most {MAX_TOP_LOGPROBS} alternatives are reported"
+                    ))
+                    .into());
+                }
+                ROption::RSome(n) => Some(n as usize),
+                ROption::RNone => None,
+            };
+            let resume = request
+                .resume_from
+                .as_ref()
+                .map(|s| s.to_string())
+                .into_option();
+            let g = self.generator();
+            let prompt = Prompt::new(g, &request.prompt, &request.messages, resume.is_some())?;
+            let (tokens, breakpoints) = prompt.tokens(g, &request.cache_breakpoints)?;
+            let spec = Spec {
+                prompt: tokens,
+                origin: match resume {
+                    Some(name) => Origin::Checkpoint { name, tokens: None },
+                    None => Origin::Prefix,
+                },
+                options: GenerateOptions {
+                    max_tokens: request.max_tokens,
+                    sampling: request.sampling.clone(),
+                    stop: request.stop.iter().map(|s| s.to_string()).collect(),
+                    ignore_eos: false,
+                },
+                breakpoints,
+                top_logprobs,
+                save_as: request
+                    .save_as
+                    .as_ref()
+                    .map(|s| s.to_string())
+                    .into_option(),
+            };
+            let out = self.run(spec, &request.client, &mut |t| sink.token(t))?;
+            Ok(GenerateSummary {
+                prompt_tokens: out.prompt_tokens as u32,
+                cached_tokens: out.cached_tokens as u32,
+                cache_written_tokens: out.cache_written_tokens as u32,
+                generated_tokens: out.tokens.len() as u32,
+                tokens: RVec::from(out.tokens),
+                finish: out.finish,
+                stop_sequence: out.stop_sequence.map(RString::from).into(),
+                prompt_ms: out.prompt_s * 1e3,
+                generate_ms: out.decode_s * 1e3,
+            })
+        })()
+        .into()
+    }
+
+    fn stats(&self) -> RResult<EngineStats, UError> {
+        let kv_bytes = self.cache().stats().into_result().map_or(0, |s| s.bytes);
+        RResult::ROk(EngineStats {
+            kv_bytes,
+            ..self.scheduler.stats()
+        })
+    }
+
+    fn checkpoint(&self, request: &CheckpointRequest) -> RResult<RVec<CheckpointInfo>, UError> {
+        (|| {
+            self.check_model(&request.model)?;
+            let out = match request.op {
+                CheckpointOp::Save => self.save(request),
+                CheckpointOp::Fork => self.fork(request),
+                CheckpointOp::Graft => self.graft(request),
+                CheckpointOp::List => self.list(),
+                CheckpointOp::Delete => self.delete(request),
+            };
+            Ok(RVec::from(out?))
+        })()
+        .into()
+    }
+
+    fn embed(&self, model: RStr<'_>, input: RStr<'_>) -> RResult<RVec<f32>, UError> {
+        (|| {
+            self.check_model(model.as_str())?;
+            let g = self.generator();
+            let tokens = g.encode(input.as_str())?;
+            if tokens.is_empty() {
+                return Err(Error::EmptyPrompt.into());
+            }
+            let context = g.config().context_length as usize;
+            if context > 0 && tokens.len() > context {
+                return Err(Error::ContextFull {
+                    prompt: tokens.len(),
+                    context,
+                }
+                .into());
+            }
+            // On the caller's thread, in a scratch sequence, beside the scheduler's passes.
+            let mut v = g.embed(&tokens)?;
+            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+            if norm > 0.0 {
+                v.iter_mut().for_each(|x| *x /= norm);
+            }
+            Ok(RVec::from(v))
+        })()
+        .into()
+    }
+}

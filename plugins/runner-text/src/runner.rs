@@ -1,0 +1,66 @@
+//! The plugin glue: [`TextRunner`] starts an [`EngineHandle`] for the model the host built.
+
+use crate::{EngineHandle, Generator, Limits};
+use abi_stable::std_types::{RResult, RVec};
+use std::sync::Arc;
+use u_sdk::{
+    EngineBox, HostBox, PluginInfo, PluginInstance, Runner, RunnerBox, RunnerContext, UError,
+};
+
+/// The `runner` entry object.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TextRunner;
+
+impl Runner for TextRunner {
+    fn start(&self, context: RunnerContext) -> RResult<EngineBox, UError> {
+        (|| {
+            let generator = Generator::new(context.model, context.tokenizer.into_option())?;
+            let defaults = Limits::default();
+            let pick = |v: u32, d: usize| if v == 0 { d } else { v as usize };
+            let l = context.limits;
+            let limits = Limits {
+                max_running: pick(l.max_running, defaults.max_running),
+                max_queued: pick(l.max_queued, defaults.max_queued),
+                step_tokens: pick(l.step_tokens, defaults.step_tokens),
+            };
+            Ok(
+                EngineHandle::with_limits(context.name.as_str(), Arc::new(generator), limits)
+                    .into_box(),
+            )
+        })()
+        .map_err(|e: crate::Error| e.to_uerror())
+        .into()
+    }
+}
+
+fn describe() -> PluginInfo {
+    PluginInfo {
+        summary: "text generation: continuous batching, sampling, chat templates, prompt cache"
+            .into(),
+        details: RVec::new(),
+    }
+}
+
+/// Creates the runner (the root module's `instantiate`); it takes no settings.
+fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
+    let config: toml::Table = host
+        .config()
+        .as_str()
+        .parse()
+        .map_err(|e| UError::invalid(format!("runner-text config: {e}")))?;
+    if let Some(key) = config.keys().next() {
+        return Err(UError::invalid(format!(
+            "runner-text config: unknown key `{key}` (batch sizes are set under [model])"
+        )));
+    }
+    Ok(PluginInstance::Runner(RunnerBox::new(TextRunner)))
+}
+
+/// The exported root module and embedded manifest.
+mod export {
+    u_sdk::export_plugin! {
+        manifest: "plugin.toml",
+        describe: super::describe,
+        instantiate: super::instantiate,
+    }
+}

@@ -1,0 +1,453 @@
+//! One request's life as a state machine, whoever drives it (the scheduler's batch or a
+//! single-request [`crate::Generator`] call): a cache sequence to start from (empty, the deepest
+//! cached prefix, or a checkpoint), prefill, sampling, streamed text, stop conditions, and what
+//! is kept in the cache at the end.
+//!
+//! Positions vs ids: a sequence resumed from a checkpoint whose token ids the engine never saw
+//! (saved by another process) holds `unknown` leading positions without ids; everything that
+//! needs ids (prefix caching, penalties) then sees only the known tail.
+
+use crate::{
+    Error, GenerateOptions, Generator, Result,
+    logprobs::LogSoftmax,
+    sampler::Sampler,
+    stream::{StopCheck, StopMatcher, Utf8Stream},
+};
+use std::{collections::HashSet, time::Instant};
+use u_sdk::{FinishReason, KvCacheBox, Output, Rows, SeqId, TokenLogprob};
+
+/// Where a sequence's KV starts from.
+pub(crate) enum Origin {
+    /// An empty sequence; nothing is shared with the prefix cache.
+    Fresh,
+    /// The deepest cached prefix of the prompt; prompt and output are cached for later requests.
+    Prefix,
+    /// A named checkpoint, and its token ids when the engine knows them.
+    Checkpoint {
+        /// The checkpoint.
+        name: String,
+        /// Its token ids, if known.
+        tokens: Option<Vec<u32>>,
+    },
+}
+
+/// Everything a request asks for, tokenized.
+pub(crate) struct Spec {
+    /// The prompt (after the checkpoint's tokens when resuming).
+    pub prompt: Vec<u32>,
+    /// Where the KV starts from.
+    pub origin: Origin,
+    /// Token budget, sampling, stop strings.
+    pub options: GenerateOptions,
+    /// Prompt token counts whose KV to keep in the prefix cache.
+    pub breakpoints: Vec<usize>,
+    /// Alternatives to report per token, if logprobs were asked for.
+    pub top_logprobs: Option<usize>,
+    /// Checkpoint to save the sequence as at the end.
+    pub save_as: Option<String>,
+}
+
+/// Text streamed for one generated token (`id: None`: held-back text flushed at the end).
+pub(crate) struct Piece {
+    /// The token, or `None` for the final flush.
+    pub id: Option<u32>,
+    /// The text it completes.
+    pub text: String,
+    /// Its log-probability, when asked for.
+    pub logprob: Option<TokenLogprob>,
+    /// The most likely alternatives, when asked for.
+    pub top: Vec<TokenLogprob>,
+}
+
+/// How a finished request went.
+pub(crate) struct Outcome {
+    /// Prompt positions (checkpoint tokens included).
+    pub prompt_tokens: usize,
+    /// Prompt positions whose KV came from the cache.
+    pub cached_tokens: usize,
+    /// Prompt positions newly stored at breakpoints.
+    pub cache_written_tokens: usize,
+    /// Generated ids (an end-of-sequence id that ended generation excluded).
+    pub tokens: Vec<u32>,
+    /// Why it ended.
+    pub finish: FinishReason,
+    /// The stop string that ended it, if one did.
+    pub stop_sequence: Option<String>,
+    /// Seconds of prefill.
+    pub prompt_s: f64,
+    /// Seconds of decoding.
+    pub decode_s: f64,
+    /// The checkpoint written and its token ids (`None` when some are unknown).
+    pub saved: Option<(String, Option<Vec<u32>>)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Prefill,
+    Decode,
+    /// Finished, but generated tokens still need their KV (for `save_as`).
+    Flush(FinishReason),
+    Done(FinishReason),
+}
+
+/// A request being served.
+pub(crate) struct Sequence {
+    cache: KvCacheBox,
+    seq: SeqId,
+    share: bool,
+    unknown: usize,
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    computed: usize,
+    cached: usize,
+    breakpoints: Vec<usize>,
+    written_to: usize,
+    budget: usize,
+    generated: usize,
+    state: State,
+    sampler: Sampler,
+    eos: HashSet<u32>,
+    utf8: Utf8Stream,
+    stops: StopMatcher,
+    top_logprobs: Option<usize>,
+    save_as: Option<String>,
+    stop_sequence: Option<String>,
+    outbox: Vec<Piece>,
+    error: Option<Error>,
+    started: Instant,
+    prefilled: Option<Instant>,
+}
+
+impl Drop for Sequence {
+    fn drop(&mut self) {
+        // Releasing fails only for an unknown sequence; nothing is left to do then.
+        let _ = self.cache.release(self.seq);
+    }
+}
+
+impl Sequence {
+    /// Validates `spec` and takes a cache sequence for it.
+    pub(crate) fn admit(g: &Generator, spec: Spec) -> Result<Self> {
+        let vocab = g.config().vocab_size;
+        if let Some(&bad) = spec.prompt.iter().find(|&&t| t >= vocab) {
+            return Err(Error::TokenOutOfRange { id: bad, vocab });
+        }
+        if spec.prompt.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        let share = !matches!(spec.origin, Origin::Fresh);
+        let cache = g.cache().clone();
+        let plugin = |op| move |e| Error::plugin(op, e);
+        let (seq, cached, unknown, mut tokens) = match spec.origin {
+            Origin::Fresh => {
+                let seq = cache
+                    .create()
+                    .into_result()
+                    .map_err(plugin("cache.create"))?;
+                (seq, 0, 0, Vec::new())
+            }
+            Origin::Prefix => {
+                // The last prompt token always runs, so that its logits exist.
+                let head = &spec.prompt[..spec.prompt.len() - 1];
+                let m = cache
+                    .lookup_prefix(head.into())
+                    .into_result()
+                    .map_err(plugin("cache.lookup_prefix"))?;
+                (m.seq, m.matched as usize, 0, Vec::new())
+            }
+            Origin::Checkpoint { name, tokens } => {
+                let seq = cache
+                    .load_checkpoint(name.as_str().into())
+                    .into_result()
+                    .map_err(plugin("cache.load_checkpoint"))?;
+                let len = cache.len(seq).into_result();
+                let len = match len {
+                    Ok(n) => n as usize,
+                    Err(e) => {
+                        let _ = cache.release(seq);
+                        return Err(Error::plugin("cache.len", e));
+                    }
+                };
+                match tokens {
+                    Some(t) if t.len() == len => (seq, len, 0, t),
+                    _ => (seq, len, len, Vec::new()),
+                }
+            }
+        };
+        let base = unknown + tokens.len();
+        let context = match g.config().context_length {
+            0 => usize::MAX,
+            n => n as usize,
+        };
+        tokens.extend_from_slice(&spec.prompt);
+        let prompt_len = unknown + tokens.len();
+        let mut breakpoints: Vec<usize> = spec
+            .breakpoints
+            .iter()
+            .map(|&b| base + b)
+            .filter(|&b| b > cached && b <= prompt_len)
+            .collect();
+        breakpoints.sort_unstable();
+        breakpoints.dedup();
+        let eos = match (g.tokenizer(), spec.options.ignore_eos) {
+            (Some(_), false) => g.special().eos.iter().copied().collect(),
+            _ => HashSet::new(),
+        };
+        let s = Self {
+            share,
+            cache,
+            seq,
+            unknown,
+            tokens,
+            prompt_len,
+            computed: cached,
+            cached,
+            breakpoints,
+            written_to: cached,
+            budget: (spec.options.max_tokens as usize).min(context.saturating_sub(prompt_len)),
+            generated: 0,
+            state: State::Prefill,
+            sampler: Sampler::new(&spec.options.sampling),
+            eos,
+            utf8: Utf8Stream::default(),
+            stops: StopMatcher::new(spec.options.stop.iter().cloned()),
+            top_logprobs: spec.top_logprobs,
+            save_as: spec.save_as,
+            stop_sequence: None,
+            outbox: Vec::new(),
+            error: None,
+            started: Instant::now(),
+            prefilled: None,
+        };
+        // Checked once `s` exists, so that dropping it releases the sequence.
+        if prompt_len >= context {
+            return Err(Error::ContextFull {
+                prompt: prompt_len,
+                context,
+            });
+        }
+        Ok(s)
+    }
+
+    /// The cache sequence holding this request's KV.
+    pub(crate) fn seq(&self) -> SeqId {
+        self.seq
+    }
+
+    /// Whether the request needs another forward pass.
+    pub(crate) fn is_done(&self) -> bool {
+        matches!(self.state, State::Done(_))
+    }
+
+    /// Whether the request is still running its prompt (afterwards it takes one token per
+    /// pass).
+    pub(crate) fn is_prefilling(&self) -> bool {
+        self.state == State::Prefill
+    }
+
+    /// Ends the request now (the client went away): no more tokens, no held-back text.
+    pub(crate) fn cancel(&mut self) {
+        if !self.is_done() {
+            self.state = State::Done(FinishReason::Cancelled);
+        }
+    }
+
+    /// Ends the request with `error`, reported by [`Sequence::close`]; nothing of it is kept.
+    pub(crate) fn fail(&mut self, error: Error) {
+        self.save_as = None;
+        self.share = false;
+        self.error.get_or_insert(error);
+        self.state = State::Done(FinishReason::Cancelled);
+    }
+
+    /// The text produced since the last call.
+    pub(crate) fn take_pieces(&mut self) -> Vec<Piece> {
+        std::mem::take(&mut self.outbox)
+    }
+
+    /// The tokens this request runs in the next pass, at most `max` of them, and which logits
+    /// it needs (empty when it is done).
+    pub(crate) fn next_chunk(&self, max: usize) -> (&[u32], Output) {
+        let (target, logits) = match self.state {
+            State::Prefill => (self.prompt_len, Output::Logits(Rows::Last)),
+            State::Decode => (self.unknown + self.tokens.len(), Output::Logits(Rows::Last)),
+            State::Flush(_) => (self.unknown + self.tokens.len(), Output::Nothing),
+            State::Done(_) => return (&[], Output::Nothing),
+        };
+        let end = target.min(self.computed.saturating_add(max.max(1)));
+        let logits = if end == target {
+            logits
+        } else {
+            Output::Nothing
+        };
+        let tokens = &self.tokens[self.computed - self.unknown..end - self.unknown];
+        (tokens, logits)
+    }
+
+    /// Records that the last pass ran `n` of this request's tokens; `logits` is the row it
+    /// asked for, if any.
+    pub(crate) fn advance(
+        &mut self,
+        g: &Generator,
+        n: usize,
+        logits: Option<&mut [f32]>,
+    ) -> Result<()> {
+        self.computed += n;
+        while let Some(&b) = self.breakpoints.first()
+            && b <= self.computed
+        {
+            self.breakpoints.remove(0);
+            self.insert_prefix(b)?;
+            self.written_to = b;
+        }
+        match self.state {
+            State::Prefill if self.computed == self.prompt_len => {
+                self.prefilled = Some(Instant::now());
+                self.state = State::Decode;
+                self.insert_prefix(self.prompt_len)?;
+            }
+            State::Flush(reason) if self.computed == self.unknown + self.tokens.len() => {
+                self.state = State::Done(reason);
+            }
+            _ => {}
+        }
+        if let (State::Decode, Some(logits)) = (self.state, logits) {
+            self.decode(g, logits)?;
+        }
+        Ok(())
+    }
+
+    /// Samples the next token from `logits` and streams its text.
+    fn decode(&mut self, g: &Generator, logits: &mut [f32]) -> Result<()> {
+        if self.generated >= self.budget {
+            self.finish(FinishReason::Length);
+            return Ok(());
+        }
+        // Log-probabilities come from the raw logits, before the sampler's penalties.
+        let ranked = self
+            .top_logprobs
+            .map(|n| (LogSoftmax::new(logits, n), logits.to_vec()));
+        let id = self.sampler.sample(logits, &self.tokens);
+        if self.eos.contains(&id) {
+            self.finish(FinishReason::Stop);
+            return Ok(());
+        }
+        self.tokens.push(id);
+        self.generated += 1;
+        let bytes = g.token_bytes(id)?;
+        let (text, stopped) = match self.stops.push(&self.utf8.push(&bytes)) {
+            StopCheck::Emit(text) => (text, None),
+            StopCheck::Stop(text, stop) => (text, Some(stop)),
+        };
+        let (logprob, top) = match ranked {
+            Some((r, raw)) => {
+                let entry = |id: u32, logprob: f32| -> Result<TokenLogprob> {
+                    Ok(TokenLogprob {
+                        id,
+                        bytes: g.token_bytes(id)?.into(),
+                        logprob,
+                    })
+                };
+                let top = r
+                    .top()
+                    .iter()
+                    .map(|&(i, lp)| entry(i, lp))
+                    .collect::<Result<_>>()?;
+                (Some(entry(id, r.of(raw[id as usize]))?), top)
+            }
+            None => (None, Vec::new()),
+        };
+        self.outbox.push(Piece {
+            id: Some(id),
+            text,
+            logprob,
+            top,
+        });
+        if let Some(stop) = stopped {
+            self.stop_sequence = Some(stop);
+            self.end(FinishReason::Stop);
+        } else if self.generated >= self.budget {
+            self.finish(FinishReason::Length);
+        }
+        Ok(())
+    }
+
+    /// Ends generation without a stop string so far: flushes the held-back text first (which
+    /// may still complete one).
+    fn finish(&mut self, mut reason: FinishReason) {
+        let tail = match self.stops.push(&self.utf8.finish()) {
+            StopCheck::Emit(s) => s + &self.stops.finish(),
+            StopCheck::Stop(s, stop) => {
+                self.stop_sequence = Some(stop);
+                reason = FinishReason::Stop;
+                s
+            }
+        };
+        if !tail.is_empty() {
+            self.outbox.push(Piece {
+                id: None,
+                text: tail,
+                logprob: None,
+                top: Vec::new(),
+            });
+        }
+        self.end(reason);
+    }
+
+    fn end(&mut self, reason: FinishReason) {
+        let pending = self.unknown + self.tokens.len() > self.computed;
+        self.state = if self.save_as.is_some() && pending {
+            State::Flush(reason)
+        } else {
+            State::Done(reason)
+        };
+    }
+
+    /// Records the first `len` positions in the prefix cache (when this request shares, and
+    /// every id is known).
+    fn insert_prefix(&self, len: usize) -> Result<()> {
+        if !self.share || self.unknown > 0 || len == 0 {
+            return Ok(());
+        }
+        self.cache
+            .insert_prefix(self.tokens[..len].into(), self.seq)
+            .into_result()
+            .map_err(|e| Error::plugin("cache.insert_prefix", e))
+    }
+
+    /// Keeps what the request computed (prefix cache, checkpoint) and releases its sequence.
+    pub(crate) fn close(mut self) -> Result<Outcome> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        let finish = match self.state {
+            State::Done(r) | State::Flush(r) => r,
+            State::Prefill | State::Decode => FinishReason::Cancelled,
+        };
+        self.insert_prefix(self.computed)?;
+        let saved = match (&self.save_as, finish) {
+            (Some(name), FinishReason::Stop | FinishReason::Length) => {
+                self.cache
+                    .save_checkpoint(name.as_str().into(), self.seq)
+                    .into_result()
+                    .map_err(|e| Error::plugin("cache.save_checkpoint", e))?;
+                let ids = (self.unknown == 0).then(|| self.tokens.clone());
+                Some((name.clone(), ids))
+            }
+            _ => None,
+        };
+        let now = Instant::now();
+        let prefilled = self.prefilled.unwrap_or(now);
+        Ok(Outcome {
+            prompt_tokens: self.prompt_len,
+            cached_tokens: self.cached,
+            cache_written_tokens: self.written_to - self.cached,
+            tokens: self.tokens[self.prompt_len - self.unknown..].to_vec(),
+            finish,
+            stop_sequence: self.stop_sequence.clone(),
+            prompt_s: (prefilled - self.started).as_secs_f64(),
+            decode_s: (now - prefilled).as_secs_f64(),
+            saved,
+        })
+    }
+}

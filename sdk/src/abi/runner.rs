@@ -1,0 +1,47 @@
+//! Runner plugins: one per task (text generation, embeddings; later transcription and image
+//! generation). A runner turns a built model and its tokenizer into the [`Engine`] transports
+//! serve: scheduling, sampling, chat templates and prompt caching live here, inside a sandboxed
+//! plugin, so the host only verifies, grants, wires and locks down. The tasks a runner serves
+//! are declared in its signed manifest (`tasks = […]`).
+
+use crate::abi::{error::UError, model::ModelBox, tokenizer::TokenizerBox, transport::EngineBox};
+use abi_stable::{
+    StableAbi, sabi_trait,
+    std_types::{RBox, ROption, RResult, RString},
+};
+
+/// How much work a runner takes on at once; 0 leaves a field to the runner's default.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServingLimits {
+    /// Requests running (sharing forward passes) at once.
+    pub max_running: u32,
+    /// Requests that may wait for a running slot before new ones are refused.
+    pub max_queued: u32,
+    /// Tokens per forward pass (decodes first, the rest to prefill).
+    pub step_tokens: u32,
+}
+
+/// What a runner starts an engine from.
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct RunnerContext {
+    /// The name clients ask for the model by.
+    pub name: RString,
+    /// The built model.
+    pub model: ModelBox,
+    /// Its tokenizer, when it reads or writes text.
+    pub tokenizer: ROption<TokenizerBox>,
+    /// Batch and queue sizes from the deployment.
+    pub limits: ServingLimits,
+}
+
+/// Entry interface of a `runner` plugin.
+#[sabi_trait]
+pub trait Runner: Send + Sync + Clone {
+    /// Starts serving `context.model`; the engine runs until the last handle to it drops.
+    fn start(&self, context: RunnerContext) -> RResult<EngineBox, UError>;
+}
+
+/// An owned runner object.
+pub type RunnerBox = Runner_TO<'static, RBox<()>>;
