@@ -157,14 +157,21 @@ impl<S: OpenWeights> Loader for FileLoader<S> {
 /// not a JSON object.
 #[cfg(feature = "json")]
 pub fn config_metadata(config: &serde_json::Value) -> Result<Vec<(String, MetaValue)>, String> {
-    let obj = config
-        .as_object()
-        .ok_or_else(|| "config.json is not a JSON object".to_string())?;
-    Ok(obj
-        .iter()
-        .filter(|(_, v)| !v.is_null())
-        .map(|(k, v)| (format!("config.{k}"), json_to_meta(v)))
-        .collect())
+    json_metadata("config", config).ok_or_else(|| "config.json is not a JSON object".to_string())
+}
+
+/// A JSON object's top-level entries as metadata `{prefix}.<key>` (the rules of
+/// [`config_metadata`]), or `None` if it is not an object: side files of a checkpoint folder,
+/// such as sentence-transformers' `sentence_bert_config.json`.
+#[cfg(feature = "json")]
+pub fn json_metadata(prefix: &str, doc: &serde_json::Value) -> Option<Vec<(String, MetaValue)>> {
+    Some(
+        doc.as_object()?
+            .iter()
+            .filter(|(_, v)| !v.is_null())
+            .map(|(k, v)| (format!("{prefix}.{k}"), json_to_meta(v)))
+            .collect(),
+    )
 }
 
 /// Converts one JSON value to a metadata value (see [`config_metadata`] for the rules).

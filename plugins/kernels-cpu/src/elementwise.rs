@@ -52,25 +52,33 @@ impl Binary {
     /// `a` and `out` hold `n` values, `b` holds `b_len`; `out` overlaps `a` or `b` only exactly
     /// (same start and length).
     pub unsafe fn run(&self, eng: &Engine, f: impl Fn(f32, f32) -> f32 + Sync) {
-        let body = |range: std::ops::Range<usize>| {
-            for i in range {
-                // SAFETY: `i < n`; reads of index `i` precede the write of index `i`, and no
-                // other index of an aliased operand is touched (function contract).
-                unsafe {
-                    let v = f(*self.a.add(i), *self.b.add(i % self.b_len));
-                    *self.out.add(i) = v;
+        // Rows of `b_len` (the whole tensor when `b` is as long as `a`): `b` is read whole per
+        // row, so the inner loop has no index arithmetic and vectorizes.
+        let row = self.b_len;
+        let body = |rows: std::ops::Range<usize>| {
+            for r in rows {
+                for j in 0..row {
+                    let i = r * row + j;
+                    // SAFETY: `i < n` and `j < b_len`; reads of index `i` precede the write of
+                    // index `i`, and no other index of an aliased operand is touched (function
+                    // contract).
+                    unsafe {
+                        let v = f(*self.a.add(i), *self.b.add(j));
+                        *self.out.add(i) = v;
+                    }
                 }
             }
         };
-        if self.n >= PAR_MIN {
-            let chunk = 8192;
+        let rows = self.n / row.max(1);
+        if self.n >= PAR_MIN && rows > 1 {
+            let per = (PAR_MIN / row).max(1);
             eng.pool.install(|| {
-                (0..self.n.div_ceil(chunk))
+                (0..rows.div_ceil(per))
                     .into_par_iter()
-                    .for_each(|c| body(c * chunk..((c + 1) * chunk).min(self.n)))
+                    .for_each(|c| body(c * per..((c + 1) * per).min(rows)))
             });
         } else {
-            body(0..self.n);
+            body(0..rows);
         }
     }
 }

@@ -111,7 +111,7 @@ impl SafetensorsModel {
             .transpose()?;
 
         let mut shards = Vec::new();
-        let mut extra_meta = Vec::new();
+        let mut extra_meta = side_files(opener, &dir)?;
         let weight_map = if let Some(index_path) = index_path {
             let bytes = files::read_limited(opener, &index_path, index::MAX_INDEX_LEN)?;
             let idx = index::parse(&bytes).map_err(|reason| Error::Index {
@@ -296,6 +296,28 @@ impl SafetensorsModel {
     pub fn architecture(&self) -> Option<&str> {
         self.architecture.as_deref()
     }
+}
+
+/// Side files of a sentence-transformers folder, as `sentence_transformers.*` metadata: the
+/// model's own `sentence_bert_config.json` (`max_seq_length`, …) and the pooling module's
+/// `1_Pooling/config.json` (`pooling.pooling_mode_mean_tokens`, …). Absent files add nothing.
+pub fn side_files(opener: &dyn FileOpener, dir: &Path) -> Result<Vec<(String, MetaValue)>> {
+    let mut out = Vec::new();
+    for (file, prefix) in [
+        ("sentence_bert_config.json", "sentence_transformers"),
+        ("1_Pooling/config.json", "sentence_transformers.pooling"),
+    ] {
+        let path = dir.join(file);
+        let Some(bytes) = files::read_optional(opener, &path, MAX_CONFIG_LEN)? else {
+            continue;
+        };
+        let (path, doc) = parse_config(path, &bytes)?;
+        out.extend(weights::json_metadata(prefix, &doc).ok_or(Error::Config {
+            path,
+            reason: "not a JSON object".into(),
+        })?);
+    }
+    Ok(out)
 }
 
 fn parse_config(path: PathBuf, bytes: &[u8]) -> Result<(PathBuf, serde_json::Value)> {

@@ -61,8 +61,13 @@ impl Tok {
     /// Builds a tokenizer from the text of a `tokenizer.json` and, optionally, of the
     /// `tokenizer_config.json` beside it.
     pub fn from_json(tokenizer_json: &str, config_json: Option<&str>) -> Result<Self, UError> {
-        let hf: tokenizers::Tokenizer = tokenizer_json
+        let mut hf: tokenizers::Tokenizer = tokenizer_json
             .parse()
+            .map_err(|e| UError::invalid(format!("tokenizer.json: {e}")))?;
+        // Lengths are the runner's to decide (its model's context, a checkpoint's recipe): the
+        // file's own padding and truncation (e.g. MiniLM's fixed 128) would change the ids.
+        hf.with_padding(None);
+        hf.with_truncation(None)
             .map_err(|e| UError::invalid(format!("tokenizer.json: {e}")))?;
         let doc: Value = serde_json::from_str(tokenizer_json)
             .map_err(|e| UError::invalid(format!("tokenizer.json: {e}")))?;

@@ -1,0 +1,106 @@
+//! # u-arch-bert — BERT-family encoders as a U architecture plugin
+//!
+//! BERT (Devlin et al. 2018, *BERT: Pre-training of Deep Bidirectional Transformers for
+//! Language Understanding*, arXiv:1810.04805) and its distilled sentence encoders such as
+//! MiniLM (Wang et al. 2020, arXiv:2002.10957) as sentence-transformers ships them
+//! (Reimers & Gurevych 2019, arXiv:1908.10084): token, position and segment embeddings summed
+//! and layer-normed, then post-norm blocks of bidirectional multi-head self-attention and a
+//! GELU feed-forward network. A model of the **encoder** kind: every chunk is a whole input,
+//! attended in both directions, with no KV cache; it answers hidden states after any layer and
+//! pooled vectors (mean, first row) — what `/v1/embeddings` needs.
+//!
+//! Reference implementation: Hugging Face `transformers` (`modeling_bert.py`) and
+//! sentence-transformers' `Pooling`, against which `tests/` checks hidden states and pooled
+//! vectors of a tiny random-weight BERT and the real all-MiniLM-L6-v2.
+//!
+//! Layout: [`config`] (hyper-parameters from `config.json` and sentence-transformers' side
+//! files), [`model`] (`Embeddings`, `SelfAttention`, `FeedForward`, `Layer`, `Bert`), and the
+//! plugin glue below. Compute goes through the backend interface (`u_sdk::nn` tensors).
+#![deny(missing_docs)]
+
+pub mod config;
+pub mod model;
+
+pub use config::Config;
+pub use model::Bert;
+
+use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RVec};
+use u_sdk::{
+    Architecture, ArchitectureBox, BackendBox, BuildContext, HostBox, KvCacheBox, Model, ModelBox,
+    ModelConfig, PluginInfo, PluginInstance, SeqChunk, SeqId, UError, WeightSetBox, nn::Device,
+};
+
+fn describe() -> PluginInfo {
+    PluginInfo {
+        summary: "BERT-family encoder: bidirectional attention, mean/CLS pooling".into(),
+        details: RVec::new(),
+    }
+}
+
+/// Creates the architecture object (the root module's `instantiate`); it takes no settings.
+pub fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
+    let config: toml::Table = host
+        .config()
+        .as_str()
+        .parse()
+        .map_err(|e| UError::invalid(format!("arch-bert config: {e}")))?;
+    if let Some(key) = config.keys().next() {
+        return Err(UError::invalid(format!(
+            "arch-bert config: unknown key `{key}` (the plugin has no settings)"
+        )));
+    }
+    Ok(PluginInstance::Architecture(ArchitectureBox::new(
+        BertArchitecture,
+    )))
+}
+
+/// The exported root module and embedded manifest.
+mod export {
+    u_sdk::export_plugin! {
+        manifest: "plugin.toml",
+        describe: super::describe,
+        instantiate: super::instantiate,
+    }
+}
+
+/// The `architecture` entry object.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BertArchitecture;
+
+impl BertArchitecture {
+    /// Builds a model from `weights` on `backend` (what [`Architecture::build`] does, for Rust
+    /// callers such as tests).
+    pub fn load(&self, weights: WeightSetBox, backend: BackendBox) -> u_sdk::Result<ModelBox> {
+        Ok(ModelBox::new(Bert::load(&weights, Device::new(backend)?)?))
+    }
+}
+
+impl Architecture for BertArchitecture {
+    fn build(&self, context: BuildContext) -> RResult<ModelBox, UError> {
+        self.load(context.weights, context.backend).into()
+    }
+}
+
+impl Model for Bert {
+    fn config(&self) -> RResult<ModelConfig, UError> {
+        RResult::ROk(self.model_config())
+    }
+
+    fn cache(&self) -> RResult<ROption<KvCacheBox>, UError> {
+        RResult::ROk(ROption::RNone)
+    }
+
+    fn forward(
+        &self,
+        batch: RSlice<'_, SeqChunk<'_>>,
+        mut out: RSliceMut<'_, f32>,
+    ) -> RResult<(), UError> {
+        Bert::forward(self, batch.as_slice(), out.as_mut_slice()).into()
+    }
+
+    fn graft(&self, _dst: SeqId, _src: SeqId, _from: u64, _count: u64) -> RResult<(), UError> {
+        RResult::RErr(UError::unsupported(
+            "arch-bert: an encoder keeps no per-sequence state to graft",
+        ))
+    }
+}

@@ -1,0 +1,238 @@
+//! # u-runner-embeddings — the embeddings runner plugin
+//!
+//! A `runner` plugin for the **embeddings** task: the host hands it an encoder (a model of
+//! [`ModelKind::Encoder`], e.g. all-MiniLM-L6-v2 built by `arch-bert`) and its tokenizer, and it
+//! serves [`Engine::embed`]: the text is tokenized with the model's special tokens, truncated
+//! to the model's context the way the checkpoint's tokenizer truncates (the sequence shortened,
+//! its leading and trailing special tokens kept), run as one chunk, and the model's pooled
+//! vector (its own pooling: mean for sentence-transformers) is L2-normalised, as
+//! sentence-transformers' `Normalize` module does. Requests run on the caller's thread; the
+//! model's forward pass is safe to call from many at once. Text generation and KV checkpoints
+//! are another runner's task: asked for them, it says so.
+#![deny(missing_docs)]
+
+use abi_stable::std_types::{RResult, RSlice, RSliceMut, RStr, RString, RVec};
+use std::sync::{
+    Arc,
+    atomic::{AtomicU32, AtomicU64, Ordering},
+};
+use u_sdk::{
+    CheckpointInfo, CheckpointRequest, Engine, EngineBox, EngineStats, ErrorKind, GenerateRequest,
+    GenerateSummary, HostBox, ModelBox, ModelConfig, ModelKind, Output, PluginInfo, PluginInstance,
+    Runner, RunnerBox, RunnerContext, Segment, SeqChunk, TokenSinkBox, TokenizerBox, UError,
+};
+
+/// The `runner` entry object.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EmbeddingsRunner;
+
+impl EmbeddingsRunner {
+    /// Serves `model` with `tokenizer` under `name` (what [`Runner::start`] does, for Rust
+    /// callers such as tests).
+    pub fn serve(
+        &self,
+        name: &str,
+        model: ModelBox,
+        tokenizer: Option<TokenizerBox>,
+    ) -> u_sdk::Result<Embedder> {
+        let config = model.config().into_result()?;
+        if config.kind != ModelKind::Encoder {
+            return Err(UError::invalid(format!(
+                "runner-embeddings serves encoders; `{}` is a {:?} model",
+                config.family, config.kind
+            )));
+        }
+        let tokenizer = tokenizer.ok_or_else(|| {
+            UError::invalid(format!(
+                "runner-embeddings: `{name}` has no tokenizer (no tokenizer.json beside it)"
+            ))
+        })?;
+        Ok(Embedder(Arc::new(Inner {
+            name: name.into(),
+            model,
+            tokenizer,
+            config,
+            requests: AtomicU64::new(0),
+            running: AtomicU32::new(0),
+            tokens: AtomicU64::new(0),
+            passes: AtomicU64::new(0),
+        })))
+    }
+}
+
+impl Runner for EmbeddingsRunner {
+    fn start(&self, context: RunnerContext) -> RResult<EngineBox, UError> {
+        self.serve(
+            context.name.as_str(),
+            context.model,
+            context.tokenizer.into_option(),
+        )
+        .map(EngineBox::new)
+        .into()
+    }
+}
+
+struct Inner {
+    name: String,
+    model: ModelBox,
+    tokenizer: TokenizerBox,
+    config: ModelConfig,
+    requests: AtomicU64,
+    running: AtomicU32,
+    tokens: AtomicU64,
+    passes: AtomicU64,
+}
+
+/// An encoder served as an [`Engine`] that embeds. Clones share the model.
+#[derive(Clone)]
+pub struct Embedder(Arc<Inner>);
+
+impl Embedder {
+    fn check_model(&self, model: &str) -> u_sdk::Result<()> {
+        match model == self.0.name {
+            true => Ok(()),
+            false => Err(UError::not_found(format!(
+                "model `{model}` is not served (this engine serves `{}`)",
+                self.0.name
+            ))),
+        }
+    }
+
+    /// The token ids of `text` as the model reads them: with its special tokens, and, when
+    /// longer than the model's context, the text's own tokens cut so that the special tokens
+    /// around them still fit (as a `tokenizers` truncation does).
+    pub fn tokens(&self, text: &str) -> u_sdk::Result<Vec<u32>> {
+        let tok = &self.0.tokenizer;
+        let with = tok.encode(text.into(), true).into_result()?.into_vec();
+        let max = self.0.config.context_length as usize;
+        if with.len() <= max {
+            return Ok(with);
+        }
+        let plain = tok.encode(text.into(), false).into_result()?.into_vec();
+        let extra = with.len().saturating_sub(plain.len());
+        let lead = (0..=extra)
+            .find(|&p| with[p..].starts_with(&plain[..plain.len().min(16)]))
+            .ok_or_else(|| {
+                UError::new(
+                    ErrorKind::Internal,
+                    "runner-embeddings: the tokenizer's special tokens do not wrap the text",
+                )
+            })?;
+        let tail = extra - lead;
+        if max <= extra {
+            return Err(UError::invalid(format!(
+                "runner-embeddings: a context of {max} does not fit {extra} special tokens"
+            )));
+        }
+        let mut ids = with[..lead].to_vec();
+        ids.extend_from_slice(&plain[..max - extra]);
+        ids.extend_from_slice(&with[with.len() - tail..]);
+        Ok(ids)
+    }
+
+    /// The normalised embedding of `text`.
+    pub fn embed_text(&self, text: &str) -> u_sdk::Result<Vec<f32>> {
+        let ids = self.tokens(text)?;
+        let c = &self.0.config;
+        let input = [Segment::Tokens(RSlice::from_slice(&ids))];
+        let chunk = [SeqChunk::tokens(0, &input, Output::Pooled(c.pooling))];
+        let mut v = vec![0f32; c.hidden as usize];
+        self.0.running.fetch_add(1, Ordering::Relaxed);
+        let result = self
+            .0
+            .model
+            .forward(
+                RSlice::from_slice(&chunk),
+                RSliceMut::from_mut_slice(&mut v),
+            )
+            .into_result();
+        self.0.running.fetch_sub(1, Ordering::Relaxed);
+        result?;
+        self.0.requests.fetch_add(1, Ordering::Relaxed);
+        self.0.passes.fetch_add(1, Ordering::Relaxed);
+        self.0.tokens.fetch_add(ids.len() as u64, Ordering::Relaxed);
+        // sentence-transformers' Normalize: v / max(‖v‖, 1e-12).
+        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+        v.iter_mut().for_each(|x| *x /= norm);
+        Ok(v)
+    }
+
+    fn not_this_task(&self, what: &str) -> UError {
+        UError::unsupported(format!(
+            "`{}` is an embedding model: {what} needs a text-generation model",
+            self.0.name
+        ))
+    }
+}
+
+impl Engine for Embedder {
+    fn models(&self) -> RResult<RVec<RString>, UError> {
+        RResult::ROk(RVec::from(vec![RString::from(self.0.name.as_str())]))
+    }
+
+    fn generate(
+        &self,
+        request: &GenerateRequest,
+        _sink: TokenSinkBox,
+    ) -> RResult<GenerateSummary, UError> {
+        match self.check_model(&request.model) {
+            Ok(()) => RResult::RErr(self.not_this_task("generation")),
+            Err(e) => RResult::RErr(e),
+        }
+    }
+
+    fn stats(&self) -> RResult<EngineStats, UError> {
+        RResult::ROk(EngineStats {
+            requests: self.0.requests.load(Ordering::Relaxed),
+            running: self.0.running.load(Ordering::Relaxed),
+            prompt_tokens: self.0.tokens.load(Ordering::Relaxed),
+            forward_passes: self.0.passes.load(Ordering::Relaxed),
+            ..EngineStats::default()
+        })
+    }
+
+    fn checkpoint(&self, request: &CheckpointRequest) -> RResult<RVec<CheckpointInfo>, UError> {
+        match self.check_model(&request.model) {
+            Ok(()) => RResult::RErr(self.not_this_task("a KV checkpoint")),
+            Err(e) => RResult::RErr(e),
+        }
+    }
+
+    fn embed(&self, model: RStr<'_>, input: RStr<'_>) -> RResult<RVec<f32>, UError> {
+        self.check_model(model.as_str())
+            .and_then(|()| self.embed_text(input.as_str()))
+            .map(RVec::from)
+            .into()
+    }
+}
+
+fn describe() -> PluginInfo {
+    PluginInfo {
+        summary: "embeddings: an encoder's pooled, normalised vector per input".into(),
+        details: RVec::new(),
+    }
+}
+
+/// Creates the runner (the root module's `instantiate`); it takes no settings.
+fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
+    let config: toml::Table = host
+        .config()
+        .as_str()
+        .parse()
+        .map_err(|e| UError::invalid(format!("runner-embeddings config: {e}")))?;
+    if let Some(key) = config.keys().next() {
+        return Err(UError::invalid(format!(
+            "runner-embeddings config: unknown key `{key}` (the runner has no settings)"
+        )));
+    }
+    Ok(PluginInstance::Runner(RunnerBox::new(EmbeddingsRunner)))
+}
+
+/// The exported root module and embedded manifest.
+mod export {
+    u_sdk::export_plugin! {
+        manifest: "plugin.toml",
+        describe: super::describe,
+        instantiate: super::instantiate,
+    }
+}
