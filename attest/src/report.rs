@@ -17,6 +17,12 @@ pub struct PluginProof {
     pub path: String,
     /// Manifest name (or the deployment's label when unreadable).
     pub name: String,
+    /// Kind from the signed manifest (empty when unverified).
+    pub kind: String,
+    /// The model families an architecture declares it builds (signed).
+    pub families: Vec<String>,
+    /// The tasks a runner declares it serves (signed).
+    pub tasks: Vec<String>,
     /// Signature, trust and ABI check: `None` when it passed, else why not.
     pub verification_error: Option<String>,
     /// Declared beside observed surface, when the file could be inspected.
@@ -57,6 +63,9 @@ pub fn prove(deployment: &Deployment) -> DeploymentProof {
                 plugins.push(PluginProof {
                     path: path.clone(),
                     name: entry.label(),
+                    kind: String::new(),
+                    families: vec![],
+                    tasks: vec![],
                     verification_error: Some(format!("{path}: {e}")),
                     surface: None,
                     granted: vec![],
@@ -109,6 +118,24 @@ pub fn prove(deployment: &Deployment) -> DeploymentProof {
                 .as_ref()
                 .map(|v| v.manifest.name.clone())
                 .unwrap_or_else(|_| entry.label()),
+            kind: verified
+                .as_ref()
+                .map(|v| v.manifest.kind.name().to_string())
+                .unwrap_or_default(),
+            families: verified
+                .as_ref()
+                .map(|v| v.manifest.families.clone())
+                .unwrap_or_default(),
+            tasks: verified
+                .as_ref()
+                .map(|v| {
+                    v.manifest
+                        .tasks
+                        .iter()
+                        .map(|t| t.name().to_string())
+                        .collect()
+                })
+                .unwrap_or_default(),
             verification_error,
             surface,
             granted,
@@ -172,6 +199,12 @@ impl DeploymentProof {
         for p in &self.plugins {
             let status = if p.accepted { "ACCEPTED" } else { "REFUSED" };
             out.push_str(&format!("[{status}] {} ({})\n", p.name, p.path));
+            if !p.families.is_empty() {
+                out.push_str(&format!("  builds families: {}\n", p.families.join(", ")));
+            }
+            if !p.tasks.is_empty() {
+                out.push_str(&format!("  serves tasks: {}\n", p.tasks.join(", ")));
+            }
             if let Some(e) = &p.verification_error {
                 out.push_str(&format!("  verification: {e}\n"));
             } else {

@@ -22,6 +22,8 @@ pub struct Options {
     pub transport_config: String,
     /// Lines appended to the `[model]` table.
     pub model_config: String,
+    /// More `[[plugins]]` blocks (e.g. a test plugin).
+    pub plugins: String,
 }
 
 /// A running `u-runner serve`; stopped (SIGTERM, then SIGKILL) when dropped.
@@ -203,6 +205,8 @@ path = "{runner}"
 [[plugins]]
 path = "{embedder}"
 
+{extra_plugins}
+
 [[plugins]]
 path = "{http}"
 [plugins.grants]
@@ -230,6 +234,7 @@ path = "{model}"
         kv = kv.display(),
         secrets = dir.path().join("secrets").display(),
         transport_config = options.transport_config,
+        extra_plugins = options.plugins,
         model_config = options.model_config,
         socket = socket.display(),
         model = model.display(),
