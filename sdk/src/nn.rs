@@ -22,14 +22,17 @@ use crate::abi::{
     loader::WeightSetBox,
 };
 use abi_stable::std_types::{RSlice, RSliceMut, RString};
-use std::ops::Range;
+use std::{ops::Range, sync::Arc};
 
 /// Most sources [`Device::run`] takes (attention over many spans uses [`Device::run_descs`]).
 pub const MAX_SOURCES: usize = 4;
 
-/// A backend, as models use it. Cheap to clone.
+/// A backend, as models use it. Cheap to clone: every tensor holds one, so clones share the
+/// backend object (a reference count) rather than boxing a copy of it.
 #[derive(Clone)]
-pub struct Device {
+pub struct Device(Arc<DeviceInner>);
+
+struct DeviceInner {
     backend: BackendBox,
     host: bool,
 }
@@ -38,17 +41,17 @@ impl Device {
     /// Wraps `backend`, asking it once what its buffers are.
     pub fn new(backend: BackendBox) -> Result<Device> {
         let host = backend.buffer_type().into_result()?.host;
-        Ok(Device { backend, host })
+        Ok(Device(Arc::new(DeviceInner { backend, host })))
     }
 
     /// The backend.
     pub fn backend(&self) -> &BackendBox {
-        &self.backend
+        &self.0.backend
     }
 
     /// Whether the backend's buffers are host memory.
     pub fn is_host(&self) -> bool {
-        self.host
+        self.0.host
     }
 
     /// A tensor over a buffer region (e.g. a KV page a cache handed out).
@@ -66,7 +69,7 @@ impl Device {
             .bytes_for(shape.row_len())
             .and_then(|r| r.checked_mul(shape.rows()))
             .ok_or_else(|| UError::invalid(format!("{dtype:?} tensor of shape {dims:?}")))?;
-        let buffer = self.backend.alloc(bytes.max(1)).into_result()?;
+        let buffer = self.0.backend.alloc(bytes.max(1)).into_result()?;
         Ok(self.tensor(TensorDesc {
             buffer,
             offset: 0,
@@ -116,7 +119,7 @@ impl Device {
             )));
         }
         let owner = KeepaliveBox::new(WeightsAlive(weights.clone(), name.into()));
-        let buffer = self.backend.import(view.data, owner).into_result()?;
+        let buffer = self.0.backend.import(view.data, owner).into_result()?;
         Ok(self.tensor(TensorDesc {
             buffer,
             offset: 0,
@@ -148,7 +151,8 @@ impl Device {
             srcs: RSlice::from_slice(srcs),
             dst: &dst.desc,
         };
-        self.backend
+        self.0
+            .backend
             .compute(RSlice::from_slice(std::slice::from_ref(&call)))
             .into_result()
     }

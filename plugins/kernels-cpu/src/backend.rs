@@ -249,12 +249,13 @@ impl CpuBackend {
                 let n = w.desc.shape.rows() as usize;
                 let xs = x.f32()?;
                 let m = xs.len() / k.max(1);
-                let view = TensorView {
+                let weight = matmul::Weight {
                     dtype: w.desc.dtype,
-                    shape: vec![n as u64, k as u64].into(),
-                    data: RSlice::from_slice(w.bytes()),
+                    rows: n as u64,
+                    row_len: k as u64,
+                    data: w.bytes(),
                 };
-                matmul::matmul(self.eng(), &view, xs, m, dst.f32_mut()?)
+                matmul::matmul_weight(self.eng(), weight, xs, m, dst.f32_mut()?)
             }
             Op::Add
             | Op::Mul

@@ -4,7 +4,7 @@
 //! Every function here takes raw pointers because its destination may be one of its sources
 //! (in place: `x += y`); each reads an element before writing the same index, never another.
 
-use crate::{engine::Engine, ops::activation_fn};
+use crate::{engine::Engine, ops::with_activation};
 use rayon::prelude::*;
 use u_sdk::{Activation, Result, UError};
 
@@ -137,9 +137,8 @@ pub unsafe fn gated(eng: &Engine, op: Binary, act: Activation) -> Result<()> {
             op.n, op.b_len
         )));
     }
-    let f = activation_fn(act);
     // SAFETY: forwarded contract.
-    unsafe { op.run(eng, |a, b| f(a) * b) };
+    with_activation!(act, |f| unsafe { op.run(eng, |a, b| f(a) * b) });
     Ok(())
 }
 

@@ -188,34 +188,78 @@ pub fn erf(x: f64) -> f64 {
     if x >= 0.0 { 1.0 - erfc } else { erfc - 1.0 }
 }
 
-/// The scalar function of `act`.
-pub fn activation_fn(act: Activation) -> fn(f32) -> f32 {
-    match act {
-        Activation::Silu => |v| v / (1.0 + (-v).exp()),
-        Activation::GeluTanh => |v| {
-            const C: f32 = 0.797_884_6; // sqrt(2/π)
-            0.5 * v * (1.0 + (C * (v + 0.044_715 * v * v * v)).tanh())
-        },
-        Activation::GeluErf => {
-            |v| (0.5 * f64::from(v) * (1.0 + erf(f64::from(v) / std::f64::consts::SQRT_2))) as f32
-        }
-        Activation::Sigmoid => |v| 1.0 / (1.0 + (-v).exp()),
-        Activation::Relu => |v| v.max(0.0),
-        Activation::Tanh => f32::tanh,
-    }
+/// `x · sigmoid(x)`.
+#[inline]
+pub fn silu(v: f32) -> f32 {
+    v / (1.0 + (-v).exp())
 }
+
+/// GELU, tanh approximation.
+#[inline]
+pub fn gelu_tanh(v: f32) -> f32 {
+    const C: f32 = 0.797_884_6; // sqrt(2/π)
+    0.5 * v * (1.0 + (C * (v + 0.044_715 * v * v * v)).tanh())
+}
+
+/// GELU, exact (erf, in f64).
+#[inline]
+pub fn gelu_erf(v: f32) -> f32 {
+    (0.5 * f64::from(v) * (1.0 + erf(f64::from(v) / std::f64::consts::SQRT_2))) as f32
+}
+
+/// `1 / (1 + e^−x)`.
+#[inline]
+pub fn sigmoid(v: f32) -> f32 {
+    1.0 / (1.0 + (-v).exp())
+}
+
+/// Expands `$body` once per activation with `$f` bound to its scalar function (a distinct fn
+/// item each time), so the loop in `$body` is compiled per activation with the function inlined
+/// rather than called through a pointer per element.
+macro_rules! with_activation {
+    ($act:expr, |$f:ident| $body:expr) => {
+        match $act {
+            u_sdk::Activation::Silu => {
+                let $f = $crate::ops::silu;
+                $body
+            }
+            u_sdk::Activation::GeluTanh => {
+                let $f = $crate::ops::gelu_tanh;
+                $body
+            }
+            u_sdk::Activation::GeluErf => {
+                let $f = $crate::ops::gelu_erf;
+                $body
+            }
+            u_sdk::Activation::Sigmoid => {
+                let $f = $crate::ops::sigmoid;
+                $body
+            }
+            u_sdk::Activation::Relu => {
+                let $f = |v: f32| v.max(0.0);
+                $body
+            }
+            u_sdk::Activation::Tanh => {
+                let $f = f32::tanh;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_activation;
 
 /// Applies `act` in place.
 pub fn activation(eng: &Engine, x: &mut [f32], act: Activation) {
-    let f = activation_fn(act);
-    if x.len() >= PAR_MIN {
-        eng.pool.install(|| {
-            x.par_chunks_mut(4096)
-                .for_each(|c| c.iter_mut().for_each(|v| *v = f(*v)))
-        });
-    } else {
-        x.iter_mut().for_each(|v| *v = f(*v));
-    }
+    with_activation!(act, |f| {
+        if x.len() >= PAR_MIN {
+            eng.pool.install(|| {
+                x.par_chunks_mut(4096)
+                    .for_each(|c| c.iter_mut().for_each(|v| *v = f(*v)))
+            });
+        } else {
+            x.iter_mut().for_each(|v| *v = f(*v));
+        }
+    })
 }
 
 /// Softmax over each row of `row_len` values, in place.

@@ -161,22 +161,58 @@ fn with_scratch<T: Default + Clone, R>(
     })
 }
 
-/// Shape-checks and runs `y[m × n] = x[m × k] · Wᵀ`.
+/// A weight matrix as the kernels read it: `rows` rows of `row_len` values of `dtype`, stored
+/// row after row in `data`.
+#[derive(Clone, Copy)]
+pub struct Weight<'a> {
+    /// Storage type (float or block-quantized).
+    pub dtype: DType,
+    /// Output features (`n`).
+    pub rows: u64,
+    /// Input features (`k`).
+    pub row_len: u64,
+    /// The rows' bytes.
+    pub data: &'a [u8],
+}
+
+/// Shape-checks and runs `y[m × n] = x[m × k] · Wᵀ` for a weight view (`[.., n, k]`).
 pub fn matmul(eng: &Engine, w: &TensorView<'_>, x: &[f32], m: usize, y: &mut [f32]) -> Result<()> {
-    let shape: Vec<u64> = w.shape.to_vec();
+    if w.shape.len() < 2 {
+        return Err(UError::invalid(format!(
+            "matmul: weight {:?} {:?}: weight must have at least 2 dimensions [n, k]",
+            w.dtype,
+            w.shape.as_slice()
+        )));
+    }
+    let weight = Weight {
+        dtype: w.dtype,
+        rows: w.rows(),
+        row_len: w.row_len(),
+        data: w.data.as_slice(),
+    };
+    matmul_weight(eng, weight, x, m, y)
+}
+
+/// Shape-checks and runs `y[m × n] = x[m × k] · Wᵀ`.
+pub fn matmul_weight(
+    eng: &Engine,
+    w: Weight<'_>,
+    x: &[f32],
+    m: usize,
+    y: &mut [f32],
+) -> Result<()> {
     let bad = |why: String| {
         UError::invalid(format!(
-            "matmul: weight {:?} {shape:?}, x {} values, m {m}, y {} values: {why}",
+            "matmul: weight {:?} [{}, {}], x {} values, m {m}, y {} values: {why}",
             w.dtype,
+            w.rows,
+            w.row_len,
             x.len(),
             y.len()
         ))
     };
-    if shape.len() < 2 {
-        return Err(bad("weight must have at least 2 dimensions [n, k]".into()));
-    }
-    let k = usize::try_from(w.row_len()).map_err(|_| bad("row length overflows".into()))?;
-    let n = usize::try_from(w.rows()).map_err(|_| bad("row count overflows".into()))?;
+    let k = usize::try_from(w.row_len).map_err(|_| bad("row length overflows".into()))?;
+    let n = usize::try_from(w.rows).map_err(|_| bad("row count overflows".into()))?;
     let bs = w.dtype.block_size();
     if k == 0 || !k.is_multiple_of(bs) {
         return Err(bad(format!(
@@ -202,7 +238,7 @@ pub fn matmul(eng: &Engine, w: &TensorView<'_>, x: &[f32], m: usize, y: &mut [f3
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let data = w.data.as_slice();
+    let data = w.data;
     let rb = k / bs * w.dtype.block_bytes();
     let row = |r: usize| &data[r * rb..(r + 1) * rb];
     let dtype = w.dtype;
