@@ -4,6 +4,8 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use serde_json::json;
 use std::path::PathBuf;
+use tracing::Level;
+use tracing_subscriber::{filter::Targets, layer::SubscriberExt, util::SubscriberInitExt};
 use u_attest::deployment::{PathGrant, absolute};
 use u_attest::{Deployment, signing::verify_bytes};
 use u_runner::{inspect, load_deployment, open_deployment, runner, sandbox, serve, wiring};
@@ -172,21 +174,23 @@ struct GenerateArgs {
 }
 
 fn main() {
-    use std::io::IsTerminal;
     let cli = Cli::parse();
     // Generating and tokenizing print results; the host's progress logs would only be noise.
     let quiet = matches!(
         cli.command,
         Some(Command::Generate(_) | Command::Tokenize { .. } | Command::Bench(_))
     );
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new(if quiet { "error" } else { "info" })
-            }),
-        )
+    // `RUST_LOG` takes `level` or `target=level,...` (no regular expressions: the host stays
+    // small); unset or unparsable, the default level applies.
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|s| s.parse::<Targets>().ok())
+        .unwrap_or_else(|| {
+            Targets::new().with_default(if quiet { Level::ERROR } else { Level::INFO })
+        });
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(filter)
         .init();
     let code = match run(cli) {
         Ok(code) => code,

@@ -128,10 +128,14 @@ const fn put_u32(out: &mut [u8; META_SIZE], at: usize, v: u32) {
 
 /// Reads a section static without letting the compiler fold it to its compile-time value
 /// (signing patches the bytes after the build).
+/// Byte by byte: one volatile read of the whole array would be unrolled into kilobytes of code.
 pub fn read_section(section: &'static [u8; META_SIZE]) -> Vec<u8> {
-    // SAFETY: `section` is a valid, aligned, initialised static; a volatile read of it is sound.
-    let bytes: [u8; META_SIZE] = unsafe { std::ptr::read_volatile(section) };
-    bytes.to_vec()
+    section
+        .iter()
+        // SAFETY: each element of a valid, initialised static is readable; volatile reads of
+        // it are sound.
+        .map(|b| unsafe { std::ptr::read_volatile(b) })
+        .collect()
 }
 
 /// Why section bytes could not be read as a `.u.meta` record.

@@ -2,8 +2,10 @@
 //!
 //! - `build`: `cargo build --release` of the workspace, then every component that carries a
 //!   `.u.meta` section is signed with the development key (made on first use under
-//!   `target/dev-keys/`): plugins are copied to `target/plugins/<name>.so` and signed there, and
-//!   `target/release/u-runner` is signed in place.
+//!   `target/dev-keys/`): plugins are copied to `target/plugins/<name>.so` and signed there.
+//!   The host is built again with the size profile `host` (whole-program, `opt-level = "z"`,
+//!   aborting on panic, stripped), signed, and installed as `target/release/u-runner`, the path
+//!   every script and test runs; its size is printed.
 //! - `test`: `build`, `fetch-model` (the SmolLM2 tests need the real file), the Python packages
 //!   of `tests/requirements.txt` (pip), then the whole test suite
 //!   (`cargo test --release --workspace`).
@@ -164,15 +166,25 @@ fn build(root: &Path) -> Result<()> {
         write_atomically(&out, &bytes)?;
         signed += 1;
     }
+    // The host as shipped comes from the size profile; it replaces the `release` build at the
+    // path every script and test runs.
+    cargo(root, &["build", "--profile", "host", "-p", "u-runner"])?;
+    let built = root.join("target/host/u-runner");
+    let mut bytes =
+        std::fs::read(&built).with_context(|| format!("reading {}", built.display()))?;
+    sign_bytes(&mut bytes, &key).with_context(|| format!("signing {}", built.display()))?;
     let host = release.join("u-runner");
-    let mut bytes = std::fs::read(&host).with_context(|| format!("reading {}", host.display()))?;
-    sign_bytes(&mut bytes, &key).with_context(|| format!("signing {}", host.display()))?;
     write_atomically(&host, &bytes)?;
     signed += 1;
     eprintln!(
         "xtask: signed {signed} components with {} (key {})",
         root.join("target/dev-keys/dev.key").display(),
         key.public().short_id()
+    );
+    eprintln!(
+        "xtask: host {} is {} bytes (stripped)",
+        host.display(),
+        bytes.len()
     );
     Ok(())
 }
