@@ -1,8 +1,23 @@
-// The ABI fingerprint, shared by `build.rs` (which computes `ABI_HASH`) and the SDK's tests.
+// The ABI fingerprint, shared by `build.rs` (which computes `ABI_HASH`) and the SDK's tests
+// (`tests/fingerprint.rs`). Needs `sha2` in scope.
 //
 // What is hashed is each `src/abi/*.rs` file's tokens: comments (doc comments included) are
 // removed and runs of whitespace become one space, so rewording documentation or reformatting
 // leaves the hash alone, while any change to a type, field, variant or signature changes it.
+
+/// The fingerprint of the ABI sources `files` (`(file name, source)`, in file-name order): the
+/// SHA-256 of each name and its [`abi_tokens`], each followed by a NUL.
+pub fn fingerprint(files: &[(String, String)]) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for (name, text) in files {
+        hasher.update(name.as_bytes());
+        hasher.update([0]);
+        hasher.update(abi_tokens(text).as_bytes());
+        hasher.update([0]);
+    }
+    hasher.finalize().into()
+}
 
 /// `source` without comments, whitespace runs collapsed to one space (string and char literals
 /// kept as written).

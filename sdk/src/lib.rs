@@ -24,6 +24,8 @@
 //! Design choice: interfaces are `#[sabi_trait]` objects rather than raw vtables so that layout
 //! mismatches are caught by `abi_stable` as a second line of defence, while the signed ABI
 //! fingerprint lets the host refuse mismatches without running any of the plugin's code.
+//!
+#![doc = include_str!("guide.md")]
 #![deny(missing_docs)]
 // `#[sabi_trait]` expands to impls inside a const block, which this lint flags; the expansion is
 // abi_stable's, not ours.

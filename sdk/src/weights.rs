@@ -3,7 +3,7 @@
 //! A loader implements [`WeightSource`] (and [`OpenWeights`]) in plain Rust; [`SharedWeights`]
 //! and [`FileLoader`] add what every loader would otherwise repeat: the conversions to ABI
 //! types, opening files through the host's grants, and (through [`crate::boxed`]) the panic
-//! guard on each call. With feature `json`, [`config_metadata`] presents a `config.json` as
+//! guard on each call. With feature `json`, `config_metadata` presents a `config.json` as
 //! metadata. Linked statically, outside the ABI fingerprint.
 
 use crate::{

@@ -1,5 +1,5 @@
 //! Runner plugins: one per task (text generation, embeddings; later transcription and image
-//! generation). A runner turns a built model and its tokenizer into the [`Engine`] transports
+//! generation). A runner turns a built model and its tokenizer into the [`Engine`](crate::abi::transport::Engine) transports
 //! serve: scheduling, sampling, chat templates and prompt caching live here, inside a sandboxed
 //! plugin, so the host only verifies, grants, wires and locks down. The tasks a runner serves
 //! are declared in its signed manifest (`tasks = […]`).
