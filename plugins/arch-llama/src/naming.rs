@@ -259,6 +259,29 @@ pub fn derived_hparams(
 mod tests {
     use super::*;
 
+    /// The safetensors fixtures' generator writes each HF name's canonical name from its own
+    /// table (`tests/fixtures/gen_safetensors.py`), independently of this module.
+    #[test]
+    fn names_match_the_fixture_generators_table() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+        for (file, arch) in [
+            ("safetensors/llama_sharded.expected.json", "llama"),
+            ("safetensors/mixtral.expected.json", "mixtral"),
+        ] {
+            let text = std::fs::read_to_string(root.join(file)).expect(file);
+            let expected: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(&text).expect(file);
+            assert!(expected.len() > 5, "{file}");
+            for (stored, e) in &expected {
+                assert_eq!(
+                    canonical_name(Some(arch), stored),
+                    e["canonical"].as_str().expect("canonical"),
+                    "{file}: {stored}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn llama_names_map_to_gguf_names() {
         let cases = [
