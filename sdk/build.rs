@@ -21,7 +21,11 @@ fn main() {
         .iter()
         .map(|path| {
             println!("cargo:rerun-if-changed={}", path.display());
-            let name = path.file_name().expect("file name").to_string_lossy().into_owned();
+            let name = path
+                .file_name()
+                .expect("file name")
+                .to_string_lossy()
+                .into_owned();
             (name, fs::read_to_string(path).expect("readable source"))
         })
         .collect();

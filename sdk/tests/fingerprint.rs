@@ -38,12 +38,21 @@ pub fn name() -> &'static str {
 #[test]
 fn changing_a_type_field_or_literal_changes_the_tokens() {
     for (what, changed) in [
-        ("field type", ORIGINAL.replace("pub rank: u32", "pub rank: u64")),
+        (
+            "field type",
+            ORIGINAL.replace("pub rank: u32", "pub rank: u64"),
+        ),
         ("field name", ORIGINAL.replace("pub rank", "pub ndim")),
         ("array length", ORIGINAL.replace("[u64; 4]", "[u64; 8]")),
         ("repr", ORIGINAL.replace("#[repr(C)]", "#[repr(C, u8)]")),
-        ("signature", ORIGINAL.replace("-> &'static str", "-> String")),
-        ("string literal", ORIGINAL.replace("not a comment", "not a remark")),
+        (
+            "signature",
+            ORIGINAL.replace("-> &'static str", "-> String"),
+        ),
+        (
+            "string literal",
+            ORIGINAL.replace("not a comment", "not a remark"),
+        ),
     ] {
         assert_ne!(abi_tokens(ORIGINAL), abi_tokens(&changed), "{what}");
     }
@@ -74,7 +83,9 @@ fn abi_hash_is_the_fingerprint_of_src_abi() {
     assert_eq!(fingerprint(&files), u_sdk::ABI_HASH);
     // A doc comment added to the ABI leaves the fingerprint alone; a new field does not.
     let mut documented = files.clone();
-    documented[0].1.insert_str(0, "//! One more line of documentation.\n");
+    documented[0]
+        .1
+        .insert_str(0, "//! One more line of documentation.\n");
     assert_eq!(fingerprint(&documented), u_sdk::ABI_HASH);
     let mut changed = files;
     changed[0].1.push_str("\npub struct Added { pub x: u8 }\n");
