@@ -93,10 +93,17 @@ enum Command {
         /// Decode token ids to text instead.
         #[arg(long)]
         decode: bool,
-        /// Do not add BOS (or other special tokens the model adds); with `--decode`, leave
-        /// special tokens out.
+        /// Do not add BOS (or other special tokens the model adds) and read special-token text
+        /// (`<|im_start|>`) as plain text, as llama.cpp's tokenizer tests do; with `--decode`,
+        /// leave special tokens out.
         #[arg(long)]
         no_special: bool,
+        /// Tokenize each part of the text between occurrences of this string on its own, one
+        /// line of ids (or one JSON object) per part, as llama.cpp's `.inp`/`.out` test vectors
+        /// are laid out (`--separator $'\n__ggml_vocab_test__\n'`); a separator at the very
+        /// end closes the last part.
+        #[arg(long, conflicts_with = "decode")]
+        separator: Option<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -385,6 +392,7 @@ fn run(cli: Cli) -> Result<i32> {
             file,
             decode,
             no_special,
+            separator,
             json,
             deployment,
         } => {
@@ -421,24 +429,35 @@ fn run(cli: Cli) -> Result<i32> {
                     println!("{text}");
                 }
             } else {
-                let ids = tok
-                    .encode(input.as_str().into(), !no_special)
-                    .into_result()
-                    .map_err(|e| anyhow::anyhow!("encode: {e}"))?;
-                if json {
-                    let pieces: Vec<String> = ids
-                        .iter()
-                        .map(|&id| {
-                            tok.token_bytes(id)
-                                .into_result()
-                                .map(|b| String::from_utf8_lossy(&b).into_owned())
-                                .unwrap_or_default()
-                        })
-                        .collect();
-                    println!("{}", json!({ "tokens": ids.as_slice(), "pieces": pieces }));
-                } else {
-                    let s: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
-                    println!("{}", s.join(" "));
+                let parts: Vec<&str> = match &separator {
+                    // A separator at the very end closes the last part rather than opening one.
+                    Some(sep) if !sep.is_empty() => input
+                        .strip_suffix(sep.as_str())
+                        .unwrap_or(&input)
+                        .split(sep.as_str())
+                        .collect(),
+                    _ => vec![input.as_str()],
+                };
+                for part in parts {
+                    let ids = tok
+                        .encode(part.into(), !no_special, !no_special)
+                        .into_result()
+                        .map_err(|e| anyhow::anyhow!("encode: {e}"))?;
+                    if json {
+                        let pieces: Vec<String> = ids
+                            .iter()
+                            .map(|&id| {
+                                tok.token_bytes(id)
+                                    .into_result()
+                                    .map(|b| String::from_utf8_lossy(&b).into_owned())
+                                    .unwrap_or_default()
+                            })
+                            .collect();
+                        println!("{}", json!({ "tokens": ids.as_slice(), "pieces": pieces }));
+                    } else {
+                        let s: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+                        println!("{}", s.join(" "));
+                    }
                 }
             }
             Ok(0)

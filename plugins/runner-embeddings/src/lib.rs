@@ -103,12 +103,18 @@ impl Embedder {
     /// around them still fit (as a `tokenizers` truncation does).
     pub fn tokens(&self, text: &str) -> u_sdk::Result<Vec<u32>> {
         let tok = &self.0.tokenizer;
-        let with = tok.encode(text.into(), true).into_result()?.into_vec();
+        let with = tok
+            .encode(text.into(), true, true)
+            .into_result()?
+            .into_vec();
         let max = self.0.config.context_length as usize;
         if with.len() <= max {
             return Ok(with);
         }
-        let plain = tok.encode(text.into(), false).into_result()?.into_vec();
+        let plain = tok
+            .encode(text.into(), false, true)
+            .into_result()?
+            .into_vec();
         let extra = with.len().saturating_sub(plain.len());
         let lead = (0..=extra)
             .find(|&p| with[p..].starts_with(&plain[..plain.len().min(16)]))

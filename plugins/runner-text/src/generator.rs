@@ -192,7 +192,7 @@ impl Generator {
     pub(crate) fn encode_continuation(&self, text: &str) -> Result<Vec<u32>> {
         Ok(self
             .tok()?
-            .encode(text.into(), false)
+            .encode(text.into(), false, true)
             .into_result()
             .map_err(|e| Error::plugin("tokenizer.encode", e))?
             .into_vec())
@@ -207,7 +207,7 @@ impl Generator {
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let tok = self.tok()?;
         let mut ids = tok
-            .encode(text.into(), true)
+            .encode(text.into(), true, true)
             .into_result()
             .map_err(|e| Error::plugin("tokenizer.encode", e))?
             .into_vec();

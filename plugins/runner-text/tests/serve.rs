@@ -491,7 +491,7 @@ fn a_resumed_checkpoint_continues_like_the_whole_prompt() -> Result<()> {
     let abi = engine.clone().into_box();
     let tok = g.tokenizer().unwrap().clone();
     let continuation = |text: &str| -> Result<Vec<u32>> {
-        Ok(tok.encode(text.into(), false).into_result()?.to_vec())
+        Ok(tok.encode(text.into(), false, true).into_result()?.to_vec())
     };
     // Save: prefill a prompt and keep it.
     let saved = abi

@@ -1,6 +1,7 @@
 //! [`Tok`]: one tokenizer, whatever it was built from, and its ABI face.
 //!
-//! Encoding runs the HF `tokenizers` pipeline. Decoding is done here, from each token's raw
+//! Encoding runs llama.cpp's algorithms for GGUF vocabularies ([`crate::llama`]) and the HF
+//! `tokenizers` pipeline for `tokenizer.json`. Decoding is done here, from each token's raw
 //! bytes ([`Tok::token_bytes`]), so that `decode` is exactly the concatenation of the pieces a
 //! streaming client receives: byte-fallback tokens and byte-level pieces that split a UTF-8
 //! character join up again, and only the final text is made valid UTF-8 (lossily).
@@ -24,11 +25,20 @@ pub enum PieceScheme {
     WordPiece(String),
     /// The text as it is.
     Raw,
+    /// RWKV: escaped byte strings (`\n`, `\xHH`).
+    Rwkv,
+}
+
+/// What encodes: llama.cpp's tokenizer of a GGUF vocabulary, or HF's pipeline of a
+/// `tokenizer.json`.
+pub(crate) enum Encoder {
+    Llama(Box<crate::llama::Engine>),
+    Hf(Box<tokenizers::Tokenizer>),
 }
 
 /// Everything a built tokenizer knows.
 pub(crate) struct Parts {
-    pub hf: tokenizers::Tokenizer,
+    pub encoder: Encoder,
     pub tokens: Vec<String>,
     pub types: Vec<TokenType>,
     pub scheme: PieceScheme,
@@ -78,11 +88,15 @@ impl Tok {
         parse_special: bool,
     ) -> Result<Vec<u32>, UError> {
         let p = self.p();
+        let base = match &p.encoder {
+            Encoder::Llama(engine) => return engine.encode(text, add_special, parse_special),
+            Encoder::Hf(hf) => hf.as_ref(),
+        };
         let hf = if parse_special {
-            &p.hf
+            base
         } else {
             self.0.raw.get_or_init(|| {
-                let mut t = p.hf.clone();
+                let mut t = base.clone();
                 t.set_encode_special_tokens(true);
                 t
             })
@@ -143,6 +157,7 @@ impl Tok {
             },
             TokenType::Normal | TokenType::Undefined => match &p.scheme {
                 PieceScheme::Raw => Cow::Borrowed(text.as_bytes()),
+                PieceScheme::Rwkv => Cow::Owned(crate::llama::rwkv::unescape(text)),
                 PieceScheme::Spm(space) => {
                     if text.contains(*space) {
                         Cow::Owned(text.replace(*space, " ").into_bytes())
@@ -195,7 +210,10 @@ impl Tok {
 
     /// The id of a token text, if it is in the vocabulary.
     pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.p().hf.token_to_id(text)
+        match &self.p().encoder {
+            Encoder::Llama(engine) => engine.id(text),
+            Encoder::Hf(hf) => hf.token_to_id(text),
+        }
     }
 
     /// BOS, end-of-generation ids and whether BOS is added.
@@ -213,9 +231,12 @@ impl Tok {
         self.p().chat_template.as_deref()
     }
 
-    /// The underlying HF tokenizer.
-    pub fn hf(&self) -> &tokenizers::Tokenizer {
-        &self.p().hf
+    /// The HF tokenizer of a `tokenizer.json` (GGUF vocabularies have none).
+    pub fn hf(&self) -> Option<&tokenizers::Tokenizer> {
+        match &self.p().encoder {
+            Encoder::Hf(hf) => Some(hf.as_ref()),
+            Encoder::Llama(_) => None,
+        }
     }
 
     /// This tokenizer as an ABI object.
@@ -273,8 +294,13 @@ impl AbiTokenizer for Tok {
         RResult::ROk(Tok::vocab_size(self))
     }
 
-    fn encode(&self, text: RStr<'_>, add_special: bool) -> RResult<RVec<u32>, UError> {
-        Tok::encode(self, text.as_str(), add_special)
+    fn encode(
+        &self,
+        text: RStr<'_>,
+        add_special: bool,
+        parse_special: bool,
+    ) -> RResult<RVec<u32>, UError> {
+        Tok::encode_with(self, text.as_str(), add_special, parse_special)
             .map(RVec::from)
             .into()
     }

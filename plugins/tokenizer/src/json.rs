@@ -181,7 +181,7 @@ impl Tok {
         });
 
         Ok(Tok::new(Parts {
-            hf,
+            encoder: crate::core::Encoder::Hf(Box::new(hf)),
             tokens,
             types,
             scheme,

@@ -1,15 +1,18 @@
 //! # u-tokenizer — text ↔ token ids for U
 //!
 //! A `tokenizer` plugin. It builds tokenizers from a GGUF file's `tokenizer.ggml.*` metadata
-//! (`llama` SentencePiece BPE with byte fallback, `gpt2` byte-level BPE with the pre-tokenizer
-//! `tokenizer.ggml.pre` names, `bert` WordPiece) or from a HF `tokenizer.json`, and hands the
-//! model's chat template to the engine (which renders it with `u-chat-template`).
+//! or from a HF `tokenizer.json`, and hands the model's chat template to the runner (which
+//! renders it with `u-chat-template`).
 //!
-//! Design choice: encoding is HF `tokenizers` throughout — GGUF vocabularies are translated
-//! into its models, normalizers and pre-tokenizers ([`gguf`]) rather than re-implemented, and
-//! `tokenizer.json` loads as is ([`json`]). Conformance is proven on llama.cpp's vocabulary
-//! test vectors (`tests/vocab.rs`). Decoding is ours ([`Tok::token_bytes`]): it is defined by
-//! each token's raw bytes, so streamed pieces and whole decodes agree byte for byte.
+//! Design choice: a GGUF model is tokenized exactly as llama.cpp tokenizes it, by our own
+//! implementation of llama.cpp's algorithms ([`llama`]): every tokenizer type it has
+//! (SentencePiece BPE `llama`, byte-pair `gpt2`/`gemma4`/`whitespace` with every
+//! `tokenizer.ggml.pre` pre-tokenizer of llama.cpp 0.3.36, WordPiece `bert`, unigram `t5`, RWKV
+//! `rwkv`) and its special-token rules. A `tokenizer.json` runs HF's `tokenizers` pipeline as
+//! is ([`json`]). Conformance is proven on llama.cpp's own test vectors and on llama.cpp's
+//! output for every pre-tokenizer name (`tests/`). Decoding is ours ([`Tok::token_bytes`]): it
+//! is defined by each token's raw bytes, so streamed pieces and whole decodes agree byte for
+//! byte.
 //!
 //! - [`vocab`]: reading and checking GGUF metadata; malformed metadata is an [`u_sdk::UError`].
 //! - [`Tok`]: a built tokenizer (encode, decode, token bytes, special tokens, template).
@@ -21,6 +24,7 @@
 mod core;
 pub mod gguf;
 pub mod json;
+pub mod llama;
 pub mod plugin;
 pub mod vocab;
 
@@ -32,8 +36,10 @@ use u_sdk::{HostBox, PluginInfo, PluginInstance};
 
 fn describe() -> PluginInfo {
     PluginInfo {
-        summary: "tokenizers from GGUF metadata (llama/SentencePiece, gpt2/byte-level BPE, bert/WordPiece) or tokenizer.json; chat templates".into(),
-        details: RVec::from(vec!["models=llama,gpt2,bert,tokenizer.json".into()]),
+        summary: "tokenizers from GGUF metadata as llama.cpp tokenizes (SentencePiece, byte-pair with every llama.cpp pre-tokenizer, WordPiece, unigram, RWKV) or tokenizer.json; chat templates".into(),
+        details: RVec::from(vec![
+            "models=llama,gpt2,gemma4,whitespace,bert,t5,rwkv,tokenizer.json".into(),
+        ]),
     }
 }
 

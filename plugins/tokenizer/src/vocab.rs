@@ -4,6 +4,7 @@
 //! token ids are in range, token types are known, merges name vocabulary tokens. Malformed
 //! metadata gives an [`UError`] that names the key and what is wrong with it.
 
+use crate::llama::pre::Pre;
 use std::collections::HashMap;
 use u_sdk::{MetaValue, UError, WeightSetBox};
 
@@ -71,10 +72,26 @@ impl TokenType {
 pub enum Family {
     /// `llama`: SentencePiece BPE over scores, byte fallback, `▁` for spaces.
     Spm,
-    /// `gpt2`: byte-level BPE with ranked merges and a regex pre-tokenizer.
+    /// `gpt2`, `gemma4`, `whitespace`: BPE with ranked merges after a pre-tokenizer named by
+    /// `tokenizer.ggml.pre` (byte-level, or over UTF-8 with `▁` for spaces).
     Bpe,
     /// `bert`: WordPiece, greedy longest match.
     Wpm,
+    /// `t5`: SentencePiece unigram (Viterbi over scores) after the precompiled normalizer.
+    Ugm,
+    /// `rwkv`: greedy longest match over escaped byte strings.
+    Rwkv,
+}
+
+/// Token attributes beyond the type, as llama.cpp derives them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Attr {
+    /// Also control (a token found by its text as end-of-turn, FIM or end-of-generation).
+    pub control: bool,
+    /// Spaces before it in the text are dropped (`<mask>` of some embedding models).
+    pub lstrip: bool,
+    /// Spaces after it in the text are dropped (Phi-3's special tokens).
+    pub rstrip: bool,
 }
 
 /// A checked GGUF vocabulary.
@@ -82,14 +99,23 @@ pub enum Family {
 pub struct GgufVocab {
     /// The family.
     pub family: Family,
-    /// `tokenizer.ggml.pre` (empty when absent).
+    /// `tokenizer.ggml.model` as written.
+    pub model: String,
+    /// `tokenizer.ggml.pre` (empty when absent; `gemma4` for the `gemma4` model).
     pub pre: String,
+    /// The pre-tokenizer it names (byte-pair vocabularies only).
+    pub pre_tokenizer: Option<Pre>,
     /// Token texts, by id.
     pub tokens: Vec<String>,
     /// Token scores (SentencePiece log-probabilities), by id; zero when absent.
     pub scores: Vec<f32>,
-    /// Token types, by id; all normal when absent.
+    /// Token types, by id; all normal when absent. Tokens llama.cpp treats as user-defined
+    /// whatever the file says (gpt-oss's channel markers) are user-defined here.
     pub types: Vec<TokenType>,
+    /// Attributes derived from the texts and the model's name, by id.
+    pub attrs: Vec<Attr>,
+    /// End-of-generation tokens found by their text (and FIM pad/repo/file-separator).
+    pub eog_by_text: Vec<u32>,
     /// BPE merges `(left, right)`, by rank.
     pub merges: Vec<(String, String)>,
     /// Beginning-of-sequence token.
@@ -110,12 +136,19 @@ pub struct GgufVocab {
     pub add_bos: bool,
     /// Whether `encode(add_special)` appends EOS.
     pub add_eos: bool,
-    /// Whether `encode(add_special)` appends SEP (BERT).
+    /// Whether the model wants SEP after the text (embedding models read it; tokenizing never
+    /// appends it, except WordPiece, which always ends with SEP).
     pub add_sep: bool,
     /// Whether a space is prepended to the text (SentencePiece).
     pub add_space_prefix: bool,
-    /// Whether WordPiece lowercases (and strips accents).
+    /// Whether runs of spaces become one (unigram normalizer).
+    pub remove_extra_whitespaces: bool,
+    /// Whether WordPiece (and the `whitespace` model) lowercases.
     pub lowercase: bool,
+    /// Whether WordPiece strips accents.
+    pub strip_accents: bool,
+    /// The unigram normalizer's precompiled character map (empty: none).
+    pub charsmap: Vec<u8>,
     /// `tokenizer.chat_template`, if present.
     pub chat_template: Option<String>,
 }
@@ -202,15 +235,31 @@ impl GgufVocab {
         })?;
         let family = match model.as_str() {
             "llama" => Family::Spm,
-            "gpt2" => Family::Bpe,
+            "gpt2" | "gemma4" | "whitespace" => Family::Bpe,
             "bert" => Family::Wpm,
+            "t5" => Family::Ugm,
+            "rwkv" => Family::Rwkv,
             other => {
                 return Err(UError::unsupported(format!(
-                    "tokenizer.ggml.model = {other:?} is not supported (supported: llama, gpt2, bert)"
+                    "tokenizer.ggml.model = {other:?} is not supported (supported: llama, gpt2, \
+                     gemma4, whitespace, bert, t5, rwkv)"
                 )));
             }
         };
-        let pre = get_str(src, &key("pre"))?.unwrap_or_default();
+        let pre = if model == "gemma4" {
+            "gemma4".to_string()
+        } else {
+            get_str(src, &key("pre"))?.unwrap_or_default()
+        };
+        // Only byte-pair vocabularies consult the pre-tokenizer name.
+        let pre_tokenizer = match family {
+            Family::Bpe => Some(Pre::by_name(&pre).ok_or_else(|| {
+                UError::unsupported(format!(
+                    "tokenizer.ggml.pre = {pre:?} is not a known pre-tokenizer"
+                ))
+            })?),
+            _ => None,
+        };
 
         let tokens: Vec<String> = match src.meta(&key("tokens")) {
             None => {
@@ -299,10 +348,11 @@ impl GgufVocab {
         };
 
         let merges = match (family, src.meta(&key("merges"))) {
+            (Family::Bpe, None) if pre == "kimi-k2" => Vec::new(),
             (Family::Bpe, None) => {
-                return Err(UError::not_found(
-                    "tokenizer.ggml.model is gpt2 but tokenizer.ggml.merges is missing",
-                ));
+                return Err(UError::not_found(format!(
+                    "tokenizer.ggml.model is {model} but tokenizer.ggml.merges is missing"
+                )));
             }
             (_, None) => Vec::new(),
             (_, Some(MetaValue::StrArray(v))) => parse_merges(&v, &tokens)?,
@@ -317,8 +367,11 @@ impl GgufVocab {
         // Family defaults, as llama.cpp sets them.
         let (mut bos, mut eos, mut unk, mut sep) = match family {
             Family::Spm => (Some(1), Some(2), Some(0), None),
-            Family::Bpe => (None, None, None, None),
+            Family::Bpe if model == "gemma4" => (None, None, None, None),
+            Family::Bpe => (Some(11), Some(11), None, None),
             Family::Wpm => (Some(101), None, Some(100), Some(102)),
+            Family::Ugm => (None, Some(1), Some(2), None),
+            Family::Rwkv => (None, None, None, None),
         };
         let in_range = |id: Option<u32>| id.filter(|&i| (i as usize) < n);
         bos = in_range(bos);
@@ -327,10 +380,9 @@ impl GgufVocab {
         sep = in_range(sep);
         if let Some(id) = get_id(src, &key("bos_token_id"), n)? {
             bos = Some(id);
-        } else if family == Family::Wpm
-            && let Some(id) = get_id(src, &key("cls_token_id"), n)?
-        {
-            bos = Some(id);
+        }
+        if pre_tokenizer.is_some_and(|p| p.no_bos) {
+            bos = None;
         }
         if let Some(id) = get_id(src, &key("eos_token_id"), n)? {
             eos = Some(id);
@@ -342,30 +394,72 @@ impl GgufVocab {
             sep = Some(id);
         }
         let pad = get_id(src, &key("padding_token_id"), n)?;
-        let mut eot = get_id(src, &key("eot_token_id"), n)?;
+        let eot = get_id(src, &key("eot_token_id"), n)?;
         let eom = get_id(src, &key("eom_token_id"), n)?;
-        if eot.is_none() {
-            eot = EOT_TEXTS
-                .iter()
-                .find_map(|t| tokens.iter().position(|x| x == t))
-                .map(|i| i as u32);
-        }
+        let general = |k: &str| get_str(src, k).ok().flatten().unwrap_or_default();
+        let Derived {
+            types,
+            attrs,
+            eot,
+            eom,
+            eog_by_text,
+        } = derive_attrs(
+            &tokens,
+            types,
+            eot,
+            eom,
+            &pre,
+            &general("general.name"),
+            &general("general.architecture"),
+            |k| get_id(src, &key(k), n).ok().flatten().is_some(),
+        );
 
-        let (mut add_bos, mut add_sep) = match family {
-            Family::Spm => (true, false),
-            Family::Bpe => (is_llama3_pre(&pre), false),
-            Family::Wpm => (true, true),
+        let (mut add_bos, mut add_eos, mut add_sep) = match family {
+            Family::Spm => (true, false, false),
+            Family::Bpe => {
+                let p = pre_tokenizer.expect("byte-pair vocabularies have a pre-tokenizer");
+                (p.add_bos, false, p.add_sep)
+            }
+            Family::Wpm => (true, false, true),
+            Family::Ugm => (false, true, false),
+            Family::Rwkv => (false, false, false),
         };
         if let Some(b) = get_bool(src, &key("add_bos_token"))? {
             add_bos = b;
         }
-        let add_eos = get_bool(src, &key("add_eos_token"))?.unwrap_or(false);
+        if let Some(b) = get_bool(src, &key("add_eos_token"))? {
+            add_eos = b;
+        }
         if let Some(b) = get_bool(src, &key("add_sep_token"))? {
             add_sep = b;
         }
+        // Gemma 4's pre-tokenizer always adds BOS.
+        if pre_tokenizer.is_some_and(|p| p.group == crate::llama::pre::Group::Gemma4) {
+            add_bos = true;
+        }
         let add_space_prefix =
             get_bool(src, &key("add_space_prefix"))?.unwrap_or(family == Family::Spm);
-        let lowercase = get_bool(src, &key("normalizer.lowercase"))?.unwrap_or(true);
+        let remove_extra_whitespaces =
+            get_bool(src, &key("remove_extra_whitespaces"))?.unwrap_or(false);
+        let lowercase = get_bool(src, &key("normalizer.lowercase"))?.unwrap_or(pre != "whitespace");
+        let strip_accents = get_bool(src, &key("normalizer.strip_accents"))?.unwrap_or(lowercase);
+        let charsmap = match src.meta(&key("precompiled_charsmap")) {
+            None => Vec::new(),
+            Some(MetaValue::UIntArray(v)) => v.iter().map(|&b| b as u8).collect(),
+            Some(MetaValue::IntArray(v)) => v.iter().map(|&b| b as u8).collect(),
+            Some(other) => {
+                return Err(UError::invalid(format!(
+                    "tokenizer.ggml.precompiled_charsmap: expected a byte array, found {}",
+                    kind(&other)
+                )));
+            }
+        };
+        if matches!(family, Family::Wpm | Family::Ugm) && unk.is_none() {
+            return Err(UError::invalid(format!(
+                "a {model} vocabulary needs tokenizer.ggml.unknown_token_id (it has no token at \
+                 the default id)"
+            )));
+        }
         if add_bos && bos.is_none() {
             return Err(UError::invalid(
                 "tokenizer.ggml.add_bos_token is true but there is no BOS token",
@@ -376,20 +470,19 @@ impl GgufVocab {
                 "tokenizer.ggml.add_eos_token is true but there is no EOS token",
             ));
         }
-        if add_sep && sep.is_none() {
-            return Err(UError::invalid(
-                "tokenizer.ggml.add_sep_token is true but there is no separator token",
-            ));
-        }
 
         let chat_template = get_str(src, "tokenizer.chat_template")?;
 
         Ok(Self {
             family,
+            model,
             pre,
+            pre_tokenizer,
             tokens,
             scores,
             types,
+            attrs,
+            eog_by_text,
             merges,
             bos,
             eos,
@@ -402,23 +495,22 @@ impl GgufVocab {
             add_eos,
             add_sep,
             add_space_prefix,
+            remove_extra_whitespaces,
             lowercase,
+            strip_accents,
+            charsmap,
             chat_template,
         })
     }
 
-    /// The ids that end generation: EOS, EOT, EOM and the end-of-turn markers llama.cpp
+    /// The ids that end generation: EOS, EOT, EOM and the end-of-generation tokens llama.cpp
     /// recognises by their text, sorted.
     pub fn eog_ids(&self) -> Vec<u32> {
         let mut ids: Vec<u32> = [self.eos, self.eot, self.eom]
             .into_iter()
             .flatten()
+            .chain(self.eog_by_text.iter().copied())
             .collect();
-        for (i, t) in self.tokens.iter().enumerate() {
-            if EOG_TEXTS.contains(&t.as_str()) && self.types[i] != TokenType::Normal {
-                ids.push(i as u32);
-            }
-        }
         ids.sort_unstable();
         ids.dedup();
         ids
@@ -434,7 +526,69 @@ const EOT_TEXTS: &[&str] = &[
     "<|endoftext|>",
     "<|end_of_text|>",
     "<EOT>",
+    "_<EOT>",
+    "[EOT]",
     "<｜end▁of▁sentence｜>",
+    "<end_of_utterance>",
+];
+
+/// Texts llama.cpp takes as fill-in-the-middle tokens (prefix, suffix, middle, pad, repo,
+/// file separator) when their ids are absent; each list names the GGUF key it stands for.
+const FIM_TEXTS: &[(&str, &[&str])] = &[
+    (
+        "fim_pre_token_id",
+        &[
+            "<|fim_prefix|>",
+            "<fim-prefix>",
+            "<fim_prefix>",
+            "<｜fim▁begin｜>",
+            "<PRE>",
+            "▁<PRE>",
+            "<|code_prefix|>",
+            "<|prefix|>",
+        ],
+    ),
+    (
+        "fim_suf_token_id",
+        &[
+            "<|fim_suffix|>",
+            "<fim-suffix>",
+            "<fim_suffix>",
+            "<｜fim▁hole｜>",
+            "<SUF>",
+            "▁<SUF>",
+            "<|code_suffix|>",
+            "<|suffix|>",
+        ],
+    ),
+    (
+        "fim_mid_token_id",
+        &[
+            "<|fim_middle|>",
+            "<fim-middle>",
+            "<fim_middle>",
+            "<｜fim▁end｜>",
+            "<MID>",
+            "▁<MID>",
+            "<|code_middle|>",
+            "<|middle|>",
+        ],
+    ),
+    (
+        "fim_pad_token_id",
+        &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"],
+    ),
+    (
+        "fim_rep_token_id",
+        &[
+            "<|fim_repo|>",
+            "<|repo_name|>",
+            "<fim-repo>",
+            "<REPO>",
+            "<reponame>",
+        ],
+    ),
+    ("fim_sep_token_id", &["<|file_sep|>"]),
 ];
 
 /// Texts llama.cpp treats as end-of-generation.
@@ -442,13 +596,167 @@ const EOG_TEXTS: &[&str] = &[
     "<|eot_id|>",
     "<|im_end|>",
     "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
     "<end_of_turn>",
     "<|endoftext|>",
+    "</s>",
     "<|eom_id|>",
     "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
     "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
     "<｜end▁of▁sentence｜>",
+    "[e~[",
 ];
+
+/// Tokens llama.cpp always splits out of text (gpt-oss's channel markers).
+const FORCED_USER_DEFINED: &[&str] = &["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"];
+
+/// What [`derive_attrs`] finds.
+struct Derived {
+    types: Vec<TokenType>,
+    attrs: Vec<Attr>,
+    eot: Option<u32>,
+    eom: Option<u32>,
+    eog_by_text: Vec<u32>,
+}
+
+/// llama.cpp's attribute rules: tokens found by text as end-of-turn, end-of-message, FIM or
+/// end-of-generation become control tokens (and fill `eot`/`eom` when unset); control tokens
+/// named `unused` become unused; forced user-defined tokens; `<|end|>` and `</s>` demoted where
+/// llama.cpp demotes them (and then do not end generation); and the strip rules of Phi-3 and
+/// some embedding models. `has_key` tells whether a FIM id key is set.
+#[allow(clippy::too_many_arguments)]
+fn derive_attrs(
+    tokens: &[String],
+    mut types: Vec<TokenType>,
+    mut eot: Option<u32>,
+    mut eom: Option<u32>,
+    pre: &str,
+    name: &str,
+    architecture: &str,
+    has_key: impl Fn(&str) -> bool,
+) -> Derived {
+    let mut attrs = vec![Attr::default(); tokens.len()];
+    let mut eog_by_text = Vec::new();
+    let id_of = |texts: &[&str]| {
+        tokens
+            .iter()
+            .position(|t| texts.contains(&t.as_str()))
+            .map(|i| i as u32)
+    };
+    let control = |id: Option<u32>, attrs: &mut [Attr]| {
+        if let Some(i) = id {
+            attrs[i as usize].control = true;
+        }
+    };
+    if eot.is_none() {
+        eot = id_of(EOT_TEXTS);
+        control(eot, &mut attrs);
+    }
+    if eom.is_none() {
+        eom = id_of(&["<|eom_id|>"]);
+        control(eom, &mut attrs);
+    }
+    for (k, texts) in FIM_TEXTS {
+        if !has_key(k) {
+            let id = id_of(texts);
+            control(id, &mut attrs);
+            // FIM pad, repo and file separator also end generation.
+            if ["fim_pad_token_id", "fim_rep_token_id", "fim_sep_token_id"].contains(k) {
+                eog_by_text.extend(id);
+            }
+        }
+    }
+    let mut end = None;
+    let (mut has_return, mut has_call, mut has_flush) = (false, false, false);
+    let (mut s_marker, mut s_id) = (false, None);
+    for (i, t) in tokens.iter().enumerate() {
+        let t = t.as_str();
+        if EOG_TEXTS.contains(&t) {
+            attrs[i].control = true;
+            eog_by_text.push(i as u32);
+        }
+        match t {
+            "<|return|>" => has_return = true,
+            "<|call|>" | "<|calls|>" => has_call = true,
+            "<|flush|>" => has_flush = true,
+            "<|end|>" => end = Some(i),
+            "<|tool_response>" | "<|plamo:eos|>" => s_marker = true,
+            "</s>" => s_id = Some(i),
+            _ => {}
+        }
+    }
+    for (i, t) in tokens.iter().enumerate() {
+        let is_control = types[i] == TokenType::Control || attrs[i].control;
+        if is_control && t.contains("unused") {
+            types[i] = TokenType::Unused;
+            attrs[i].control = false;
+        }
+        if FORCED_USER_DEFINED.contains(&t.as_str()) {
+            types[i] = TokenType::UserDefined;
+            attrs[i] = Attr::default();
+        }
+    }
+    if let Some(end) = end
+        && has_call
+        && (has_return || has_flush)
+    {
+        types[end] = TokenType::UserDefined;
+        attrs[end] = Attr::default();
+        eog_by_text.retain(|&i| i as usize != end);
+    }
+    if let Some(s) = s_id
+        && s_marker
+    {
+        types[s] = TokenType::Normal;
+        attrs[s] = Attr::default();
+        eog_by_text.retain(|&i| i as usize != s);
+    }
+    let mask_lstrip = ["jina-v2-de", "jina-v2-es", "jina-v2-code"]
+        .iter()
+        .any(|p| pre.contains(p))
+        || ["nomic-bert-moe", "jina-bert-v3"]
+            .iter()
+            .any(|a| architecture.contains(a));
+    let lname = name.to_lowercase();
+    for (i, t) in tokens.iter().enumerate() {
+        let t = t.as_str();
+        if mask_lstrip && t == "<mask>" {
+            attrs[i].lstrip = true;
+        }
+        if lname.contains("modern-bert") && t == "[MASK]" {
+            attrs[i].lstrip = true;
+        }
+        if lname.contains("phi-3") || lname.contains("phi3") {
+            let special = matches!(
+                types[i],
+                TokenType::Control | TokenType::UserDefined | TokenType::Unknown
+            ) || attrs[i].control;
+            if special || t == "</s>" {
+                attrs[i].rstrip = true;
+            }
+            if matches!(t, "<unk>" | "<s>" | "<|endoftext|>") {
+                attrs[i].rstrip = false;
+            }
+        }
+    }
+    Derived {
+        types,
+        attrs,
+        eot,
+        eom,
+        eog_by_text,
+    }
+}
 
 fn collect_types(v: impl Iterator<Item = i64>) -> Result<Vec<TokenType>, UError> {
     v.enumerate()
@@ -500,19 +808,4 @@ fn parse_merges(
             Ok((a.to_string(), b.to_string()))
         })
         .collect()
-}
-
-/// Pre-tokenizer names of the Llama-3 family (llama.cpp's `LLAMA3` type).
-pub fn is_llama3_pre(pre: &str) -> bool {
-    matches!(
-        pre,
-        "llama3"
-            | "llama-v3"
-            | "llama-bpe"
-            | "falcon3"
-            | "falcon-h1"
-            | "pixtral"
-            | "midm-2.0"
-            | "lfm2"
-    )
 }

@@ -1,5 +1,7 @@
 //! Malformed metadata and inputs give a clear error, never a panic.
 
+mod common;
+
 use abi_stable::std_types::{RString, RVec};
 use std::collections::HashMap;
 use u_sdk::{ErrorKind, MetaValue, UError};
@@ -216,8 +218,11 @@ fn merge_whose_result_is_not_a_token() {
 #[test]
 fn unsupported_model_and_pre_tokenizer() {
     let mut m = gpt2();
-    m.insert("tokenizer.ggml.model".into(), MetaValue::Str("t5".into()));
-    expect(m, ErrorKind::Unsupported, "\"t5\"");
+    m.insert(
+        "tokenizer.ggml.model".into(),
+        MetaValue::Str("plamo2".into()),
+    );
+    expect(m, ErrorKind::Unsupported, "\"plamo2\"");
     let mut m = gpt2();
     m.insert(
         "tokenizer.ggml.pre".into(),
@@ -260,8 +265,7 @@ fn malformed_tokenizer_json() {
         assert_eq!(e.kind, ErrorKind::InvalidInput, "{e}");
         assert!(e.message.contains("tokenizer.json"), "{e}");
     }
-    let t = Tok::from_meta(&gpt2()).unwrap();
-    let json = t.hf().to_string(false).unwrap();
+    let json = common::tiny_tokenizer_json();
     let e = Tok::from_json(&json, Some("{not json")).err().unwrap();
     assert!(e.message.contains("tokenizer_config.json"), "{e}");
 }

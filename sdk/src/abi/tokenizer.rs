@@ -35,8 +35,14 @@ pub trait Tokenizer: Send + Sync + Clone {
     fn vocab_size(&self) -> RResult<u32, UError>;
 
     /// Encodes `text`; with `add_special`, adds BOS (and other template tokens) as the model
-    /// expects.
-    fn encode(&self, text: RStr<'_>, add_special: bool) -> RResult<RVec<u32>, UError>;
+    /// expects; with `parse_special`, special tokens written in the text (`<|im_start|>`) are
+    /// their ids, otherwise plain text (user-defined tokens always match).
+    fn encode(
+        &self,
+        text: RStr<'_>,
+        add_special: bool,
+        parse_special: bool,
+    ) -> RResult<RVec<u32>, UError>;
 
     /// Decodes ids to text; with `skip_special`, special tokens are left out.
     fn decode(&self, ids: RSlice<'_, u32>, skip_special: bool) -> RResult<RString, UError>;

@@ -8,20 +8,53 @@ use std::{collections::HashMap, path::PathBuf};
 use u_sdk::MetaValue;
 use u_tokenizer::Tok;
 
-/// `../shared/vocab` relative to the workspace root.
+/// llama.cpp's test vocabularies, as `cargo xtask fetch-model llama-vocab` unpacks them from
+/// the llama-cpp-python 0.3.36 source archive: `$U_LLAMA_VOCAB_DIR` (`cargo xtask test` sets
+/// it), else the model cache (`$U_MODEL_CACHE`, `$XDG_CACHE_HOME/u/models`,
+/// `~/.cache/u/models`). Absent is a failure.
 pub fn vocab_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/vocab")
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    let dir = var("U_LLAMA_VOCAB_DIR").unwrap_or_else(|| {
+        var("U_MODEL_CACHE")
+            .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("u/models")))
+            .unwrap_or_else(|| var("HOME").unwrap_or_default().join(".cache/u/models"))
+            .join("llama.cpp-0.3.36-vocab")
+    });
+    assert!(
+        dir.is_dir(),
+        "llama.cpp's vocabularies not found at {}: run `cargo xtask fetch-model llama-vocab` \
+         (or set U_LLAMA_VOCAB_DIR)",
+        dir.display()
+    );
+    dir
+}
+
+/// The names `<name>` of every `ggml-vocab-<name>.gguf` that has `.inp`/`.out` test vectors.
+pub fn names_with_vectors() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(vocab_dir())
+        .expect("vocabulary folder")
+        .filter_map(|e| {
+            let file = e.ok()?.file_name().into_string().ok()?;
+            Some(
+                file.strip_prefix("ggml-vocab-")?
+                    .strip_suffix(".gguf.inp")?
+                    .to_string(),
+            )
+        })
+        .collect();
+    names.sort();
+    names
 }
 
 /// The metadata of `ggml-vocab-<name>.gguf`.
 pub fn meta(name: &str) -> HashMap<String, MetaValue> {
     let path = vocab_dir().join(format!("ggml-vocab-{name}.gguf"));
-    let bytes = std::fs::read(&path).unwrap_or_else(|e| {
-        panic!(
-            "cannot read {} (CI must have ../shared/vocab): {e}",
-            path.display()
-        )
-    });
+    let bytes =
+        std::fs::read(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     read_gguf_meta(&bytes).unwrap_or_else(|| panic!("{}: not a GGUF file", path.display()))
 }
 
@@ -162,4 +195,34 @@ pub fn cases(name: &str) -> Vec<(String, Vec<u32>)> {
     );
     assert!(!inputs.is_empty(), "{name}: no tests");
     inputs.into_iter().zip(outputs).collect()
+}
+
+/// A small word-level `tokenizer.json` (HF's format): `<unk>` 0, `<s>` 1, `Hello` 2, `world` 3,
+/// and the special tokens `<|end|>` 4 and `<|im_end|>` 5; BOS added by its post-processor.
+pub fn tiny_tokenizer_json() -> String {
+    let special = |id: u32, content: &str| {
+        serde_json::json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true})
+    };
+    serde_json::json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [special(0, "<unk>"), special(1, "<s>"), special(4, "<|end|>"),
+            special(5, "<|im_end|>")],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}
+        },
+        "decoder": null,
+        "model": {"type": "WordLevel", "unk_token": "<unk>",
+            "vocab": {"<unk>": 0, "<s>": 1, "Hello": 2, "world": 3, "<|end|>": 4, "<|im_end|>": 5}}
+    })
+    .to_string()
 }
