@@ -2,9 +2,9 @@
 //! metadata (GGUF keys, or `config.json` mapped by the HF-format loaders) and tensor shapes.
 
 use crate::naming;
-use crate::weights::Weights;
+use crate::weights::{NormKind, Weights};
 use serde_json::Value;
-use u_sdk::{MetaValue, Result, RopeStyle, UError};
+use u_sdk::{Activation, MetaValue, Result, RopeStyle, UError};
 
 /// Everything the model needs to know besides the weights themselves.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,16 +27,62 @@ pub struct Config {
     pub head_dim: usize,
     /// Longest context.
     pub context_length: usize,
-    /// RMSNorm epsilon.
-    pub rms_eps: f32,
-    /// Rotary embedding.
-    pub rope: RopeConfig,
+    /// Every norm of the model (RMSNorm or LayerNorm).
+    pub norm: NormConfig,
+    /// Rotary embedding, or `None` for learned absolute positions (GPT-2's `position_embd`).
+    pub rope: Option<RopeConfig>,
+    /// The feed-forward activation (gated or not follows from the tensors).
+    pub activation: FfnActivation,
+    /// Whether attention and feed-forward read the same block input and their outputs are
+    /// summed into one residual (GPT-J-style parallel block: Falcon, Cohere, parallel StableLM).
+    pub parallel: bool,
+    /// Scalings and soft caps.
+    pub scales: Scales,
     /// Sliding attention window per layer (0 = full attention).
     pub window: Vec<u32>,
     /// Clamp of Q, K and V projections to `[-c, c]` (OLMoE's `clip_qkv`), if any.
     pub clip_qkv: Option<f32>,
     /// Mixture of experts, if any layer has a router.
     pub moe: Option<MoeConfig>,
+}
+
+/// The norms' kind and constants.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NormConfig {
+    /// RMSNorm or LayerNorm.
+    pub kind: NormKind,
+    /// Variance epsilon.
+    pub eps: f32,
+    /// Added to every stored scale: 1 where the checkpoint stores `γ − 1` (HF Gemma, Nemotron's
+    /// `LayerNorm1P`; llama.cpp's converter adds the 1 to the GGUF weights).
+    pub shift: f32,
+}
+
+/// The feed-forward network's nonlinearity.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FfnActivation {
+    /// A backend activation (SiLU, GELU…).
+    Act(Activation),
+    /// `relu(x)²` (So et al. 2021, *Primer*: Nemotron).
+    ReluSquared,
+}
+
+/// Constant scalings and soft caps of the residual stream, attention and logits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scales {
+    /// Multiplier of the input embeddings (Gemma: `√hidden`; Granite's `embedding_multiplier`).
+    pub embedding: f32,
+    /// Multiplier of each block's attention and FFN outputs before they join the residual
+    /// (Granite's `residual_multiplier`).
+    pub residual: f32,
+    /// Attention score scale (`1/√head_dim` unless the model says otherwise).
+    pub attention: f32,
+    /// Soft cap of attention scores, `c · tanh(s / c)` (Gemma 2), if any.
+    pub attention_softcap: Option<f32>,
+    /// Multiplier of the logits (Cohere's `logit_scale`; Granite divides by `logits_scaling`).
+    pub logits: f32,
+    /// Soft cap of the logits, `c · tanh(l / c)` (Gemma 2), if any.
+    pub final_softcap: Option<f32>,
 }
 
 /// Rotary position embedding (RoFormer), with frequency scaling already applied.
@@ -77,6 +123,12 @@ impl Config {
             .meta_str("config.model_type")
             .unwrap_or_else(|| arch.clone());
 
+        if !SUPPORTED.contains(&arch.as_str()) {
+            return Err(UError::unsupported(format!(
+                "arch-llama: architecture `{arch}` is not one this plugin builds ({})",
+                SUPPORTED.join(", ")
+            )));
+        }
         let embd = w.shape("token_embd.weight")?;
         let [vocab_size, hidden] = dims2("token_embd.weight", &embd)?;
         let layers = w.required_u64(&key("block_count"))? as usize;
@@ -89,22 +141,21 @@ impl Config {
                 "arch-llama: {layers} layers, {heads} heads and {kv_heads} KV heads do not make a model"
             )));
         }
-        let q_rows = w.shape(&naming::blk(0, "attn_q", "weight"))?;
-        let head_dim = match q_rows.first() {
-            Some(&rows) if (rows as usize).is_multiple_of(heads) => rows as usize / heads,
-            _ => {
-                return Err(UError::invalid(format!(
-                    "arch-llama: attn_q of shape {q_rows:?} does not split into {heads} heads"
-                )));
-            }
-        };
+        let head_dim = head_dim(w, &arch, hidden as usize, heads)?;
         let context_length = w.meta_u64(&key("context_length")).unwrap_or(4096) as usize;
-        let rms_eps = w
-            .meta_f64(&key("attention.layer_norm_rms_epsilon"))
-            .unwrap_or(1e-6) as f32;
-
-        let rope = RopeConfig::read(w, &arch, head_dim, context_length)?;
+        let norm = NormConfig::read(w, &arch);
+        let rope = match w.has("position_embd.weight") {
+            true => None,
+            false => Some(RopeConfig::read(w, &arch, head_dim, context_length)?),
+        };
         let window = sliding_windows(w, &arch, layers);
+        let parallel = w
+            .meta_bool(&key("use_parallel_residual"))
+            .or_else(|| w.meta_bool("config.use_parallel_residual"))
+            .or_else(|| w.meta_bool("config.parallel_attn"))
+            .unwrap_or(false)
+            || (PARALLEL_WHEN_ONE_NORM.contains(&arch.as_str())
+                && !w.has(&naming::blk(0, "ffn_norm", "weight")));
 
         let moe = match w.meta_u64(&key("expert_count")).filter(|&e| e > 0) {
             None => None,
@@ -135,6 +186,8 @@ impl Config {
             .or_else(|| w.meta_f64(&key("attention.clamp_kqv")))
             .map(|c| c as f32);
 
+        let activation = activation(w, &arch)?;
+        let scales = Scales::read(w, &arch, hidden as usize, head_dim);
         Ok(Config {
             arch,
             family,
@@ -145,12 +198,154 @@ impl Config {
             kv_heads,
             head_dim,
             context_length,
-            rms_eps,
+            norm,
             rope,
+            activation,
+            parallel,
+            scales,
             window,
             clip_qkv,
             moe,
         })
+    }
+}
+
+/// The architectures (GGUF `general.architecture` names) this plugin builds.
+pub const SUPPORTED: &[&str] = &[
+    "llama",
+    "qwen2",
+    "qwen3",
+    "qwen2moe",
+    "qwen3moe",
+    "olmoe",
+    "gpt2",
+    "phi3",
+    "gemma2",
+    "stablelm",
+    "olmo2",
+    "granite",
+    "command-r",
+    "falcon",
+    "nemotron",
+];
+
+/// Architectures whose blocks are parallel when they have a single input norm (no
+/// `ffn_norm`), as llama.cpp decides for StableLM.
+const PARALLEL_WHEN_ONE_NORM: &[&str] = &["falcon", "command-r", "stablelm"];
+
+/// Values per head: from `attn_q`'s rows, else `attention.key_length`, else `hidden / heads`
+/// (fused QKV projections).
+fn head_dim(w: &Weights, arch: &str, hidden: usize, heads: usize) -> Result<usize> {
+    let q = naming::blk(0, "attn_q", "weight");
+    let dim = match w.has(&q) {
+        true => {
+            let rows = w.shape(&q)?;
+            match rows.first() {
+                Some(&rows) if (rows as usize).is_multiple_of(heads) => rows as usize / heads,
+                _ => {
+                    return Err(UError::invalid(format!(
+                        "arch-llama: attn_q of shape {rows:?} does not split into {heads} heads"
+                    )));
+                }
+            }
+        }
+        false => w
+            .meta_u64(&format!("{arch}.attention.key_length"))
+            .map_or(hidden / heads, |d| d as usize),
+    };
+    if dim == 0 {
+        return Err(UError::invalid(format!(
+            "arch-llama: {heads} heads of hidden size {hidden} leave no head dimension"
+        )));
+    }
+    Ok(dim)
+}
+
+impl NormConfig {
+    /// RMSNorm when the metadata gives an RMS epsilon, LayerNorm when it gives a LayerNorm
+    /// epsilon (HF `layer_norm_eps`, `layer_norm_epsilon`, `norm_eps`), RMSNorm with 1e-6
+    /// otherwise.
+    fn read(w: &Weights, arch: &str) -> NormConfig {
+        let key = |k: &str| format!("{arch}.attention.{k}");
+        let (kind, eps) = match (
+            w.meta_f64(&key("layer_norm_rms_epsilon")),
+            w.meta_f64(&key("layer_norm_epsilon")),
+        ) {
+            (Some(eps), _) => (NormKind::Rms, eps),
+            (None, Some(eps)) => (NormKind::Layer, eps),
+            (None, None) => (NormKind::Rms, 1e-6),
+        };
+        let one_plus = w.format() != "gguf" && matches!(arch, "gemma2" | "nemotron");
+        NormConfig {
+            kind,
+            eps: eps as f32,
+            shift: if one_plus { 1.0 } else { 0.0 },
+        }
+    }
+}
+
+/// The FFN activation: HF `hidden_activation`, `hidden_act` or `activation_function`, else the
+/// architecture's own (GGUF files do not say).
+fn activation(w: &Weights, arch: &str) -> Result<FfnActivation> {
+    use Activation::{GeluErf, GeluTanh, Relu, Silu};
+    let named = ["hidden_activation", "hidden_act", "activation_function"]
+        .iter()
+        .find_map(|k| w.meta_str(&format!("config.{k}")));
+    Ok(FfnActivation::Act(match named.as_deref() {
+        None => match arch {
+            "gpt2" | "gemma2" => GeluTanh,
+            // transformers' Falcon uses the exact GELU (llama.cpp its tanh approximation).
+            "falcon" => GeluErf,
+            "nemotron" => return Ok(FfnActivation::ReluSquared),
+            _ => Silu,
+        },
+        Some("silu" | "swish") => Silu,
+        Some("gelu_new" | "gelu_pytorch_tanh" | "gelu_fast") => GeluTanh,
+        Some("gelu") => GeluErf,
+        Some("relu") => Relu,
+        Some("relu2") => return Ok(FfnActivation::ReluSquared),
+        Some(other) => {
+            return Err(UError::unsupported(format!(
+                "arch-llama: activation `{other}` is not implemented"
+            )));
+        }
+    }))
+}
+
+impl Scales {
+    /// From GGUF keys (llama.cpp's) or HF `config.json` names.
+    fn read(w: &Weights, arch: &str, hidden: usize, head_dim: usize) -> Scales {
+        let get = |gguf: &str, hf: &str| {
+            w.meta_f64(&format!("{arch}.{gguf}"))
+                .or_else(|| w.meta_f64(&format!("config.{hf}")))
+                .map(|v| v as f32)
+        };
+        let embedding = match arch {
+            "gemma2" => (hidden as f32).sqrt(),
+            _ => get("embedding_scale", "embedding_multiplier").unwrap_or(1.0),
+        };
+        // Gemma 2 scales by `query_pre_attn_scalar^-½` (GGUF files keep only `1/√head_dim`,
+        // as llama.cpp reads them).
+        let attention = get("attention.scale", "attention_multiplier")
+            .or_else(|| {
+                w.meta_f64("config.query_pre_attn_scalar")
+                    .map(|q| (q as f32).powf(-0.5))
+            })
+            .unwrap_or(1.0 / (head_dim as f32).sqrt());
+        // Same key, opposite meanings: Granite divides the logits, Cohere multiplies them.
+        let logits = match (arch, get("logit_scale", "logits_scaling")) {
+            ("granite", Some(s)) => 1.0 / s,
+            ("command-r", _) => get("logit_scale", "logit_scale").unwrap_or(1.0),
+            _ => 1.0,
+        };
+        Scales {
+            embedding,
+            residual: get("residual_scale", "residual_multiplier").unwrap_or(1.0),
+            attention,
+            attention_softcap: get("attn_logit_softcapping", "attn_logit_softcapping"),
+            logits,
+            final_softcap: get("final_logit_softcapping", "final_logit_softcapping"),
+        }
     }
 }
 
@@ -171,6 +366,7 @@ impl RopeConfig {
             Some(d) => d as usize,
             None => w
                 .meta_f64("config.partial_rotary_factor")
+                .or_else(|| hf("partial_rotary_factor").and_then(Value::as_f64))
                 .map_or(head_dim, |f| (head_dim as f64 * f) as usize),
         };
         if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {
@@ -337,8 +533,9 @@ pub fn llama3_scaling(inv_freq: &mut [f32], factor: f32, low: f32, high: f32, ol
     }
 }
 
-/// The sliding window of each layer: `config.layer_types` when given (transformers 5), Qwen2's
-/// `use_sliding_window`/`max_window_layers`, otherwise the window (if any) on every layer.
+/// The sliding window of each layer: `config.layer_types` when given (transformers 5), Gemma 2's
+/// alternation, Qwen2's `use_sliding_window`/`max_window_layers`, otherwise the window (if any)
+/// on every layer.
 fn sliding_windows(w: &Weights, arch: &str, layers: usize) -> Vec<u32> {
     let window = w
         .meta_u64(&format!("{arch}.attention.sliding_window"))
@@ -352,6 +549,12 @@ fn sliding_windows(w: &Weights, arch: &str, layers: usize) -> Vec<u32> {
                 Some("sliding_attention") => window,
                 _ => 0,
             })
+            .collect();
+    }
+    if arch == "gemma2" {
+        // Local and global attention alternate, the first layer local (llama.cpp's pattern).
+        return (0..layers)
+            .map(|i| if i % 2 == 0 { window } else { 0 })
             .collect();
     }
     if w.meta_bool("config.use_sliding_window") == Some(false) {

@@ -15,6 +15,18 @@
 //!   (Muennighoff et al., arXiv:2409.02060; Q/K RMSNorm over the whole projection, Q/K/V clamp).
 //!   Whether a layer is dense or sparse is read from its tensors (a router `ffn_gate_inp`), and
 //!   experts may be stacked (`ffn_gate_exps`, GGUF) or stored one tensor each (HF).
+//! - **GPT-2** (Radford et al. 2019, *Language Models are Unsupervised Multitask Learners*):
+//!   learned absolute positions, LayerNorm (Ba et al., arXiv:1607.06450), biases on every
+//!   projection, a plain GELU feed-forward (Hendrycks & Gimpel, arXiv:1606.08415), fused Q/K/V
+//!   (HF Conv1D weights stored `[in, out]`, transposed at load).
+//! - **Phi-3** (Abdin et al., arXiv:2404.14219): fused Q/K/V and gate/up projections, viewed in
+//!   place as separate ones.
+//!
+//! The variations are layer interfaces, not copies: a norm is RMS or Layer (with a `1 + γ`
+//! shift where the checkpoint stores `γ − 1`), positions rotary (all or part of each head) or
+//! learned, a block sequential or parallel with optional pre- and post-norms, a feed-forward
+//! gated or plain with its activation, projections fused or separate, with or without biases;
+//! [`config`] chooses them from the metadata and the tensors present.
 //!
 //! The plugin owns its names ([`naming`]): GGUF files are read in llama.cpp's names, HF
 //! checkpoints mapped to them, `config.json` hyper-parameters to GGUF keys (`{arch}.block_count`…),
@@ -23,11 +35,13 @@
 //!
 //! Reference implementation: Hugging Face `transformers` (`modeling_llama.py`,
 //! `modeling_mistral.py`, `modeling_qwen2.py`, `modeling_qwen3.py`, `modeling_mixtral.py`,
-//! `modeling_qwen2_moe.py`, `modeling_qwen3_moe.py`, `modeling_olmoe.py`), against which `tests/` checks logits on
-//! tiny random-weight models; the tensor naming and GGUF conventions are llama.cpp's.
+//! `modeling_qwen2_moe.py`, `modeling_qwen3_moe.py`, `modeling_olmoe.py`, `modeling_gpt2.py`,
+//! `modeling_phi3.py`), against which `tests/` checks logits on tiny random-weight models; the
+//! tensor naming and GGUF conventions are llama.cpp's (`convert_hf_to_gguf.py` writes the GGUF
+//! fixtures of the other architectures).
 //!
 //! Layout: [`naming`] (tensor names and hyper-parameter keys), [`config`] (typed
-//! hyper-parameters from metadata), [`weights`] (metadata access, the linear layer, RMSNorm),
+//! hyper-parameters from metadata), [`weights`] (metadata access, the linear layer, norms),
 //! [`model`] (`Attention`, `Mlp`, `MoE`, `Block`, `Llama`), and the plugin glue below. Compute
 //! goes through the backend interface (`u_sdk::nn` tensors), KV through the `KvCache`
 //! interface; this crate does no math a backend offers.
@@ -50,7 +64,8 @@ use u_sdk::{
 
 fn describe() -> PluginInfo {
     PluginInfo {
-        summary: "Llama-family decoder: Llama 2/3, Mistral, Qwen2/3, Mixtral, Qwen2/3-MoE, OLMoE"
+        summary: "Llama-family decoder: Llama 2/3, Mistral, Qwen2/3, Mixtral, Qwen2/3-MoE, OLMoE, \
+                  GPT-2, Phi-3"
             .into(),
         details: RVec::new(),
     }

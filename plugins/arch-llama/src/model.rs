@@ -6,9 +6,9 @@
 //! scratch memory; a block's `forward` is its math.
 
 use crate::{
-    config::{Config, MoeConfig},
+    config::{Config, FfnActivation, MoeConfig, RopeConfig},
     naming::blk,
-    weights::{Linear, RmsNorm, Weights},
+    weights::{Linear, Norm, Weights},
 };
 use abi_stable::std_types::ROption;
 use u_sdk::{
@@ -47,21 +47,57 @@ pub(crate) struct Pass<'a> {
     positions: Tensor,
 }
 
-/// The rotation of `heads` heads of `cfg.head_dim` values at a token's position.
-fn rope_params(cfg: &Config, heads: usize) -> RopeParams {
+/// The rotation of `heads` heads of `head_dim` values at a token's position.
+fn rope_params(rope: &RopeConfig, head_dim: usize, heads: usize) -> RopeParams {
     RopeParams {
-        style: cfg.rope.style,
-        rotary_dim: cfg.rope.rotary_dim as u32,
-        head_dim: cfg.head_dim as u32,
+        style: rope.style,
+        rotary_dim: rope.rotary_dim as u32,
+        head_dim: head_dim as u32,
         heads: heads as u32,
-        inv_freq: cfg.rope.inv_freq.clone().into(),
-        attn_factor: cfg.rope.attn_factor,
+        inv_freq: rope.inv_freq.clone().into(),
+        attn_factor: rope.attn_factor,
     }
 }
 
-/// Qwen3's RMSNorm of each query/key head, or OLMoE's over the whole projection.
+/// The model's norm `blk.{i}.{t}` of `len` values.
+fn block_norm(
+    w: &Weights,
+    dev: &Device,
+    cfg: &Config,
+    i: usize,
+    t: &str,
+    len: usize,
+) -> Result<Norm> {
+    let n = &cfg.norm;
+    Norm::load(w, dev, &format!("blk.{i}.{t}"), len, n.kind, n.eps, n.shift)
+}
+
+/// [`block_norm`] when the block has it.
+fn optional_norm(
+    w: &Weights,
+    dev: &Device,
+    cfg: &Config,
+    i: usize,
+    t: &str,
+) -> Result<Option<Norm>> {
+    match w.has(&blk(i, t, "weight")) {
+        true => block_norm(w, dev, cfg, i, t, cfg.hidden).map(Some),
+        false => Ok(None),
+    }
+}
+
+/// `norm(x)`, or `x` where there is no norm.
+fn maybe(norm: &Option<Norm>, x: &Tensor) -> Result<Tensor> {
+    match norm {
+        Some(n) => n.forward(x),
+        None => Ok(x.clone()),
+    }
+}
+
+/// The norm of each query/key head (Qwen3, Cohere), or over the whole projection (OLMoE,
+/// OLMo 2).
 struct QkNorm {
-    norm: RmsNorm,
+    norm: Norm,
     /// Values per normalised row: `head_dim` (per head) or the whole projection.
     width: u64,
 }
@@ -88,7 +124,7 @@ impl QkNorm {
             )));
         }
         Ok(Some(QkNorm {
-            norm: RmsNorm::load(w, dev, &name, len, cfg.rms_eps)?,
+            norm: block_norm(w, dev, cfg, i, t, len)?,
             width: len as u64,
         }))
     }
@@ -102,9 +138,11 @@ impl QkNorm {
     }
 }
 
-/// Multi-head self-attention with grouped-query KV heads and rotary positions (RoFormer), with
-/// the optional Q/K/V biases of Qwen2, the Q/K RMSNorm of Qwen3 (per head) and OLMoE (over the
-/// whole projection), and OLMoE's Q/K/V clamp.
+/// Multi-head self-attention with grouped-query KV heads and rotary positions (RoFormer, over
+/// all or the first part of each head) or none (learned positions), with the optional Q/K/V
+/// and output biases (Qwen2, GPT-2), fused Q/K/V projections (GPT-2, Phi-3, Falcon), the Q/K
+/// norms of Qwen3 and Cohere (per head) and OLMoE and OLMo 2 (over the whole projection), and
+/// OLMoE's Q/K/V clamp.
 pub struct Attention {
     layer: u32,
     q: Linear,
@@ -113,12 +151,12 @@ pub struct Attention {
     o: Linear,
     q_norm: Option<QkNorm>,
     k_norm: Option<QkNorm>,
-    rope_q: RopeParams,
-    rope_k: RopeParams,
+    rope: Option<(RopeParams, RopeParams)>,
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
     window: u32,
+    scale: f32,
     clip: Option<f32>,
 }
 
@@ -126,24 +164,25 @@ impl Attention {
     /// Loads layer `i`'s attention.
     pub fn load(w: &Weights, dev: &Device, cfg: &Config, i: usize) -> Result<Attention> {
         let (h, hd) = (cfg.hidden, cfg.head_dim);
-        let q = Linear::load(w, dev, &format!("blk.{i}.attn_q"), h, true)?;
-        let k = Linear::load(w, dev, &format!("blk.{i}.attn_k"), h, true)?;
-        let v = Linear::load(w, dev, &format!("blk.{i}.attn_v"), h, true)?;
-        let o = Linear::load(
-            w,
-            dev,
-            &format!("blk.{i}.attn_output"),
-            cfg.heads * hd,
-            false,
-        )?;
-        if q.outputs != cfg.heads * hd
-            || k.outputs != cfg.kv_heads * hd
-            || v.outputs != cfg.kv_heads * hd
-            || o.outputs != h
-        {
+        let (q_rows, kv_rows) = (cfg.heads * hd, cfg.kv_heads * hd);
+        let proj = |t: &str| Linear::load(w, dev, &format!("blk.{i}.{t}"), h, true);
+        let (q, k, v) = match w.has(&blk(i, "attn_qkv", "weight")) {
+            true => {
+                let [q, k, v] = proj("attn_qkv")?.split([q_rows, kv_rows, kv_rows])?;
+                (q, k, v)
+            }
+            false => (proj("attn_q")?, proj("attn_k")?, proj("attn_v")?),
+        };
+        let o = Linear::load(w, dev, &format!("blk.{i}.attn_output"), q_rows, true)?;
+        if q.outputs != q_rows || k.outputs != kv_rows || v.outputs != kv_rows || o.outputs != h {
             return Err(UError::invalid(format!(
                 "arch-llama: layer {i} attention shapes do not match {} heads, {} KV heads of {hd}",
                 cfg.heads, cfg.kv_heads
+            )));
+        }
+        if let Some(cap) = cfg.scales.attention_softcap {
+            return Err(UError::unsupported(format!(
+                "arch-llama: attention soft-capping ({cap}) is not implemented"
             )));
         }
         Ok(Attention {
@@ -154,12 +193,17 @@ impl Attention {
             o,
             q_norm: QkNorm::load(w, dev, cfg, i, "attn_q_norm", cfg.heads)?,
             k_norm: QkNorm::load(w, dev, cfg, i, "attn_k_norm", cfg.kv_heads)?,
-            rope_q: rope_params(cfg, cfg.heads),
-            rope_k: rope_params(cfg, cfg.kv_heads),
+            rope: cfg.rope.as_ref().map(|r| {
+                (
+                    rope_params(r, hd, cfg.heads),
+                    rope_params(r, hd, cfg.kv_heads),
+                )
+            }),
             heads: cfg.heads,
             kv_heads: cfg.kv_heads,
             head_dim: hd,
             window: cfg.window[i],
+            scale: cfg.scales.attention,
             clip: cfg.clip_qkv,
         })
     }
@@ -178,8 +222,10 @@ impl Attention {
                 x.clamp_assign(-c, c)?;
             }
         }
-        q.rope_assign(&pass.positions, &self.rope_q)?;
-        k.rope_assign(&pass.positions, &self.rope_k)?;
+        if let Some((rope_q, rope_k)) = &self.rope {
+            q.rope_assign(&pass.positions, rope_q)?;
+            k.rope_assign(&pass.positions, rope_k)?;
+        }
 
         let ctx = h.device().alloc(DType::F32, q.dims())?;
         for span in pass.spans.iter().filter(|s| s.len > 0) {
@@ -208,7 +254,7 @@ impl Attention {
                 head_dim: self.head_dim as u32,
                 first_query_pos: span.start as u32,
                 window: self.window,
-                scale: 1.0 / (self.head_dim as f32).sqrt(),
+                scale: self.scale,
                 mask: AttentionMask::Causal,
                 kv_dtype,
             };
@@ -255,51 +301,105 @@ fn kv_spans(dev: &Device, pages: &[KvPage]) -> Result<(Vec<TensorDesc>, DType)> 
     Ok((out, DType::F32))
 }
 
-/// The SwiGLU feed-forward network (Shazeer 2020): `down(silu(gate(x)) ⊙ up(x))`.
+/// The feed-forward network: gated, `down(act(gate(x)) ⊙ up(x))` (SwiGLU, GeGLU: Shazeer
+/// 2020), or plain, `down(act(up(x)))` (GPT-2, Falcon, Nemotron's squared ReLU). The gate and
+/// up rows may be fused in one `ffn_up` tensor (Phi-3), gate first.
 pub struct Mlp {
-    gate: Linear,
+    gate: Option<Linear>,
     up: Linear,
     down: Linear,
+    act: FfnActivation,
 }
 
 impl Mlp {
-    /// Asks for the pages of its three weights ahead of use (see [`Linear::prefetch`]).
+    /// Asks for the pages of its weights ahead of use (see [`Linear::prefetch`]).
     pub fn prefetch(&self) {
-        self.gate.prefetch();
+        if let Some(gate) = &self.gate {
+            gate.prefetch();
+        }
         self.up.prefetch();
         self.down.prefetch();
     }
 
-    /// Loads `blk.{i}.ffn_{gate,up,down}{suffix}`.
-    pub fn load(w: &Weights, dev: &Device, hidden: usize, i: usize, suffix: &str) -> Result<Mlp> {
-        let gate = Linear::load(w, dev, &format!("blk.{i}.ffn_gate{suffix}"), hidden, false)?;
-        let up = Linear::load(w, dev, &format!("blk.{i}.ffn_up{suffix}"), hidden, false)?;
+    /// Loads `blk.{i}.ffn_{gate,up,down}{suffix}` (with biases where present): gated when there
+    /// is a gate or `ffn_up` has twice the rows `ffn_down` takes.
+    pub fn load(
+        w: &Weights,
+        dev: &Device,
+        hidden: usize,
+        i: usize,
+        suffix: &str,
+        act: FfnActivation,
+    ) -> Result<Mlp> {
+        let name = |t: &str| format!("blk.{i}.{t}{suffix}");
+        let up = Linear::load(w, dev, &name("ffn_up"), hidden, true)?;
         let down = Linear::load(
             w,
             dev,
-            &format!("blk.{i}.ffn_down{suffix}"),
-            gate.outputs,
-            false,
+            &name("ffn_down"),
+            w.inputs(&name("ffn_down"))?,
+            true,
         )?;
-        Mlp::new(gate, up, down, hidden)
+        let ff = down.inputs;
+        let (gate, up) = if w.has(&format!("{}.weight", name("ffn_gate"))) {
+            (
+                Some(Linear::load(w, dev, &name("ffn_gate"), hidden, true)?),
+                up,
+            )
+        } else if up.outputs == 2 * ff {
+            let [gate, up] = up.split([ff, ff])?;
+            (Some(gate), up)
+        } else {
+            (None, up)
+        };
+        Mlp::new(gate, up, down, hidden, act)
     }
 
-    fn new(gate: Linear, up: Linear, down: Linear, hidden: usize) -> Result<Mlp> {
-        if up.outputs != gate.outputs || down.inputs != gate.outputs || down.outputs != hidden {
+    fn new(
+        gate: Option<Linear>,
+        up: Linear,
+        down: Linear,
+        hidden: usize,
+        act: FfnActivation,
+    ) -> Result<Mlp> {
+        let gate_ok = gate.as_ref().is_none_or(|g| g.outputs == up.outputs);
+        if !gate_ok || down.inputs != up.outputs || down.outputs != hidden {
             return Err(UError::invalid(format!(
-                "arch-llama: feed-forward shapes do not agree ({} → {}/{} → {})",
-                hidden, gate.outputs, up.outputs, down.outputs
+                "arch-llama: feed-forward shapes do not agree ({} → {}{} → {})",
+                hidden,
+                gate.as_ref()
+                    .map_or(String::new(), |g| format!("{}/", g.outputs)),
+                up.outputs,
+                down.outputs
             )));
         }
-        Ok(Mlp { gate, up, down })
+        Ok(Mlp {
+            gate,
+            up,
+            down,
+            act,
+        })
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = self
-            .gate
-            .forward(x)?
-            .gated(Activation::Silu, &self.up.forward(x)?)?;
+        let up = self.up.forward(x)?;
+        let h = match (&self.gate, self.act) {
+            (Some(gate), FfnActivation::Act(act)) => gate.forward(x)?.gated(act, &up)?,
+            (Some(gate), act) => activate(act, gate.forward(x)?)?.mul(&up)?,
+            (None, act) => activate(act, up)?,
+        };
         self.down.forward(&h)
+    }
+}
+
+/// `act(x)`.
+fn activate(act: FfnActivation, x: Tensor) -> Result<Tensor> {
+    match act {
+        FfnActivation::Act(a) => x.activation(a),
+        FfnActivation::ReluSquared => {
+            let r = x.activation(Activation::Relu)?;
+            r.mul(&r)
+        }
     }
 }
 
@@ -336,16 +436,16 @@ impl MoE {
                     let g = Linear::expert(&gate, e, h)?;
                     let u = Linear::expert(&up, e, h)?;
                     let d = Linear::expert(&down, e, g.outputs)?;
-                    Mlp::new(g, u, d, h)
+                    Mlp::new(Some(g), u, d, h, cfg.activation)
                 })
                 .collect::<Result<Vec<_>>>()?
         } else {
             (0..moe.experts)
-                .map(|e| Mlp::load(w, dev, h, i, &format!(".{e}")))
+                .map(|e| Mlp::load(w, dev, h, i, &format!(".{e}"), cfg.activation))
                 .collect::<Result<Vec<_>>>()?
         };
         let shared = if w.has(&blk(i, "ffn_gate_shexp", "weight")) {
-            let mlp = Mlp::load(w, dev, h, i, "_shexp")?;
+            let mlp = Mlp::load(w, dev, h, i, "_shexp", cfg.activation)?;
             let gate = if w.has(&blk(i, "ffn_gate_inp_shexp", "weight")) {
                 Some(Linear::load(
                     w,
@@ -449,12 +549,21 @@ impl FeedForward {
     }
 }
 
-/// A pre-norm transformer block: `h = x + Attention(RMSNorm(x)); h + FFN(RMSNorm(h))`.
+/// A transformer block. Sequential (Llama and most):
+/// `h = x + s·post₁(Attention(norm₁(x))); h + s·post₂(FFN(norm₂(h)))`, where the pre-norms
+/// `norm` (absent in OLMo 2) and the post-norms `post` (Gemma 2's sandwich, OLMo 2) are there
+/// when the checkpoint has them and `s` is the residual multiplier (Granite; 1 otherwise).
+/// Parallel (GPT-J; Falcon, Cohere, StableLM): `x + s·Attention(norm₁(x)) + s·FFN(norm₂(x))`,
+/// with `norm₂ = norm₁` when the block has one input norm.
 pub struct Block {
-    attn_norm: RmsNorm,
+    attn_norm: Option<Norm>,
     attn: Attention,
-    ffn_norm: RmsNorm,
+    post_attn_norm: Option<Norm>,
+    ffn_norm: Option<Norm>,
     ffn: FeedForward,
+    post_ffn_norm: Option<Norm>,
+    parallel: bool,
+    residual_scale: f32,
 }
 
 impl Block {
@@ -467,35 +576,75 @@ impl Block {
                     "arch-llama: layer {i} has a router but the metadata gives no expert count"
                 )));
             }
-            (_, false) => FeedForward::Dense(Mlp::load(w, dev, cfg.hidden, i, "")?),
+            (_, false) => FeedForward::Dense(Mlp::load(w, dev, cfg.hidden, i, "", cfg.activation)?),
         };
-        let norm = |t: &str| RmsNorm::load(w, dev, &blk(i, t, "weight"), cfg.hidden, cfg.rms_eps);
+        let norm = |t: &str| optional_norm(w, dev, cfg, i, t);
+        let (attn_norm, post_attn_norm) = (norm("attn_norm")?, norm("post_attention_norm")?);
+        let (ffn_norm, post_ffn_norm) = (norm("ffn_norm")?, norm("post_ffw_norm")?);
+        if attn_norm.is_none() && post_attn_norm.is_none() {
+            return Err(UError::not_found(format!(
+                "arch-llama: tensor `{}` is missing",
+                blk(i, "attn_norm", "weight")
+            )));
+        }
+        if !cfg.parallel && ffn_norm.is_none() && post_ffn_norm.is_none() {
+            return Err(UError::not_found(format!(
+                "arch-llama: tensor `{}` is missing",
+                blk(i, "ffn_norm", "weight")
+            )));
+        }
         Ok(Block {
-            attn_norm: norm("attn_norm")?,
+            attn_norm,
             attn: Attention::load(w, dev, cfg, i)?,
-            ffn_norm: norm("ffn_norm")?,
+            post_attn_norm,
+            ffn_norm,
             ffn,
+            post_ffn_norm,
+            parallel: cfg.parallel,
+            residual_scale: cfg.scales.residual,
         })
     }
 
     fn forward(&self, x: &Tensor, pass: &Pass<'_>) -> Result<Tensor> {
-        let h = x.add(&self.attn.forward(&self.attn_norm.forward(x)?, pass)?)?;
-        h.add(&self.ffn.forward(&self.ffn_norm.forward(&h)?)?)
+        let a_in = maybe(&self.attn_norm, x)?;
+        let a = maybe(&self.post_attn_norm, &self.attn.forward(&a_in, pass)?)?;
+        if self.parallel {
+            let f_in = match &self.ffn_norm {
+                Some(n) => n.forward(x)?,
+                None => a_in,
+            };
+            let f = self.ffn.forward(&f_in)?;
+            return self.residual(&self.residual(x, &a)?, &f);
+        }
+        let h = self.residual(x, &a)?;
+        let f = self.ffn.forward(&maybe(&self.ffn_norm, &h)?)?;
+        self.residual(&h, &maybe(&self.post_ffn_norm, &f)?)
+    }
+
+    /// `x + s·y`.
+    fn residual(&self, x: &Tensor, y: &Tensor) -> Result<Tensor> {
+        if self.residual_scale == 1.0 {
+            return x.add(y);
+        }
+        x.add(&y.scale(self.residual_scale)?)
     }
 }
 
-/// The Llama-family decoder: embedding, blocks, final norm, LM head (the embedding matrix when
-/// `output.weight` is absent: tied embeddings).
+/// The decoder: embedding (scaled, plus learned positions where the model has them), blocks,
+/// final norm, LM head (the embedding matrix when `output.weight` is absent: tied embeddings),
+/// logits scaled and soft-capped where the model says so.
 pub struct Llama {
     /// Hyper-parameters.
     pub cfg: Config,
     device: Device,
     cache: KvCacheBox,
     blocks: Vec<Block>,
-    norm: RmsNorm,
+    norm: Norm,
     lm_head: Linear,
     /// The embedding table, `[vocab, hidden]`.
     embed: Tensor,
+    /// Learned absolute position embeddings, `[context, hidden]` (GPT-2).
+    positions: Option<Tensor>,
 }
 
 impl Llama {
@@ -528,7 +677,31 @@ impl Llama {
                 lm_head.outputs, cfg.vocab_size
             )));
         }
-        let norm = RmsNorm::load(&weights, dev, "output_norm.weight", cfg.hidden, cfg.rms_eps)?;
+        let n = &cfg.norm;
+        let norm = Norm::load(
+            &weights,
+            dev,
+            "output_norm",
+            cfg.hidden,
+            n.kind,
+            n.eps,
+            n.shift,
+        )?;
+        let positions = match cfg.rope {
+            Some(_) => None,
+            None => {
+                let table = weights.import(dev, "position_embd.weight", None)?;
+                if table.row_len() != cfg.hidden || table.rows() < cfg.context_length {
+                    return Err(UError::invalid(format!(
+                        "arch-llama: position_embd.weight of shape {:?} for {} positions of {}",
+                        table.dims(),
+                        cfg.context_length,
+                        cfg.hidden
+                    )));
+                }
+                Some(table)
+            }
+        };
         cache
             .configure(
                 KvLayout {
@@ -549,6 +722,7 @@ impl Llama {
             norm,
             lm_head,
             embed,
+            positions,
         })
     }
 
@@ -737,6 +911,12 @@ impl Llama {
         };
         let mut captured: Vec<(usize, Tensor)> = Vec::new();
         let mut x = self.input(batch, rows)?;
+        if self.cfg.scales.embedding != 1.0 {
+            x = x.scale(self.cfg.scales.embedding)?;
+        }
+        if let Some(table) = &self.positions {
+            x = x.add(&table.get_rows(&pass.positions)?)?;
+        }
         for (i, block) in self.blocks.iter().enumerate() {
             x = block.forward(&x, &pass)?;
             for (chunk, span) in batch.iter().zip(spans) {
@@ -787,7 +967,7 @@ impl Llama {
         } else {
             let ids = dev.from_i32(&logit_rows, &[logit_rows.len() as u64])?;
             let h = self.norm.forward(&x.get_rows(&ids)?)?;
-            Some(self.lm_head.forward(&h)?)
+            Some(self.logits(&h)?)
         };
         let needs_final = batch.iter().any(|c| {
             matches!(c.output, Output::Pooled(_))
@@ -836,6 +1016,21 @@ impl Llama {
         Ok(())
     }
 
+    /// The LM head over normed rows `h`, scaled and soft-capped: `c · tanh(m·l / c)`.
+    fn logits(&self, h: &Tensor) -> Result<Tensor> {
+        let s = &self.cfg.scales;
+        let mut logits = self.lm_head.forward(h)?;
+        if s.logits != 1.0 {
+            logits.scale_assign(s.logits)?;
+        }
+        if let Some(cap) = s.final_softcap {
+            logits = logits.scale(1.0 / cap)?;
+            logits.activation_assign(Activation::Tanh)?;
+            logits.scale_assign(cap)?;
+        }
+        Ok(logits)
+    }
+
     /// Appends positions `from..from + count` of `src`'s KV to `dst`, keys re-rotated from their
     /// old positions to `dst`'s (see [`u_sdk::Model::graft`]); on error `dst` is unchanged.
     pub fn graft(&self, dst: SeqId, src: SeqId, from: u64, count: u64) -> Result<()> {
@@ -859,7 +1054,12 @@ impl Llama {
                 ),
             ));
         }
-        let result = self.graft_layers(&cache, dst, src, from, count, q0);
+        let Some(rope) = &self.cfg.rope else {
+            return Err(UError::unsupported(
+                "arch-llama: a model with learned absolute positions cannot move cached keys",
+            ));
+        };
+        let result = self.graft_layers(&cache, rope, (dst, src), from, count, q0);
         if result.is_err() {
             let _ = cache.truncate(dst, q0);
         }
@@ -869,8 +1069,8 @@ impl Llama {
     fn graft_layers(
         &self,
         cache: &KvCacheBox,
-        dst: SeqId,
-        src: SeqId,
+        rope: &RopeConfig,
+        (dst, src): (SeqId, SeqId),
         from: u64,
         count: u64,
         q0: u64,
@@ -882,7 +1082,7 @@ impl Llama {
         let (to, was) = (dev.from_i32(&to, &[count])?, dev.from_i32(&was, &[count])?);
         let rope = RopeParams {
             attn_factor: 1.0,
-            ..rope_params(&self.cfg, self.cfg.kv_heads)
+            ..rope_params(rope, self.cfg.head_dim, self.cfg.kv_heads)
         };
         let kd = (self.cfg.kv_heads * self.cfg.head_dim) as u64;
         for layer in 0..self.cfg.layers as u32 {

@@ -22,6 +22,26 @@
 //! | `blk.{i}.ffn_gate.{e}.weight`, `ffn_up.{e}`, `ffn_down.{e}` | `…mlp.experts.{e}.gate_proj/up_proj/down_proj`, Mixtral `…block_sparse_moe.experts.{e}.w1/w3/w2` |
 //! | `blk.{i}.ffn_gate_shexp.weight` (`ffn_up_shexp`, `ffn_down_shexp`) | `…mlp.shared_expert(s).gate_proj` (`up_proj`, `down_proj`) |
 //! | `blk.{i}.ffn_gate_inp_shexp.weight` | `…mlp.shared_expert_gate.weight` |
+//! | `blk.{i}.attn_qkv.*` (fused) | Phi-3 `…self_attn.qkv_proj.*` |
+//! | `blk.{i}.ffn_up.weight` (fused gate, up) | Phi-3 `…mlp.gate_up_proj.weight` |
+//! | `blk.{i}.post_attention_norm.weight` | Gemma 2/3, OLMo 2 `…post_attention_layernorm.weight` |
+//!
+//! GPT-2 and Falcon name their layers `transformer.h.{i}.` (see [`hf_to_canonical`]):
+//!
+//! | canonical | GPT-2 | Falcon |
+//! | --- | --- | --- |
+//! | `token_embd.weight` | `transformer.wte.weight` | `transformer.word_embeddings.weight` |
+//! | `position_embd.weight` | `transformer.wpe.weight` | — |
+//! | `output_norm.*` | `transformer.ln_f.*` | `transformer.ln_f.*` |
+//! | `blk.{i}.attn_norm.*` | `…ln_1.*` | `…input_layernorm.*`, `…ln_attn.*` |
+//! | `blk.{i}.attn_norm_2.*` | — | `…ln_mlp.*` |
+//! | `blk.{i}.ffn_norm.*` | `…ln_2.*` | — |
+//! | `blk.{i}.attn_qkv.*` | `…attn.c_attn.*` | `…self_attention.query_key_value.*` |
+//! | `blk.{i}.attn_output.*` | `…attn.c_proj.*` | `…self_attention.dense.*` |
+//! | `blk.{i}.ffn_up.*` | `…mlp.c_fc.*` | `…mlp.dense_h_to_4h.*` |
+//! | `blk.{i}.ffn_down.*` | `…mlp.c_proj.*` | `…mlp.dense_4h_to_h.*` |
+//!
+//! GPT-2's Conv1D weights are stored `[in, out]` ([`hf_stored_transposed`]).
 //!
 //! **Experts.** GGUF stacks the experts of a layer into one 3-D tensor (`ffn_gate_exps`,
 //! `[n_expert, n_ff, n_embd]`). HF checkpoints store one 2-D tensor per expert, usually not
@@ -39,8 +59,9 @@
 //! HF checkpoints keep the original rows and rotate dimension `j` with `j + d/2` ("NeoX",
 //! `rotate_half`). Both are the same model up to a permutation of the head dimension, and the
 //! attention scores are identical. Nothing is permuted: [`rope_style`] picks the rope pairing
-//! from the format — adjacent pairs for GGUF `llama` weights, halves for everything else
-//! (GGUF Qwen, every HF checkpoint). Zero copies, one code path.
+//! from the format — adjacent pairs for GGUF `llama` and `granite` weights and for Cohere
+//! (whose checkpoints pair adjacent dimensions themselves), halves for everything else (GGUF
+//! Qwen, every other HF checkpoint). Zero copies, one code path.
 //!
 //! # Hyper-parameters
 //!
@@ -57,10 +78,12 @@ pub const ARCHITECTURE_KEY: &str = "general.architecture";
 /// How the stored Q/K rows of `arch` weights in `format` pair dimensions for rotary embedding
 /// (see the module documentation).
 pub fn rope_style(format: &str, arch: &str) -> RopeStyle {
-    if format == "gguf" && arch == "llama" {
-        RopeStyle::Normal
-    } else {
-        RopeStyle::NeoX
+    match arch {
+        // Cohere's own checkpoints rotate adjacent pairs too.
+        "command-r" => RopeStyle::Normal,
+        // llama.cpp's converter permutes the Q/K rows of Llama-based conversions (Granite too).
+        "llama" | "granite" if format == "gguf" => RopeStyle::Normal,
+        _ => RopeStyle::NeoX,
     }
 }
 
@@ -86,6 +109,7 @@ pub fn expert(layer: usize, tensor: &str, expert: usize) -> String {
 pub fn hf_architecture(model_type: &str) -> Cow<'_, str> {
     match model_type {
         "mistral" | "mixtral" => Cow::Borrowed("llama"),
+        "cohere" => Cow::Borrowed("command-r"),
         "qwen2_moe" => Cow::Borrowed("qwen2moe"),
         "qwen3_moe" => Cow::Borrowed("qwen3moe"),
         other => Cow::Borrowed(other),
@@ -108,6 +132,15 @@ pub fn hf_to_canonical(arch: Option<&str>, name: &str) -> Option<String> {
         ["model", "layers", layer, rest @ ..] => {
             let layer: usize = parse_index(layer)?;
             let (tensor, rest) = map_layer(arch, rest)?;
+            join(&format!("blk.{layer}.{tensor}"), rest)
+        }
+        // GPT-2 and Falcon.
+        ["transformer", "wte" | "word_embeddings", rest @ ..] => join("token_embd", rest),
+        ["transformer", "wpe", rest @ ..] => join("position_embd", rest),
+        ["transformer", "ln_f", rest @ ..] => join("output_norm", rest),
+        ["transformer", "h", layer, rest @ ..] => {
+            let layer: usize = parse_index(layer)?;
+            let (tensor, rest) = map_transformer_layer(rest)?;
             join(&format!("blk.{layer}.{tensor}"), rest)
         }
         _ => None,
@@ -134,7 +167,9 @@ fn parse_index(s: &str) -> Option<usize> {
 /// Maps the part of a layer tensor name after `model.layers.{i}.` to the canonical tensor name
 /// and the remaining suffix (`weight`, `bias`…).
 fn map_layer<'n, 'p>(arch: Option<&str>, rest: &'p [&'n str]) -> Option<(String, &'p [&'n str])> {
-    let gemma_norms = matches!(arch, Some("gemma2" | "gemma3" | "gemma3_text"));
+    // Gemma 2/3 and OLMo 2 normalise the attention output: their `post_attention_layernorm`
+    // is not the FFN's input norm.
+    let gemma_norms = matches!(arch, Some("gemma2" | "gemma3" | "gemma3_text" | "olmo2"));
     let simple = |t: &str, r: &'p [&'n str]| Some((t.to_string(), r));
     match rest {
         ["input_layernorm", r @ ..] => simple("attn_norm", r),
@@ -150,6 +185,7 @@ fn map_layer<'n, 'p>(arch: Option<&str>, rest: &'p [&'n str]) -> Option<(String,
                 "o_proj" => "attn_output",
                 "q_norm" => "attn_q_norm",
                 "k_norm" => "attn_k_norm",
+                "qkv_proj" => "attn_qkv",
                 _ => return None,
             };
             simple(t, r)
@@ -190,6 +226,8 @@ fn map_layer<'n, 'p>(arch: Option<&str>, rest: &'p [&'n str]) -> Option<(String,
             let t = match *proj {
                 "gate_proj" => "ffn_gate",
                 "up_proj" => "ffn_up",
+                // Phi-3's fused gate and up rows, `ffn_up` as llama.cpp names it.
+                "gate_up_proj" => "ffn_up",
                 "down_proj" => "ffn_down",
                 _ => return None,
             };
@@ -197,6 +235,31 @@ fn map_layer<'n, 'p>(arch: Option<&str>, rest: &'p [&'n str]) -> Option<(String,
         }
         _ => None,
     }
+}
+
+/// [`map_layer`] for the `transformer.h.{i}.` names of GPT-2 and Falcon.
+fn map_transformer_layer<'n, 'p>(rest: &'p [&'n str]) -> Option<(&'static str, &'p [&'n str])> {
+    Some(match rest {
+        ["ln_1" | "input_layernorm" | "ln_attn", r @ ..] => ("attn_norm", r),
+        ["ln_mlp", r @ ..] => ("attn_norm_2", r),
+        ["ln_2", r @ ..] => ("ffn_norm", r),
+        ["attn", "c_attn", r @ ..] | ["self_attention", "query_key_value", r @ ..] => {
+            ("attn_qkv", r)
+        }
+        ["attn", "c_proj", r @ ..] | ["self_attention", "dense", r @ ..] => ("attn_output", r),
+        ["mlp", "c_fc" | "dense_h_to_4h", r @ ..] => ("ffn_up", r),
+        ["mlp", "c_proj" | "dense_4h_to_h", r @ ..] => ("ffn_down", r),
+        _ => return None,
+    })
+}
+
+/// Whether the HF checkpoint of `arch` stores canonical weight `name` as `[in, out]`: GPT-2's
+/// Conv1D layers (llama.cpp's converter transposes them).
+pub fn hf_stored_transposed(arch: &str, name: &str) -> bool {
+    arch == "gpt2"
+        && ["attn_qkv", "attn_output", "ffn_up", "ffn_down"]
+            .iter()
+            .any(|t| name.starts_with("blk.") && name.ends_with(&format!(".{t}.weight")))
 }
 
 /// HF `config.json` hyper-parameter → GGUF key suffix (the full key is `{arch}.{suffix}`).
@@ -212,6 +275,14 @@ pub const HF_HPARAMS: &[(&str, &str)] = &[
     ("max_position_embeddings", "context_length"),
     ("rope_theta", "rope.freq_base"),
     ("rms_norm_eps", "attention.layer_norm_rms_epsilon"),
+    ("layer_norm_eps", "attention.layer_norm_epsilon"),
+    ("layer_norm_epsilon", "attention.layer_norm_epsilon"),
+    ("norm_eps", "attention.layer_norm_epsilon"),
+    // GPT-2's names.
+    ("n_layer", "block_count"),
+    ("n_embd", "embedding_length"),
+    ("n_head", "attention.head_count"),
+    ("n_positions", "context_length"),
     ("intermediate_size", "feed_forward_length"),
     ("num_local_experts", "expert_count"),
     ("num_experts", "expert_count"),
@@ -376,6 +447,62 @@ mod tests {
         }
         assert_eq!(expert(2, "ffn_up", 7), "blk.2.ffn_up.7.weight");
         assert_eq!(blk(12, "attn_q", "weight"), "blk.12.attn_q.weight");
+    }
+
+    #[test]
+    fn gpt2_falcon_and_phi3_names_map_to_gguf_names() {
+        let cases = [
+            ("transformer.wte.weight", "token_embd.weight"),
+            ("transformer.word_embeddings.weight", "token_embd.weight"),
+            ("transformer.wpe.weight", "position_embd.weight"),
+            ("transformer.ln_f.bias", "output_norm.bias"),
+            ("transformer.h.1.ln_1.weight", "blk.1.attn_norm.weight"),
+            ("transformer.h.1.ln_2.bias", "blk.1.ffn_norm.bias"),
+            ("transformer.h.1.attn.c_attn.bias", "blk.1.attn_qkv.bias"),
+            (
+                "transformer.h.1.attn.c_proj.weight",
+                "blk.1.attn_output.weight",
+            ),
+            ("transformer.h.1.mlp.c_fc.weight", "blk.1.ffn_up.weight"),
+            ("transformer.h.1.mlp.c_proj.weight", "blk.1.ffn_down.weight"),
+            (
+                "transformer.h.0.self_attention.query_key_value.weight",
+                "blk.0.attn_qkv.weight",
+            ),
+            (
+                "transformer.h.0.self_attention.dense.weight",
+                "blk.0.attn_output.weight",
+            ),
+            (
+                "transformer.h.0.mlp.dense_h_to_4h.weight",
+                "blk.0.ffn_up.weight",
+            ),
+            (
+                "transformer.h.0.mlp.dense_4h_to_h.weight",
+                "blk.0.ffn_down.weight",
+            ),
+            ("transformer.h.0.ln_mlp.weight", "blk.0.attn_norm_2.weight"),
+            (
+                "model.layers.0.self_attn.qkv_proj.weight",
+                "blk.0.attn_qkv.weight",
+            ),
+            (
+                "model.layers.0.mlp.gate_up_proj.weight",
+                "blk.0.ffn_up.weight",
+            ),
+        ];
+        for (hf, canonical) in cases {
+            assert_eq!(
+                hf_to_canonical(None, hf).as_deref(),
+                Some(canonical),
+                "{hf}"
+            );
+        }
+        assert!(hf_stored_transposed("gpt2", "blk.0.attn_qkv.weight"));
+        assert!(hf_stored_transposed("gpt2", "blk.3.ffn_down.weight"));
+        assert!(!hf_stored_transposed("gpt2", "blk.0.attn_qkv.bias"));
+        assert!(!hf_stored_transposed("gpt2", "token_embd.weight"));
+        assert!(!hf_stored_transposed("falcon", "blk.0.attn_qkv.weight"));
     }
 
     #[test]

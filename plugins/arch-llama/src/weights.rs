@@ -144,6 +144,28 @@ impl Weights {
             .ok_or_else(|| UError::not_found(format!("arch-llama: tensor `{name}` is missing")))
     }
 
+    /// Whether tensor `name` is stored as `[in, out]` rather than `[out, in]` (HF Conv1D
+    /// layers; see [`naming::hf_stored_transposed`]).
+    pub fn stored_transposed(&self, name: &str) -> bool {
+        self.format != "gguf"
+            && self
+                .meta_str(ARCHITECTURE_KEY)
+                .is_some_and(|arch| naming::hf_stored_transposed(&arch, name))
+    }
+
+    /// The input features of linear layer `{name}.weight` (its innermost stored dimension, or
+    /// the outermost one when [stored transposed](Weights::stored_transposed)).
+    pub fn inputs(&self, name: &str) -> Result<usize> {
+        let weight = format!("{name}.weight");
+        let shape = self.shape(&weight)?;
+        match (shape.as_slice(), self.stored_transposed(&weight)) {
+            ([_, i], false) | ([i, _], true) => Ok(*i as usize),
+            _ => Err(UError::invalid(format!(
+                "arch-llama: {weight} has shape {shape:?}, expected two dimensions"
+            ))),
+        }
+    }
+
     /// A tensor's shape, outermost first.
     pub fn shape(&self, name: &str) -> Result<Vec<u64>> {
         Ok(self.entry(name)?.1.clone())
@@ -181,7 +203,8 @@ impl Weights {
 }
 
 /// `y = x·Wᵀ (+ b)`: a weight of shape `[out, in]` in any dtype the backend takes — or one
-/// expert's slice of a stacked `[E, out, in]` tensor (GGUF) — and an optional bias. Quantized
+/// expert's slice of a stacked `[E, out, in]` tensor (GGUF), or a block of rows of a fused
+/// projection — and an optional bias. Quantized
 /// weights stay in their blocks: quantization belongs to this layer, not to the model.
 pub struct Linear {
     weight: Tensor,
@@ -204,12 +227,17 @@ impl Linear {
     ) -> Result<Linear> {
         let weight = format!("{name}.weight");
         let shape = w.shape(&weight)?;
-        let outputs = match shape.as_slice() {
-            [o, i] if *i as usize == inputs => *o as usize,
-            [i] if *i as usize == inputs => 1,
+        let transposed = w.stored_transposed(&weight);
+        let outputs = match (shape.as_slice(), transposed) {
+            ([o, i], false) | ([i, o], true) if *i as usize == inputs => *o as usize,
+            ([i], _) if *i as usize == inputs => 1,
             _ => {
+                let want = match transposed {
+                    true => format!("[{inputs}, _] (stored transposed)"),
+                    false => format!("[_, {inputs}]"),
+                };
                 return Err(UError::invalid(format!(
-                    "arch-llama: {weight} has shape {shape:?}, expected [_, {inputs}]"
+                    "arch-llama: {weight} has shape {shape:?}, expected {want}"
                 )));
             }
         };
@@ -219,13 +247,61 @@ impl Linear {
         } else {
             None
         };
-        let weight = w.import(device, &weight, Some(&[outputs as u64, inputs as u64]))?;
+        let dims = [outputs as u64, inputs as u64];
+        let weight = match transposed {
+            // HF Conv1D weights (GPT-2) are `[in, out]`: transposed once at load, as llama.cpp's
+            // converter does.
+            true => {
+                let stored = w.f32(&weight)?;
+                let t: Vec<f32> = (0..outputs * inputs)
+                    .map(|k| stored[(k % inputs) * outputs + k / inputs])
+                    .collect();
+                device.from_f32(&t, &dims)?
+            }
+            false => w.import(device, &weight, Some(&dims))?,
+        };
         Ok(Linear {
             weight,
             bias,
             inputs,
             outputs,
         })
+    }
+
+    /// Splits a fused projection (Q/K/V, gate/up) into consecutive blocks of `outputs` rows
+    /// each, views of the same weight (and bias) without a copy.
+    pub fn split<const N: usize>(&self, outputs: [usize; N]) -> Result<[Linear; N]> {
+        if outputs.iter().sum::<usize>() != self.outputs {
+            return Err(UError::invalid(format!(
+                "arch-llama: a fused projection of {} outputs does not split into {outputs:?}",
+                self.outputs
+            )));
+        }
+        let mut at = 0;
+        let parts = outputs
+            .iter()
+            .map(|&n| {
+                let rows = at..at + n;
+                at += n;
+                let bias = match &self.bias {
+                    Some(b) => Some(
+                        b.reshape(&[self.outputs as u64, 1])?
+                            .rows_range(rows.clone())?
+                            .reshape(&[n as u64])?,
+                    ),
+                    None => None,
+                };
+                Ok(Linear {
+                    weight: self.weight.rows_range(rows)?,
+                    bias,
+                    inputs: self.inputs,
+                    outputs: n,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        parts
+            .try_into()
+            .map_err(|_| UError::invalid("arch-llama: a projection split into the wrong count"))
     }
 
     /// Expert `index` of a stacked `[E, out, in]` weight already in the backend (a view of
@@ -270,23 +346,68 @@ impl Linear {
     }
 }
 
-/// Root-mean-square normalisation with a learned scale (Zhang & Sennrich 2019).
-pub struct RmsNorm {
+/// Which normalisation a model's norms compute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormKind {
+    /// Root-mean-square normalisation (Zhang & Sennrich 2019): `x / rms(x) · γ`.
+    Rms,
+    /// Layer normalisation (Ba et al. 2016): `(x − mean) / std · γ + β`, `β = 0` when the
+    /// checkpoint has none (Cohere).
+    Layer,
+}
+
+/// A normalisation layer of [`NormKind`] with its learned scale (and shift).
+pub struct Norm {
     weight: Tensor,
+    /// The shift of a layer normalisation; `None` for RMS normalisation.
+    bias: Option<Tensor>,
     eps: f32,
 }
 
-impl RmsNorm {
-    /// Loads scale `name` of `len` values.
-    pub fn load(w: &Weights, device: &Device, name: &str, len: usize, eps: f32) -> Result<RmsNorm> {
-        Ok(RmsNorm {
-            weight: w.vector(device, name, len)?,
+impl Norm {
+    /// Loads `{name}.weight` (and `{name}.bias`, for layer normalisation, when present) of `len`
+    /// values. `shift` is added to the stored scale: checkpoints of Gemma and Nemotron store
+    /// `γ − 1` (their norms compute `x̂ · (1 + γ)`).
+    pub fn load(
+        w: &Weights,
+        device: &Device,
+        name: &str,
+        len: usize,
+        kind: NormKind,
+        eps: f32,
+        shift: f32,
+    ) -> Result<Norm> {
+        let scale = format!("{name}.weight");
+        let mut gamma = w.f32(&scale)?;
+        if gamma.len() != len {
+            return Err(UError::invalid(format!(
+                "arch-llama: {scale} has {} values, expected {len}",
+                gamma.len()
+            )));
+        }
+        gamma.iter_mut().for_each(|g| *g += shift);
+        let bias = match kind {
+            NormKind::Layer => {
+                let bias = format!("{name}.bias");
+                Some(match w.has(&bias) {
+                    true => w.vector(device, &bias, len)?,
+                    false => device.from_f32(&vec![0.0; len], &[len as u64])?,
+                })
+            }
+            NormKind::Rms => None,
+        };
+        Ok(Norm {
+            weight: device.from_f32(&gamma, &[len as u64])?,
+            bias,
             eps,
         })
     }
 
     /// Normalises each row of `x`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        x.rms_norm(&self.weight, self.eps)
+        match &self.bias {
+            Some(b) => x.layer_norm(&self.weight, b, self.eps),
+            None => x.rms_norm(&self.weight, self.eps),
+        }
     }
 }

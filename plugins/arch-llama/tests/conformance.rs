@@ -2,7 +2,9 @@
 //! (`tests/fixtures/gen_llama_family.py`): Llama (Llama 3 RoPE scaling, tied embeddings),
 //! Mistral (sliding window), Qwen2, Qwen3, Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE, each from
 //! safetensors and from GGUF F32, with the CPU kernels plugin and with a test reference cache
-//! (4-token pages) or the cache-kv plugin. Each model runs alone per prompt and batched (all
+//! (4-token pages) or the cache-kv plugin; and the other architectures
+//! (`tests/fixtures/gen_llama_arches.py`: GPT-2, Phi-3) from safetensors and from the GGUF
+//! llama.cpp's converter writes. Each model runs alone per prompt and batched (all
 //! prompts in one pass, prefill split in two chunks, decoding all sequences together).
 //!
 //! Tolerance: max |logit − reference| ≤ 1e-4 (f32 weights, f32 KV; logits are O(1..10)), and
@@ -12,7 +14,9 @@
 mod support;
 
 use anyhow::Result;
-use support::{MODELS, argmax, build, cases, max_abs_diff, reference_cache::ReferenceCache};
+use support::{
+    ARCHITECTURES, MODELS, argmax, build, cases, max_abs_diff, reference_cache::ReferenceCache,
+};
 use u_sdk::{KvCacheBox, ModelBox, Output, Pooling, Rows, WeightSetBox};
 
 /// Stated tolerance on logits.
@@ -116,7 +120,16 @@ fn run_all(
     weights: fn(&str) -> Result<WeightSetBox>,
     cache: fn() -> KvCacheBox,
 ) -> Result<()> {
-    for name in MODELS {
+    run_models(&MODELS, format, weights, cache)
+}
+
+fn run_models(
+    models: &[&str],
+    format: &str,
+    weights: fn(&str) -> Result<WeightSetBox>,
+    cache: fn() -> KvCacheBox,
+) -> Result<()> {
+    for &name in models {
         let model = build(weights(name)?, cache())?;
         let worst = check_sequential(name, &model)?;
         check_batched(name, &model)?;
@@ -136,6 +149,23 @@ fn safetensors_logits_and_generation_match_transformers() -> Result<()> {
 #[test]
 fn gguf_f32_logits_and_generation_match_transformers() -> Result<()> {
     run_all("gguf", support::gguf, || ReferenceCache::new_box(4))
+}
+
+/// GPT-2 (learned positions, LayerNorm, biases, GELU, Conv1D weights) and Phi-3 (fused
+/// projections) from their HF checkpoints.
+#[test]
+fn other_architectures_from_safetensors_match_transformers() -> Result<()> {
+    run_models(&ARCHITECTURES, "safetensors", support::safetensors, || {
+        ReferenceCache::new_box(4)
+    })
+}
+
+/// The same models converted by llama.cpp's `convert_hf_to_gguf.py`.
+#[test]
+fn other_architectures_from_gguf_match_transformers() -> Result<()> {
+    run_models(&ARCHITECTURES, "gguf", support::gguf, || {
+        ReferenceCache::new_box(4)
+    })
 }
 
 /// The same weights as ONNX initializers (HF names) with the `config.json` beside them.

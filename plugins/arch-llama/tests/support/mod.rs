@@ -27,6 +27,10 @@ pub const MODELS: [&str; 9] = [
     "qwen2_yarn",
 ];
 
+/// Models of other architectures (`tests/fixtures/gen_llama_arches.py`: safetensors and GGUF
+/// from llama.cpp's converter).
+pub const ARCHITECTURES: [&str; 2] = ["gpt2", "phi3"];
+
 /// One prompt of a fixture: its tokens, the reference logits and the greedy continuation.
 pub struct Case {
     pub prompt: Vec<u32>,
