@@ -11,6 +11,7 @@ use u_attest::{Deployment, signing::verify_bytes};
 use u_runner::{inspect, load_deployment, open_deployment, runner, sandbox, serve, wiring};
 
 mod bench;
+mod perplexity;
 
 // The host carries a signed manifest like every plugin, so `u-attest inspect` can prove its
 // surface too.
@@ -78,6 +79,11 @@ enum Command {
     /// Measure prompt-processing (ppP) and token-generation (tgN) speed of a model like
     /// llama.cpp's `llama-bench`, wired as for `generate`: tokens/s, mean ± stddev over reps.
     Bench(bench::BenchArgs),
+    /// Perplexity of a model on a text, computed as llama.cpp's `llama-perplexity` computes it
+    /// (chunks of `-c` tokens, the second half of each scored); with `--kl-divergence-base` it
+    /// writes, and with `--kl-divergence` reads, llama.cpp's log-probability file and reports
+    /// the KL divergence from that base.
+    Perplexity(perplexity::PerplexityArgs),
     /// Tokenize text with a model's tokenizer (from its GGUF metadata or a tokenizer.json in or
     /// beside it), or with `--decode` turn token ids back into text.
     Tokenize {
@@ -185,7 +191,12 @@ fn main() {
     // Generating and tokenizing print results; the host's progress logs would only be noise.
     let quiet = matches!(
         cli.command,
-        Some(Command::Generate(_) | Command::Tokenize { .. } | Command::Bench(_))
+        Some(
+            Command::Generate(_)
+                | Command::Tokenize { .. }
+                | Command::Bench(_)
+                | Command::Perplexity(_)
+        )
     );
     // `RUST_LOG` takes `level` or `target=level,...` (no regular expressions: the host stays
     // small); unset or unparsable, the default level applies.
@@ -386,6 +397,7 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Command::Generate(args) => generate(args),
         Command::Bench(args) => bench::run(args),
+        Command::Perplexity(args) => perplexity::run(args),
         Command::Tokenize {
             model,
             text,

@@ -22,14 +22,16 @@
 //!   ≥ 0.01 (up to 0.13);
 //! - an exact f32 matmul over the same weights is 1.4 away.
 //!
-//! U sits at the same distance (printed side by side). The issue's strict rule (divergence only
-//! at a top-2 gap < 0.01, [`NEAR_TIE`]) is therefore counted and printed but not asserted: only
+//! U sits at the same distance (printed side by side). #5's strict rule (divergence only at a
+//! top-2 gap < 0.01, [`NEAR_TIE`]) is therefore counted and printed but not asserted: only
 //! bit-for-bit emulation of one llama.cpp build's float order could meet it, and llama.cpp's own
-//! builds do not. What is asserted: a greedy divergence only where llama.cpp's top-2 gap is
+//! builds do not. #14 restated it, and that is what is asserted: no more greedy divergences in
+//! the 384 steps than llama.cpp's AVX-512 build shows against its AVX2 build, plus 25%
+//! ([`DIVERGENCE_MARGIN`], counted from the fixture), each only where llama.cpp's top-2 gap is
 //! below what llama.cpp's own logits move when the same prompt is batched differently (its
 //! recorded first-step self-difference, 0.96 — a gap that small is not settled by llama.cpp's
-//! numbers either), at most [`MAX_DIVERGENCES`] of the 384 steps, and logits within
-//! [`SMOL_TOL`].
+//! numbers either), and logits within [`SMOL_TOL`]. The other half of #14's rule, mean KL
+//! divergence over a whole text, is `tests/perplexity.rs` in the workspace's test crate.
 //!
 //! The tiny models have too few values for a rounding flip: there kernels-cpu's activation
 //! quantization (ggml's f16 block scale `d` and, for Q4_1, `s = f16(d·Σq)`) and float steps
@@ -53,9 +55,10 @@ use u_sdk::{ModelBox, Output, Rows, WeightSetBox};
 const SMOL_TOL: f32 = 1.5;
 /// The issue's near-tie: divergences at a smaller llama.cpp top-2 gap are always fine.
 const NEAR_TIE: f32 = 0.01;
-/// Most greedy divergences accepted in the 384 steps (measured: 16, 13 of them at a gap ≥ 0.01;
-/// llama.cpp's AVX-512 build against its AVX2 build: 14 and 11; batched differently: 5).
-const MAX_DIVERGENCES: usize = 20;
+/// Greedy divergences accepted in the 384 steps, as a multiple of those llama.cpp's AVX-512 build
+/// shows against its AVX2 build (#14; measured: U 16, 13 of them at a gap ≥ 0.01; llama.cpp's
+/// other build 14 and 11, so at most 17; batched differently: 5).
+const DIVERGENCE_MARGIN: f32 = 1.25;
 /// Tiny Q8_0/Q4_0/Q4_1 models (logits O(1..20), 2 layers): measured up to 0.34; ours vs an exact
 /// f32 matmul up to 0.44, llama.cpp vs it up to 0.31 (int8 activation noise).
 const TINY_TOL: f32 = 0.5;
@@ -246,6 +249,7 @@ fn smollm2_greedy_64_and_logits_match_llama_cpp() -> Result<()> {
             .iter(),
     );
     let noise_gap = batched.first_step;
+    let max_divergences = (other_build.gaps.len() as f32 * DIVERGENCE_MARGIN).floor() as usize;
     for (i, step, ours, t, gap) in &ties {
         let verdict = if *gap < NEAR_TIE {
             "near-tie"
@@ -277,16 +281,18 @@ fn smollm2_greedy_64_and_logits_match_llama_cpp() -> Result<()> {
     );
     eprintln!(
         "tolerance {SMOL_TOL}; divergences accepted below a gap of {noise_gap:.3} (llama.cpp batched \
-         differently), at most {MAX_DIVERGENCES}"
+         differently), at most {max_divergences} ({DIVERGENCE_MARGIN} × llama.cpp's other build)"
     );
     assert_eq!(
         hard, 0,
         "{hard} greedy divergences at a top-2 gap ≥ {noise_gap}"
     );
     assert!(
-        ties.len() <= MAX_DIVERGENCES,
-        "{} greedy divergences, more than {MAX_DIVERGENCES}",
-        ties.len()
+        ties.len() <= max_divergences,
+        "{} greedy divergences, more than {max_divergences} ({DIVERGENCE_MARGIN} × the {} of \
+         llama.cpp's AVX-512 build against its AVX2 build)",
+        ties.len(),
+        other_build.gaps.len()
     );
     assert!(
         worst_full <= SMOL_TOL,
