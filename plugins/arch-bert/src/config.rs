@@ -1,6 +1,7 @@
 //! The typed hyper-parameters of a BERT-family encoder, from `config.json` (`config.*`
 //! metadata, as the HF-format loaders present it) and sentence-transformers' side files
-//! (`sentence_transformers.*`).
+//! (`sentence_transformers.*`), or from a GGUF file's `{arch}.*` keys as llama.cpp's
+//! `convert_hf_to_gguf.py` writes them for the `bert` architecture.
 
 use u_sdk::{MetaValue, Pooling, Result, UError, WeightSetBox};
 
@@ -36,8 +37,11 @@ fn get(w: &WeightSetBox, key: &str) -> Option<MetaValue> {
 }
 
 impl Config {
-    /// Reads the configuration of the encoder in `w`.
+    /// Reads the configuration of the encoder in `w`: a GGUF file's keys, else `config.json`'s.
     pub fn from_weights(w: &WeightSetBox) -> Result<Config> {
+        if w.format().into_result()?.as_str() == "gguf" {
+            return Config::from_gguf(w);
+        }
         let int = |k: &str| get(w, &format!("config.{k}")).and_then(|v| v.as_u64());
         let need = |k: &str| {
             int(k)
@@ -93,6 +97,83 @@ impl Config {
                 .and_then(|v| v.as_f64())
                 .unwrap_or(1e-12) as f32,
             tanh_gelu,
+            pooling,
+        })
+    }
+
+    /// Reads the `{arch}.*` keys of a GGUF file (`arch` its `general.architecture`): block
+    /// count, context length (the position table), embedding and feed-forward lengths, head
+    /// count, LayerNorm epsilon and `pooling_type` (llama.cpp's numbering: 1 mean, 2 CLS,
+    /// 3 last; 0, none, and an absent key mean the mean here, as for a checkpoint without a
+    /// pooling module). The vocabulary is the word embedding table's rows. The file does not
+    /// say which GELU the checkpoint was trained with; BERT's is the exact (erf) one, which
+    /// this reads (llama.cpp's graph computes the tanh approximation).
+    fn from_gguf(w: &WeightSetBox) -> Result<Config> {
+        let arch = w
+            .architecture()
+            .into_result()?
+            .into_option()
+            .ok_or_else(|| {
+                UError::invalid("arch-bert: the GGUF file has no general.architecture")
+            })?;
+        let key = |k: &str| format!("{arch}.{k}");
+        let need = |k: &str| {
+            get(w, &key(k))
+                .and_then(|v| v.as_u64())
+                .map(|v| v as usize)
+                .ok_or_else(|| {
+                    UError::invalid(format!("arch-bert: the GGUF file lacks `{}`", key(k)))
+                })
+        };
+        let hidden = need("embedding_length")?;
+        let heads = need("attention.head_count")?;
+        if heads == 0 || !hidden.is_multiple_of(heads) {
+            return Err(UError::invalid(format!(
+                "arch-bert: hidden size {hidden} does not split into {heads} heads"
+            )));
+        }
+        if matches!(
+            get(w, &key("attention.causal")),
+            Some(MetaValue::Bool(true))
+        ) {
+            return Err(UError::unsupported(format!(
+                "arch-bert: `{}` is true; a BERT encoder attends in both directions",
+                key("attention.causal")
+            )));
+        }
+        let pooling = match get(w, &key("pooling_type")).and_then(|v| v.as_u64()) {
+            None | Some(0 | 1) => Pooling::Mean,
+            Some(2) => Pooling::First,
+            Some(3) => Pooling::Last,
+            Some(other) => {
+                return Err(UError::unsupported(format!(
+                    "arch-bert: `{}` = {other} is not implemented (0 none, 1 mean, 2 cls, 3 last)",
+                    key("pooling_type")
+                )));
+            }
+        };
+        let word = w.tensor("token_embd.weight".into()).into_result()?;
+        let vocab_size = match word.shape.as_slice() {
+            [rows, _] => *rows as usize,
+            other => {
+                return Err(UError::invalid(format!(
+                    "arch-bert: token_embd.weight has shape {other:?}, expected [vocabulary, {hidden}]"
+                )));
+            }
+        };
+        let max_positions = need("context_length")?;
+        Ok(Config {
+            vocab_size,
+            hidden,
+            layers: need("block_count")?,
+            heads,
+            intermediate: need("feed_forward_length")?,
+            max_positions,
+            context_length: max_positions,
+            eps: get(w, &key("attention.layer_norm_epsilon"))
+                .and_then(|v| v.as_f64())
+                .unwrap_or(1e-12) as f32,
+            tanh_gelu: false,
             pooling,
         })
     }

@@ -13,13 +13,20 @@
 //! sentence-transformers' `Pooling`, against which `tests/` checks hidden states and pooled
 //! vectors of a tiny random-weight BERT and the real all-MiniLM-L6-v2.
 //!
-//! Layout: [`config`] (hyper-parameters from `config.json` and sentence-transformers' side
-//! files), [`model`] (`Embeddings`, `SelfAttention`, `FeedForward`, `Layer`, `Bert`), and the
+//! Checkpoints: Hugging Face folders (safetensors, ONNX: `config.json` and sentence-transformers'
+//! side files) and llama.cpp GGUF files of architecture `bert` (as `convert_hf_to_gguf.py`
+//! writes them: `bert.*` hyper-parameters, `bert.pooling_type`, llama.cpp's tensor names), which
+//! give the same model: `tests/` checks all-MiniLM-L6-v2 from GGUF against llama.cpp's
+//! `llama-embedding` and against the safetensors folder.
+//!
+//! Layout: [`config`] (hyper-parameters), [`naming`] (the tensor names of each checkpoint
+//! layout), [`model`] (`Embeddings`, `SelfAttention`, `FeedForward`, `Layer`, `Bert`), and the
 //! plugin glue below. Compute goes through the backend interface (`u_sdk::nn` tensors).
 #![deny(missing_docs)]
 
 pub mod config;
 pub mod model;
+pub mod naming;
 
 pub use config::Config;
 pub use model::Bert;

@@ -4,23 +4,26 @@
 //! Every chunk of a batch is one whole input: its rows run together through the projections
 //! (one matmul per weight per pass) and attend to each other only, in both directions.
 
-use crate::config::Config;
+use crate::{
+    config::Config,
+    naming::{Layout, blk},
+};
 use u_sdk::{
     Activation, AttentionMask, AttentionParams, DType, ErrorKind, ModelConfig, ModelKind, Output,
     Pooling, Result, Rows, Segment, SeqChunk, UError, WeightSetBox,
     nn::{Device, Tensor},
 };
 
-/// The tensors of a checkpoint, named with or without the `bert.` prefix of task models.
+/// The tensors of a checkpoint, read by llama.cpp's names whatever its [`Layout`].
 struct Names<'w> {
     weights: &'w WeightSetBox,
-    prefix: &'static str,
+    layout: Layout,
     device: Device,
 }
 
 impl Names<'_> {
     fn stored(&self, name: &str) -> String {
-        format!("{}{name}", self.prefix)
+        self.layout.stored(name)
     }
 
     /// `name` in the backend, as stored.
@@ -36,11 +39,12 @@ impl Names<'_> {
             .weights
             .tensor(self.stored(name).as_str().into())
             .into_result()?;
+        let stored = self.stored(name);
         let v = u_sdk::quant::dequantize_view(&view)
-            .map_err(|e| UError::invalid(format!("arch-bert: {name}: {e}")))?;
+            .map_err(|e| UError::invalid(format!("arch-bert: {stored}: {e}")))?;
         if v.len() != len {
             return Err(UError::invalid(format!(
-                "arch-bert: {name} has {} values, expected {len}",
+                "arch-bert: {stored} has {} values, expected {len}",
                 v.len()
             )));
         }
@@ -59,7 +63,8 @@ impl Dense {
         let weight = n.tensor(&format!("{name}.weight"))?;
         if weight.dims() != [outputs as u64, inputs as u64] {
             return Err(UError::invalid(format!(
-                "arch-bert: {name}.weight has shape {:?}, expected [{outputs}, {inputs}]",
+                "arch-bert: {} has shape {:?}, expected [{outputs}, {inputs}]",
+                n.stored(&format!("{name}.weight")),
                 weight.dims()
             )));
         }
@@ -181,6 +186,7 @@ impl SelfAttention {
             first_query_pos: 0,
             window: 0,
             scale: 1.0 / (self.head_dim as f32).sqrt(),
+            softcap: 0.0,
             mask: AttentionMask::Bidirectional,
             kv_dtype: DType::F32,
         };
@@ -221,28 +227,28 @@ struct Layer {
 
 impl Layer {
     fn load(n: &Names<'_>, cfg: &Config, i: usize) -> Result<Layer> {
-        let p = |t: &str| format!("encoder.layer.{i}.{t}");
+        let p = |t: &str| blk(i, t);
         let h = cfg.hidden;
         Ok(Layer {
             attention: SelfAttention {
-                query: Dense::load(n, &p("attention.self.query"), h, h)?,
-                key: Dense::load(n, &p("attention.self.key"), h, h)?,
-                value: Dense::load(n, &p("attention.self.value"), h, h)?,
-                output: Dense::load(n, &p("attention.output.dense"), h, h)?,
+                query: Dense::load(n, &p("attn_q"), h, h)?,
+                key: Dense::load(n, &p("attn_k"), h, h)?,
+                value: Dense::load(n, &p("attn_v"), h, h)?,
+                output: Dense::load(n, &p("attn_output"), h, h)?,
                 heads: cfg.heads,
                 head_dim: h / cfg.heads,
             },
-            attention_norm: LayerNorm::load(n, &p("attention.output.LayerNorm"), cfg)?,
+            attention_norm: LayerNorm::load(n, &p("attn_output_norm"), cfg)?,
             ffn: FeedForward {
-                up: Dense::load(n, &p("intermediate.dense"), h, cfg.intermediate)?,
-                down: Dense::load(n, &p("output.dense"), cfg.intermediate, h)?,
+                up: Dense::load(n, &p("ffn_up"), h, cfg.intermediate)?,
+                down: Dense::load(n, &p("ffn_down"), cfg.intermediate, h)?,
                 act: if cfg.tanh_gelu {
                     Activation::GeluTanh
                 } else {
                     Activation::GeluErf
                 },
             },
-            output_norm: LayerNorm::load(n, &p("output.LayerNorm"), cfg)?,
+            output_norm: LayerNorm::load(n, &p("layer_output_norm"), cfg)?,
         })
     }
 
@@ -263,31 +269,23 @@ pub struct Bert {
 }
 
 impl Bert {
-    /// Builds the encoder of `weights` on `device`.
+    /// Builds the encoder of `weights` (a Hugging Face checkpoint or a llama.cpp GGUF file,
+    /// see [`crate::naming`]) on `device`.
     pub fn load(weights: &WeightSetBox, device: Device) -> Result<Bert> {
+        let layout = Layout::of(weights)?;
         let cfg = Config::from_weights(weights)?;
-        let has = |name: &str| weights.tensor(name.into()).into_result().is_ok();
-        let prefix = if has("embeddings.word_embeddings.weight") {
-            ""
-        } else if has("bert.embeddings.word_embeddings.weight") {
-            "bert."
-        } else {
-            return Err(UError::invalid(
-                "arch-bert: no `embeddings.word_embeddings.weight` (nor with a `bert.` prefix)",
-            ));
-        };
         let n = Names {
             weights,
-            prefix,
+            layout,
             device,
         };
-        let word = n.tensor("embeddings.word_embeddings.weight")?;
-        let position = n.tensor("embeddings.position_embeddings.weight")?;
-        let segment = n.tensor("embeddings.token_type_embeddings.weight")?;
+        let word = n.tensor("token_embd.weight")?;
+        let position = n.tensor("position_embd.weight")?;
+        let segment = n.tensor("token_types.weight")?;
         let h = cfg.hidden as u64;
         if word.dims() != [cfg.vocab_size as u64, h]
             || position.dims() != [cfg.max_positions as u64, h]
-            || segment.dims().get(1) != Some(&h)
+            || !matches!(segment.dims(), [rows, w] if *rows > 0 && *w == h)
         {
             return Err(UError::invalid(format!(
                 "arch-bert: embedding tables {:?}, {:?}, {:?} do not fit vocabulary {}, {} \
@@ -303,7 +301,7 @@ impl Bert {
             word,
             position,
             segment,
-            norm: LayerNorm::load(&n, "embeddings.LayerNorm", &cfg)?,
+            norm: LayerNorm::load(&n, "token_embd_norm", &cfg)?,
         };
         let layers = (0..cfg.layers)
             .map(|i| Layer::load(&n, &cfg, i))
