@@ -196,6 +196,7 @@ impl Attention {
                 first_query_pos: s.start as u32,
                 window: self.window,
                 scale: self.scale,
+                softcap: 0.0,
                 mask: AttentionMask::Causal,
                 kv_dtype,
             };

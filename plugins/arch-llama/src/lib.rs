@@ -21,6 +21,10 @@
 //!   (HF Conv1D weights stored `[in, out]`, transposed at load).
 //! - **Phi-3** (Abdin et al., arXiv:2404.14219): fused Q/K/V and gate/up projections, viewed in
 //!   place as separate ones.
+//! - **Gemma 2** (Gemma Team 2024, arXiv:2408.00118): soft caps `c·tanh(s/c)` on attention
+//!   scores (in the backend's attention) and on logits, norms before and after attention and
+//!   FFN, RMSNorm with `1 + γ`, local (sliding window) and global layers alternating, GeGLU,
+//!   embeddings scaled by `√hidden`, scores by `query_pre_attn_scalar^-½`.
 //!
 //! The variations are layer interfaces, not copies: a norm is RMS or Layer (with a `1 + γ`
 //! shift where the checkpoint stores `γ − 1`), positions rotary (all or part of each head) or
@@ -36,7 +40,7 @@
 //! Reference implementation: Hugging Face `transformers` (`modeling_llama.py`,
 //! `modeling_mistral.py`, `modeling_qwen2.py`, `modeling_qwen3.py`, `modeling_mixtral.py`,
 //! `modeling_qwen2_moe.py`, `modeling_qwen3_moe.py`, `modeling_olmoe.py`, `modeling_gpt2.py`,
-//! `modeling_phi3.py`), against which `tests/` checks logits on tiny random-weight models; the
+//! `modeling_phi3.py`, `modeling_gemma2.py`), against which `tests/` checks logits on tiny random-weight models; the
 //! tensor naming and GGUF conventions are llama.cpp's (`convert_hf_to_gguf.py` writes the GGUF
 //! fixtures of the other architectures).
 //!
@@ -65,7 +69,7 @@ use u_sdk::{
 fn describe() -> PluginInfo {
     PluginInfo {
         summary: "Llama-family decoder: Llama 2/3, Mistral, Qwen2/3, Mixtral, Qwen2/3-MoE, OLMoE, \
-                  GPT-2, Phi-3"
+                  GPT-2, Phi-3, Gemma 2"
             .into(),
         details: RVec::new(),
     }

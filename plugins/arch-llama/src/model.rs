@@ -157,6 +157,7 @@ pub struct Attention {
     head_dim: usize,
     window: u32,
     scale: f32,
+    softcap: Option<f32>,
     clip: Option<f32>,
 }
 
@@ -180,11 +181,6 @@ impl Attention {
                 cfg.heads, cfg.kv_heads
             )));
         }
-        if let Some(cap) = cfg.scales.attention_softcap {
-            return Err(UError::unsupported(format!(
-                "arch-llama: attention soft-capping ({cap}) is not implemented"
-            )));
-        }
         Ok(Attention {
             layer: i as u32,
             q,
@@ -204,6 +200,7 @@ impl Attention {
             head_dim: hd,
             window: cfg.window[i],
             scale: cfg.scales.attention,
+            softcap: cfg.scales.attention_softcap,
             clip: cfg.clip_qkv,
         })
     }
@@ -255,6 +252,7 @@ impl Attention {
                 first_query_pos: span.start as u32,
                 window: self.window,
                 scale: self.scale,
+                softcap: self.softcap.unwrap_or(0.0),
                 mask: AttentionMask::Causal,
                 kv_dtype,
             };

@@ -82,6 +82,7 @@ fn main() {
                 first_query_pos: (ctx - nq) as u32,
                 window: 0,
                 scale: 1.0 / (d as f32).sqrt(),
+                softcap: 0.0,
                 kv_dtype: dtype,
             };
             // Visible query–key pairs: a triangle for prefill, the context for decode.

@@ -54,6 +54,8 @@ pub struct Params {
     pub window: u32,
     /// Score scale, usually `1/sqrt(head_dim)`.
     pub scale: f32,
+    /// Soft cap of the scaled scores, `s ← softcap · tanh(s / softcap)` (0 = none).
+    pub softcap: f32,
     /// Element type of the key/value spans (`F32`, `F16`, or `I8` with scales).
     pub kv_dtype: DType,
 }
@@ -315,6 +317,8 @@ pub fn attention<'a>(
         nq,
         span,
         qscale: p.scale * std::f32::consts::LOG2_E,
+        // Scores are in base 2 (`s·log2 e`): the cap scales the same way.
+        softcap: p.softcap * std::f32::consts::LOG2_E,
     };
     let prow = (Q_BLOCK.min(nq) * group).next_multiple_of(block::R);
     let per_kv = kvh * chunks;
@@ -453,6 +457,7 @@ struct Job<'a> {
     nq: usize,
     span: Span,
     qscale: f32,
+    softcap: f32,
 }
 
 impl Job<'_> {
@@ -562,6 +567,7 @@ impl Job<'_> {
                     v_stride: vstride,
                     dp,
                     ranges,
+                    softcap: self.softcap,
                     m: &mut sc.m[mb..mb + block::R],
                     l: &mut sc.l[mb..mb + block::R],
                     o: &mut sc.o[mb * dp..(mb + block::R) * dp],

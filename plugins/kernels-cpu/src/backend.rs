@@ -535,6 +535,7 @@ impl CpuBackend {
                 AttentionMask::Bidirectional => 0,
             },
             scale: p.scale,
+            softcap: p.softcap,
             kv_dtype: p.kv_dtype,
         };
         attention::attention(self.eng(), q.f32()?, &spans, &params, out)

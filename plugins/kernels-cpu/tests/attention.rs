@@ -1,4 +1,5 @@
-//! Flash attention against a naive `softmax(q·kᵀ·scale + mask)·v` in f64, on every ISA, and
+//! Flash attention against a naive `softmax(q·kᵀ·scale + mask)·v` in f64 (also with Gemma 2's
+//! soft cap on the scores), on every ISA, and
 //! against PyTorch `scaled_dot_product_attention` fixtures (`tests/fixtures/gen_attention.py`).
 //! Tolerance: 1e-5 absolute on outputs of magnitude ≤ 1 (values are convex combinations of
 //! |v| ≤ 1 for the random cases; the fixtures' v are standard normal, |out| < 3). Every case
@@ -33,6 +34,7 @@ fn params(s: &Shape, scale: f32) -> AttentionParams {
         first_query_pos: s.first as u32,
         window: s.window as u32,
         scale,
+        softcap: 0.0,
         kv_dtype: s.dtype,
     }
 }
@@ -55,6 +57,11 @@ fn store(vals: &[f32], dtype: DType) -> (Vec<u8>, Vec<f32>) {
 }
 
 fn naive(s: &Shape, scale: f32, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f32> {
+    naive_capped(s, scale, 0.0, q, k, v)
+}
+
+/// [`naive`] with the scores soft-capped, `c · tanh(s / c)` (`c` = 0: none).
+fn naive_capped(s: &Shape, scale: f32, cap: f32, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f32> {
     let (h, kvh, d) = (s.heads, s.kv_heads, s.d);
     let mut out = vec![0f32; s.nq * h * d];
     for i in 0..s.nq {
@@ -69,11 +76,15 @@ fn naive(s: &Shape, scale: f32, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f32> {
                 .iter()
                 .map(|&j| {
                     let kr = &k[(j * kvh + g) * d..][..d];
-                    f64::from(scale)
+                    let x = f64::from(scale)
                         * qr.iter()
                             .zip(kr)
                             .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                            .sum::<f64>()
+                            .sum::<f64>();
+                    match f64::from(cap) {
+                        0.0 => x,
+                        c => c * (x / c).tanh(),
+                    }
                 })
                 .collect();
             let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -143,6 +154,37 @@ fn check(kern: &CpuKernels, s: &Shape, q: &[f32], kb: &[u8], vb: &[u8], scale: f
                 "{} {s:?}: spans of {sizes:?} change the output",
                 kern.isa().name()
             );
+        }
+    }
+}
+
+/// Gemma 2's attention soft cap, at caps small enough to bend most scores.
+#[test]
+fn soft_capped_scores_match_the_naive_reference_on_every_isa() {
+    let mut rng = Rng::new(7);
+    for case in 0..20 {
+        let s = random_shape(&mut rng);
+        let q = rng.vec(s.nq * s.heads * s.d, 2.0);
+        let (kb, kf) = store(&rng.vec(s.nk * s.kv_heads * s.d, 1.0), s.dtype);
+        let (vb, vf) = store(&rng.vec(s.nk * s.kv_heads * s.d, 1.0), s.dtype);
+        let (scale, cap) = (1.0 / (s.d as f32).sqrt(), [0.3, 1.0, 5.0][case % 3]);
+        let want = naive_capped(&s, scale, cap, &q, &kf, &vf);
+        for isa in Isa::available() {
+            let kern = CpuKernels::with_isa(isa, 2).expect("isa");
+            let p = AttentionParams {
+                softcap: cap,
+                ..params(&s, scale)
+            };
+            let mut out = vec![f32::NAN; want.len()];
+            kern.attention(&q, &[KvSpan::bytes(s.nk as u32, &kb, &vb)], &p, &mut out)
+                .unwrap_or_else(|e| panic!("{s:?}: {e}"));
+            for (i, (a, b)) in out.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - b).abs() <= TOL,
+                    "{} {s:?} cap {cap}: out[{i}] = {a}, want {b}",
+                    isa.name()
+                );
+            }
         }
     }
 }

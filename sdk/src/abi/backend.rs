@@ -234,6 +234,9 @@ pub struct AttentionParams {
     pub window: u32,
     /// Score scale, usually `1/sqrt(head_dim)`.
     pub scale: f32,
+    /// Soft cap of the scaled scores, `s ← softcap · tanh(s / softcap)` before the softmax
+    /// (Gemma 2); 0 = none.
+    pub softcap: f32,
     /// Causal or bidirectional.
     pub mask: AttentionMask,
     /// Element type of the key/value spans: `F32`, `F16`, or `I8` with one scale tensor each.

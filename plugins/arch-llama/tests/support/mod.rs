@@ -29,7 +29,7 @@ pub const MODELS: [&str; 9] = [
 
 /// Models of other architectures (`tests/fixtures/gen_llama_arches.py`: safetensors and GGUF
 /// from llama.cpp's converter).
-pub const ARCHITECTURES: [&str; 2] = ["gpt2", "phi3"];
+pub const ARCHITECTURES: [&str; 3] = ["gpt2", "phi3", "gemma2"];
 
 /// One prompt of a fixture: its tokens, the reference logits and the greedy continuation.
 pub struct Case {

@@ -5,7 +5,8 @@
 //!
 //! 1. scores `s[r][j] = q_r · k_j` from the transposed key tile (`kᵀ[c][j]`): each step
 //!    broadcasts one query element and multiplies it into a run of key columns, so every key
-//!    vector loaded serves all `R` rows and no horizontal sums are needed;
+//!    vector loaded serves all `R` rows and no horizontal sums are needed; with a soft cap,
+//!    `s ← c · tanh(s / c)` over each row's visible columns;
 //! 2. online softmax per row, in base 2 (queries are pre-scaled by `scale·log2 e`):
 //!    `m' = max(m, max_j s)`, `c = 2^(m−m')`, `p_j = 2^(s_j−m')` over the row's columns (0
 //!    outside them), `l' = c·l + Σ p`;
@@ -37,6 +38,8 @@ pub(super) struct Block<'a> {
     pub dp: usize,
     /// Visible tile columns `[a, b)` per row (empty when `a ≥ b`).
     pub ranges: [(usize, usize); R],
+    /// Soft cap of the (base-2) scores, `s ← c · tanh(s / c)`; 0 = none.
+    pub softcap: f32,
     /// Running maximum per row (base-2 scores).
     pub m: &'a mut [f32],
     /// Running normaliser per row.
@@ -283,6 +286,18 @@ macro_rules! block_kernel {
                     }
                 }
                 c0 += W * L;
+            }
+            // 1b. Soft cap (Gemma 2), on the visible columns only; rare, so scalar.
+            if b.softcap > 0.0 {
+                let c = b.softcap;
+                for r in 0..R {
+                    let (a, e) = b.ranges[r];
+                    if a < e {
+                        for x in &mut s[r][a..e] {
+                            *x = c * (*x / c).tanh();
+                        }
+                    }
+                }
             }
             // 2. Online softmax over the lane-aligned span [lo_v, hi_v) ⊆ [0, KT).
             let (lo_v, hi_v) = (lo / L * L, hi.div_ceil(L) * L);
