@@ -129,6 +129,19 @@ impl Config {
                 SUPPORTED.join(", ")
             )));
         }
+        for (a, flag, what) in HF_UNSUPPORTED {
+            if arch == *a && w.meta_bool(&format!("config.{flag}")) == Some(true) {
+                return Err(UError::unsupported(format!(
+                    "arch-llama: {what} (`{flag}`) are not implemented"
+                )));
+            }
+        }
+        if w.has(&naming::blk(0, "attn_norm_2", "weight")) {
+            return Err(UError::unsupported(
+                "arch-llama: blocks with a second input norm (`attn_norm_2`, Falcon 40B) are not \
+                 implemented",
+            ));
+        }
         let embd = w.shape("token_embd.weight")?;
         let [vocab_size, hidden] = dims2("token_embd.weight", &embd)?;
         let layers = w.required_u64(&key("block_count"))? as usize;
@@ -229,6 +242,16 @@ pub const SUPPORTED: &[&str] = &[
     "nemotron",
 ];
 
+/// HF checkpoint variants this plugin refuses (`config.<key>` true), with the reason.
+const HF_UNSUPPORTED: &[(&str, &str, &str)] = &[
+    ("falcon", "alibi", "ALiBi positions"),
+    (
+        "falcon",
+        "new_decoder_architecture",
+        "Falcon-40B-style blocks (grouped Q/K/V, two input norms)",
+    ),
+];
+
 /// Architectures whose blocks are parallel when they have a single input norm (no
 /// `ffn_norm`), as llama.cpp decides for StableLM.
 const PARALLEL_WHEN_ONE_NORM: &[&str] = &["falcon", "command-r", "stablelm"];
@@ -262,18 +285,20 @@ fn head_dim(w: &Weights, arch: &str, hidden: usize, heads: usize) -> Result<usiz
 }
 
 impl NormConfig {
-    /// RMSNorm when the metadata gives an RMS epsilon, LayerNorm when it gives a LayerNorm
-    /// epsilon (HF `layer_norm_eps`, `layer_norm_epsilon`, `norm_eps`), RMSNorm with 1e-6
-    /// otherwise.
+    /// LayerNorm for the architectures llama.cpp builds with it, RMSNorm otherwise, with the
+    /// epsilon of that kind (HF `rms_norm_eps`; `layer_norm_eps`, `layer_norm_epsilon`,
+    /// `norm_eps`).
     fn read(w: &Weights, arch: &str) -> NormConfig {
         let key = |k: &str| format!("{arch}.attention.{k}");
-        let (kind, eps) = match (
-            w.meta_f64(&key("layer_norm_rms_epsilon")),
-            w.meta_f64(&key("layer_norm_epsilon")),
-        ) {
-            (Some(eps), _) => (NormKind::Rms, eps),
-            (None, Some(eps)) => (NormKind::Layer, eps),
-            (None, None) => (NormKind::Rms, 1e-6),
+        let (kind, eps) = match arch {
+            "gpt2" | "stablelm" | "command-r" | "falcon" | "nemotron" => (
+                NormKind::Layer,
+                w.meta_f64(&key("layer_norm_epsilon")).unwrap_or(1e-5),
+            ),
+            _ => (
+                NormKind::Rms,
+                w.meta_f64(&key("layer_norm_rms_epsilon")).unwrap_or(1e-6),
+            ),
         };
         let one_plus = w.format() != "gguf" && matches!(arch, "gemma2" | "nemotron");
         NormConfig {

@@ -25,6 +25,19 @@
 //!   scores (in the backend's attention) and on logits, norms before and after attention and
 //!   FFN, RMSNorm with `1 + γ`, local (sliding window) and global layers alternating, GeGLU,
 //!   embeddings scaled by `√hidden`, scores by `query_pre_attn_scalar^-½`.
+//! - **StableLM** (Stability AI's StableLM 2, arXiv:2402.17834; GPT-NeoX style, Black et al.,
+//!   arXiv:2204.06745): LayerNorm, RoPE over part of each head, Q/K/V biases, and the parallel
+//!   residual of GPT-J (one norm feeding attention and FFN, both added to the input).
+//! - **OLMo 2** (OLMo Team 2024, arXiv:2501.00656): RMSNorm after attention and FFN (no
+//!   pre-norms), Q/K RMSNorm over the whole projection.
+//! - **Granite** (IBM Granite 3.0): multipliers of the embeddings, of each block's outputs, of
+//!   the attention scores, and a divisor of the logits.
+//! - **Cohere Command-R**: parallel block, LayerNorm without bias, adjacent-pair RoPE in its own
+//!   checkpoints, a logit scale.
+//! - **Falcon** (Almazrouei et al., arXiv:2311.16867; 7B style): parallel attention and MLP on
+//!   one LayerNorm, multi-query fused Q/K/V, exact GELU.
+//! - **Nemotron** (`NemotronForCausalLM`, Nemotron-4, arXiv:2402.16819): squared-ReLU MLP
+//!   without gate, LayerNorm with `1 + γ` and bias, RoPE over half of each head.
 //!
 //! The variations are layer interfaces, not copies: a norm is RMS or Layer (with a `1 + γ`
 //! shift where the checkpoint stores `γ − 1`), positions rotary (all or part of each head) or
@@ -40,7 +53,9 @@
 //! Reference implementation: Hugging Face `transformers` (`modeling_llama.py`,
 //! `modeling_mistral.py`, `modeling_qwen2.py`, `modeling_qwen3.py`, `modeling_mixtral.py`,
 //! `modeling_qwen2_moe.py`, `modeling_qwen3_moe.py`, `modeling_olmoe.py`, `modeling_gpt2.py`,
-//! `modeling_phi3.py`, `modeling_gemma2.py`), against which `tests/` checks logits on tiny random-weight models; the
+//! `modeling_phi3.py`, `modeling_gemma2.py`, `modeling_stablelm.py`, `modeling_olmo2.py`,
+//! `modeling_granite.py`, `modeling_cohere.py`, `modeling_falcon.py`, `modeling_nemotron.py`),
+//! against which `tests/` checks logits on tiny random-weight models; the
 //! tensor naming and GGUF conventions are llama.cpp's (`convert_hf_to_gguf.py` writes the GGUF
 //! fixtures of the other architectures).
 //!
@@ -69,7 +84,7 @@ use u_sdk::{
 fn describe() -> PluginInfo {
     PluginInfo {
         summary: "Llama-family decoder: Llama 2/3, Mistral, Qwen2/3, Mixtral, Qwen2/3-MoE, OLMoE, \
-                  GPT-2, Phi-3, Gemma 2"
+                  GPT-2, Phi-3, Gemma 2, StableLM, OLMo 2, Granite, Command-R, Falcon, Nemotron"
             .into(),
         details: RVec::new(),
     }

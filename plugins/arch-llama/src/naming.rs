@@ -264,14 +264,15 @@ pub fn hf_stored_transposed(arch: &str, name: &str) -> bool {
 
 /// HF `config.json` hyper-parameter → GGUF key suffix (the full key is `{arch}.{suffix}`).
 ///
-/// When `num_key_value_heads` is absent, `attention.head_count_kv` is set to the head count,
-/// as llama.cpp does. `head_dim` yields both `attention.key_length` and
+/// When `num_key_value_heads` (Falcon: `num_kv_heads`) is absent, `attention.head_count_kv` is
+/// set to the head count, as llama.cpp does; Falcon's `multi_query` makes it 1. `head_dim` yields both `attention.key_length` and
 /// `attention.value_length`.
 pub const HF_HPARAMS: &[(&str, &str)] = &[
     ("num_hidden_layers", "block_count"),
     ("hidden_size", "embedding_length"),
     ("num_attention_heads", "attention.head_count"),
     ("num_key_value_heads", "attention.head_count_kv"),
+    ("num_kv_heads", "attention.head_count_kv"),
     ("max_position_embeddings", "context_length"),
     ("rope_theta", "rope.freq_base"),
     ("rms_norm_eps", "attention.layer_norm_rms_epsilon"),
@@ -318,7 +319,16 @@ pub fn derived_hparams(
             out.push((format!("{arch}.{suffix}"), v));
         }
     }
-    if config("config.num_key_value_heads").is_none()
+    let flag = |k: &str| matches!(config(&format!("config.{k}")), Some(MetaValue::Bool(true)));
+    if flag("multi_query") && !flag("new_decoder_architecture") {
+        // Falcon-7B: one KV head whatever `num_kv_heads` says (as transformers reads it).
+        out.retain(|(k, _)| !k.ends_with(".attention.head_count_kv"));
+        out.push((
+            format!("{arch}.attention.head_count_kv"),
+            MetaValue::UInt(1),
+        ));
+    } else if config("config.num_key_value_heads").is_none()
+        && config("config.num_kv_heads").is_none()
         && let Some(v) = config("config.num_attention_heads").filter(numeric)
     {
         out.push((format!("{arch}.attention.head_count_kv"), v));
@@ -578,7 +588,40 @@ mod tests {
     }
 
     #[test]
+    fn falcon_kv_heads_follow_multi_query() {
+        use MetaValue::{Bool, UInt};
+        let kv = |entries: &[(&str, MetaValue)]| {
+            let config: std::collections::HashMap<&str, MetaValue> =
+                entries.iter().cloned().collect();
+            derived_hparams("falcon", |k| config.get(k).cloned())
+                .into_iter()
+                .filter(|(k, _)| k == "falcon.attention.head_count_kv")
+                .map(|(_, v)| v)
+                .collect::<Vec<_>>()
+        };
+        let heads = ("config.num_attention_heads", UInt(8));
+        assert_eq!(kv(std::slice::from_ref(&heads)), [UInt(8)]);
+        assert_eq!(
+            kv(&[heads.clone(), ("config.num_kv_heads", UInt(2))]),
+            [UInt(2)]
+        );
+        let mq = ("config.multi_query", Bool(true));
+        assert_eq!(
+            kv(&[heads.clone(), ("config.num_kv_heads", UInt(8)), mq.clone()]),
+            [UInt(1)]
+        );
+        let new = ("config.new_decoder_architecture", Bool(true));
+        assert_eq!(
+            kv(&[heads, ("config.num_kv_heads", UInt(2)), mq, new]),
+            [UInt(2)]
+        );
+    }
+
+    #[test]
     fn rope_pairing_follows_the_format() {
+        assert_eq!(rope_style("gguf", "granite"), RopeStyle::Normal);
+        assert_eq!(rope_style("safetensors", "granite"), RopeStyle::NeoX);
+        assert_eq!(rope_style("safetensors", "command-r"), RopeStyle::Normal);
         assert_eq!(rope_style("gguf", "llama"), RopeStyle::Normal);
         assert_eq!(rope_style("gguf", "qwen2"), RopeStyle::NeoX);
         assert_eq!(rope_style("safetensors", "llama"), RopeStyle::NeoX);

@@ -160,6 +160,42 @@ fn malformed_weight_sets_get_clear_errors() -> Result<()> {
     Ok(())
 }
 
+/// The other architectures' malformed or unsupported variants: named errors, no panic.
+#[test]
+fn other_architectures_refuse_what_they_cannot_build() -> Result<()> {
+    let build_err = |w: WeightSetBox| {
+        build(w, ReferenceCache::new_box(4))
+            .err()
+            .map(|e| e.to_string())
+            .expect("refused")
+    };
+    let e = build_err(fixture_with_config("gpt2", |c| {
+        c["model_type"] = "gpt5".into()
+    })?);
+    assert!(e.contains("architecture `gpt5`"), "{e}");
+    let e = build_err(fixture_with_config("falcon", |c| c["alibi"] = true.into())?);
+    assert!(e.contains("ALiBi"), "{e}");
+    let e = build_err(fixture_with_config("falcon", |c| {
+        c["new_decoder_architecture"] = true.into()
+    })?);
+    assert!(e.contains("Falcon-40B"), "{e}");
+    // Two KV heads: more than the fused Q/K/V holds.
+    let e = build_err(fixture_with_config("falcon", |c| {
+        c["multi_query"] = false.into();
+        c["num_kv_heads"] = 2.into();
+    })?);
+    assert!(e.contains("does not split"), "{e}");
+    let e = build_err(fixture_with_config("nemotron", |c| {
+        c["hidden_act"] = "swiglu-but-not-quite".into()
+    })?);
+    assert!(e.contains("activation `swiglu-but-not-quite`"), "{e}");
+    let e = build_err(fixture_with_config("gpt2", |c| {
+        c["n_positions"] = 1000.into()
+    })?);
+    assert!(e.contains("position_embd"), "{e}");
+    Ok(())
+}
+
 /// int8 KV pages (cache-kv's `set_dtype`) are read by attention: the logits equal those of a
 /// cache that stores the same int8 round trip as f32 (≤ 1e-5), and stay near the f32 reference
 /// (≤ 0.25 here: unit-scale random weights amplify the 1/254 quantization step). A cache
