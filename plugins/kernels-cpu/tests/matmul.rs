@@ -9,7 +9,7 @@
 //! - **loose**, against pure f32 activations: each activation moves by at most half its block's
 //!   quantization step (`d_x / 2`, `d_x = amax/127`), so `|Δy| ≤ Σ_j |w_j| · d_x(j)/2` plus the
 //!   tight bound. This bound is computed per output from the actual data.
-//! - **SIMD vs scalar**: k-quant and TQ2_0 kernels are bit-identical (exact integer sums, same
+//! - **SIMD vs scalar**: k-quant, TQ1_0 and TQ2_0 kernels are bit-identical (exact integer sums, same
 //!   f32 operations per super-block); 32-block and float kernels accumulate in vector lanes, so
 //!   `2e-5 · M`.
 
@@ -19,7 +19,7 @@ use u_kernels_cpu::{CpuKernels, Isa};
 use u_sdk::abi_stable::std_types::{RSlice, RVec};
 use u_sdk::{DType, TensorView, quant};
 
-const DIRECT: [DType; 11] = [
+const DIRECT: [DType; 12] = [
     DType::F32,
     DType::F16,
     DType::BF16,
@@ -30,6 +30,7 @@ const DIRECT: [DType; 11] = [
     DType::Q4_K,
     DType::Q5_K,
     DType::Q6_K,
+    DType::TQ1_0,
     DType::TQ2_0,
 ];
 
@@ -178,7 +179,7 @@ fn every_isa_matches_the_dequantized_reference() {
 
 #[test]
 fn fallback_dtypes_match_the_dequantized_reference() {
-    for dtype in [DType::Q5_1, DType::Q2_K, DType::Q3_K, DType::TQ1_0] {
+    for dtype in [DType::Q5_1, DType::Q2_K, DType::Q3_K] {
         let c = Case::new(9, dtype, 5, 512, 2);
         let y = c.run(Isa::detect());
         // No activation quantization on this path: the tight reference is the f32 one.
@@ -212,7 +213,7 @@ fn fallback_dtypes_match_the_dequantized_reference() {
 fn is_bit_exact(dtype: DType) -> bool {
     matches!(
         dtype,
-        DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::TQ2_0
+        DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::TQ1_0 | DType::TQ2_0
     )
 }
 

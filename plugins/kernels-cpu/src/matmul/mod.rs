@@ -127,6 +127,7 @@ pub fn select(isa: Isa, dtype: DType) -> RowDot {
         Q4_K => multi!(Q8K, scalar::q4_k_n),
         Q5_K => multi!(Q8K, scalar::q5_k_n),
         Q6_K => multi!(Q8K, scalar::q6_k_n),
+        TQ1_0 => multi!(Q8K, scalar::tq1_0_n),
         TQ2_0 => multi!(Q8K, scalar::tq2_0_n),
         _ => RowDot::Dequant,
     }

@@ -233,6 +233,30 @@ pub fn tq2_0(w: &[u8], x: &[Q8KBlock]) -> f32 {
     acc
 }
 
+/// TQ1_0: `d·(t − 1)`, trits t ∈ {0, 1, 2} packed five (the last four) to a byte as a base-3
+/// fraction; multiplying a byte by 3ⁿ (mod 256) brings trit n to the top, `(byte·3) >> 8` reads
+/// it. The integer sum is exact, so only the per-block scaling order is float.
+pub fn tq1_0(w: &[u8], x: &[Q8KBlock]) -> f32 {
+    const POW3: [u8; 5] = [1, 3, 9, 27, 81];
+    let mut acc = 0f32;
+    for (b, xb) in w.chunks_exact(54).zip(x) {
+        let d = f16_at(b, 52);
+        let mut sumi = 0i32;
+        // (packed bytes, trits per byte, first value): 32 bytes × 5, 16 × 5, then qh 4 × 4.
+        for (at, len, trits, first) in [(0, 32, 5, 0), (32, 16, 5, 160), (48, 4, 4, 240)] {
+            for n in 0..trits {
+                for m in 0..len {
+                    let t = (u16::from(b[at + m].wrapping_mul(POW3[n])) * 3) >> 8;
+                    sumi += i32::from(t) * i32::from(xb.qs[first + n * len + m]);
+                }
+            }
+        }
+        let sumx: i32 = xb.bsums.iter().map(|&v| i32::from(v)).sum();
+        acc += (d * xb.d) * (sumi - sumx) as f32;
+    }
+    acc
+}
+
 /// Multi-row forms of the one-row kernels (`R` activation rows against one weight row), with
 /// the signature of the SIMD kernels.
 macro_rules! rows {
@@ -252,6 +276,7 @@ rows! {
     q4_k_n = q4_k(Q8KBlock);
     q5_k_n = q5_k(Q8KBlock);
     q6_k_n = q6_k(Q8KBlock);
+    tq1_0_n = tq1_0(Q8KBlock);
     tq2_0_n = tq2_0(Q8KBlock);
 }
 
