@@ -200,7 +200,7 @@ impl Config {
             .map(|c| c as f32);
 
         let activation = activation(w, &arch)?;
-        let scales = Scales::read(w, &arch, hidden as usize, head_dim);
+        let scales = Scales::read(w, &arch, hidden as usize, heads, head_dim, layers);
         Ok(Config {
             arch,
             family,
@@ -339,7 +339,14 @@ fn activation(w: &Weights, arch: &str) -> Result<FfnActivation> {
 
 impl Scales {
     /// From GGUF keys (llama.cpp's) or HF `config.json` names.
-    fn read(w: &Weights, arch: &str, hidden: usize, head_dim: usize) -> Scales {
+    fn read(
+        w: &Weights,
+        arch: &str,
+        hidden: usize,
+        heads: usize,
+        head_dim: usize,
+        layers: usize,
+    ) -> Scales {
         let get = |gguf: &str, hf: &str| {
             w.meta_f64(&format!("{arch}.{gguf}"))
                 .or_else(|| w.meta_f64(&format!("config.{hf}")))
@@ -349,13 +356,15 @@ impl Scales {
             "gemma2" => (hidden as f32).sqrt(),
             _ => get("embedding_scale", "embedding_multiplier").unwrap_or(1.0),
         };
-        // Gemma 2 scales by `query_pre_attn_scalar^-½` (GGUF files keep only `1/√head_dim`,
-        // as llama.cpp reads them).
+        // Gemma 2 scales by `query_pre_attn_scalar^-½`. GGUF files do not keep it: llama.cpp
+        // takes `(hidden / heads)^-½` for the 46-layer 27B model, `1/√head_dim` otherwise.
+        let gemma2_27b = arch == "gemma2" && w.format() == "gguf" && layers == 46;
         let attention = get("attention.scale", "attention_multiplier")
             .or_else(|| {
                 w.meta_f64("config.query_pre_attn_scalar")
                     .map(|q| (q as f32).powf(-0.5))
             })
+            .or_else(|| gemma2_27b.then(|| ((hidden / heads) as f32).powf(-0.5)))
             .unwrap_or(1.0 / (head_dim as f32).sqrt());
         // Same key, opposite meanings: Granite divides the logits, Cohere multiplies them.
         let logits = match (arch, get("logit_scale", "logits_scaling")) {
@@ -562,9 +571,10 @@ pub fn llama3_scaling(inv_freq: &mut [f32], factor: f32, low: f32, high: f32, ol
 /// alternation, Qwen2's `use_sliding_window`/`max_window_layers`, otherwise the window (if any)
 /// on every layer.
 fn sliding_windows(w: &Weights, arch: &str, layers: usize) -> Vec<u32> {
+    // llama.cpp's Gemma 2 default: 4096.
     let window = w
         .meta_u64(&format!("{arch}.attention.sliding_window"))
-        .unwrap_or(0) as u32;
+        .unwrap_or(if arch == "gemma2" { 4096 } else { 0 }) as u32;
     if window == 0 {
         return vec![0; layers];
     }

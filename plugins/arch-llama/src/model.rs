@@ -94,12 +94,15 @@ fn maybe(norm: &Option<Norm>, x: &Tensor) -> Result<Tensor> {
     }
 }
 
-/// The norm of each query/key head (Qwen3, Cohere), or over the whole projection (OLMoE,
-/// OLMo 2).
+/// The norm of each query/key head (Qwen3; Cohere, with a scale per head), or over the whole
+/// projection (OLMoE, OLMo 2).
 struct QkNorm {
     norm: Norm,
     /// Values per normalised row: `head_dim` (per head) or the whole projection.
     width: u64,
+    /// Each head's own scales, `[heads × head_dim]`, applied after a unit-scale norm of each
+    /// head (weights of shape `[heads, head_dim]`, Cohere).
+    head_scales: Option<Tensor>,
 }
 
 impl QkNorm {
@@ -116,25 +119,45 @@ impl QkNorm {
             return Ok(None);
         }
         let hd = cfg.head_dim;
-        let len = w.shape(&name)?.iter().product::<u64>() as usize;
+        let shape = w.shape(&name)?;
+        let len = shape.iter().product::<u64>() as usize;
+        if let [h, d] = shape[..]
+            && (h as usize, d as usize) == (heads, hd)
+            && heads > 1
+        {
+            let n = &cfg.norm;
+            let mut scales = w.f32(&name)?;
+            scales.iter_mut().for_each(|g| *g += n.shift);
+            return Ok(Some(QkNorm {
+                norm: Norm::unit(dev, hd, n.kind, n.eps)?,
+                width: hd as u64,
+                head_scales: Some(dev.from_f32(&scales, &[len as u64])?),
+            }));
+        }
         if len != hd && len != heads * hd {
             return Err(UError::invalid(format!(
-                "arch-llama: {name} has {len} values, expected {hd} or {}",
+                "arch-llama: {name} has shape {shape:?}, expected [{hd}], [{}] or [{heads}, {hd}]",
                 heads * hd
             )));
         }
         Ok(Some(QkNorm {
             norm: block_norm(w, dev, cfg, i, t, len)?,
             width: len as u64,
+            head_scales: None,
         }))
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let dims = x.dims().to_vec();
         let rows = x.desc().shape.elements() / self.width;
-        self.norm
+        let y = self
+            .norm
             .forward(&x.reshape(&[rows, self.width])?)?
-            .reshape(&dims)
+            .reshape(&dims)?;
+        match &self.head_scales {
+            Some(s) => y.mul(s),
+            None => Ok(y),
+        }
     }
 }
 

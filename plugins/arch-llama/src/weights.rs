@@ -403,6 +403,19 @@ impl Norm {
         })
     }
 
+    /// A norm of `len` values with unit scale (and zero shift): normalisation only.
+    pub fn unit(device: &Device, len: usize, kind: NormKind, eps: f32) -> Result<Norm> {
+        let bias = match kind {
+            NormKind::Layer => Some(device.from_f32(&vec![0.0; len], &[len as u64])?),
+            NormKind::Rms => None,
+        };
+        Ok(Norm {
+            weight: device.from_f32(&vec![1.0; len], &[len as u64])?,
+            bias,
+            eps,
+        })
+    }
+
     /// Normalises each row of `x`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match &self.bias {

@@ -180,7 +180,13 @@ fn onnx_logits_and_generation_match_transformers() -> Result<()> {
 
 #[test]
 fn safetensors_with_the_cache_kv_plugin() -> Result<()> {
-    run_all("cache-kv", support::safetensors, support::cache_kv)
+    run_all("cache-kv", support::safetensors, support::cache_kv)?;
+    run_models(
+        &ARCHITECTURES,
+        "cache-kv",
+        support::safetensors,
+        support::cache_kv,
+    )
 }
 
 /// Q8_0 matrices used in their blocks: a stacked-expert tensor sliced per expert in whole
