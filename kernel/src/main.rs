@@ -12,6 +12,7 @@ use u_runner::{inspect, load_deployment, open_deployment, runner, sandbox, serve
 
 mod bench;
 mod perplexity;
+mod quantize;
 
 // The host carries a signed manifest like every plugin, so `u-attest inspect` can prove its
 // surface too.
@@ -84,6 +85,10 @@ enum Command {
     /// writes, and with `--kl-divergence` reads, llama.cpp's log-probability file and reports
     /// the KL divergence from that base.
     Perplexity(perplexity::PerplexityArgs),
+    /// Quantize a GGUF model as llama.cpp's `llama-quantize IN OUT TYPE` does without an
+    /// importance matrix (the same tensor types, byte-identical blocks), through the
+    /// deployment's loader and kernels plugins; progress on stderr.
+    Quantize(quantize::QuantizeArgs),
     /// Tokenize text with a model's tokenizer (from its GGUF metadata or a tokenizer.json in or
     /// beside it), or with `--decode` turn token ids back into text.
     Tokenize {
@@ -196,6 +201,7 @@ fn main() {
                 | Command::Tokenize { .. }
                 | Command::Bench(_)
                 | Command::Perplexity(_)
+                | Command::Quantize(_)
         )
     );
     // `RUST_LOG` takes `level` or `target=level,...` (no regular expressions: the host stays
@@ -398,6 +404,7 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Generate(args) => generate(args),
         Command::Bench(args) => bench::run(args),
         Command::Perplexity(args) => perplexity::run(args),
+        Command::Quantize(args) => quantize::run(args),
         Command::Tokenize {
             model,
             text,

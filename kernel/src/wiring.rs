@@ -15,8 +15,8 @@ use u_attest::{
     deployment::{PathGrant, Serving, absolute},
 };
 use u_sdk::{
-    ArchitectureBox, BackendInfo, BuildContext, EngineBox, KvCacheBox, ModelBox, ModelConfig,
-    ModelKind, PluginInstance, RunnerBox, RunnerContext, ServingLimits, TokenizerBox,
+    ArchitectureBox, BackendBox, BackendInfo, BuildContext, EngineBox, KvCacheBox, ModelBox,
+    ModelConfig, ModelKind, PluginInstance, RunnerBox, RunnerContext, ServingLimits, TokenizerBox,
     TokenizerFactoryBox, WeightSetBox,
     manifest::{PluginKind, Task},
 };
@@ -30,6 +30,9 @@ pub enum Want {
     Engine,
     /// The model alone, and the tokenizer (for `bench`, which calls `Model::forward`).
     Model,
+    /// The weight set and the kernels plugin's backend, no tokenizer or model (for
+    /// `quantize`).
+    Weights,
 }
 
 /// A model opened through the deployment's plugins, inside the sandbox.
@@ -46,6 +49,8 @@ pub struct Opened {
     pub model: Option<ModelBox>,
     /// The backend the model computes on.
     pub backend: Option<BackendInfo>,
+    /// The kernels plugin's backend itself (for [`Want::Weights`]).
+    pub kernels: Option<BackendBox>,
     /// The runner plugin serving the model and its engine (for [`Want::Engine`]).
     pub engine: Option<(String, EngineBox)>,
     /// What the sandbox achieved.
@@ -148,8 +153,8 @@ pub fn build(
         _ => None,
     });
     let tokenizer = match &factory {
-        Some((_, f)) => build_tokenizer(f, model, &weights)?,
-        None => None,
+        Some((_, f)) if want != Want::Weights => build_tokenizer(f, model, &weights)?,
+        _ => None,
     };
     let mut opened = Opened {
         weights,
@@ -158,10 +163,20 @@ pub fn build(
         built: None,
         model: None,
         backend: None,
+        kernels: None,
         engine: None,
         sandbox: status,
     };
     if want == Want::Tokenizer {
+        return Ok(opened);
+    }
+    if want == Want::Weights {
+        let (_, backend) = first(report, |i| match i {
+            PluginInstance::Kernels(k) => Some(k.clone()),
+            _ => None,
+        })
+        .context("the deployment loads no kernels plugin")?;
+        opened.kernels = Some(backend);
         return Ok(opened);
     }
     let family = opened

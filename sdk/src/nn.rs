@@ -380,7 +380,8 @@ impl Tensor {
         self.device.run(Op::Rope(params), &[self, to, from], self)
     }
 
-    /// `self` converted to `F32` (an `I8` tensor with its group `scales`) into `dst`.
+    /// `self` converted to `dst`'s dtype (an `I8` tensor with its group `scales` to `F32`), into
+    /// `dst`: `F32`, `F16`, `BF16` or a block format the backend writes (see [`Op::Copy`]).
     pub fn copy_into(&self, scales: Option<&Tensor>, dst: &Tensor) -> Result<()> {
         match scales {
             Some(s) => self.device.run(Op::Copy, &[self, s], dst),

@@ -13,7 +13,7 @@ use crate::{
     conv::{self, Conv},
     elementwise::{self, Binary},
     engine::{CpuKernels, Engine},
-    matmul, ops, routing,
+    matmul, ops, quantize, routing,
 };
 use abi_stable::std_types::{RResult, RSlice, RSliceMut};
 use std::{
@@ -475,7 +475,7 @@ impl CpuBackend {
                 let x = Region::of(srcs[0])?;
                 dst.apart(&[&x])?;
                 match srcs.get(1) {
-                    None => convert(&x, &dst),
+                    None => convert(self.eng(), &x, &dst),
                     Some(scales) => {
                         let scales = Region::of(scales)?;
                         dst.apart(&[&scales])?;
@@ -726,28 +726,36 @@ fn dequantize_kv(q: &Region<'_>, scales: &Region<'_>, dst: &Region<'_>) -> Resul
     Ok(())
 }
 
-/// `dst = src` converted between `F32`, `F16` and `BF16`.
-fn convert(src: &Region<'_>, dst: &Region<'_>) -> Result<()> {
-    if src.elements() != dst.elements() {
-        return Err(UError::invalid(format!(
+/// `dst = src` converted: from any dtype (dequantized) to `F32`, `F16`, `BF16` or one of the
+/// block formats of [`crate::quantize::QUANTIZABLE`] (quantized as ggml's reference
+/// quantizers do, rows in parallel).
+fn convert(eng: &Engine, src: &Region<'_>, dst: &Region<'_>) -> Result<()> {
+    let bad = || {
+        UError::invalid(format!(
             "kernels-cpu Copy: {:?} into {:?}",
             src.desc, dst.desc
-        )));
+        ))
+    };
+    if src.elements() != dst.elements() {
+        return Err(bad());
     }
     dst.writable()?;
+    let to = dst.desc.dtype;
+    if !matches!(to, DType::F32 | DType::F16 | DType::BF16) && !quantize::QUANTIZABLE.contains(&to)
+    {
+        return Err(UError::unsupported(format!(
+            "kernels-cpu Copy: to {to:?} (it writes F32, F16, BF16, {})",
+            quantize::QUANTIZABLE.map(|d| d.name()).join(", ")
+        )));
+    }
     let values: Vec<f32> = match src.desc.dtype {
         DType::F32 => src.f32()?.to_vec(),
-        DType::F16 | DType::BF16 => u_sdk::quant::dequantize_to_vec(src.desc.dtype, src.bytes())
+        dt => u_sdk::quant::dequantize_to_vec(dt, src.bytes())
             .map_err(|e| UError::invalid(format!("kernels-cpu Copy: {e}")))?,
-        other => {
-            return Err(UError::unsupported(format!(
-                "kernels-cpu Copy: from {other:?}"
-            )));
-        }
     };
     // SAFETY: writable (checked), in bounds, apart from the source (checked by the caller).
     let out = unsafe { std::slice::from_raw_parts_mut(dst.ptr, dst.len) };
-    match dst.desc.dtype {
+    match to {
         DType::F32 => out
             .chunks_exact_mut(4)
             .zip(&values)
@@ -761,10 +769,23 @@ fn convert(src: &Region<'_>, dst: &Region<'_>) -> Result<()> {
             let rounded = (bits + 0x7fff + ((bits >> 16) & 1)) >> 16;
             o.copy_from_slice(&(rounded as u16).to_le_bytes())
         }),
-        other => {
-            return Err(UError::unsupported(format!(
-                "kernels-cpu Copy: to {other:?}"
-            )));
+        _ => {
+            use rayon::prelude::*;
+            let row = dst.desc.shape.row_len() as usize;
+            if src.desc.shape.row_len() as usize != row {
+                return Err(bad());
+            }
+            let row_bytes = to.bytes_for(row as u64).ok_or_else(bad)? as usize;
+            // Rows in groups of at least 64 Ki values, so each task is worth a thread.
+            let rows = (65_536 / row.max(1)).max(1);
+            let failed = eng.pool.install(|| {
+                out.par_chunks_mut(rows * row_bytes)
+                    .zip(values.par_chunks(rows * row))
+                    .any(|(o, x)| quantize::quantize(to, x, o).is_none())
+            });
+            if failed {
+                return Err(bad());
+            }
         }
     }
     Ok(())
@@ -788,7 +809,11 @@ impl Backend for CpuBackend {
             // Every dtype: dedicated kernels, or per-row dequantization for the rest.
             OpKind::MatMul | OpKind::GetRows => true,
             OpKind::Attention => matches!(dtype, DType::F32 | DType::F16 | DType::I8),
-            OpKind::Copy => matches!(dtype, DType::F32 | DType::F16 | DType::BF16),
+            // From any dtype (dequantized); to F32, F16, BF16 and the block formats it writes.
+            OpKind::Copy => {
+                matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+                    || quantize::QUANTIZABLE.contains(&dtype)
+            }
             // Weights of any dtype, dequantized once per call.
             OpKind::Conv1d | OpKind::Conv2d => true,
             _ => dtype == DType::F32,

@@ -16,6 +16,8 @@
 //! - [`ops`]: RMSNorm, LayerNorm, RoPE, activations, softmax, embedding rows;
 //!   [`elementwise`]: add, multiply, scale, gated activations; [`routing`]: top-k and the
 //!   scatter of MoE expert outputs; [`conv`]: 1-D/2-D convolution, group norm, upsampling.
+//! - [`quantize`]: f32 into Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, TQ1_0 and TQ2_0
+//!   blocks byte-identical to ggml's reference quantizers (the backend's `Copy` to those types).
 //!
 //! The scalar path is the reference every SIMD path is tested against; the scalar path itself is
 //! tested against [`u_sdk::quant`]'s bit-exact dequantizers.
@@ -30,6 +32,7 @@ mod engine;
 pub mod isa;
 pub mod matmul;
 pub mod ops;
+pub mod quantize;
 pub mod routing;
 pub mod team;
 #[doc(hidden)]
@@ -54,6 +57,7 @@ fn describe() -> PluginInfo {
             "matmul=F32,F16,BF16,Q8_0,Q4_0,Q4_1,Q5_0,Q4_K,Q5_K,Q6_K,TQ2_0 (others dequantized per row)"
                 .into(),
             "attention=flash,causal|bidirectional,gqa,window,kv=F32|F16|I8".into(),
+            "copy=any to F32,F16,BF16,Q8_0,Q4_0,Q4_1,Q5_0,Q5_1,Q4_K,Q5_K,Q6_K,TQ1_0,TQ2_0 (ggml's reference quantizers)".into(),
         ]),
     }
 }

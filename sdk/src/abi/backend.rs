@@ -319,8 +319,12 @@ pub enum Op<'a> {
     },
     /// Nearest-neighbour upsampling of `src0` `[c, h, w]` by `factor` on both spatial axes.
     Upsample(u32),
-    /// `dst = src0` converted to `dst`'s dtype (`F32`, `F16`, `BF16`); an `I8` `src0` of int8
-    /// KV takes its group scales as `src1` (see [`KV_INT8_GROUP`]) and dequantizes.
+    /// `dst = src0` converted to `dst`'s dtype: `F32`, `F16`, `BF16`, or a block format the
+    /// backend writes ([`Backend::supports`] with that dtype), quantized byte for byte as ggml's
+    /// reference quantizers (`quantize_row_*_ref`) do, row by row (`src0` and `dst` have the
+    /// same row length, a whole number of blocks). A quantized `src0` is dequantized first. An
+    /// `I8` `src0` of int8 KV takes its group scales as `src1` (see [`KV_INT8_GROUP`]) and
+    /// dequantizes.
     Copy,
 }
 
@@ -423,7 +427,8 @@ pub trait Backend: Send + Sync + Clone {
     fn buffer_type(&self) -> RResult<BufferType, UError>;
 
     /// Whether `op` is implemented with `dtype` as its first weight-like source (the weight of
-    /// a matmul, the table of `GetRows`, the KV of attention; `F32` for the rest).
+    /// a matmul, the table of `GetRows`, the KV of attention; for `Copy`, a dtype it converts
+    /// to and from; `F32` for the rest).
     fn supports(&self, op: OpKind, dtype: DType) -> RResult<bool, UError>;
 
     /// A new buffer of `bytes` bytes (contents unspecified).
