@@ -723,6 +723,15 @@ impl Llama {
                 Some(table)
             }
         };
+        let unread = weights.unread_layer_tensors();
+        if let Some(first) = unread.first() {
+            return Err(UError::unsupported(format!(
+                "arch-llama: {} layer tensors of this {} checkpoint are not part of the model \
+                 this plugin implements (a variant it does not support), e.g. `{first}`",
+                unread.len(),
+                cfg.arch
+            )));
+        }
         cache
             .configure(
                 KvLayout {

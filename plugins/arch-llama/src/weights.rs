@@ -9,7 +9,8 @@
 
 use crate::naming::{self, ARCHITECTURE_KEY};
 use serde_json::Value;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use u_sdk::{
     DType, MetaValue, Result, TensorView, UError, WeightSetBox,
     nn::{Device, Tensor},
@@ -24,6 +25,8 @@ pub struct Weights {
     tensors: HashMap<String, (String, Vec<u64>)>,
     /// Metadata this architecture derives (HF hyper-parameters under GGUF keys).
     derived: HashMap<String, MetaValue>,
+    /// Canonical names of the tensors read so far (see [`Weights::unread_layer_tensors`]).
+    read: Arc<Mutex<HashSet<String>>>,
 }
 
 impl Weights {
@@ -66,6 +69,7 @@ impl Weights {
             format,
             tensors,
             derived,
+            read: Arc::default(),
         })
     }
 
@@ -174,7 +178,34 @@ impl Weights {
     /// A zero-copy view of a tensor.
     pub fn view(&self, name: &str) -> Result<TensorView<'_>> {
         let stored = &self.entry(name)?.0;
+        self.mark_read(name);
         self.set.tensor(stored.as_str().into()).into_result()
+    }
+
+    fn mark_read(&self, name: &str) {
+        let mut read = self.read.lock().unwrap_or_else(|e| e.into_inner());
+        read.insert(name.to_string());
+    }
+
+    /// The layer tensors (canonical `blk.*` names, and HF layer names [`naming`] does not map)
+    /// that nothing has read, sorted: after a model is built, parts of a variant it does not
+    /// implement (StableLM's per-head Q/K norms, a bias on an RMSNorm…), which would otherwise
+    /// be silently ignored.
+    pub fn unread_layer_tensors(&self) -> Vec<String> {
+        let read = self.read.lock().unwrap_or_else(|e| e.into_inner());
+        let mut unread: Vec<String> = self
+            .tensors
+            .iter()
+            .filter(|(canonical, (stored, _))| {
+                !read.contains(*canonical)
+                    && (canonical.starts_with("blk.")
+                        || stored.starts_with("model.layers.")
+                        || stored.starts_with("transformer.h."))
+            })
+            .map(|(_, (stored, _))| stored.clone())
+            .collect();
+        unread.sort();
+        unread
     }
 
     /// A tensor decoded to `f32` (for small vectors).
@@ -186,6 +217,7 @@ impl Weights {
     /// Tensor `name` in the backend, as stored (no copy on a host backend), viewed as `dims`.
     pub fn import(&self, device: &Device, name: &str, dims: Option<&[u64]>) -> Result<Tensor> {
         let stored = &self.entry(name)?.0;
+        self.mark_read(name);
         device.import_weight(&self.set, stored, dims)
     }
 

@@ -193,6 +193,14 @@ fn other_architectures_refuse_what_they_cannot_build() -> Result<()> {
         c["n_positions"] = 1000.into()
     })?);
     assert!(e.contains("position_embd"), "{e}");
+    // Nemotron's LayerNorm biases under an RMSNorm architecture are not silently dropped.
+    let e = build_err(fixture_with_config("nemotron", |c| {
+        c["model_type"] = "llama".into()
+    })?);
+    assert!(
+        e.contains("not part of the model") && e.contains("layernorm.bias"),
+        "{e}"
+    );
     Ok(())
 }
 
