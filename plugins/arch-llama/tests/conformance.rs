@@ -190,7 +190,8 @@ fn safetensors_with_the_cache_kv_plugin() -> Result<()> {
 }
 
 /// Q8_0 matrices used in their blocks: a stacked-expert tensor sliced per expert in whole
-/// blocks, a Q8_0 embedding and tied LM head.
+/// blocks, fused Q/K/V and gate/up projections (Phi-3, Falcon: `--outtype q8_0` of llama.cpp's
+/// converter) sliced in whole rows, a Q8_0 embedding and tied LM head.
 ///
 /// - With a reference f32 matmul over dequantized blocks (test kernels), the logits equal those
 ///   of the same values stored as F32 (max |Δlogit| ≤ 1e-4): the architecture hands the right
@@ -200,7 +201,7 @@ fn safetensors_with_the_cache_kv_plugin() -> Result<()> {
 #[test]
 fn gguf_q8_0_runs_quantized_weights_in_place() -> Result<()> {
     use support::{dequantized::Dequantized, reference_kernels::DequantMatmul};
-    for name in ["llama", "mixtral"] {
+    for name in ["llama", "mixtral", "phi3", "falcon"] {
         let (_, cases) = cases(name)?;
         let cache = || ReferenceCache::new_box(4);
         let in_place = build(support::gguf_q8_0(name)?, cache())?;

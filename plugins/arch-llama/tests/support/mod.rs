@@ -104,7 +104,7 @@ pub fn gguf(model: &str) -> Result<WeightSetBox> {
     Ok(w.into_box())
 }
 
-/// The fixture's GGUF Q8_0 weights (llama and mixtral only).
+/// The fixture's GGUF Q8_0 weights (llama, mixtral, phi3 and falcon only).
 pub fn gguf_q8_0(model: &str) -> Result<WeightSetBox> {
     let w = u_loader_gguf::open_path(&dir(model).join("model.q8_0.gguf"))?;
     Ok(w.into_box())
