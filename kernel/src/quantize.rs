@@ -16,7 +16,7 @@
 //!   Integers are typed `uint32`/`int32` and floats `float32` (what llama.cpp's converter
 //!   writes), since the loader interface carries values, not GGUF's stored widths.
 //! - The file is GGUF v3 with 32-byte alignment, tensors in llama.cpp's order (by layer, then
-//!   by name).
+//!   by name), their dimensions counted as ggml counts them (outer dimensions of 1 dropped).
 
 mod gguf;
 mod policy;
@@ -199,7 +199,9 @@ fn write(
     let mut chooser = policy::Chooser::new(file, model, infos.iter().map(|t| t.name.as_str()));
     let mut plan = Vec::with_capacity(infos.len());
     for t in &infos {
-        let dims = t.shape.to_vec();
+        // GGUF files from ggml count dimensions up to the last one above 1, as ggml does.
+        let ones = t.shape.iter().take_while(|&&d| d == 1).count();
+        let dims = t.shape[ones.min(t.shape.len().saturating_sub(1))..].to_vec();
         let target = chooser
             .choose(&t.name, &dims, t.dtype)
             .map_err(|why| anyhow!("{why}"))?;
