@@ -9,7 +9,7 @@
 //! alongside helpers (matmul, attention: decode-sized ops), and a rayon pool for the rest.
 //!
 //! - [`matmul`]: `y = x · Wᵀ` with weights used as stored — f32/f16/bf16, and Q8_0, Q4_0, Q4_1,
-//!   Q5_0, Q4_K, Q5_K, Q6_K, TQ2_0 in their compressed blocks against activations quantized on
+//!   Q5_0, Q4_K, Q5_K, Q6_K, TQ1_0, TQ2_0 in their compressed blocks against activations quantized on
 //!   the fly to int8 ([`act`]); other ggml types fall back to per-row dequantization.
 //! - [`attention`]: flash attention (online softmax over key tiles) with causal mask, GQA,
 //!   sliding window, f32 or f16 KV.
@@ -54,7 +54,7 @@ fn describe() -> PluginInfo {
         details: RVec::from(vec![
             format!("isa={}", isa.name()).into(),
             format!("features={}", isa::features().join(",")).into(),
-            "matmul=F32,F16,BF16,Q8_0,Q4_0,Q4_1,Q5_0,Q4_K,Q5_K,Q6_K,TQ2_0 (others dequantized per row)"
+            "matmul=F32,F16,BF16,Q8_0,Q4_0,Q4_1,Q5_0,Q4_K,Q5_K,Q6_K,TQ1_0,TQ2_0 (others dequantized per row)"
                 .into(),
             "attention=flash,causal|bidirectional,gqa,window,kv=F32|F16|I8".into(),
             "copy=any to F32,F16,BF16,Q8_0,Q4_0,Q4_1,Q5_0,Q5_1,Q4_K,Q5_K,Q6_K,TQ1_0,TQ2_0 (ggml's reference quantizers)".into(),
