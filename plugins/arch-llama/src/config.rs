@@ -240,6 +240,7 @@ pub const SUPPORTED: &[&str] = &[
     "command-r",
     "falcon",
     "nemotron",
+    "gptneox",
 ];
 
 /// HF checkpoint variants this plugin refuses (`config.<key>` true), with the reason.
@@ -291,7 +292,7 @@ impl NormConfig {
     fn read(w: &Weights, arch: &str) -> NormConfig {
         let key = |k: &str| format!("{arch}.attention.{k}");
         let (kind, eps) = match arch {
-            "gpt2" | "stablelm" | "command-r" | "falcon" | "nemotron" => (
+            "gpt2" | "gptneox" | "stablelm" | "command-r" | "falcon" | "nemotron" => (
                 NormKind::Layer,
                 w.meta_f64(&key("layer_norm_epsilon")).unwrap_or(1e-5),
             ),
@@ -319,8 +320,9 @@ fn activation(w: &Weights, arch: &str) -> Result<FfnActivation> {
     Ok(FfnActivation::Act(match named.as_deref() {
         None => match arch {
             "gpt2" | "gemma2" => GeluTanh,
-            // transformers' Falcon uses the exact GELU (llama.cpp its tanh approximation).
-            "falcon" => GeluErf,
+            // transformers' Falcon and GPT-NeoX use the exact GELU (llama.cpp its tanh
+            // approximation).
+            "falcon" | "gptneox" => GeluErf,
             "nemotron" => return Ok(FfnActivation::ReluSquared),
             _ => Silu,
         },
@@ -401,6 +403,7 @@ impl RopeConfig {
             None => w
                 .meta_f64("config.partial_rotary_factor")
                 .or_else(|| hf("partial_rotary_factor").and_then(Value::as_f64))
+                .or_else(|| w.meta_f64("config.rotary_pct"))
                 .map_or(head_dim, |f| (head_dim as f64 * f) as usize),
         };
         if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {

@@ -28,6 +28,9 @@
 //! - **StableLM** (Stability AI's StableLM 2, arXiv:2402.17834; GPT-NeoX style, Black et al.,
 //!   arXiv:2204.06745): LayerNorm, RoPE over part of each head, Q/K/V biases, and the parallel
 //!   residual of GPT-J (one norm feeding attention and FFN, both added to the input).
+//! - **GPT-NeoX** (Pythia, Biderman et al., arXiv:2304.01373): the parallel residual with two
+//!   input norms, Q/K/V fused per head in HF checkpoints (reordered at load, as llama.cpp's
+//!   converter does), RoPE over part of each head, biases, exact GELU.
 //! - **OLMo 2** (OLMo Team 2024, arXiv:2501.00656): RMSNorm after attention and FFN (no
 //!   pre-norms), Q/K RMSNorm over the whole projection.
 //! - **Granite** (IBM Granite 3.0): multipliers of the embeddings, of each block's outputs, of
@@ -54,7 +57,8 @@
 //! `modeling_mistral.py`, `modeling_qwen2.py`, `modeling_qwen3.py`, `modeling_mixtral.py`,
 //! `modeling_qwen2_moe.py`, `modeling_qwen3_moe.py`, `modeling_olmoe.py`, `modeling_gpt2.py`,
 //! `modeling_phi3.py`, `modeling_gemma2.py`, `modeling_stablelm.py`, `modeling_olmo2.py`,
-//! `modeling_granite.py`, `modeling_cohere.py`, `modeling_falcon.py`, `modeling_nemotron.py`),
+//! `modeling_granite.py`, `modeling_cohere.py`, `modeling_falcon.py`, `modeling_nemotron.py`,
+//! `modeling_gpt_neox.py`),
 //! against which `tests/` checks logits on tiny random-weight models; the
 //! tensor naming and GGUF conventions are llama.cpp's (`convert_hf_to_gguf.py` writes the GGUF
 //! fixtures of the other architectures).
@@ -84,7 +88,8 @@ use u_sdk::{
 fn describe() -> PluginInfo {
     PluginInfo {
         summary: "Llama-family decoder: Llama 2/3, Mistral, Qwen2/3, Mixtral, Qwen2/3-MoE, OLMoE, \
-                  GPT-2, Phi-3, Gemma 2, StableLM, OLMo 2, Granite, Command-R, Falcon, Nemotron"
+                  GPT-2, Phi-3, Gemma 2, StableLM, GPT-NeoX, OLMo 2, Granite, Command-R, Falcon, \
+                  Nemotron"
             .into(),
         details: RVec::new(),
     }

@@ -574,8 +574,9 @@ impl FeedForward {
 /// `h = x + s·post₁(Attention(norm₁(x))); h + s·post₂(FFN(norm₂(h)))`, where the pre-norms
 /// `norm` (absent in OLMo 2) and the post-norms `post` (Gemma 2's sandwich, OLMo 2) are there
 /// when the checkpoint has them and `s` is the residual multiplier (Granite; 1 otherwise).
-/// Parallel (GPT-J; Falcon, Cohere, StableLM): `x + s·Attention(norm₁(x)) + s·FFN(norm₂(x))`,
-/// with `norm₂ = norm₁` when the block has one input norm.
+/// Parallel (GPT-J; GPT-NeoX, Falcon, Cohere, StableLM):
+/// `x + s·Attention(norm₁(x)) + s·FFN(norm₂(x))`, with `norm₂ = norm₁` when the block has one
+/// input norm.
 pub struct Block {
     attn_norm: Option<Norm>,
     attn: Attention,

@@ -41,7 +41,9 @@
 //! | `blk.{i}.ffn_up.*` | `…mlp.c_fc.*` | `…mlp.dense_h_to_4h.*` |
 //! | `blk.{i}.ffn_down.*` | `…mlp.c_proj.*` | `…mlp.dense_4h_to_h.*` |
 //!
-//! GPT-2's Conv1D weights are stored `[in, out]` ([`hf_stored_transposed`]).
+//! GPT-2's Conv1D weights are stored `[in, out]` ([`hf_stored_transposed`]). GPT-NeoX
+//! (`gpt_neox.embed_in`, `gpt_neox.layers.{i}.attention.query_key_value`, `embed_out`…) stores
+//! Q, K and V rows interleaved per head ([`hf_row_order`]).
 //!
 //! **Experts.** GGUF stacks the experts of a layer into one 3-D tensor (`ffn_gate_exps`,
 //! `[n_expert, n_ff, n_embd]`). HF checkpoints store one 2-D tensor per expert, usually not
@@ -110,6 +112,7 @@ pub fn hf_architecture(model_type: &str) -> Cow<'_, str> {
     match model_type {
         "mistral" | "mixtral" => Cow::Borrowed("llama"),
         "cohere" => Cow::Borrowed("command-r"),
+        "gpt_neox" => Cow::Borrowed("gptneox"),
         "qwen2_moe" => Cow::Borrowed("qwen2moe"),
         "qwen3_moe" => Cow::Borrowed("qwen3moe"),
         other => Cow::Borrowed(other),
@@ -132,6 +135,15 @@ pub fn hf_to_canonical(arch: Option<&str>, name: &str) -> Option<String> {
         ["model", "layers", layer, rest @ ..] => {
             let layer: usize = parse_index(layer)?;
             let (tensor, rest) = map_layer(arch, rest)?;
+            join(&format!("blk.{layer}.{tensor}"), rest)
+        }
+        // GPT-NeoX.
+        ["gpt_neox", "embed_in", rest @ ..] => join("token_embd", rest),
+        ["gpt_neox", "final_layer_norm", rest @ ..] => join("output_norm", rest),
+        ["embed_out", rest @ ..] => join("output", rest),
+        ["gpt_neox", "layers", layer, rest @ ..] => {
+            let layer: usize = parse_index(layer)?;
+            let (tensor, rest) = map_neox_layer(rest)?;
             join(&format!("blk.{layer}.{tensor}"), rest)
         }
         // GPT-2 and Falcon.
@@ -251,6 +263,40 @@ fn map_transformer_layer<'n, 'p>(rest: &'p [&'n str]) -> Option<(&'static str, &
         ["mlp", "c_proj" | "dense_4h_to_h", r @ ..] => ("ffn_down", r),
         _ => return None,
     })
+}
+
+/// [`map_layer`] for the `gpt_neox.layers.{i}.` names of GPT-NeoX.
+fn map_neox_layer<'n, 'p>(rest: &'p [&'n str]) -> Option<(&'static str, &'p [&'n str])> {
+    Some(match rest {
+        ["input_layernorm", r @ ..] => ("attn_norm", r),
+        ["post_attention_layernorm", r @ ..] => ("ffn_norm", r),
+        ["attention", "query_key_value", r @ ..] => ("attn_qkv", r),
+        ["attention", "dense", r @ ..] => ("attn_output", r),
+        ["mlp", "dense_h_to_4h", r @ ..] => ("ffn_up", r),
+        ["mlp", "dense_4h_to_h", r @ ..] => ("ffn_down", r),
+        _ => return None,
+    })
+}
+
+/// For each row of canonical tensor `name` (`rows` rows, `heads` attention heads) in the HF
+/// checkpoint of `arch`, the stored row it is, when the two orders differ: GPT-NeoX fuses Q, K
+/// and V per head (rows `[heads, 3, head_dim]`), llama.cpp's order (and this plugin's) is every
+/// Q row, then K, then V, as its converter rewrites them.
+pub fn hf_row_order(arch: &str, name: &str, rows: usize, heads: usize) -> Option<Vec<usize>> {
+    let fused = name.starts_with("blk.")
+        && (name.ends_with(".attn_qkv.weight") || name.ends_with(".attn_qkv.bias"));
+    if arch != "gptneox" || !fused || heads == 0 || !rows.is_multiple_of(3 * heads) {
+        return None;
+    }
+    let (hd, width) = (rows / (3 * heads), rows / 3);
+    Some(
+        (0..rows)
+            .map(|r| {
+                let (part, head, j) = (r / width, (r % width) / hd, r % hd);
+                (head * 3 + part) * hd + j
+            })
+            .collect(),
+    )
 }
 
 /// Whether the HF checkpoint of `arch` stores canonical weight `name` as `[in, out]`: GPT-2's
@@ -513,6 +559,47 @@ mod tests {
         assert!(!hf_stored_transposed("gpt2", "blk.0.attn_qkv.bias"));
         assert!(!hf_stored_transposed("gpt2", "token_embd.weight"));
         assert!(!hf_stored_transposed("falcon", "blk.0.attn_qkv.weight"));
+    }
+
+    #[test]
+    fn gpt_neox_names_and_per_head_qkv_rows() {
+        for (hf, canonical) in [
+            ("gpt_neox.embed_in.weight", "token_embd.weight"),
+            ("gpt_neox.final_layer_norm.bias", "output_norm.bias"),
+            ("embed_out.weight", "output.weight"),
+            (
+                "gpt_neox.layers.3.attention.query_key_value.bias",
+                "blk.3.attn_qkv.bias",
+            ),
+            (
+                "gpt_neox.layers.3.attention.dense.weight",
+                "blk.3.attn_output.weight",
+            ),
+            (
+                "gpt_neox.layers.3.post_attention_layernorm.weight",
+                "blk.3.ffn_norm.weight",
+            ),
+            (
+                "gpt_neox.layers.3.mlp.dense_4h_to_h.weight",
+                "blk.3.ffn_down.weight",
+            ),
+        ] {
+            assert_eq!(
+                hf_to_canonical(None, hf).as_deref(),
+                Some(canonical),
+                "{hf}"
+            );
+        }
+        // Two heads of two: stored q0 q0 k0 k0 v0 v0 q1 q1 k1 k1 v1 v1.
+        assert_eq!(
+            hf_row_order("gptneox", "blk.0.attn_qkv.weight", 12, 2),
+            Some(vec![0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11])
+        );
+        assert_eq!(
+            hf_row_order("gptneox", "blk.0.attn_output.weight", 12, 2),
+            None
+        );
+        assert_eq!(hf_row_order("phi3", "blk.0.attn_qkv.weight", 12, 2), None);
     }
 
     #[test]

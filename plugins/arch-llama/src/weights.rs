@@ -157,6 +157,17 @@ impl Weights {
                 .is_some_and(|arch| naming::hf_stored_transposed(&arch, name))
     }
 
+    /// For each row of tensor `name` (`rows` rows), the stored row it is, when the checkpoint
+    /// orders them otherwise (HF GPT-NeoX's per-head Q/K/V; see [`naming::hf_row_order`]).
+    pub fn row_order(&self, name: &str, rows: usize) -> Option<Vec<usize>> {
+        if self.format == "gguf" {
+            return None;
+        }
+        let arch = self.meta_str(ARCHITECTURE_KEY)?;
+        let heads = self.meta_u64(&format!("{arch}.attention.head_count"))? as usize;
+        naming::hf_row_order(&arch, name, rows, heads)
+    }
+
     /// The input features of linear layer `{name}.weight` (its innermost stored dimension, or
     /// the outermost one when [stored transposed](Weights::stored_transposed)).
     pub fn inputs(&self, name: &str) -> Result<usize> {
@@ -273,24 +284,38 @@ impl Linear {
                 )));
             }
         };
+        let order = w.row_order(&weight, outputs);
+        let stored_row = |r: usize| order.as_ref().map_or(r, |o| o[r]);
         let bias_name = format!("{name}.bias");
         let bias = if bias && w.has(&bias_name) {
-            Some(w.vector(device, &bias_name, outputs)?)
+            let b = w.f32(&bias_name)?;
+            if b.len() != outputs {
+                return Err(UError::invalid(format!(
+                    "arch-llama: {bias_name} has {} values, expected {outputs}",
+                    b.len()
+                )));
+            }
+            let b: Vec<f32> = (0..outputs).map(|r| b[stored_row(r)]).collect();
+            Some(device.from_f32(&b, &[outputs as u64])?)
         } else {
             None
         };
         let dims = [outputs as u64, inputs as u64];
-        let weight = match transposed {
-            // HF Conv1D weights (GPT-2) are `[in, out]`: transposed once at load, as llama.cpp's
-            // converter does.
-            true => {
+        let weight = match (transposed, &order) {
+            (false, None) => w.import(device, &weight, Some(&dims))?,
+            // HF Conv1D weights (GPT-2) are `[in, out]`, GPT-NeoX's Q/K/V rows interleaved per
+            // head: rewritten once at load, as llama.cpp's converter does.
+            _ => {
                 let stored = w.f32(&weight)?;
+                let at = |r: usize, c: usize| match transposed {
+                    true => stored[c * outputs + r],
+                    false => stored[r * inputs + c],
+                };
                 let t: Vec<f32> = (0..outputs * inputs)
-                    .map(|k| stored[(k % inputs) * outputs + k / inputs])
+                    .map(|k| at(stored_row(k / inputs), k % inputs))
                     .collect();
                 device.from_f32(&t, &dims)?
             }
-            false => w.import(device, &weight, Some(&dims))?,
         };
         Ok(Linear {
             weight,

@@ -3,8 +3,8 @@
 //! Mistral (sliding window), Qwen2, Qwen3, Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE, each from
 //! safetensors and from GGUF F32, with the CPU kernels plugin and with a test reference cache
 //! (4-token pages) or the cache-kv plugin; and the other architectures
-//! (`tests/fixtures/gen_llama_arches.py`: GPT-2, Phi-3, Gemma 2, StableLM, OLMo 2, Granite,
-//! Cohere, Falcon, Nemotron) from safetensors and from the GGUF
+//! (`tests/fixtures/gen_llama_arches.py`: GPT-2, Phi-3, Gemma 2, StableLM, GPT-NeoX, OLMo 2,
+//! Granite, Cohere, Falcon, Nemotron) from safetensors and from the GGUF
 //! llama.cpp's converter writes. Each model runs alone per prompt and batched (all
 //! prompts in one pass, prefill split in two chunks, decoding all sequences together).
 //!
@@ -154,7 +154,8 @@ fn gguf_f32_logits_and_generation_match_transformers() -> Result<()> {
 
 /// GPT-2 (learned positions, LayerNorm, biases, GELU, Conv1D weights), Phi-3 (fused
 /// projections), Gemma 2 (soft caps, sandwich norms, 1 + γ, alternating windows), StableLM
-/// (parallel residual, partial RoPE), OLMo 2 (post-norms, Q/K norm), Granite (multipliers),
+/// (parallel residual, partial RoPE), GPT-NeoX (two-norm parallel block, per-head fused QKV),
+/// OLMo 2 (post-norms, Q/K norm), Granite (multipliers),
 /// Cohere (parallel, bias-free LayerNorm, logit scale), Falcon (multi-query fused QKV, parallel)
 /// and Nemotron (squared ReLU, 1 + γ LayerNorm, partial RoPE) from their HF checkpoints.
 #[test]

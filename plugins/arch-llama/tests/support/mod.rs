@@ -29,8 +29,9 @@ pub const MODELS: [&str; 9] = [
 
 /// Models of other architectures (`tests/fixtures/gen_llama_arches.py`: safetensors and GGUF
 /// from llama.cpp's converter).
-pub const ARCHITECTURES: [&str; 9] = [
+pub const ARCHITECTURES: [&str; 10] = [
     "gpt2", "phi3", "gemma2", "stablelm", "olmo2", "granite", "cohere", "falcon", "nemotron",
+    "gpt_neox",
 ];
 
 /// One prompt of a fixture: its tokens, the reference logits and the greedy continuation.
