@@ -486,6 +486,16 @@ impl RopeConfig {
                 )));
             }
         }
+        // Phi-3's long-context variants (LongRoPE) in GGUF: per-frequency factors chosen by
+        // context length, not implemented.
+        if let Some(t) = ["rope_factors_long.weight", "rope_factors_short.weight"]
+            .into_iter()
+            .find(|t| w.has(t))
+        {
+            return Err(UError::unsupported(format!(
+                "arch-llama: LongRoPE scaling (`{t}`) is not implemented"
+            )));
+        }
         // GGUF carries Llama 3 scaling as per-frequency divisors.
         if w.has("rope_freqs.weight") {
             let factors = w.f32("rope_freqs.weight")?;

@@ -193,6 +193,10 @@ fn other_architectures_refuse_what_they_cannot_build() -> Result<()> {
         c["n_positions"] = 1000.into()
     })?);
     assert!(e.contains("position_embd"), "{e}");
+    let e = build_err(fixture_with_config("phi3", |c| {
+        c["rope_parameters"]["rope_type"] = "longrope".into()
+    })?);
+    assert!(e.contains("rope scaling `longrope`"), "{e}");
     // Nemotron's LayerNorm biases under an RMSNorm architecture are not silently dropped.
     let e = build_err(fixture_with_config("nemotron", |c| {
         c["model_type"] = "llama".into()
