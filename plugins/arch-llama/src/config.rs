@@ -136,12 +136,6 @@ impl Config {
                 )));
             }
         }
-        if w.has(&naming::blk(0, "attn_norm_2", "weight")) {
-            return Err(UError::unsupported(
-                "arch-llama: blocks with a second input norm (`attn_norm_2`, Falcon 40B) are not \
-                 implemented",
-            ));
-        }
         let embd = w.shape("token_embd.weight")?;
         let [vocab_size, hidden] = dims2("token_embd.weight", &embd)?;
         let layers = w.required_u64(&key("block_count"))? as usize;
@@ -244,14 +238,7 @@ pub const SUPPORTED: &[&str] = &[
 ];
 
 /// HF checkpoint variants this plugin refuses (`config.<key>` true), with the reason.
-const HF_UNSUPPORTED: &[(&str, &str, &str)] = &[
-    ("falcon", "alibi", "ALiBi positions"),
-    (
-        "falcon",
-        "new_decoder_architecture",
-        "Falcon-40B-style blocks (grouped Q/K/V, two input norms)",
-    ),
-];
+const HF_UNSUPPORTED: &[(&str, &str, &str)] = &[("falcon", "alibi", "ALiBi positions")];
 
 /// Architectures whose blocks are parallel when they have a single input norm (no
 /// `ffn_norm`), as llama.cpp decides for StableLM.

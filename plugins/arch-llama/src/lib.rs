@@ -37,8 +37,9 @@
 //!   the attention scores, and a divisor of the logits.
 //! - **Cohere Command-R**: parallel block, LayerNorm without bias, adjacent-pair RoPE in its own
 //!   checkpoints, a logit scale.
-//! - **Falcon** (Almazrouei et al., arXiv:2311.16867; 7B style): parallel attention and MLP on
-//!   one LayerNorm, multi-query fused Q/K/V, exact GELU.
+//! - **Falcon** (Almazrouei et al., arXiv:2311.16867): parallel attention and MLP on one
+//!   LayerNorm with multi-query fused Q/K/V (7B), or on two LayerNorms with Q/K/V fused per KV
+//!   group (40B/180B, reordered at load from HF checkpoints), exact GELU.
 //! - **Nemotron** (`NemotronForCausalLM`, Nemotron-4, arXiv:2402.16819): squared-ReLU MLP
 //!   without gate, LayerNorm with `1 + γ` and bias, RoPE over half of each head.
 //!

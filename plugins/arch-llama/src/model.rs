@@ -601,8 +601,14 @@ impl Block {
             (_, false) => FeedForward::Dense(Mlp::load(w, dev, cfg.hidden, i, "", cfg.activation)?),
         };
         let norm = |t: &str| optional_norm(w, dev, cfg, i, t);
-        let (attn_norm, post_attn_norm) = (norm("attn_norm")?, norm("post_attention_norm")?);
-        let (ffn_norm, post_ffn_norm) = (norm("ffn_norm")?, norm("post_ffw_norm")?);
+        // Falcon-40B's parallel block, in llama.cpp's names: `attn_norm_2` feeds attention,
+        // `attn_norm` the FFN.
+        let (attn_norm, ffn_norm) = match norm("attn_norm_2")? {
+            Some(attn) => (Some(attn), norm("attn_norm")?),
+            None => (norm("attn_norm")?, norm("ffn_norm")?),
+        };
+        let (post_attn_norm, post_ffn_norm) =
+            (norm("post_attention_norm")?, norm("post_ffw_norm")?);
         if attn_norm.is_none() && post_attn_norm.is_none() {
             return Err(UError::not_found(format!(
                 "arch-llama: tensor `{}` is missing",

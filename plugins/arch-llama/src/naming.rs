@@ -33,8 +33,8 @@
 //! | `token_embd.weight` | `transformer.wte.weight` | `transformer.word_embeddings.weight` |
 //! | `position_embd.weight` | `transformer.wpe.weight` | — |
 //! | `output_norm.*` | `transformer.ln_f.*` | `transformer.ln_f.*` |
-//! | `blk.{i}.attn_norm.*` | `…ln_1.*` | `…input_layernorm.*`, `…ln_attn.*` |
-//! | `blk.{i}.attn_norm_2.*` | — | `…ln_mlp.*` |
+//! | `blk.{i}.attn_norm.*` | `…ln_1.*` | `…input_layernorm.*`, Falcon-40B `…ln_mlp.*` |
+//! | `blk.{i}.attn_norm_2.*` | — | Falcon-40B `…ln_attn.*` |
 //! | `blk.{i}.ffn_norm.*` | `…ln_2.*` | — |
 //! | `blk.{i}.attn_qkv.*` | `…attn.c_attn.*` | `…self_attention.query_key_value.*` |
 //! | `blk.{i}.attn_output.*` | `…attn.c_proj.*` | `…self_attention.dense.*` |
@@ -252,8 +252,10 @@ fn map_layer<'n, 'p>(arch: Option<&str>, rest: &'p [&'n str]) -> Option<(String,
 /// [`map_layer`] for the `transformer.h.{i}.` names of GPT-2 and Falcon.
 fn map_transformer_layer<'n, 'p>(rest: &'p [&'n str]) -> Option<(&'static str, &'p [&'n str])> {
     Some(match rest {
-        ["ln_1" | "input_layernorm" | "ln_attn", r @ ..] => ("attn_norm", r),
-        ["ln_mlp", r @ ..] => ("attn_norm_2", r),
+        // Falcon-40B's two input norms, named as llama.cpp's converter names them: `ln_mlp`
+        // (the FFN's) is `attn_norm`, `ln_attn` (attention's) `attn_norm_2`.
+        ["ln_1" | "input_layernorm" | "ln_mlp", r @ ..] => ("attn_norm", r),
+        ["ln_attn", r @ ..] => ("attn_norm_2", r),
         ["ln_2", r @ ..] => ("ffn_norm", r),
         ["attn", "c_attn", r @ ..] | ["self_attention", "query_key_value", r @ ..] => {
             ("attn_qkv", r)
@@ -278,22 +280,39 @@ fn map_neox_layer<'n, 'p>(rest: &'p [&'n str]) -> Option<(&'static str, &'p [&'n
     })
 }
 
-/// For each row of canonical tensor `name` (`rows` rows, `heads` attention heads) in the HF
-/// checkpoint of `arch`, the stored row it is, when the two orders differ: GPT-NeoX fuses Q, K
-/// and V per head (rows `[heads, 3, head_dim]`), llama.cpp's order (and this plugin's) is every
-/// Q row, then K, then V, as its converter rewrites them.
-pub fn hf_row_order(arch: &str, name: &str, rows: usize, heads: usize) -> Option<Vec<usize>> {
+/// For each row of canonical tensor `name` (`rows` rows, `heads` query and `kv_heads` KV heads)
+/// in the HF checkpoint of `arch`, the stored row it is, when the two orders differ: GPT-NeoX
+/// and Falcon fuse Q, K and V per KV group (the group's query heads, then its key and its value
+/// head: GPT-NeoX one group per head, Falcon-40B one per KV head), llama.cpp's order (and this
+/// plugin's) is every Q row, then K, then V, as its converter rewrites them. One group (Falcon-7B's
+/// multi-query) is already in order.
+pub fn hf_row_order(
+    arch: &str,
+    name: &str,
+    rows: usize,
+    heads: usize,
+    kv_heads: usize,
+) -> Option<Vec<usize>> {
     let fused = name.starts_with("blk.")
         && (name.ends_with(".attn_qkv.weight") || name.ends_with(".attn_qkv.bias"));
-    if arch != "gptneox" || !fused || heads == 0 || !rows.is_multiple_of(3 * heads) {
+    let groups = match arch {
+        "gptneox" => heads,
+        "falcon" => kv_heads,
+        _ => return None,
+    };
+    let slots = heads + 2 * groups;
+    if !fused || groups <= 1 || !heads.is_multiple_of(groups) || !rows.is_multiple_of(slots) {
         return None;
     }
-    let (hd, width) = (rows / (3 * heads), rows / 3);
+    let (hd, q) = (rows / slots, heads / groups);
     Some(
         (0..rows)
             .map(|r| {
-                let (part, head, j) = (r / width, (r % width) / hd, r % hd);
-                (head * 3 + part) * hd + j
+                let (slot, group) = match r / hd {
+                    h if h < heads => (h % q, h / q),
+                    kv => (q + (kv - heads) / groups, (kv - heads) % groups),
+                };
+                (group * (q + 2) + slot) * hd + r % hd
             })
             .collect(),
     )
@@ -537,7 +556,8 @@ mod tests {
                 "transformer.h.0.mlp.dense_4h_to_h.weight",
                 "blk.0.ffn_down.weight",
             ),
-            ("transformer.h.0.ln_mlp.weight", "blk.0.attn_norm_2.weight"),
+            ("transformer.h.0.ln_mlp.weight", "blk.0.attn_norm.weight"),
+            ("transformer.h.0.ln_attn.weight", "blk.0.attn_norm_2.weight"),
             (
                 "model.layers.0.self_attn.qkv_proj.weight",
                 "blk.0.attn_qkv.weight",
@@ -592,14 +612,27 @@ mod tests {
         }
         // Two heads of two: stored q0 q0 k0 k0 v0 v0 q1 q1 k1 k1 v1 v1.
         assert_eq!(
-            hf_row_order("gptneox", "blk.0.attn_qkv.weight", 12, 2),
+            hf_row_order("gptneox", "blk.0.attn_qkv.weight", 12, 2, 2),
             Some(vec![0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11])
         );
+        // Falcon-40B, four heads in two groups, one row each: q0 q1 k0 v0 q2 q3 k1 v1.
         assert_eq!(
-            hf_row_order("gptneox", "blk.0.attn_output.weight", 12, 2),
+            hf_row_order("falcon", "blk.0.attn_qkv.bias", 8, 4, 2),
+            Some(vec![0, 1, 4, 5, 2, 6, 3, 7])
+        );
+        // Falcon-7B's one group is already in order.
+        assert_eq!(
+            hf_row_order("falcon", "blk.0.attn_qkv.weight", 6, 4, 1),
             None
         );
-        assert_eq!(hf_row_order("phi3", "blk.0.attn_qkv.weight", 12, 2), None);
+        assert_eq!(
+            hf_row_order("gptneox", "blk.0.attn_output.weight", 12, 2, 2),
+            None
+        );
+        assert_eq!(
+            hf_row_order("phi3", "blk.0.attn_qkv.weight", 12, 2, 2),
+            None
+        );
     }
 
     #[test]

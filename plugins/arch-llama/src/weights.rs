@@ -158,14 +158,18 @@ impl Weights {
     }
 
     /// For each row of tensor `name` (`rows` rows), the stored row it is, when the checkpoint
-    /// orders them otherwise (HF GPT-NeoX's per-head Q/K/V; see [`naming::hf_row_order`]).
+    /// orders them otherwise (HF GPT-NeoX's and Falcon's grouped Q/K/V; see
+    /// [`naming::hf_row_order`]).
     pub fn row_order(&self, name: &str, rows: usize) -> Option<Vec<usize>> {
         if self.format == "gguf" {
             return None;
         }
         let arch = self.meta_str(ARCHITECTURE_KEY)?;
         let heads = self.meta_u64(&format!("{arch}.attention.head_count"))? as usize;
-        naming::hf_row_order(&arch, name, rows, heads)
+        let kv_heads = self
+            .meta_u64(&format!("{arch}.attention.head_count_kv"))
+            .map_or(heads, |k| k as usize);
+        naming::hf_row_order(&arch, name, rows, heads, kv_heads)
     }
 
     /// The input features of linear layer `{name}.weight` (its innermost stored dimension, or

@@ -175,10 +175,6 @@ fn other_architectures_refuse_what_they_cannot_build() -> Result<()> {
     assert!(e.contains("architecture `gpt5`"), "{e}");
     let e = build_err(fixture_with_config("falcon", |c| c["alibi"] = true.into())?);
     assert!(e.contains("ALiBi"), "{e}");
-    let e = build_err(fixture_with_config("falcon", |c| {
-        c["new_decoder_architecture"] = true.into()
-    })?);
-    assert!(e.contains("Falcon-40B"), "{e}");
     // Two KV heads: more than the fused Q/K/V holds.
     let e = build_err(fixture_with_config("falcon", |c| {
         c["multi_query"] = false.into();

@@ -156,8 +156,9 @@ fn gguf_f32_logits_and_generation_match_transformers() -> Result<()> {
 /// projections), Gemma 2 (soft caps, sandwich norms, 1 + γ, alternating windows), StableLM
 /// (parallel residual, partial RoPE), GPT-NeoX (two-norm parallel block, per-head fused QKV),
 /// OLMo 2 (post-norms, Q/K norm), Granite (multipliers),
-/// Cohere (parallel, bias-free LayerNorm, logit scale), Falcon (multi-query fused QKV, parallel)
-/// and Nemotron (squared ReLU, 1 + γ LayerNorm, partial RoPE) from their HF checkpoints.
+/// Cohere (parallel, bias-free LayerNorm, logit scale), Falcon 7B (multi-query fused QKV,
+/// parallel) and 40B (two input norms, grouped fused QKV) and Nemotron (squared ReLU, 1 + γ
+/// LayerNorm, partial RoPE) from their HF checkpoints.
 #[test]
 fn other_architectures_from_safetensors_match_transformers() -> Result<()> {
     run_models(&ARCHITECTURES, "safetensors", support::safetensors, || {

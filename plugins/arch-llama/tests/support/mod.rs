@@ -29,9 +29,18 @@ pub const MODELS: [&str; 9] = [
 
 /// Models of other architectures (`tests/fixtures/gen_llama_arches.py`: safetensors and GGUF
 /// from llama.cpp's converter).
-pub const ARCHITECTURES: [&str; 10] = [
-    "gpt2", "phi3", "gemma2", "stablelm", "olmo2", "granite", "cohere", "falcon", "nemotron",
+pub const ARCHITECTURES: [&str; 11] = [
+    "gpt2",
+    "phi3",
+    "gemma2",
+    "stablelm",
     "gpt_neox",
+    "olmo2",
+    "granite",
+    "cohere",
+    "falcon",
+    "falcon_40b",
+    "nemotron",
 ];
 
 /// One prompt of a fixture: its tokens, the reference logits and the greedy continuation.
