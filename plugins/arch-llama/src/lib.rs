@@ -208,6 +208,30 @@ impl Model for Llama {
 mod tests {
     use super::*;
 
+    /// The host picks this plugin by the families its manifest declares: every architecture
+    /// the plugin builds is declared, and every declared family (GGUF architecture or HF
+    /// `model_type`) is one it builds.
+    #[test]
+    fn the_manifest_declares_exactly_the_architectures_built() {
+        let manifest: toml::Table = include_str!("../plugin.toml").parse().expect("plugin.toml");
+        let families: Vec<&str> = manifest["families"]
+            .as_array()
+            .expect("families")
+            .iter()
+            .map(|f| f.as_str().expect("a family name"))
+            .collect();
+        for arch in config::SUPPORTED {
+            assert!(families.contains(arch), "{arch} is not declared");
+        }
+        for family in families {
+            let arch = naming::hf_architecture(family);
+            assert!(
+                config::SUPPORTED.contains(&arch.as_ref()),
+                "{family} is not built"
+            );
+        }
+    }
+
     #[test]
     fn the_config_may_turn_the_expert_prefetch_off_and_nothing_else() {
         assert!(LlamaArchitecture::from_config("").unwrap().expert_prefetch);
