@@ -4,6 +4,10 @@
 //! runner-embeddings, picked by the model's family and kind — answers `/v1/embeddings` with
 //! sentence-transformers' normalised embeddings to 1e-4 (`plugins/arch-bert/tests/fixtures/
 //! minilm_expected.json`), and refuses what an embedding model cannot do with a clear error.
+//! The same model as GGUF (written from the safetensors in llama.cpp's `convert_hf_to_gguf.py`
+//! layout by arch-bert's test writer, which arch-bert's `tests/gguf.rs` holds to the converter's
+//! recorded output) is served by loader-gguf and answers with llama.cpp's `llama-embedding`
+//! vectors (`minilm_gguf_expected.json`) to [`LLAMA_TOL`].
 
 use serde_json::Value;
 use std::{
@@ -18,8 +22,14 @@ use u_conformance::{
     serving::{Options, minilm_path, post, start_with},
 };
 
+#[path = "../plugins/arch-bert/tests/support/hf_to_gguf.rs"]
+mod hf_to_gguf;
+
 /// Stated tolerance.
 const TOL: f64 = 1e-4;
+/// Against llama-embedding: llama.cpp's BERT uses the tanh GELU from an f16 table where the
+/// checkpoint (and U) use the exact one; measured 3.2e-4 (see arch-bert's `tests/gguf.rs`).
+const LLAMA_TOL: f64 = 5e-4;
 
 /// The reference sentences and their embeddings (the empty one left out: the OpenAI API
 /// refuses empty inputs, tested in `serve_apis.rs`; the runner's own test covers it).
@@ -97,6 +107,60 @@ fn serve_answers_embeddings_equal_to_sentence_transformers() {
     );
     let (s, _) = post(server.port, "/v1/embeddings", &request(&cases[..1]));
     assert_eq!(s, 200);
+}
+
+#[test]
+fn serve_answers_embeddings_from_the_gguf_equal_to_llama_cpps() {
+    let fx: Value = serde_json::from_slice(
+        &std::fs::read(root().join("plugins/arch-bert/tests/fixtures/minilm_gguf_expected.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("all-MiniLM-L6-v2.gguf");
+    let mut file = hf_to_gguf::Gguf::from_hf(&minilm_path()).unwrap();
+    // Mean pooling, from sentence-transformers' pooling module, as the converter records it.
+    assert_eq!(
+        file.value_mut("bert.pooling_type"),
+        Some(&mut hf_to_gguf::Value::U32(1))
+    );
+    file.write(&gguf).unwrap();
+    let cases: Vec<(String, Vec<f64>)> = fx["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["text"] != "")
+        .map(|c| {
+            let v = serde_json::from_value(c["embedding"].clone()).unwrap();
+            (c["text"].as_str().unwrap().to_string(), v)
+        })
+        .collect();
+    assert!(cases.len() >= 10);
+    let server = start_with(dir, &gguf, "loader-gguf", &Options::default());
+    let (s, v) = post(server.port, "/v1/embeddings", &request(&cases));
+    assert_eq!(s, 200, "{v}\n{}", server.log());
+    let data = v["data"].as_array().expect("data");
+    let mut worst = 0f64;
+    for (d, (text, want)) in data.iter().zip(&cases) {
+        let got: Vec<f64> = serde_json::from_value(d["embedding"].clone()).unwrap();
+        let diff = got
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(
+            diff <= LLAMA_TOL,
+            "{text:?}: differs from llama-embedding by {diff}"
+        );
+        worst = worst.max(diff);
+    }
+    assert_eq!(data.len(), cases.len());
+    eprintln!("serve from GGUF vs llama-embedding: max |Δ| {worst:.2e}");
+    let log = server.log();
+    assert!(
+        log.contains("loader-gguf") && log.contains("arch-bert"),
+        "{log}"
+    );
 }
 
 /// One HTTP request over a Unix socket; the status and the parsed body.
