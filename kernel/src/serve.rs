@@ -6,7 +6,7 @@
 //! transports get an engine that serves nothing and says so.
 
 use crate::{OpenReport, instantiate, listeners, sandbox, wiring};
-use abi_stable::std_types::{RResult, RStr, RVec};
+use abi_stable::std_types::{RResult, RSlice, RStr, RVec};
 use std::{
     sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
@@ -14,7 +14,8 @@ use std::{
 use u_attest::Deployment;
 use u_sdk::{
     CheckpointInfo, CheckpointRequest, Engine, EngineBox, EngineStats, ErrorKind, GenerateRequest,
-    GenerateSummary, PluginInstance, Shutdown, ShutdownBox, TokenSinkBox, TransportContext, UError,
+    GenerateSummary, PluginInstance, Shutdown, ShutdownBox, TokenSinkBox, TokenizeRequest,
+    TransportContext, UError,
 };
 
 static SHUTDOWN: AtomicBool = AtomicBool::new(false);
@@ -82,6 +83,18 @@ impl Engine for HostEngine {
     }
 
     fn embed(&self, model: RStr<'_>, _input: RStr<'_>) -> RResult<RVec<f32>, UError> {
+        RResult::RErr(Self::not_served(model.as_str()))
+    }
+
+    fn tokenize(&self, request: &TokenizeRequest) -> RResult<RVec<u32>, UError> {
+        RResult::RErr(Self::not_served(&request.model))
+    }
+
+    fn detokenize(&self, model: RStr<'_>, _tokens: RSlice<'_, u32>) -> RResult<RVec<u8>, UError> {
+        RResult::RErr(Self::not_served(model.as_str()))
+    }
+
+    fn embed_tokens(&self, model: RStr<'_>, _: RSlice<'_, u32>) -> RResult<RVec<f32>, UError> {
         RResult::RErr(Self::not_served(model.as_str()))
     }
 }

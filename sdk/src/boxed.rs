@@ -269,6 +269,15 @@ impl<T: Engine> Engine for Guarded<T> {
     fn embed(&self, model: RStr<'_>, input: RStr<'_>) -> RResult<RVec<f32>, UError> {
         run("engine.embed", || self.0.embed(model, input))
     }
+    fn tokenize(&self, request: &TokenizeRequest) -> RResult<RVec<u32>, UError> {
+        run("engine.tokenize", || self.0.tokenize(request))
+    }
+    fn detokenize(&self, model: RStr<'_>, tokens: RSlice<'_, u32>) -> RResult<RVec<u8>, UError> {
+        run("engine.detokenize", || self.0.detokenize(model, tokens))
+    }
+    fn embed_tokens(&self, model: RStr<'_>, tokens: RSlice<'_, u32>) -> RResult<RVec<f32>, UError> {
+        run("engine.embed_tokens", || self.0.embed_tokens(model, tokens))
+    }
 }
 
 impl<T: TokenSink> TokenSink for Guarded<T> {

@@ -19,7 +19,8 @@ use std::sync::{
 use u_sdk::{
     CheckpointInfo, CheckpointRequest, Engine, EngineBox, EngineStats, ErrorKind, GenerateRequest,
     GenerateSummary, HostBox, ModelBox, ModelConfig, ModelKind, Output, PluginInfo, PluginInstance,
-    Runner, RunnerBox, RunnerContext, Segment, SeqChunk, TokenSinkBox, TokenizerBox, UError,
+    Runner, RunnerBox, RunnerContext, Segment, SeqChunk, TokenSinkBox, TokenizeRequest,
+    TokenizerBox, UError,
 };
 
 /// The `runner` entry object.
@@ -138,9 +139,32 @@ impl Embedder {
 
     /// The normalised embedding of `text`.
     pub fn embed_text(&self, text: &str) -> u_sdk::Result<Vec<f32>> {
-        let ids = self.tokens(text)?;
+        self.embed_ids(&self.tokens(text)?)
+    }
+
+    /// The normalised embedding of token ids used as they are (at most the model's context).
+    pub fn embed_ids(&self, ids: &[u32]) -> u_sdk::Result<Vec<f32>> {
         let c = &self.0.config;
-        let input = [Segment::Tokens(RSlice::from_slice(&ids))];
+        if ids.is_empty() {
+            return Err(UError::invalid("runner-embeddings: no tokens to embed"));
+        }
+        if let Some(&bad) = ids.iter().find(|&&t| t >= c.vocab_size) {
+            return Err(UError::invalid(format!(
+                "runner-embeddings: token id {bad} is out of range for a vocabulary of {}",
+                c.vocab_size
+            )));
+        }
+        if ids.len() > c.context_length as usize {
+            return Err(UError::new(
+                ErrorKind::ResourceExhausted,
+                format!(
+                    "runner-embeddings: {} tokens; the model's context holds {}",
+                    ids.len(),
+                    c.context_length
+                ),
+            ));
+        }
+        let input = [Segment::Tokens(RSlice::from_slice(ids))];
         let chunk = [SeqChunk::tokens(0, &input, Output::Pooled(c.pooling))];
         let mut v = vec![0f32; c.hidden as usize];
         self.0.running.fetch_add(1, Ordering::Relaxed);
@@ -207,6 +231,45 @@ impl Engine for Embedder {
     fn embed(&self, model: RStr<'_>, input: RStr<'_>) -> RResult<RVec<f32>, UError> {
         self.check_model(model.as_str())
             .and_then(|()| self.embed_text(input.as_str()))
+            .map(RVec::from)
+            .into()
+    }
+
+    fn tokenize(&self, request: &TokenizeRequest) -> RResult<RVec<u32>, UError> {
+        (|| {
+            self.check_model(&request.model)?;
+            if !request.messages.is_empty() {
+                return Err(self.not_this_task("a chat conversation"));
+            }
+            if request.add_special {
+                return self.tokens(&request.prompt);
+            }
+            Ok(self
+                .0
+                .tokenizer
+                .encode(request.prompt.as_str().into(), false, true)
+                .into_result()?
+                .into_vec())
+        })()
+        .map(RVec::from)
+        .into()
+    }
+
+    fn detokenize(&self, model: RStr<'_>, tokens: RSlice<'_, u32>) -> RResult<RVec<u8>, UError> {
+        (|| {
+            self.check_model(model.as_str())?;
+            let mut bytes = Vec::new();
+            for &id in tokens.iter() {
+                bytes.extend_from_slice(&self.0.tokenizer.token_bytes(id).into_result()?);
+            }
+            Ok(RVec::from(bytes))
+        })()
+        .into()
+    }
+
+    fn embed_tokens(&self, model: RStr<'_>, tokens: RSlice<'_, u32>) -> RResult<RVec<f32>, UError> {
+        self.check_model(model.as_str())
+            .and_then(|()| self.embed_ids(tokens.as_slice()))
             .map(RVec::from)
             .into()
     }

@@ -350,6 +350,7 @@ impl Generator {
                 breakpoints: Vec::new(),
                 top_logprobs: None,
                 save_as: None,
+                logit_bias: Vec::new(),
             },
         )?;
         let mut batch = Batch::new(self.prefill_chunk);

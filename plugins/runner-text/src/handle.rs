@@ -12,7 +12,8 @@ use abi_stable::std_types::{ROption, RResult, RSlice, RStr, RString, RVec};
 use std::sync::Arc;
 use u_sdk::{
     CheckpointInfo, CheckpointOp, CheckpointRequest, Engine, EngineBox, EngineStats,
-    GenerateRequest, GenerateSummary, GeneratedToken, KvCacheBox, SeqId, TokenSinkBox, UError,
+    GenerateRequest, GenerateSummary, GeneratedToken, KvCacheBox, SeqId, TokenSinkBox,
+    TokenizeRequest, UError,
 };
 
 /// A model served under one name through the ABI's [`Engine`] interface: requests from any
@@ -65,6 +66,32 @@ impl EngineHandle {
         }
     }
 
+    /// The normalised embedding of `tokens`.
+    fn embed_ids(&self, tokens: &[u32]) -> Result<RVec<f32>> {
+        let g = self.generator();
+        let vocab = g.config().vocab_size;
+        if let Some(&id) = tokens.iter().find(|&&t| t >= vocab) {
+            return Err(Error::TokenOutOfRange { id, vocab });
+        }
+        if tokens.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        let context = g.config().context_length as usize;
+        if context > 0 && tokens.len() > context {
+            return Err(Error::ContextFull {
+                prompt: tokens.len(),
+                context,
+            });
+        }
+        // On the caller's thread, in a scratch sequence, beside the scheduler's passes.
+        let mut v = g.embed(tokens)?;
+        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        if norm > 0.0 {
+            v.iter_mut().for_each(|x| *x /= norm);
+        }
+        Ok(RVec::from(v))
+    }
+
     fn cache(&self) -> KvCacheBox {
         self.generator().cache().clone()
     }
@@ -100,10 +127,53 @@ impl EngineHandle {
         Err(Error::Stopped)
     }
 
+    /// A request's prompt as tokens (its ids as given, a fill-in-the-middle prompt, its text or
+    /// its rendered messages) and its breakpoints as token counts.
+    fn prompt_tokens(
+        &self,
+        request: &GenerateRequest,
+        continuation: bool,
+    ) -> Result<(Vec<u32>, Vec<usize>)> {
+        let g = self.generator();
+        if !request.prompt_tokens.is_empty() {
+            if request.suffix.is_some() {
+                return Err(Error::InvalidRequest(
+                    "`suffix` needs a text prompt, not token ids".into(),
+                ));
+            }
+            return Ok((request.prompt_tokens.to_vec(), Vec::new()));
+        }
+        let text = match &request.suffix {
+            ROption::RSome(suffix) => {
+                if !request.messages.is_empty() {
+                    return Err(Error::InvalidRequest(
+                        "`suffix` needs a prompt, not chat messages".into(),
+                    ));
+                }
+                crate::prompt::fill_in_the_middle(g, &request.prompt, suffix)?
+            }
+            ROption::RNone => request.prompt.to_string(),
+        };
+        let prompt = Prompt::new(
+            g,
+            &text,
+            &request.messages,
+            continuation,
+            request.continue_final,
+        )?;
+        prompt.tokens(g, &request.cache_breakpoints)
+    }
+
     /// `Save`: prefill the request's text (after checkpoint `source`, if set) and keep it.
     fn save(&self, r: &CheckpointRequest) -> Result<Vec<CheckpointInfo>> {
         let source = (!r.source.is_empty()).then(|| r.source.to_string());
-        let prompt = Prompt::new(self.generator(), &r.prompt, &r.messages, source.is_some())?;
+        let prompt = Prompt::new(
+            self.generator(),
+            &r.prompt,
+            &r.messages,
+            source.is_some(),
+            false,
+        )?;
         if prompt.is_empty() {
             return match source {
                 Some(_) => self.fork(r),
@@ -128,6 +198,7 @@ impl EngineHandle {
             breakpoints: Vec::new(),
             top_logprobs: None,
             save_as: Some(r.name.to_string()),
+            logit_bias: Vec::new(),
         };
         let out = self.run(spec, "", &mut |_| true)?;
         Ok(vec![CheckpointInfo {
@@ -271,8 +342,24 @@ impl Engine for EngineHandle {
                 .map(|s| s.to_string())
                 .into_option();
             let g = self.generator();
-            let prompt = Prompt::new(g, &request.prompt, &request.messages, resume.is_some())?;
-            let (tokens, breakpoints) = prompt.tokens(g, &request.cache_breakpoints)?;
+            let (tokens, breakpoints) = self.prompt_tokens(request, resume.is_some())?;
+            let context = g.config().context_length as usize;
+            if !request.clamp_max_tokens
+                && context > 0
+                && resume.is_none()
+                && tokens.len() + request.max_tokens as usize > context
+            {
+                return Err(Error::ContextExceeded {
+                    prompt: tokens.len(),
+                    max_tokens: request.max_tokens as usize,
+                    context,
+                }
+                .into());
+            }
+            let vocab = g.config().vocab_size;
+            if let Some(bad) = request.logit_bias.iter().find(|b| b.id >= vocab) {
+                return Err(Error::TokenOutOfRange { id: bad.id, vocab }.into());
+            }
             let spec = Spec {
                 prompt: tokens,
                 origin: match resume {
@@ -292,6 +379,7 @@ impl Engine for EngineHandle {
                     .as_ref()
                     .map(|s| s.to_string())
                     .into_option(),
+                logit_bias: request.logit_bias.iter().map(|b| (b.id, b.bias)).collect(),
             };
             let out = self.run(spec, &request.client, &mut |t| sink.token(t))?;
             Ok(GenerateSummary {
@@ -335,26 +423,53 @@ impl Engine for EngineHandle {
     fn embed(&self, model: RStr<'_>, input: RStr<'_>) -> RResult<RVec<f32>, UError> {
         (|| {
             self.check_model(model.as_str())?;
+            let tokens = self.generator().encode(input.as_str())?;
+            Ok(self.embed_ids(&tokens)?)
+        })()
+        .into()
+    }
+
+    fn tokenize(&self, request: &TokenizeRequest) -> RResult<RVec<u32>, UError> {
+        (|| {
+            self.check_model(&request.model)?;
             let g = self.generator();
-            let tokens = g.encode(input.as_str())?;
-            if tokens.is_empty() {
-                return Err(Error::EmptyPrompt.into());
-            }
-            let context = g.config().context_length as usize;
-            if context > 0 && tokens.len() > context {
-                return Err(Error::ContextFull {
-                    prompt: tokens.len(),
-                    context,
+            let prompt = Prompt::new(
+                g,
+                &request.prompt,
+                &request.messages,
+                false,
+                request.continue_final,
+            )?;
+            let tokens = match request.add_special {
+                true => g.encode(prompt.text())?,
+                false => g.encode_continuation(prompt.text())?,
+            };
+            Ok(RVec::from(tokens))
+        })()
+        .into()
+    }
+
+    fn detokenize(&self, model: RStr<'_>, tokens: RSlice<'_, u32>) -> RResult<RVec<u8>, UError> {
+        (|| {
+            self.check_model(model.as_str())?;
+            let g = self.generator();
+            let vocab = g.config().vocab_size;
+            let mut bytes = Vec::new();
+            for &id in tokens.iter() {
+                if id >= vocab {
+                    return Err(Error::TokenOutOfRange { id, vocab }.into());
                 }
-                .into());
+                bytes.extend(g.token_bytes(id)?);
             }
-            // On the caller's thread, in a scratch sequence, beside the scheduler's passes.
-            let mut v = g.embed(&tokens)?;
-            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
-            if norm > 0.0 {
-                v.iter_mut().for_each(|x| *x /= norm);
-            }
-            Ok(RVec::from(v))
+            Ok(RVec::from(bytes))
+        })()
+        .into()
+    }
+
+    fn embed_tokens(&self, model: RStr<'_>, tokens: RSlice<'_, u32>) -> RResult<RVec<f32>, UError> {
+        (|| {
+            self.check_model(model.as_str())?;
+            Ok(self.embed_ids(tokens.as_slice())?)
         })()
         .into()
     }

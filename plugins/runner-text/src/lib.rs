@@ -91,6 +91,24 @@ pub enum Error {
         /// Most requests waiting.
         queued: usize,
     },
+    /// Something this model or engine cannot do (e.g. `suffix` without FIM tokens).
+    #[error("{0}")]
+    Unsupported(String),
+    /// A prompt plus the `max_tokens` a client asked for does not fit in the context.
+    #[error(
+        "This model's maximum context length is {context} tokens. However, you requested \
+         {} tokens ({prompt} in the messages, {max_tokens} in the completion). Please reduce \
+         the length of the messages or completion.",
+        prompt + max_tokens
+    )]
+    ContextExceeded {
+        /// Prompt tokens.
+        prompt: usize,
+        /// The completion tokens asked for.
+        max_tokens: usize,
+        /// Context length.
+        context: usize,
+    },
     /// The scheduler thread is gone (shut down, or it could not start).
     #[error("the engine's scheduler is not running")]
     Stopped,
@@ -113,7 +131,9 @@ impl Error {
     pub fn to_uerror(&self) -> UError {
         let kind = match self {
             Error::Plugin { source, .. } => source.kind,
-            Error::NoTokenizer | Error::NoChatTemplate => ErrorKind::Unsupported,
+            Error::NoTokenizer | Error::NoChatTemplate | Error::Unsupported(_) => {
+                ErrorKind::Unsupported
+            }
             Error::ContextFull { .. } => ErrorKind::ResourceExhausted,
             Error::Busy { .. } => ErrorKind::Busy,
             Error::Stopped => ErrorKind::Internal,

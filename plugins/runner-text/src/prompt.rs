@@ -22,22 +22,24 @@ pub(crate) struct Prompt {
 }
 
 impl Prompt {
-    /// `prompt` as is, or `messages` rendered for the assistant's turn; a `continuation`
-    /// (resuming a checkpoint) is encoded without BOS.
+    /// `prompt` as is, or `messages` rendered for the assistant's turn (or, with
+    /// `continue_final`, up to the end of the last message, which the model continues); a
+    /// `continuation` (resuming a checkpoint) is encoded without BOS.
     pub(crate) fn new(
         g: &Generator,
         prompt: &str,
         messages: &[ChatTurn],
         continuation: bool,
+        continue_final: bool,
     ) -> Result<Self> {
         let messages: Vec<ChatMessage> = messages
             .iter()
             .map(|m| ChatMessage::new(m.role.as_str(), m.content.as_str()))
             .collect();
-        let text = if messages.is_empty() {
-            prompt.to_string()
-        } else {
-            g.render_chat(&messages, true)?
+        let text = match messages.last() {
+            None => prompt.to_string(),
+            Some(last) if continue_final => continued(g, &messages, &last.content)?,
+            Some(_) => g.render_chat(&messages, true)?,
         };
         Ok(Self {
             messages,
@@ -45,6 +47,11 @@ impl Prompt {
             text,
             continuation,
         })
+    }
+
+    /// The prompt text, rendered.
+    pub(crate) fn text(&self) -> &str {
+        &self.text
     }
 
     /// Whether there is no text at all.
@@ -115,4 +122,58 @@ impl Prompt {
         }
         Ok(n)
     }
+}
+
+/// The conversation rendered without a generation prompt and cut right after the last
+/// message's content (as transformers' `continue_final_message`), so that generation continues
+/// that message instead of opening a new turn.
+fn continued(g: &Generator, messages: &[ChatMessage], last: &str) -> Result<String> {
+    let rendered = g.render_chat(messages, false)?;
+    let content = last.trim_end();
+    if content.is_empty() {
+        return Err(Error::InvalidRequest(
+            "the final message to continue is empty".into(),
+        ));
+    }
+    match rendered.rfind(content) {
+        Some(at) => Ok(rendered[..at + content.len()].to_string()),
+        None => Err(Error::InvalidRequest(
+            "the chat template does not render the final message verbatim, so it cannot be \
+             continued"
+                .into(),
+        )),
+    }
+}
+
+/// Fill-in-the-middle token spellings, as (prefix, suffix, middle): Qwen2.5-Coder and
+/// DeepSeek-style `<|fim_…|>`, StarCoder's `<fim_…>`, CodeLlama's `<PRE>`/`<SUF>`/`<MID>`.
+const FIM: [[&str; 3]; 3] = [
+    ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"],
+    ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"],
+    ["<PRE>", "<SUF>", "<MID>"],
+];
+
+/// `prompt` and `suffix` as a fill-in-the-middle prompt (prefix-suffix-middle order) in the
+/// model's own FIM tokens; refused when its vocabulary has none.
+pub(crate) fn fill_in_the_middle(g: &Generator, prompt: &str, suffix: &str) -> Result<String> {
+    let tok = g.tokenizer().ok_or(Error::NoTokenizer)?;
+    let single = |s: &str| -> bool {
+        let ids = tok.encode(s.into(), false, true).into_result();
+        match ids.as_ref().map(|ids| ids.as_slice()) {
+            Ok([id]) => tok
+                .token_bytes(*id)
+                .into_result()
+                .is_ok_and(|b| b.as_slice() == s.as_bytes()),
+            _ => false,
+        }
+    };
+    let [pre, suf, mid] = FIM
+        .into_iter()
+        .find(|names| names.iter().all(|n| single(n)))
+        .ok_or_else(|| {
+            Error::Unsupported(
+                "`suffix` needs fill-in-the-middle tokens, and this model has none".into(),
+            )
+        })?;
+    Ok(format!("{pre}{prompt}{suf}{suffix}{mid}"))
 }

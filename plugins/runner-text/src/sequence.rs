@@ -45,6 +45,8 @@ pub(crate) struct Spec {
     pub top_logprobs: Option<usize>,
     /// Checkpoint to save the sequence as at the end.
     pub save_as: Option<String>,
+    /// Added to these tokens' logits before sampling (ids checked against the vocabulary).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 /// Text streamed for one generated token (`id: None`: held-back text flushed at the end).
@@ -111,6 +113,7 @@ pub(crate) struct Sequence {
     stops: StopMatcher,
     top_logprobs: Option<usize>,
     save_as: Option<String>,
+    logit_bias: Vec<(u32, f32)>,
     stop_sequence: Option<String>,
     outbox: Vec<Piece>,
     error: Option<Error>,
@@ -213,6 +216,7 @@ impl Sequence {
             stops: StopMatcher::new(spec.options.stop.iter().cloned()),
             top_logprobs: spec.top_logprobs,
             save_as: spec.save_as,
+            logit_bias: spec.logit_bias,
             stop_sequence: None,
             outbox: Vec::new(),
             error: None,
@@ -327,6 +331,16 @@ impl Sequence {
         let ranked = self
             .top_logprobs
             .map(|n| (LogSoftmax::new(logits, n), logits.to_vec()));
+        // OpenAI's -100 is a ban: the token can never be drawn, however large its logit.
+        for &(token, bias) in &self.logit_bias {
+            if let Some(l) = logits.get_mut(token as usize) {
+                *l = if bias <= -100.0 {
+                    f32::NEG_INFINITY
+                } else {
+                    *l + bias
+                };
+            }
+        }
         let id = self.sampler.sample(logits, &self.tokens);
         if self.eos.contains(&id) {
             self.finish(FinishReason::Stop);

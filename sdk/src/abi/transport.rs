@@ -98,6 +98,45 @@ pub struct GenerateRequest {
     /// Transports set it from the request's declared user or else the connection's peer;
     /// empty is one anonymous client. A fairness key, not an identity check.
     pub client: RString,
+    /// The prompt as token ids: when non-empty it is used as is (nothing added) instead of
+    /// `prompt` and `messages`.
+    pub prompt_tokens: RVec<u32>,
+    /// Added to these tokens' logits before sampling (OpenAI's `logit_bias`; -100 bans one).
+    pub logit_bias: RVec<LogitBias>,
+    /// Continue the last of `messages` (an assistant prefill) instead of opening a new turn.
+    pub continue_final: bool,
+    /// Text that follows the completion (fill-in-the-middle); refused for a model without
+    /// FIM tokens.
+    pub suffix: ROption<RString>,
+    /// `true`: `max_tokens` is cut to what the context leaves after the prompt; `false` (the
+    /// client asked for that many): a prompt plus `max_tokens` beyond the context is refused.
+    pub clamp_max_tokens: bool,
+}
+
+/// A bias added to one token's logit.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq)]
+pub struct LogitBias {
+    /// Token id.
+    pub id: u32,
+    /// Added to its logit.
+    pub bias: f32,
+}
+
+/// Text or a conversation to tokenize as a generation request would.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
+pub struct TokenizeRequest {
+    /// The model name.
+    pub model: RString,
+    /// Text, used when `messages` is empty.
+    pub prompt: RString,
+    /// A conversation, rendered with the chat template (ready for the assistant's turn).
+    pub messages: RVec<ChatTurn>,
+    /// Continue the last message instead of opening the assistant's turn.
+    pub continue_final: bool,
+    /// Add the special tokens (BOS) the model's tokenizer adds to a prompt.
+    pub add_special: bool,
 }
 
 impl GenerateRequest {
@@ -115,6 +154,11 @@ impl GenerateRequest {
             resume_from: ROption::RNone,
             save_as: ROption::RNone,
             client: RString::new(),
+            prompt_tokens: RVec::new(),
+            logit_bias: RVec::new(),
+            continue_final: false,
+            suffix: ROption::RNone,
+            clamp_max_tokens: true,
         }
     }
 }
@@ -287,6 +331,15 @@ pub trait Engine: Send + Sync + Clone {
     /// A sentence embedding of `input`: the model's pooled output over its tokens (its own
     /// pooling, e.g. the mean for sentence-transformers encoders and decoders), L2-normalised.
     fn embed(&self, model: RStr<'_>, input: RStr<'_>) -> RResult<RVec<f32>, UError>;
+
+    /// The token ids `request` becomes, as a generation or `embed` would encode it.
+    fn tokenize(&self, request: &TokenizeRequest) -> RResult<RVec<u32>, UError>;
+
+    /// The bytes of `tokens`, concatenated (not necessarily valid UTF-8).
+    fn detokenize(&self, model: RStr<'_>, tokens: RSlice<'_, u32>) -> RResult<RVec<u8>, UError>;
+
+    /// As [`Engine::embed`], from token ids used as they are.
+    fn embed_tokens(&self, model: RStr<'_>, tokens: RSlice<'_, u32>) -> RResult<RVec<f32>, UError>;
 }
 
 /// Tells a transport when the host wants it to stop.
