@@ -87,22 +87,110 @@ fn blocks(v: &Value, at: &str) -> Result<(String, Vec<u32>), ApiError> {
     }
 }
 
-/// Fields this server does not implement; refused rather than silently ignored.
-const UNSUPPORTED: [&str; 3] = ["tools", "tool_choice", "thinking"];
+/// The fields `/v1/messages` takes: Anthropic's that this server implements, its top-level
+/// `cache_control`, and the sampling extensions OpenAI-style servers accept.
+const SUPPORTED: [&str; 16] = [
+    "model",
+    "messages",
+    "max_tokens",
+    "metadata",
+    "stop_sequences",
+    "stream",
+    "system",
+    "temperature",
+    "top_k",
+    "top_p",
+    "cache_control",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+];
+
+/// Refuses every field this server does not implement (`tools`, `tool_choice`, `thinking`,
+/// `mcp_servers`, `container`, …), naming it; values that change nothing (`thinking`
+/// disabled, `service_tier` `auto`) and `null`s are accepted.
+fn refuse_unsupported(o: &Obj, supported: &[&str]) -> Result<(), ApiError> {
+    for (key, v) in o {
+        let harmless = match key.as_str() {
+            "thinking" => v.get("type") == Some(&json!("disabled")),
+            "service_tier" => matches!(v.as_str(), Some("auto" | "standard_only")),
+            _ => false,
+        };
+        if v.is_null() || harmless || supported.contains(&key.as_str()) {
+            continue;
+        }
+        return Err(ApiError::param(
+            key,
+            format!("`{key}` is not supported by this server"),
+        ));
+    }
+    Ok(())
+}
+
+/// A parsed `/v1/messages/count_tokens` body.
+#[derive(Debug, Clone)]
+pub struct Count {
+    /// The model name.
+    pub model: String,
+    /// The conversation, as a generation would render it.
+    pub messages: Vec<ChatTurn>,
+    /// Whether the last message is an assistant prefill (continued, not a new turn).
+    pub continue_final: bool,
+}
+
+/// Parses a `/v1/messages/count_tokens` body: a messages request without `max_tokens`.
+pub fn parse_count(body: &[u8], models: &[String]) -> Result<Count, ApiError> {
+    let o: Obj = json::object(body)?;
+    refuse_unsupported(&o, &["model", "messages", "system", "cache_control"])?;
+    let model = json::required_string(&o, "model")?;
+    let (turns, _) = conversation(&o)?;
+    if !models.contains(&model) {
+        return Err(ApiError::model_not_found(&model));
+    }
+    Ok(Count {
+        model,
+        continue_final: prefilled(&turns),
+        messages: turns,
+    })
+}
+
+/// Whether the conversation ends with an assistant message, which the model continues.
+fn prefilled(turns: &[ChatTurn]) -> bool {
+    turns.last().is_some_and(|t| t.role.as_str() == "assistant")
+}
 
 /// Parses a `/v1/messages` body. `models` are the names the engine serves.
 pub fn parse(body: &[u8], models: &[String]) -> Result<Parsed, ApiError> {
     let o: Obj = json::object(body)?;
+    refuse_unsupported(&o, &SUPPORTED)?;
     let model = json::required_string(&o, "model")?;
     let max_tokens = json::max_tokens(&o, &["max_tokens"], None)?;
-    for key in UNSUPPORTED {
-        if o.get(key).is_some_and(|v| !v.is_null()) {
-            return Err(ApiError::param(
-                key,
-                format!("`{key}` is not supported by this server"),
-            ));
-        }
+    let (turns, breakpoints) = conversation(&o)?;
+    let sampling = openai::sampling(&o, 1.0)?;
+    let stop = json::strings(&o, "stop_sequences")?;
+    let stream = json::boolean(&o, "stream")?;
+    // Anthropic's `metadata.user_id`: the fair-queueing key when given.
+    let user = match json::nested(&o, "metadata")? {
+        Some(m) => json::string(m, "user_id")?,
+        None => None,
+    };
+    if !models.contains(&model) {
+        return Err(ApiError::model_not_found(&model));
     }
+    let mut request = GenerateRequest::new(&model, "", max_tokens, sampling);
+    request.continue_final = prefilled(&turns);
+    request.messages = turns.into();
+    request.stop = stop.into_iter().map(Into::into).collect();
+    request.cache_breakpoints = breakpoints.into();
+    request.client = user.map(|u| format!("user:{u}")).unwrap_or_default().into();
+    request.clamp_max_tokens = false;
+    Ok(Parsed { request, stream })
+}
+
+/// `system` and `messages` as chat turns, with the cache breakpoints their blocks mark.
+fn conversation(o: &Obj) -> Result<(Vec<ChatTurn>, Vec<CacheBreakpoint>), ApiError> {
     let mut turns = Vec::new();
     let mut breakpoints = Vec::new();
     if let Some(system) = o.get("system").filter(|v| !v.is_null()) {
@@ -117,7 +205,7 @@ pub fn parse(body: &[u8], models: &[String]) -> Result<Parsed, ApiError> {
             content: text.into(),
         });
     }
-    let list = json::nonempty_array(&o, "messages")?;
+    let list = json::nonempty_array(o, "messages")?;
     for (i, m) in list.iter().enumerate() {
         let at = format!("messages[{i}]");
         let Value::Object(m) = m else {
@@ -165,23 +253,7 @@ pub fn parse(body: &[u8], models: &[String]) -> Result<Parsed, ApiError> {
             ));
         }
     }
-    let sampling = openai::sampling(&o, 1.0)?;
-    let stop = json::strings(&o, "stop_sequences")?;
-    let stream = json::boolean(&o, "stream")?;
-    // Anthropic's `metadata.user_id`: the fair-queueing key when given.
-    let user = match json::nested(&o, "metadata")? {
-        Some(m) => json::string(m, "user_id")?,
-        None => None,
-    };
-    if !models.contains(&model) {
-        return Err(ApiError::model_not_found(&model));
-    }
-    let mut request = GenerateRequest::new(&model, "", max_tokens, sampling);
-    request.messages = turns.into();
-    request.stop = stop.into_iter().map(Into::into).collect();
-    request.cache_breakpoints = breakpoints.into();
-    request.client = user.map(|u| format!("user:{u}")).unwrap_or_default().into();
-    Ok(Parsed { request, stream })
+    Ok((turns, breakpoints))
 }
 
 /// Anthropic's `stop_reason`.
@@ -384,6 +456,47 @@ mod tests {
             r#"{"model":"tiny","max_tokens":4,"messages":[{"role":"user","content":[{"type":"text","text":"x","cache_control":{"type":"forever"}}]}]}"#,
         );
         assert!(e.message.contains("ephemeral"), "{e:?}");
+    }
+
+    /// Anthropic's Messages parameters this server does not implement: a 400 naming each.
+    #[test]
+    fn unsupported_parameters_are_refused_by_name() {
+        for (key, value) in [
+            ("container", r#""c""#),
+            ("context_management", "{}"),
+            ("mcp_servers", "[]"),
+            ("service_tier", r#""priority""#),
+            ("thinking", r#"{"type":"enabled","budget_tokens":1024}"#),
+            ("tool_choice", r#"{"type":"auto"}"#),
+            ("tools", "[]"),
+            ("no_such_option", "1"),
+        ] {
+            let e = err(&format!(
+                r#"{{"model":"tiny","max_tokens":4,"messages":[{{"role":"user","content":"x"}}],"{key}":{value}}}"#
+            ));
+            assert_eq!((e.status, e.param.as_deref()), (400, Some(key)), "{e:?}");
+            assert_eq!(
+                e.body(Dialect::Anthropic)["error"]["type"],
+                "invalid_request_error"
+            );
+        }
+        let ok = br#"{"model":"tiny","max_tokens":4,"thinking":{"type":"disabled"},
+            "service_tier":"auto","tools":null,"messages":[{"role":"user","content":"x"}]}"#;
+        parse(ok, &["tiny".to_string()]).unwrap();
+    }
+
+    #[test]
+    fn a_final_assistant_message_is_continued() {
+        let body = br#"{"model":"tiny","max_tokens":4,"messages":[{"role":"user","content":"x"},
+            {"role":"assistant","content":"The answer is"}]}"#;
+        let p = parse(body, &["tiny".to_string()]).unwrap();
+        assert!(p.request.continue_final && !p.request.clamp_max_tokens);
+        let c = parse_count(
+            br#"{"model":"tiny","messages":[{"role":"user","content":"x"}]}"#,
+            &["tiny".to_string()],
+        )
+        .unwrap();
+        assert!(!c.continue_final && c.messages.len() == 1);
     }
 
     #[test]

@@ -7,9 +7,12 @@
 //!
 //! Endpoints:
 //! - OpenAI: `POST /v1/chat/completions`, `POST /v1/completions` (streaming or not, logprobs,
-//!   stop sequences, usage with cached prompt tokens), `POST /v1/embeddings`,
-//!   `GET /v1/models[/{id}]` ([`openai`]);
-//! - Anthropic: `POST /v1/messages` with prompt-caching breakpoints ([`anthropic`]);
+//!   stop sequences, `logit_bias`, usage with cached prompt tokens; `n`, `best_of`, batched
+//!   prompts and `echo` in [`choices`]), `POST /v1/embeddings` ([`tokens`]),
+//!   `GET /v1/models[/{id}]` ([`openai`]); options not implemented are refused by name;
+//! - Anthropic: `POST /v1/messages` with prompt-caching breakpoints and assistant prefill,
+//!   `POST /v1/messages/count_tokens` ([`anthropic`]);
+//! - llama-server's `POST /tokenize` and `POST /detokenize` ([`tokens`]);
 //! - Safebox: `POST /v1/safebox/llm`, and HMAC authentication of every request once a secret
 //!   is configured ([`safebox`]; wire format in `docs/safebox-protocol.md`);
 //! - KV checkpoints: `/v1/checkpoints…` ([`checkpoints`]); `GET /health`; `GET /metrics`
@@ -25,16 +28,18 @@
 //! `shutdown_grace_ms` (default 60 s: how long in-flight streams may run after the shutdown
 //! signal before the connections are dropped), `hmac_secret_file` (a file under the plugin's
 //! `fs.read` grant; when set, every request must be signed), `hmac_window_s` (default 300: the
-//! replay window).
+//! replay window), `api_keys_file` and `cors_allow_origins` ([`access`]).
 //!
 //! The engine's calls block, so each request runs on `spawn_blocking` and its tokens stream
 //! back through a channel; a client that goes away drops the channel, which cancels the
 //! generation at the next token. A full engine queue is answered 429 with `Retry-After`.
 #![deny(missing_docs)]
 
+pub mod access;
 pub mod anthropic;
 mod bridge;
 pub mod checkpoints;
+pub mod choices;
 pub mod error;
 pub mod json;
 pub mod metrics;
@@ -42,6 +47,7 @@ pub mod openai;
 pub mod reply;
 pub mod safebox;
 mod server;
+pub mod tokens;
 
 use u_sdk::{HostBox, PluginInfo, PluginInstance, Result, TransportBox, UError};
 
@@ -62,6 +68,9 @@ fn describe() -> PluginInfo {
             "POST /v1/chat/completions".into(),
             "POST /v1/embeddings".into(),
             "POST /v1/messages".into(),
+            "POST /v1/messages/count_tokens".into(),
+            "POST /tokenize".into(),
+            "POST /detokenize".into(),
             "POST /v1/safebox/llm".into(),
             "GET|POST /v1/checkpoints, POST /v1/checkpoints/{fork,graft}, DELETE /v1/checkpoints/{name}".into(),
         ]
@@ -86,6 +95,11 @@ pub struct Config {
     pub hmac_secret_file: Option<String>,
     /// Largest allowed distance, seconds, between a signed request's timestamp and the clock.
     pub hmac_window_s: u64,
+    /// A file of named API keys ([`access`]); when set, every request but `GET /health` needs
+    /// one.
+    pub api_keys_file: Option<String>,
+    /// Origins browsers may call from (CORS, [`access`]); empty: no CORS.
+    pub cors_allow_origins: Vec<String>,
 }
 
 impl Default for Config {
@@ -98,6 +112,8 @@ impl Default for Config {
             shutdown_grace_ms: 60_000,
             hmac_secret_file: None,
             hmac_window_s: 300,
+            api_keys_file: None,
+            cors_allow_origins: Vec::new(),
         }
     }
 }
@@ -124,20 +140,32 @@ impl Config {
                 }
                 "shutdown_grace_ms" => c.shutdown_grace_ms = int()? as u64,
                 "hmac_window_s" => c.hmac_window_s = int()? as u64,
-                "hmac_secret_file" => {
-                    c.hmac_secret_file = Some(
-                        value
-                            .as_str()
-                            .filter(|s| !s.is_empty())
-                            .ok_or_else(|| format!("`{key}` must be a path"))?
-                            .to_string(),
-                    )
+                "hmac_secret_file" | "api_keys_file" => {
+                    let path = value
+                        .as_str()
+                        .filter(|s| !s.is_empty())
+                        .ok_or_else(|| format!("`{key}` must be a path"))?
+                        .to_string();
+                    match key.as_str() {
+                        "hmac_secret_file" => c.hmac_secret_file = Some(path),
+                        _ => c.api_keys_file = Some(path),
+                    }
+                }
+                "cors_allow_origins" => {
+                    c.cors_allow_origins = value
+                        .as_array()
+                        .and_then(|a| {
+                            a.iter()
+                                .map(|o| o.as_str().filter(|o| !o.is_empty()).map(str::to_string))
+                                .collect::<Option<Vec<_>>>()
+                        })
+                        .ok_or_else(|| format!("`{key}` must be an array of origins"))?
                 }
                 other => {
                     return Err(format!(
                         "unknown key `{other}` (known: max_body_bytes, header_read_timeout_ms, \
                          body_read_timeout_ms, default_max_tokens, shutdown_grace_ms, \
-                         hmac_secret_file, hmac_window_s)"
+                         hmac_secret_file, hmac_window_s, api_keys_file, cors_allow_origins)"
                     ));
                 }
             }
@@ -146,16 +174,21 @@ impl Config {
     }
 }
 
-/// Reads the HMAC secret through the host (so the `fs.read` grant applies); surrounding
-/// whitespace is not part of it.
-fn read_secret(host: &HostBox, path: &str) -> Result<Vec<u8>> {
+/// Reads a file through the host (so the `fs.read` grant applies).
+fn read_file(host: &HostBox, path: &str) -> Result<Vec<u8>> {
     use std::{io::Read, os::fd::FromRawFd};
     let fd = host.open_read(path.into()).into_result()?;
     // SAFETY: the host hands over a freshly opened descriptor that we now own.
     let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
-    let mut secret = Vec::new();
-    file.read_to_end(&mut secret)
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)
         .map_err(|e| UError::io(format!("transport-http: reading {path}"), e))?;
+    Ok(bytes)
+}
+
+/// Reads the HMAC secret; surrounding whitespace is not part of it.
+fn read_secret(host: &HostBox, path: &str) -> Result<Vec<u8>> {
+    let secret = read_file(host, path)?;
     let trimmed = secret.trim_ascii().to_vec();
     if trimmed.len() < 16 {
         return Err(UError::invalid(format!(
@@ -173,10 +206,23 @@ fn instantiate(host: HostBox) -> Result<PluginInstance> {
         Some(path) => Some(read_secret(&host, path)?),
         None => None,
     };
+    let keys = match &config.api_keys_file {
+        Some(path) => {
+            let text = String::from_utf8(read_file(&host, path)?).map_err(|_| {
+                UError::invalid(format!("transport-http: {path} is not UTF-8 text"))
+            })?;
+            Some(
+                access::Keys::parse(&text)
+                    .map_err(|e| UError::invalid(format!("transport-http: {path}: {e}")))?,
+            )
+        }
+        None => None,
+    };
     Ok(PluginInstance::Transport(TransportBox::new(server::Http {
         host,
         config,
         secret,
+        keys,
     })))
 }
 
@@ -190,6 +236,12 @@ mod tests {
         let c = Config::parse("max_body_bytes = 10\ndefault_max_tokens = 3").unwrap();
         assert_eq!((c.max_body_bytes, c.default_max_tokens), (10, 3));
         assert!(Config::parse("max_body_bytes = -1").is_err());
+        let c =
+            Config::parse("api_keys_file = \"/k\"\ncors_allow_origins = [\"https://a.example\"]")
+                .unwrap();
+        assert_eq!(c.api_keys_file.as_deref(), Some("/k"));
+        assert_eq!(c.cors_allow_origins, ["https://a.example"]);
+        assert!(Config::parse("cors_allow_origins = \"*\"").is_err());
         assert!(
             Config::parse("max_body = 1")
                 .unwrap_err()

@@ -13,7 +13,8 @@ use crate::{
 };
 use serde_json::{Map, Value, json};
 use u_sdk::{
-    ChatTurn, FinishReason, GenerateRequest, GenerateSummary, SamplingParams, TokenLogprob,
+    ChatTurn, FinishReason, GenerateRequest, GenerateSummary, LogitBias, SamplingParams,
+    TokenLogprob,
 };
 
 /// Which endpoint a request came to.
@@ -36,6 +37,14 @@ pub struct Parsed {
     pub include_usage: bool,
     /// Whether to answer with logprobs.
     pub logprobs: bool,
+    /// `/v1/completions`' prompts (empty for chat).
+    pub prompts: Vec<PromptInput>,
+    /// Choices returned per prompt.
+    pub n: u32,
+    /// Candidates generated per prompt, of which the `n` most likely are returned.
+    pub best_of: u32,
+    /// Completions: answer with the prompt before the completion.
+    pub echo: bool,
 }
 
 /// Text of a message's `content`: a string, `null`, or an array of `{"type": "text"}` parts.
@@ -109,22 +118,163 @@ fn messages(o: &Obj) -> Result<Vec<ChatTurn>, ApiError> {
     Ok(turns)
 }
 
-fn prompt(o: &Obj) -> Result<String, ApiError> {
-    match o.get("prompt") {
-        Some(Value::String(p)) => Ok(p.clone()),
-        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
-            Ok(a[0].as_str().unwrap_or_default().to_string())
+/// One prompt of a `/v1/completions` request: text, or token ids used as they are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PromptInput {
+    /// Text, encoded by the engine (with BOS as the model wants).
+    Text(String),
+    /// Token ids.
+    Tokens(Vec<u32>),
+}
+
+/// Most sequences one request may ask for (prompts × `best_of`, or `n`).
+pub const MAX_SEQUENCES: usize = 128;
+
+/// Token ids from a JSON array of non-negative integers.
+fn token_ids(list: &[Value], at: &str) -> Result<Vec<u32>, ApiError> {
+    list.iter()
+        .map(|t| {
+            t.as_u64()
+                .and_then(|t| u32::try_from(t).ok())
+                .ok_or_else(|| {
+                    ApiError::param(at, format!("`{at}` must hold token ids (integers)"))
+                })
+        })
+        .collect()
+}
+
+/// `prompt`: a string, an array of strings, an array of token ids, or an array of those.
+fn prompts(o: &Obj) -> Result<Vec<PromptInput>, ApiError> {
+    let bad = || {
+        ApiError::param(
+            "prompt",
+            "`prompt` must be a string, an array of strings, an array of token ids or an \
+             array of token-id arrays",
+        )
+    };
+    let list = match o.get("prompt") {
+        Some(Value::String(p)) => return Ok(vec![PromptInput::Text(p.clone())]),
+        Some(Value::Array(a)) if a.is_empty() => {
+            return Err(ApiError::param("prompt", "`prompt` must not be empty"));
         }
-        Some(Value::Array(_)) => Err(ApiError::param(
-            "prompt",
-            "only a single prompt string is supported (not batches or token ids)",
-        )),
-        None | Some(Value::Null) => Err(ApiError::param("prompt", "you must provide a `prompt`")),
-        Some(other) => Err(ApiError::param(
-            "prompt",
-            format!("`prompt` must be a string, got {}", type_name(other)),
-        )),
+        Some(Value::Array(a)) if a.iter().all(Value::is_number) => {
+            return Ok(vec![PromptInput::Tokens(token_ids(a, "prompt")?)]);
+        }
+        Some(Value::Array(a)) => a,
+        None | Some(Value::Null) => {
+            return Err(ApiError::param("prompt", "you must provide a `prompt`"));
+        }
+        Some(_) => return Err(bad()),
+    };
+    list.iter()
+        .enumerate()
+        .map(|(i, p)| match p {
+            Value::String(s) => Ok(PromptInput::Text(s.clone())),
+            Value::Array(ids) if !ids.is_empty() => Ok(PromptInput::Tokens(token_ids(
+                ids,
+                &format!("prompt[{i}]"),
+            )?)),
+            _ => Err(bad()),
+        })
+        .collect()
+}
+
+/// `logit_bias`: token ids (as strings) to a bias in `-100..=100`.
+fn logit_bias(o: &Obj) -> Result<Vec<LogitBias>, ApiError> {
+    let Some(map) = json::nested(o, "logit_bias")? else {
+        return Ok(Vec::new());
+    };
+    map.iter()
+        .map(|(id, bias)| {
+            let id = id.parse::<u32>().map_err(|_| {
+                ApiError::param(
+                    "logit_bias",
+                    format!("`logit_bias` keys must be token ids, got `{id}`"),
+                )
+            })?;
+            match bias.as_f64() {
+                Some(b) if (-100.0..=100.0).contains(&b) => Ok(LogitBias { id, bias: b as f32 }),
+                _ => Err(ApiError::param(
+                    "logit_bias",
+                    "`logit_bias` values must be numbers between -100 and 100",
+                )),
+            }
+        })
+        .collect()
+}
+
+/// Fields both endpoints take, OpenAI's and this server's extensions (`top_k`, `min_p`,
+/// `repetition_penalty`, `resume_from`, `save_as`).
+const COMMON: [&str; 18] = [
+    "model",
+    "frequency_penalty",
+    "logit_bias",
+    "max_tokens",
+    "n",
+    "presence_penalty",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "temperature",
+    "top_p",
+    "user",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "resume_from",
+    "save_as",
+];
+
+/// Fields only `/v1/chat/completions` takes.
+const CHAT: [&str; 7] = [
+    "messages",
+    "logprobs",
+    "top_logprobs",
+    "max_completion_tokens",
+    "metadata",
+    "prompt_cache_key",
+    "safety_identifier",
+];
+
+/// Fields only `/v1/completions` takes.
+const COMPLETIONS: [&str; 5] = ["prompt", "logprobs", "echo", "suffix", "best_of"];
+
+/// Fields whose value here changes nothing (their defaults), accepted as such; any other value
+/// is an option this server does not implement.
+fn harmless(key: &str, v: &Value, o: &Obj) -> bool {
+    match key {
+        "response_format" => v.get("type") == Some(&json!("text")),
+        "modalities" => v == &json!(["text"]),
+        "store" => v == &json!(false),
+        "service_tier" => matches!(v.as_str(), Some("auto" | "default")),
+        "tool_choice" => v == "none",
+        "parallel_tool_calls" => o.get("tools").is_none_or(Value::is_null),
+        _ => false,
     }
+}
+
+/// Refuses every field of `o` this endpoint does not implement, naming it (a `null` is the
+/// same as leaving the field out).
+pub fn refuse_unsupported(endpoint: Endpoint, o: &Obj) -> Result<(), ApiError> {
+    let own: &[&str] = match endpoint {
+        Endpoint::Chat => &CHAT,
+        Endpoint::Completions => &COMPLETIONS,
+    };
+    for (key, v) in o {
+        if v.is_null()
+            || COMMON.contains(&key.as_str())
+            || own.contains(&key.as_str())
+            || harmless(key, v, o)
+        {
+            continue;
+        }
+        return Err(ApiError::param(
+            key,
+            format!("`{key}` is not supported by this server"),
+        ));
+    }
+    Ok(())
 }
 
 /// The sampling fields OpenAI, vLLM and llama.cpp servers accept, with `temperature_max` as
@@ -152,15 +302,29 @@ pub fn parse(
     default_max_tokens: u32,
 ) -> Result<Parsed, ApiError> {
     let o = json::object(body)?;
+    refuse_unsupported(endpoint, &o)?;
     let model = json::required_string(&o, "model")?;
-    let (prompt, messages) = match endpoint {
-        Endpoint::Chat => (String::new(), messages(&o)?),
-        Endpoint::Completions => (prompt(&o)?, Vec::new()),
+    let (prompts, messages) = match endpoint {
+        Endpoint::Chat => (Vec::new(), messages(&o)?),
+        Endpoint::Completions => (prompts(&o)?, Vec::new()),
     };
-    if let Some(n) = json::integer(&o, "n")?
-        && n != 1
-    {
-        return Err(ApiError::param("n", "only `n` = 1 is supported"));
+    let n = json::integer_in(&o, "n", 1, MAX_SEQUENCES as i64)?.unwrap_or(1);
+    let best_of = json::integer_in(&o, "best_of", 1, MAX_SEQUENCES as i64)?.unwrap_or(n);
+    if best_of < n {
+        return Err(ApiError::param(
+            "best_of",
+            format!("`best_of` ({best_of}) must be at least `n` ({n})"),
+        ));
+    }
+    if prompts.len().max(1) * best_of as usize > MAX_SEQUENCES {
+        return Err(ApiError::param(
+            "prompt",
+            format!(
+                "{} prompts × {best_of} sequences each is more than the {MAX_SEQUENCES} \
+                 sequences one request may ask for",
+                prompts.len()
+            ),
+        ));
     }
     // Chat: `logprobs: bool` + `top_logprobs: 0..=20`; completions: `logprobs: 0..=5`.
     let top_logprobs = match endpoint {
@@ -177,38 +341,115 @@ pub fn parse(
         }
         Endpoint::Completions => json::integer_in(&o, "logprobs", 0, 5)?,
     };
-    let max_tokens = json::max_tokens(
-        &o,
-        &["max_completion_tokens", "max_tokens"],
-        Some(default_max_tokens),
-    )?;
+    let echo = json::boolean(&o, "echo")?;
+    if echo && top_logprobs.is_some() {
+        return Err(ApiError::param(
+            "echo",
+            "`echo` with `logprobs` (the prompt's logprobs) is not supported by this server",
+        ));
+    }
+    let suffix = json::string(&o, "suffix")?;
+    let keys = ["max_completion_tokens", "max_tokens"];
+    let asked = keys.iter().any(|k| o.get(*k).is_some_and(|v| !v.is_null()));
+    let max_tokens = json::max_tokens(&o, &keys, Some(default_max_tokens))?;
     let sampling = sampling(&o, 2.0)?;
     let stop = json::strings(&o, "stop")?;
     let stream = json::boolean(&o, "stream")?;
+    if stream && best_of > n {
+        return Err(ApiError::param(
+            "best_of",
+            "`best_of` larger than `n` cannot be streamed",
+        ));
+    }
     let include_usage = match json::nested(&o, "stream_options")? {
         Some(so) => json::boolean(so, "include_usage")?,
         None => false,
     };
     let resume_from = json::string(&o, "resume_from")?;
     let save_as = json::string(&o, "save_as")?;
+    if save_as.is_some() && prompts.len().max(1) * best_of as usize > 1 {
+        return Err(ApiError::param(
+            "save_as",
+            "`save_as` saves one sequence; this request asks for several",
+        ));
+    }
     // OpenAI's end-user id: the fair-queueing key when given (else the connection's peer).
-    let user = json::string(&o, "user")?;
+    let user = match json::string(&o, "user")? {
+        Some(u) => Some(u),
+        None => json::string(&o, "safety_identifier")?,
+    };
+    json::nested(&o, "metadata")?;
+    json::string(&o, "prompt_cache_key")?;
     if !models.contains(&model) {
         return Err(ApiError::model_not_found(&model));
     }
-    let mut request = GenerateRequest::new(&model, &prompt, max_tokens, sampling);
+    let mut request = GenerateRequest::new(&model, "", max_tokens, sampling);
     request.messages = messages.into();
     request.stop = stop.into_iter().map(Into::into).collect();
     request.top_logprobs = top_logprobs.into();
     request.resume_from = resume_from.map(Into::into).into();
     request.save_as = save_as.map(Into::into).into();
     request.client = user.map(|u| format!("user:{u}")).unwrap_or_default().into();
+    request.logit_bias = logit_bias(&o)?.into();
+    request.suffix = suffix.map(Into::into).into();
+    request.clamp_max_tokens = !asked;
+    if let Some(first) = prompts.first() {
+        set_prompt(&mut request, first);
+    }
     Ok(Parsed {
         logprobs: top_logprobs.is_some(),
         request,
+        prompts,
+        n,
+        best_of,
+        echo,
         stream,
         include_usage,
     })
+}
+
+/// Makes `prompt` the request's prompt.
+pub fn set_prompt(request: &mut GenerateRequest, prompt: &PromptInput) {
+    match prompt {
+        PromptInput::Text(t) => {
+            request.prompt = t.as_str().into();
+            request.prompt_tokens = Default::default();
+        }
+        PromptInput::Tokens(ids) => {
+            request.prompt = Default::default();
+            request.prompt_tokens = ids.clone().into();
+        }
+    }
+}
+
+impl Parsed {
+    /// Whether the request is one sequence answered as it runs (no echo, batch or ranking).
+    pub fn is_single(&self) -> bool {
+        self.prompts.len() <= 1 && self.best_of == 1 && !self.echo
+    }
+
+    /// The engine requests, by prompt: `best_of` candidates each (logprobs asked for when
+    /// candidates are ranked).
+    pub fn groups(&self) -> Vec<Vec<GenerateRequest>> {
+        let one = [None];
+        let prompts: Vec<Option<&PromptInput>> = match self.prompts.is_empty() {
+            true => one.to_vec(),
+            false => self.prompts.iter().map(Some).collect(),
+        };
+        prompts
+            .into_iter()
+            .map(|p| {
+                let mut r = self.request.clone();
+                if let Some(p) = p {
+                    set_prompt(&mut r, p);
+                }
+                if self.best_of > self.n && r.top_logprobs.is_none() {
+                    r.top_logprobs = Some(0).into();
+                }
+                vec![r; self.best_of as usize]
+            })
+            .collect()
+    }
 }
 
 /// OpenAI's name for a finish reason.
@@ -286,6 +527,10 @@ pub struct Meta {
     pub logprobs: bool,
     /// Bytes of text streamed so far (completions' `text_offset`).
     streamed: usize,
+    /// The choice's index.
+    pub index: u32,
+    /// Completions' `echo`: the prompt's text, sent before the completion.
+    pub echo: Option<String>,
 }
 
 impl Meta {
@@ -303,7 +548,85 @@ impl Meta {
             include_usage: parsed.include_usage,
             logprobs: parsed.logprobs,
             streamed: 0,
+            index: 0,
+            echo: None,
         }
+    }
+
+    /// The same response's choice `index`, echoing `echo` first.
+    pub fn choice_meta(&self, index: u32, echo: Option<String>) -> Self {
+        Self {
+            index,
+            echo,
+            streamed: 0,
+            ..self.clone()
+        }
+    }
+
+    /// The chunk that ends this choice.
+    pub fn finish_frame(&self, summary: &GenerateSummary) -> String {
+        let text = (self.endpoint == Endpoint::Completions).then_some("");
+        sse(
+            None,
+            &self.chunk(
+                text,
+                false,
+                Some(summary.finish),
+                self.usage_null(),
+                Value::Null,
+            ),
+        )
+    }
+
+    /// The frames that end the stream: the usage chunk (when asked for) and `[DONE]`.
+    pub fn end_frames(&self, usage: Value) -> Vec<String> {
+        let mut frames = Vec::new();
+        if self.include_usage {
+            frames.push(sse(
+                None,
+                &self.chunk(None, false, None, Some(usage), Value::Null),
+            ));
+        }
+        frames.push(SSE_DONE.to_string());
+        frames
+    }
+
+    /// This choice as a whole response's `choices` entry.
+    pub fn choice(&self, pieces: &[Piece], summary: &GenerateSummary) -> Value {
+        let finish = finish_reason(summary.finish);
+        let text = self.echo.clone().unwrap_or_default() + &reply::text(pieces);
+        let logprobs = match (self.logprobs, self.endpoint) {
+            (false, _) => Value::Null,
+            (true, Endpoint::Chat) => json!({
+                "content": pieces.iter().filter_map(chat_logprob).collect::<Vec<_>>(),
+                "refusal": null,
+            }),
+            (true, Endpoint::Completions) => completion_logprobs(pieces, 0),
+        };
+        match self.endpoint {
+            Endpoint::Chat => json!({
+                "index": self.index,
+                "message": {"role": "assistant", "content": text, "refusal": null},
+                "logprobs": logprobs,
+                "finish_reason": finish,
+            }),
+            Endpoint::Completions => json!({
+                "index": self.index, "text": text, "logprobs": logprobs, "finish_reason": finish,
+            }),
+        }
+    }
+
+    /// The whole response around `choices`.
+    pub fn envelope(&self, choices: Vec<Value>, usage: Value) -> Value {
+        json!({
+            "id": self.id,
+            "object": self.object(false),
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": null,
+            "choices": choices,
+            "usage": usage,
+        })
     }
 
     fn object(&self, chunk: bool) -> &'static str {
@@ -335,10 +658,11 @@ impl Meta {
                 if let Some(t) = text {
                     delta.insert("content".into(), t.into());
                 }
-                json!([{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}])
+                json!([{"index": self.index, "delta": delta, "logprobs": logprobs,
+                    "finish_reason": finish}])
             }
             Endpoint::Completions => json!([{
-                "index": 0, "text": text.unwrap_or(""), "logprobs": logprobs,
+                "index": self.index, "text": text.unwrap_or(""), "logprobs": logprobs,
                 "finish_reason": finish,
             }]),
         };
@@ -371,12 +695,16 @@ impl Reply for Meta {
     }
 
     fn opening(&mut self) -> Vec<String> {
-        match self.endpoint {
-            Endpoint::Chat => vec![sse(
+        match (self.endpoint, &self.echo) {
+            (Endpoint::Chat, _) => vec![sse(
                 None,
                 &self.chunk(Some(""), true, None, self.usage_null(), Value::Null),
             )],
-            Endpoint::Completions => Vec::new(),
+            (Endpoint::Completions, Some(echo)) => vec![sse(
+                None,
+                &self.chunk(Some(echo), false, None, self.usage_null(), Value::Null),
+            )],
+            (Endpoint::Completions, None) => Vec::new(),
         }
     }
 
@@ -401,58 +729,13 @@ impl Reply for Meta {
     }
 
     fn closing(&mut self, summary: &GenerateSummary) -> Vec<String> {
-        let text = (self.endpoint == Endpoint::Completions).then_some("");
-        let mut frames = vec![sse(
-            None,
-            &self.chunk(
-                text,
-                false,
-                Some(summary.finish),
-                self.usage_null(),
-                Value::Null,
-            ),
-        )];
-        if self.include_usage {
-            frames.push(sse(
-                None,
-                &self.chunk(None, false, None, Some(usage(summary)), Value::Null),
-            ));
-        }
-        frames.push(SSE_DONE.to_string());
+        let mut frames = vec![self.finish_frame(summary)];
+        frames.extend(self.end_frames(usage(summary)));
         frames
     }
 
     fn whole(&self, pieces: &[Piece], summary: &GenerateSummary) -> Value {
-        let finish = finish_reason(summary.finish);
-        let text = reply::text(pieces);
-        let logprobs = match (self.logprobs, self.endpoint) {
-            (false, _) => Value::Null,
-            (true, Endpoint::Chat) => json!({
-                "content": pieces.iter().filter_map(chat_logprob).collect::<Vec<_>>(),
-                "refusal": null,
-            }),
-            (true, Endpoint::Completions) => completion_logprobs(pieces, 0),
-        };
-        let choice = match self.endpoint {
-            Endpoint::Chat => json!({
-                "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": null},
-                "logprobs": logprobs,
-                "finish_reason": finish,
-            }),
-            Endpoint::Completions => json!({
-                "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish,
-            }),
-        };
-        json!({
-            "id": self.id,
-            "object": self.object(false),
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": null,
-            "choices": [choice],
-            "usage": usage(summary),
-        })
+        self.envelope(vec![self.choice(pieces, summary)], usage(summary))
     }
 }
 
@@ -574,6 +857,127 @@ mod tests {
             r#"{"model":"tiny","prompt":"x","user":7}"#,
         );
         assert_eq!((e.status, e.param.as_deref()), (400, Some("user")));
+    }
+
+    /// OpenAI's chat and completions parameters that this server does not implement, each with
+    /// a value that would change the answer: refused with a 400 naming the field.
+    #[test]
+    fn unsupported_parameters_are_refused_by_name() {
+        let chat = r#"{"model":"tiny","messages":[{"role":"user","content":"x"}]"#;
+        for (key, value) in [
+            ("audio", r#"{"voice":"alloy","format":"wav"}"#),
+            ("function_call", r#""auto""#),
+            ("functions", r#"[{"name":"f"}]"#),
+            ("modalities", r#"["text","audio"]"#),
+            ("parallel_tool_calls", "true"),
+            ("prediction", r#"{"type":"content","content":"x"}"#),
+            ("reasoning_effort", r#""low""#),
+            ("response_format", r#"{"type":"json_object"}"#),
+            ("service_tier", r#""flex""#),
+            ("store", "true"),
+            ("tool_choice", r#""auto""#),
+            ("tools", r#"[{"type":"function","function":{"name":"f"}}]"#),
+            ("verbosity", r#""low""#),
+            ("web_search_options", "{}"),
+            ("echo", "true"),
+            ("best_of", "2"),
+            ("suffix", r#""x""#),
+            ("no_such_option", "1"),
+        ] {
+            let mut body = format!(r#"{chat},"{key}":{value}"#);
+            if key == "parallel_tool_calls" {
+                body.push_str(r#","tools":[]"#);
+            }
+            body.push('}');
+            let e = err(Endpoint::Chat, &body);
+            assert_eq!(
+                (e.status, e.param.as_deref()),
+                (400, Some(key)),
+                "{key}: {e:?}"
+            );
+            assert!(e.message.contains(key), "{e:?}");
+        }
+        for (key, value) in [("messages", "[]"), ("top_logprobs", "2"), ("tools", "[]")] {
+            let body = format!(r#"{{"model":"tiny","prompt":"x","{key}":{value}}}"#);
+            let e = err(Endpoint::Completions, &body);
+            assert_eq!((e.status, e.param.as_deref()), (400, Some(key)), "{e:?}");
+        }
+        // Defaults and nulls change nothing and are accepted.
+        parsed(
+            &format!(
+                r#"{chat},"response_format":{{"type":"text"}},"store":false,"service_tier":"auto",
+                "tool_choice":"none","modalities":["text"],"tools":null,"metadata":{{"a":"b"}}}}"#
+            ),
+            Endpoint::Chat,
+        );
+    }
+
+    #[test]
+    fn completions_take_batches_token_ids_n_best_of_echo_and_logit_bias() {
+        let p = parsed(
+            r#"{"model":"tiny","prompt":["a",[1,2,3]],"n":2,"best_of":3,"echo":true,
+                "logit_bias":{"5":-100,"7":2.5},"max_tokens":4}"#,
+            Endpoint::Completions,
+        );
+        assert_eq!(
+            p.prompts,
+            [
+                PromptInput::Text("a".into()),
+                PromptInput::Tokens(vec![1, 2, 3])
+            ]
+        );
+        assert!(!p.is_single() && p.echo && (p.n, p.best_of) == (2, 3));
+        assert!(!p.request.clamp_max_tokens);
+        let groups = p.groups();
+        assert_eq!((groups.len(), groups[0].len()), (2, 3));
+        assert_eq!(groups[1][0].prompt_tokens.as_slice(), [1, 2, 3]);
+        assert_eq!(groups[0][0].top_logprobs.into_option(), Some(0), "ranked");
+        let bias: Vec<(u32, f32)> = p
+            .request
+            .logit_bias
+            .iter()
+            .map(|b| (b.id, b.bias))
+            .collect();
+        assert_eq!(bias, [(5, -100.0), (7, 2.5)]);
+        let p = parsed(r#"{"model":"tiny","prompt":[7,8]}"#, Endpoint::Completions);
+        assert!(p.is_single() && p.request.clamp_max_tokens);
+        assert_eq!(p.request.prompt_tokens.as_slice(), [7, 8]);
+        for (body, param) in [
+            (
+                r#"{"model":"tiny","prompt":"x","n":2,"best_of":1}"#,
+                "best_of",
+            ),
+            (
+                r#"{"model":"tiny","prompt":"x","best_of":2,"stream":true}"#,
+                "best_of",
+            ),
+            (
+                r#"{"model":"tiny","prompt":"x","echo":true,"logprobs":1}"#,
+                "echo",
+            ),
+            (
+                r#"{"model":"tiny","prompt":"x","logit_bias":{"a":1}}"#,
+                "logit_bias",
+            ),
+            (
+                r#"{"model":"tiny","prompt":"x","logit_bias":{"1":101}}"#,
+                "logit_bias",
+            ),
+            (r#"{"model":"tiny","prompt":[[1],"x",3]}"#, "prompt"),
+            (r#"{"model":"tiny","prompt":[-1]}"#, "prompt"),
+            (r#"{"model":"tiny","prompt":"x","n":129}"#, "n"),
+            (
+                r#"{"model":"tiny","prompt":["x","y"],"save_as":"c"}"#,
+                "save_as",
+            ),
+        ] {
+            let e = err(Endpoint::Completions, body);
+            assert_eq!(
+                (e.status, e.param.as_deref()),
+                (400, Some(param)),
+                "{body}: {e:?}"
+            );
+        }
     }
 
     fn parsed(body: &str, endpoint: Endpoint) -> Parsed {

@@ -1,14 +1,15 @@
 //! The HTTP server: listeners from the host, hyper connections, routing, graceful shutdown.
 
 use crate::{
-    Config, anthropic,
+    Config, access, anthropic,
     bridge::{self, Event},
-    checkpoints,
+    checkpoints, choices,
     error::{ApiError, Dialect},
     metrics::Metrics,
     openai::{self, Endpoint},
     reply::Reply,
     safebox::{self, Verifier},
+    tokens,
 };
 use abi_stable::std_types::RResult;
 use bytes::Bytes;
@@ -50,6 +51,7 @@ pub struct Http {
     pub(crate) host: HostBox,
     pub(crate) config: Config,
     pub(crate) secret: Option<Vec<u8>>,
+    pub(crate) keys: Option<access::Keys>,
 }
 
 struct State {
@@ -58,6 +60,8 @@ struct State {
     http: http1::Builder,
     metrics: Metrics,
     verifier: Option<Verifier>,
+    keys: Option<access::Keys>,
+    cors: access::Cors,
 }
 
 enum AnyListener {
@@ -113,6 +117,10 @@ impl Http {
             http,
             metrics: Metrics::default(),
             verifier,
+            keys: self.keys.clone(),
+            cors: access::Cors {
+                origins: self.config.cors_allow_origins.clone(),
+            },
         });
         let host = self.host.clone();
         runtime.block_on(serve_all(host, state, bound, shutdown));
@@ -297,6 +305,10 @@ enum Route {
     Chat,
     Completions,
     Messages,
+    CountTokens,
+    MessagesOther,
+    Tokenize,
+    Detokenize,
     Safebox,
     Embeddings,
     Checkpoints,
@@ -315,12 +327,16 @@ impl Route {
             "/v1/chat/completions" => Route::Chat,
             "/v1/completions" => Route::Completions,
             "/v1/messages" => Route::Messages,
+            "/v1/messages/count_tokens" => Route::CountTokens,
+            "/tokenize" => Route::Tokenize,
+            "/detokenize" => Route::Detokenize,
             safebox::PATH => Route::Safebox,
             "/v1/embeddings" => Route::Embeddings,
             "/v1/checkpoints" => Route::Checkpoints,
             "/v1/checkpoints/fork" => Route::CheckpointFork,
             "/v1/checkpoints/graft" => Route::CheckpointGraft,
             p if p.starts_with("/v1/models/") => Route::Model,
+            p if p.starts_with("/v1/messages/") => Route::MessagesOther,
             p if p.starts_with("/v1/checkpoints/") => Route::Checkpoint,
             _ => Route::Unknown,
         }
@@ -336,6 +352,10 @@ impl Route {
             Route::Chat => "/v1/chat/completions",
             Route::Completions => "/v1/completions",
             Route::Messages => "/v1/messages",
+            Route::CountTokens => "/v1/messages/count_tokens",
+            Route::MessagesOther => "/v1/messages/other",
+            Route::Tokenize => "/tokenize",
+            Route::Detokenize => "/detokenize",
             Route::Safebox => safebox::PATH,
             Route::Embeddings => "/v1/embeddings",
             Route::Checkpoints => "/v1/checkpoints",
@@ -348,7 +368,7 @@ impl Route {
 
     fn dialect(self) -> Dialect {
         match self {
-            Route::Messages => Dialect::Anthropic,
+            Route::Messages | Route::CountTokens | Route::MessagesOther => Dialect::Anthropic,
             Route::Safebox => Dialect::Safebox,
             _ => Dialect::OpenAi,
         }
@@ -360,7 +380,7 @@ impl Route {
             Route::Health | Route::Metrics | Route::Models | Route::Model => &[Method::GET],
             Route::Checkpoints => &[Method::GET, Method::POST],
             Route::Checkpoint => &[Method::DELETE],
-            Route::Unknown => &[],
+            Route::Unknown | Route::MessagesOther => &[],
             _ => &[Method::POST],
         }
     }
@@ -385,10 +405,24 @@ impl From<Response<Body>> for Answered {
 async fn handle(state: Arc<State>, peer: &str, req: Request<Incoming>) -> Response<Body> {
     let arrived = Instant::now();
     let route = Route::of(req.uri().path());
-    let answered = match dispatch(&state, peer, route, req, arrived).await {
+    let cors = state.cors.check(req.headers());
+    let answered = match &cors {
+        Err(e) => Ok(error_response(e, route.dialect()).into()),
+        Ok(access::Verdict::Allowed(origin)) if req.method() == Method::OPTIONS => {
+            let mut r = Response::new(Full::new(Bytes::new()).boxed());
+            *r.status_mut() = StatusCode::NO_CONTENT;
+            access::allow(r.headers_mut(), origin.clone(), Some(route.allows()));
+            Ok(r.into())
+        }
+        Ok(_) => dispatch(&state, peer, route, req, arrived).await,
+    };
+    let mut answered = match answered {
         Ok(a) => a,
         Err(e) => error_response(&e, route.dialect()).into(),
     };
+    if let Ok(access::Verdict::Allowed(origin)) = cors {
+        access::allow(answered.response.headers_mut(), origin, None);
+    }
     if !answered.recorded {
         state.metrics.request(
             route.label(),
@@ -413,7 +447,7 @@ async fn dispatch(
         .path_and_query()
         .map_or(path.clone(), |p| p.as_str().to_string());
     let query = req.uri().query().map(str::to_string);
-    if route == Route::Unknown {
+    if matches!(route, Route::Unknown | Route::MessagesOther) {
         return Err(ApiError::status(
             404,
             "invalid_request_error",
@@ -435,6 +469,14 @@ async fn dispatch(
         }
         return Ok(r.into());
     }
+    let key = match (&state.keys, route) {
+        (Some(keys), r) if r != Route::Health => {
+            Some(format!("key:{}", keys.check(req.headers())?))
+        }
+        _ => None,
+    };
+    let peer = key.as_deref().unwrap_or(peer);
+    let keyed = key.is_some();
     let signed = signature_headers(req.headers());
     let body = read_body(state, req).await?;
     if let Some(v) = &state.verifier {
@@ -500,22 +542,41 @@ async fn dispatch(
             };
             let mut parsed = openai::parse(endpoint, &body, &models, max)?;
             let reply = openai::Meta::new(endpoint, &parsed);
-            from_peer(&mut parsed.request, peer);
-            generate(state, route, parsed.request, parsed.stream, reply, arrived).await
+            from_peer(&mut parsed.request, peer, keyed);
+            if parsed.is_single() {
+                generate(state, route, parsed.request, parsed.stream, reply, arrived).await
+            } else {
+                several(state, route, parsed, reply, arrived).await
+            }
         }
         Route::Messages => {
             let mut parsed = anthropic::parse(&body, &models)?;
             let reply = anthropic::Message::new(parsed.request.model.as_str());
-            from_peer(&mut parsed.request, peer);
+            from_peer(&mut parsed.request, peer, keyed);
             generate(state, route, parsed.request, parsed.stream, reply, arrived).await
         }
         Route::Safebox => {
             let mut parsed = safebox::parse(&body, &models, max)?;
             let reply = safebox::Answer::new(parsed.request.model.as_str());
-            from_peer(&mut parsed.request, peer);
+            from_peer(&mut parsed.request, peer, keyed);
             generate(state, route, parsed.request, parsed.stream, reply, arrived).await
         }
-        Route::Embeddings => embeddings(state, &body, &models).await,
+        Route::Embeddings => {
+            let v = tokens::embeddings(state.engine.clone(), &body, &models).await?;
+            Ok(json_response(200, &v).into())
+        }
+        Route::Tokenize => {
+            let v = tokens::tokenize(state.engine.clone(), &body, &models).await?;
+            Ok(json_response(200, &v).into())
+        }
+        Route::Detokenize => {
+            let v = tokens::detokenize(state.engine.clone(), &body, &models).await?;
+            Ok(json_response(200, &v).into())
+        }
+        Route::CountTokens => {
+            let v = tokens::count_tokens(state.engine.clone(), &body, &models).await?;
+            Ok(json_response(200, &v).into())
+        }
         Route::Checkpoints | Route::CheckpointFork | Route::CheckpointGraft | Route::Checkpoint => {
             let model = checkpoints::query_param(query.as_deref(), "model");
             let request = match (route, &method) {
@@ -547,13 +608,14 @@ async fn dispatch(
             };
             Ok(json_response(status, &checkpoints::answer(op, &infos)).into())
         }
-        Route::Unknown => unreachable!("answered above"),
+        Route::Unknown | Route::MessagesOther => unreachable!("answered above"),
     }
 }
 
-/// Makes the connection's peer the request's fair-queueing key unless it named its user.
-fn from_peer(request: &mut GenerateRequest, peer: &str) {
-    if request.client.is_empty() {
+/// Makes the connection's peer the request's fair-queueing key unless it named its user; an
+/// API key's name (`keyed`) is the key whatever the request says.
+fn from_peer(request: &mut GenerateRequest, peer: &str, keyed: bool) {
+    if keyed || request.client.is_empty() {
         request.client = peer.into();
     }
 }
@@ -606,60 +668,6 @@ async fn read_body(state: &State, req: Request<Incoming>) -> Result<Bytes, ApiEr
     }
 }
 
-/// `POST /v1/embeddings`: `input` is a string or an array of strings.
-async fn embeddings(
-    state: &Arc<State>,
-    body: &[u8],
-    models: &[String],
-) -> Result<Answered, ApiError> {
-    let o = crate::json::object(body)?;
-    let model = crate::json::required_string(&o, "model")?;
-    if !models.contains(&model) {
-        return Err(ApiError::model_not_found(&model));
-    }
-    let inputs = crate::json::strings(&o, "input")?;
-    if inputs.is_empty() || inputs.iter().any(String::is_empty) {
-        return Err(ApiError::param(
-            "input",
-            "`input` must be a non-empty string or an array of non-empty strings",
-        ));
-    }
-    if let Some(f) = crate::json::string(&o, "encoding_format")?
-        && f != "float"
-    {
-        return Err(ApiError::param(
-            "encoding_format",
-            "only `float` embeddings are supported",
-        ));
-    }
-    let engine = state.engine.clone();
-    let m = model.clone();
-    let vectors = tokio::task::spawn_blocking(move || {
-        inputs
-            .iter()
-            .map(|i| {
-                engine
-                    .embed(m.as_str().into(), i.as_str().into())
-                    .into_result()
-            })
-            .collect::<Result<Vec<_>, UError>>()
-    })
-    .await
-    .map_err(|_| ApiError::status(500, "server_error", "the engine stopped"))?
-    .map_err(|e| ApiError::from_engine(&e))?;
-    let data: Vec<Value> = vectors
-        .iter()
-        .enumerate()
-        .map(|(i, v)| json!({"object": "embedding", "index": i, "embedding": v.as_slice()}))
-        .collect();
-    Ok(json_response(
-        200,
-        &json!({"object": "list", "data": data, "model": model,
-            "usage": {"prompt_tokens": 0, "total_tokens": 0}}),
-    )
-    .into())
-}
-
 /// Runs `request` and answers in `reply`'s dialect, whole or streamed.
 async fn generate(
     state: &Arc<State>,
@@ -708,6 +716,63 @@ async fn generate(
             .metrics
             .request(route.label(), 200, arrived.elapsed());
     });
+    Ok(Answered {
+        response: event_stream(rx),
+        recorded: true,
+    })
+}
+
+/// Answers an OpenAI request of several choices (see [`choices`]).
+async fn several(
+    state: &Arc<State>,
+    route: Route,
+    parsed: openai::Parsed,
+    meta: openai::Meta,
+    arrived: Instant,
+) -> Result<Answered, ApiError> {
+    let engine = state.engine.clone();
+    let echoes = match parsed.echo {
+        false => vec![None; parsed.prompts.len().max(1)],
+        true => parsed
+            .prompts
+            .iter()
+            .map(|p| choices::echo_text(&engine, &parsed.request.model, p).map(Some))
+            .collect::<Result<_, _>>()?,
+    };
+    let groups = parsed.groups();
+    let (count, n) = (groups.len(), parsed.n as usize);
+    let mut events = choices::start(engine, groups);
+    if !parsed.stream {
+        let sizes = (count, parsed.best_of as usize, n);
+        let whole = choices::whole(events, &meta, sizes, &echoes).await?;
+        state.metrics.first_token(route.label(), arrived.elapsed());
+        return Ok(json_response(200, &whole).into());
+    }
+    let first = match events.recv().await {
+        Some(choices::Tagged {
+            event: Event::Failed(e),
+            ..
+        }) => return Err(ApiError::from_engine(&e)),
+        None => return Err(ApiError::status(500, "server_error", "the engine stopped")),
+        Some(first) => first,
+    };
+    state.metrics.first_token(route.label(), arrived.elapsed());
+    let (tx, rx) = mpsc::channel::<Bytes>(32);
+    let metrics_state = state.clone();
+    tokio::spawn(async move {
+        choices::stream(first, events, meta, (count, n), echoes, tx).await;
+        metrics_state
+            .metrics
+            .request(route.label(), 200, arrived.elapsed());
+    });
+    Ok(Answered {
+        response: event_stream(rx),
+        recorded: true,
+    })
+}
+
+/// A `text/event-stream` response fed from `rx`.
+fn event_stream(rx: mpsc::Receiver<Bytes>) -> Response<Body> {
     let mut r = Response::new(ChannelBody(rx).boxed());
     let h = r.headers_mut();
     h.insert(
@@ -715,10 +780,7 @@ async fn generate(
         HeaderValue::from_static("text/event-stream"),
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    Ok(Answered {
-        response: r,
-        recorded: true,
-    })
+    r
 }
 
 /// Turns engine events into SSE frames. Returning early (the client went away) drops
