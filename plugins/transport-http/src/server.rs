@@ -745,7 +745,6 @@ async fn several(
     if !parsed.stream {
         let sizes = (count, parsed.best_of as usize, n);
         let whole = choices::whole(events, &meta, sizes, &echoes).await?;
-        state.metrics.first_token(route.label(), arrived.elapsed());
         return Ok(json_response(200, &whole).into());
     }
     let first = match events.recv().await {
