@@ -244,9 +244,9 @@ pub fn tq1_0(w: &[u8], x: &[Q8KBlock]) -> f32 {
         let mut sumi = 0i32;
         // (packed bytes, trits per byte, first value): 32 bytes × 5, 16 × 5, then qh 4 × 4.
         for (at, len, trits, first) in [(0, 32, 5, 0), (32, 16, 5, 160), (48, 4, 4, 240)] {
-            for n in 0..trits {
+            for (n, &pow) in POW3[..trits].iter().enumerate() {
                 for m in 0..len {
-                    let t = (u16::from(b[at + m].wrapping_mul(POW3[n])) * 3) >> 8;
+                    let t = (u16::from(b[at + m].wrapping_mul(pow)) * 3) >> 8;
                     sumi += i32::from(t) * i32::from(xb.qs[first + n * len + m]);
                 }
             }
