@@ -1,8 +1,12 @@
 //! One forward pass for many requests: every running request contributes a chunk — a decoding
 //! one its last token, a prefilling one as much of its prompt as the step's token budget leaves
 //! (oldest first), so long prompts never stall the decodes running beside them.
+//!
+//! Constrained requests' next-token masks are computed on a worker thread while the forward
+//! pass runs (llguidance's mask takes about as long as a small model's decode step), so a
+//! batch that mixes constrained and free requests waits for neither in turn.
 
-use crate::{Error, Generator, Result, sequence::Sequence};
+use crate::{Error, Generator, Result, constraint::Guide, sequence::Sequence};
 use abi_stable::std_types::{RSlice, RSliceMut};
 use u_sdk::{Output, Segment, SeqChunk};
 
@@ -57,6 +61,12 @@ impl<T> Batch<T> {
             step_tokens,
             logits,
         } = self;
+        // Taken out so that the worker may fill their masks while `chunks` borrows the slots.
+        let mut guides: Vec<(usize, Guide)> = slots
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, (s, _))| s.take_guide().map(|g| (i, g)))
+            .collect();
         let decoding = slots
             .iter()
             .filter(|(s, _)| !s.is_done() && !s.is_prefilling())
@@ -81,6 +91,9 @@ impl<T> Batch<T> {
             inputs.push([Segment::Tokens(RSlice::from_slice(tokens))]);
         }
         if plan.is_empty() {
+            for (i, guide) in guides {
+                slots[i].0.put_guide(guide);
+            }
             return Ok(false);
         }
         let chunks: Vec<SeqChunk<'_>> = plan
@@ -91,14 +104,30 @@ impl<T> Batch<T> {
         let vocab = g.config().vocab_size as usize;
         let rows = plan.iter().filter(|p| p.2).count();
         logits.resize(rows * vocab, 0.0);
-        g.model()
-            .forward(
-                RSlice::from_slice(&chunks),
-                RSliceMut::from_mut_slice(logits),
-            )
-            .into_result()
-            .map_err(|e| Error::plugin("model.forward", e))?;
+        let mut forward = || {
+            g.model()
+                .forward(
+                    RSlice::from_slice(&chunks),
+                    RSliceMut::from_mut_slice(logits),
+                )
+                .into_result()
+                .map_err(|e| Error::plugin("model.forward", e))
+        };
+        let ran = match guides.is_empty() {
+            true => forward(),
+            false => std::thread::scope(|scope| {
+                let worker = scope.spawn(|| guides.iter_mut().for_each(|(_, g)| g.prepare()));
+                let ran = forward();
+                // A panicked worker leaves masks unset; `Guide::apply` computes them then.
+                let _ = worker.join();
+                ran
+            }),
+        };
         drop(chunks);
+        for (i, guide) in guides {
+            slots[i].0.put_guide(guide);
+        }
+        ran?;
         let mut rows = logits.chunks_exact_mut(vocab.max(1));
         for (i, n, wants, _) in plan {
             let row = if wants { rows.next() } else { None };

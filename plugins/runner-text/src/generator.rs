@@ -3,11 +3,13 @@
 use crate::{
     ChatMessage, Error, Result,
     batch::Batch,
+    constraint::Grammars,
     sampler,
     sequence::{Origin, Sequence, Spec},
 };
 use abi_stable::std_types::{ROption, RSlice, RSliceMut, RString, RVec};
 use serde::Serialize;
+use std::sync::OnceLock;
 use u_sdk::{
     FinishReason, KvCacheBox, ModelBox, ModelConfig, ModelKind, Output, Pooling, Rows,
     SamplingParams, Segment, SeqChunk, SpecialTokens, TokenizerBox,
@@ -90,6 +92,7 @@ pub struct Generator {
     special: SpecialTokens,
     template: Option<String>,
     prefill_chunk: usize,
+    grammars: OnceLock<Result<Grammars>>,
 }
 
 impl Generator {
@@ -142,6 +145,7 @@ impl Generator {
             special,
             template,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            grammars: OnceLock::new(),
         })
     }
 
@@ -174,6 +178,15 @@ impl Generator {
     /// The tokenizer's special tokens (none without a tokenizer).
     pub(crate) fn special(&self) -> &SpecialTokens {
         &self.special
+    }
+
+    /// The compiler of this model's structured-output constraints, its token trie built on
+    /// the first call.
+    pub(crate) fn grammars(&self) -> Result<&Grammars> {
+        self.grammars
+            .get_or_init(|| Grammars::new(self))
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     /// The raw bytes of token `id` (empty without a tokenizer).
@@ -351,6 +364,7 @@ impl Generator {
                 top_logprobs: None,
                 save_as: None,
                 logit_bias: Vec::new(),
+                guide: None,
             },
         )?;
         let mut batch = Batch::new(self.prefill_chunk);

@@ -11,7 +11,7 @@ use crate::{
 use abi_stable::std_types::{ROption, RResult, RSlice, RStr, RString, RVec};
 use std::sync::Arc;
 use u_sdk::{
-    CheckpointInfo, CheckpointOp, CheckpointRequest, Engine, EngineBox, EngineStats,
+    CheckpointInfo, CheckpointOp, CheckpointRequest, Constraint, Engine, EngineBox, EngineStats,
     GenerateRequest, GenerateSummary, GeneratedToken, KvCacheBox, SeqId, TokenSinkBox,
     TokenizeRequest, UError,
 };
@@ -199,6 +199,7 @@ impl EngineHandle {
             top_logprobs: None,
             save_as: Some(r.name.to_string()),
             logit_bias: Vec::new(),
+            guide: None,
         };
         let out = self.run(spec, "", &mut |_| true)?;
         Ok(vec![CheckpointInfo {
@@ -360,6 +361,10 @@ impl Engine for EngineHandle {
             if let Some(bad) = request.logit_bias.iter().find(|b| b.id >= vocab) {
                 return Err(Error::TokenOutOfRange { id: bad.id, vocab }.into());
             }
+            let guide = match &request.constraint {
+                Constraint::None => None,
+                c => g.grammars()?.compile(c)?,
+            };
             let spec = Spec {
                 prompt: tokens,
                 origin: match resume {
@@ -380,6 +385,7 @@ impl Engine for EngineHandle {
                     .map(|s| s.to_string())
                     .into_option(),
                 logit_bias: request.logit_bias.iter().map(|b| (b.id, b.bias)).collect(),
+                guide,
             };
             let out = self.run(spec, &request.client, &mut |t| sink.token(t))?;
             Ok(GenerateSummary {

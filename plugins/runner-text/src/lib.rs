@@ -26,6 +26,7 @@
 #![allow(non_local_definitions)]
 
 mod batch;
+mod constraint;
 mod generator;
 mod handle;
 mod logprobs;

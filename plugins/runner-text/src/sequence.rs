@@ -9,6 +9,7 @@
 
 use crate::{
     Error, GenerateOptions, Generator, Result,
+    constraint::Guide,
     logprobs::LogSoftmax,
     sampler::Sampler,
     stream::{StopCheck, StopMatcher, Utf8Stream},
@@ -47,6 +48,8 @@ pub(crate) struct Spec {
     pub save_as: Option<String>,
     /// Added to these tokens' logits before sampling (ids checked against the vocabulary).
     pub logit_bias: Vec<(u32, f32)>,
+    /// The compiled constraint the output must follow, if any.
+    pub guide: Option<Guide>,
 }
 
 /// Text streamed for one generated token (`id: None`: held-back text flushed at the end).
@@ -114,6 +117,7 @@ pub(crate) struct Sequence {
     top_logprobs: Option<usize>,
     save_as: Option<String>,
     logit_bias: Vec<(u32, f32)>,
+    guide: Option<Guide>,
     stop_sequence: Option<String>,
     outbox: Vec<Piece>,
     error: Option<Error>,
@@ -217,6 +221,7 @@ impl Sequence {
             top_logprobs: spec.top_logprobs,
             save_as: spec.save_as,
             logit_bias: spec.logit_bias,
+            guide: spec.guide,
             stop_sequence: None,
             outbox: Vec::new(),
             error: None,
@@ -262,6 +267,20 @@ impl Sequence {
         self.share = false;
         self.error.get_or_insert(error);
         self.state = State::Done(FinishReason::Cancelled);
+    }
+
+    /// Takes the request's constraint out while its next mask is computed beside a forward
+    /// pass (see [`Sequence::put_guide`]); `None` when it has none or is done.
+    pub(crate) fn take_guide(&mut self) -> Option<Guide> {
+        match self.state {
+            State::Prefill | State::Decode => self.guide.take(),
+            State::Flush(_) | State::Done(_) => None,
+        }
+    }
+
+    /// Gives back the constraint [`Sequence::take_guide`] took.
+    pub(crate) fn put_guide(&mut self, guide: Guide) {
+        self.guide = Some(guide);
     }
 
     /// The text produced since the last call.
@@ -341,11 +360,21 @@ impl Sequence {
                 };
             }
         }
+        if let Some(guide) = &mut self.guide
+            && !guide.apply(logits)?
+        {
+            self.finish(FinishReason::Stop);
+            return Ok(());
+        }
         let id = self.sampler.sample(logits, &self.tokens);
         if self.eos.contains(&id) {
             self.finish(FinishReason::Stop);
             return Ok(());
         }
+        let complete = match &mut self.guide {
+            Some(guide) => guide.commit(id)?,
+            None => false,
+        };
         self.tokens.push(id);
         self.generated += 1;
         let bytes = g.token_bytes(id)?;
@@ -380,6 +409,8 @@ impl Sequence {
         if let Some(stop) = stopped {
             self.stop_sequence = Some(stop);
             self.end(FinishReason::Stop);
+        } else if complete {
+            self.finish(FinishReason::Stop);
         } else if self.generated >= self.budget {
             self.finish(FinishReason::Length);
         }

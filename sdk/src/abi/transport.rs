@@ -111,6 +111,25 @@ pub struct GenerateRequest {
     /// `true`: `max_tokens` is cut to what the context leaves after the prompt; `false` (the
     /// client asked for that many): a prompt plus `max_tokens` beyond the context is refused.
     pub clamp_max_tokens: bool,
+    /// A grammar the generated text must follow (structured outputs); the engine masks every
+    /// token the grammar cannot take and ends generation when the grammar is complete.
+    pub constraint: Constraint,
+}
+
+/// What the generated text must match (compiled by the runner; an invalid one is refused).
+#[repr(u8)]
+#[derive(StableAbi, Clone, Debug, PartialEq, Eq, Default)]
+pub enum Constraint {
+    /// Free text.
+    #[default]
+    None,
+    /// A JSON document valid against this JSON Schema (its text; `{"type":"object"}` is any
+    /// object).
+    JsonSchema(RString),
+    /// Text matching this regular expression (Rust `regex` syntax, anchored at both ends).
+    Regex(RString),
+    /// Text in the language of this Lark grammar (llguidance's Lark dialect, `start` rule).
+    Lark(RString),
 }
 
 /// A bias added to one token's logit.
@@ -159,6 +178,7 @@ impl GenerateRequest {
             continue_final: false,
             suffix: ROption::RNone,
             clamp_max_tokens: true,
+            constraint: Constraint::None,
         }
     }
 }
