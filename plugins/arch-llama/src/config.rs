@@ -44,6 +44,9 @@ pub struct Config {
     pub clip_qkv: Option<f32>,
     /// Mixture of experts, if any layer has a router.
     pub moe: Option<MoeConfig>,
+    /// Whether every block must have BitNet b1.58's sub-layer norms (`attn_sub_norm` before
+    /// the attention output projection, `ffn_sub_norm` before the FFN's down projection).
+    pub sub_norms: bool,
 }
 
 /// The norms' kind and constants.
@@ -136,6 +139,12 @@ impl Config {
                 )));
             }
         }
+        if arch == "bitnet" && w.format() != "gguf" {
+            return Err(UError::unsupported(
+                "arch-llama: transformers' BitNet checkpoints (squared ReLU, weights quantized \
+                 on the fly) are not implemented; llama.cpp's `bitnet` GGUF files are",
+            ));
+        }
         let embd = w.shape("token_embd.weight")?;
         let [vocab_size, hidden] = dims2("token_embd.weight", &embd)?;
         let layers = w.required_u64(&key("block_count"))? as usize;
@@ -194,6 +203,7 @@ impl Config {
             .map(|c| c as f32);
 
         let activation = activation(w, &arch)?;
+        let sub_norms = arch == "bitnet";
         let scales = Scales::read(w, &arch, hidden as usize, heads, head_dim, layers);
         Ok(Config {
             arch,
@@ -213,6 +223,7 @@ impl Config {
             window,
             clip_qkv,
             moe,
+            sub_norms,
         })
     }
 }
@@ -235,6 +246,7 @@ pub const SUPPORTED: &[&str] = &[
     "falcon",
     "nemotron",
     "gptneox",
+    "bitnet",
 ];
 
 /// HF checkpoint variants this plugin refuses (`config.<key>` true), with the reason.

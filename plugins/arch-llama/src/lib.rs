@@ -42,11 +42,16 @@
 //!   group (40B/180B, reordered at load from HF checkpoints), exact GELU.
 //! - **Nemotron** (`NemotronForCausalLM`, Nemotron-4, arXiv:2402.16819): squared-ReLU MLP
 //!   without gate, LayerNorm with `1 + γ` and bias, RoPE over half of each head.
+//! - **BitNet b1.58** (Ma et al., arXiv:2402.17764), as llama.cpp's `bitnet` graph builds it:
+//!   ternary weights (stored as such, or in TQ1_0/TQ2_0 blocks) with an optional per-tensor
+//!   output scale (`{name}.scale`), an RMSNorm of the attention output before its projection
+//!   and of the SwiGLU hidden values before `ffn_down` (sub-layer norms), tied embeddings.
 //!
 //! The variations are layer interfaces, not copies: a norm is RMS or Layer (with a `1 + γ`
 //! shift where the checkpoint stores `γ − 1`), positions rotary (all or part of each head) or
 //! learned, a block sequential or parallel with optional pre- and post-norms, a feed-forward
-//! gated or plain with its activation, projections fused or separate, with or without biases;
+//! gated or plain with its activation, projections fused or separate, with or without biases
+//! and per-tensor scales, sub-layer norms inside attention and FFN or not;
 //! [`config`] chooses them from the metadata and the tensors present.
 //!
 //! The plugin owns its names ([`naming`]): GGUF files are read in llama.cpp's names, HF
@@ -60,7 +65,8 @@
 //! `modeling_phi3.py`, `modeling_gemma2.py`, `modeling_stablelm.py`, `modeling_olmo2.py`,
 //! `modeling_granite.py`, `modeling_cohere.py`, `modeling_falcon.py`, `modeling_nemotron.py`,
 //! `modeling_gpt_neox.py`),
-//! against which `tests/` checks logits on tiny random-weight models; the
+//! against which `tests/` checks logits on tiny random-weight models (BitNet against llama.cpp
+//! itself, whose graph differs from transformers'); the
 //! tensor naming and GGUF conventions are llama.cpp's (`convert_hf_to_gguf.py` writes the GGUF
 //! fixtures of the other architectures).
 //!
@@ -90,7 +96,7 @@ fn describe() -> PluginInfo {
     PluginInfo {
         summary: "Llama-family decoder: Llama 2/3, Mistral, Qwen2/3, Mixtral, Qwen2/3-MoE, OLMoE, \
                   GPT-2, Phi-3, Gemma 2, StableLM, GPT-NeoX, OLMo 2, Granite, Command-R, Falcon, \
-                  Nemotron"
+                  Nemotron, BitNet b1.58"
             .into(),
         details: RVec::new(),
     }

@@ -86,6 +86,27 @@ fn optional_norm(
     }
 }
 
+/// Block `i`'s sub-layer norm `t` of `len` values (BitNet b1.58), when it has one; an error
+/// when the architecture requires it and the block lacks it.
+fn sub_norm(
+    w: &Weights,
+    dev: &Device,
+    cfg: &Config,
+    i: usize,
+    t: &str,
+    len: usize,
+) -> Result<Option<Norm>> {
+    match (w.has(&blk(i, t, "weight")), cfg.sub_norms) {
+        (true, _) => block_norm(w, dev, cfg, i, t, len).map(Some),
+        (false, true) => Err(UError::not_found(format!(
+            "arch-llama: tensor `{}` is missing (every {} block has sub-layer norms)",
+            blk(i, t, "weight"),
+            cfg.arch
+        ))),
+        (false, false) => Ok(None),
+    }
+}
+
 /// `norm(x)`, or `x` where there is no norm.
 fn maybe(norm: &Option<Norm>, x: &Tensor) -> Result<Tensor> {
     match norm {
@@ -164,8 +185,9 @@ impl QkNorm {
 /// Multi-head self-attention with grouped-query KV heads and rotary positions (RoFormer, over
 /// all or the first part of each head) or none (learned positions), with the optional Q/K/V
 /// and output biases (Qwen2, GPT-2), fused Q/K/V projections (GPT-2, Phi-3, Falcon), the Q/K
-/// norms of Qwen3 and Cohere (per head) and OLMoE and OLMo 2 (over the whole projection), and
-/// OLMoE's Q/K/V clamp.
+/// norms of Qwen3 and Cohere (per head) and OLMoE and OLMo 2 (over the whole projection),
+/// OLMoE's Q/K/V clamp, and BitNet's sub-layer norm of the attention output before its
+/// projection.
 pub struct Attention {
     layer: u32,
     q: Linear,
@@ -174,6 +196,7 @@ pub struct Attention {
     o: Linear,
     q_norm: Option<QkNorm>,
     k_norm: Option<QkNorm>,
+    sub_norm: Option<Norm>,
     rope: Option<(RopeParams, RopeParams)>,
     heads: usize,
     kv_heads: usize,
@@ -212,6 +235,7 @@ impl Attention {
             o,
             q_norm: QkNorm::load(w, dev, cfg, i, "attn_q_norm", cfg.heads)?,
             k_norm: QkNorm::load(w, dev, cfg, i, "attn_k_norm", cfg.kv_heads)?,
+            sub_norm: sub_norm(w, dev, cfg, i, "attn_sub_norm", q_rows)?,
             rope: cfg.rope.as_ref().map(|r| {
                 (
                     rope_params(r, hd, cfg.heads),
@@ -283,7 +307,7 @@ impl Attention {
             q.rows_range(rows.clone())?
                 .attention_into(&spans, &params, &ctx.rows_range(rows)?)?;
         }
-        self.o.forward(&ctx)
+        self.o.forward(&maybe(&self.sub_norm, &ctx)?)
     }
 }
 
@@ -324,12 +348,14 @@ fn kv_spans(dev: &Device, pages: &[KvPage]) -> Result<(Vec<TensorDesc>, DType)> 
 
 /// The feed-forward network: gated, `down(act(gate(x)) ⊙ up(x))` (SwiGLU, GeGLU: Shazeer
 /// 2020), or plain, `down(act(up(x)))` (GPT-2, Falcon, Nemotron's squared ReLU). The gate and
-/// up rows may be fused in one `ffn_up` tensor (Phi-3), gate first.
+/// up rows may be fused in one `ffn_up` tensor (Phi-3), gate first. BitNet b1.58 normalises
+/// the hidden values before `down` (its sub-layer norm).
 pub struct Mlp {
     gate: Option<Linear>,
     up: Linear,
     down: Linear,
     act: FfnActivation,
+    sub_norm: Option<Norm>,
 }
 
 impl Mlp {
@@ -399,7 +425,21 @@ impl Mlp {
             up,
             down,
             act,
+            sub_norm: None,
         })
+    }
+
+    /// The hidden width (`down`'s inputs).
+    pub fn width(&self) -> usize {
+        self.down.inputs
+    }
+
+    /// This network with `norm` applied to its hidden values before `down`.
+    pub fn with_sub_norm(self, norm: Option<Norm>) -> Mlp {
+        Mlp {
+            sub_norm: norm,
+            ..self
+        }
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -409,7 +449,7 @@ impl Mlp {
             (Some(gate), act) => activate(act, gate.forward(x)?)?.mul(&up)?,
             (None, act) => activate(act, up)?,
         };
-        self.down.forward(&h)
+        self.down.forward(&maybe(&self.sub_norm, &h)?)
     }
 }
 
@@ -576,7 +616,7 @@ impl FeedForward {
 /// when the checkpoint has them and `s` is the residual multiplier (Granite; 1 otherwise).
 /// Parallel (GPT-J; GPT-NeoX, Falcon, Cohere, StableLM):
 /// `x + s·Attention(norm₁(x)) + s·FFN(norm₂(x))`, with `norm₂ = norm₁` when the block has one
-/// input norm.
+/// input norm. BitNet b1.58's sub-layer norms sit inside [`Attention`] and [`Mlp`].
 pub struct Block {
     attn_norm: Option<Norm>,
     attn: Attention,
@@ -598,7 +638,11 @@ impl Block {
                     "arch-llama: layer {i} has a router but the metadata gives no expert count"
                 )));
             }
-            (_, false) => FeedForward::Dense(Mlp::load(w, dev, cfg.hidden, i, "", cfg.activation)?),
+            (_, false) => {
+                let mlp = Mlp::load(w, dev, cfg.hidden, i, "", cfg.activation)?;
+                let norm = sub_norm(w, dev, cfg, i, "ffn_sub_norm", mlp.width())?;
+                FeedForward::Dense(mlp.with_sub_norm(norm))
+            }
         };
         let norm = |t: &str| optional_norm(w, dev, cfg, i, t);
         // Falcon-40B's parallel block, in llama.cpp's names: `attn_norm_2` feeds attention,

@@ -249,12 +249,15 @@ impl Weights {
     }
 }
 
-/// `y = x·Wᵀ (+ b)`: a weight of shape `[out, in]` in any dtype the backend takes — or one
+/// `y = s·(x·Wᵀ) (+ b)`: a weight of shape `[out, in]` in any dtype the backend takes — or one
 /// expert's slice of a stacked `[E, out, in]` tensor (GGUF), or a block of rows of a fused
-/// projection — and an optional bias. Quantized
-/// weights stay in their blocks: quantization belongs to this layer, not to the model.
+/// projection — an optional per-tensor scale `s` (BitNet b1.58's ternary weights, `{name}.scale`
+/// in llama.cpp's files) and an optional bias. Quantized weights stay in their blocks:
+/// quantization belongs to this layer, not to the model.
 pub struct Linear {
     weight: Tensor,
+    /// The output scale, where the weight has one.
+    scale: Option<f32>,
     bias: Option<Tensor>,
     /// Input features.
     pub inputs: usize,
@@ -263,8 +266,9 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// Loads `{name}.weight` (and `{name}.bias` when `bias` is asked for and present), checking
-    /// that it maps `inputs` features. A 1-D weight of `inputs` values is one output row.
+    /// Loads `{name}.weight` (and `{name}.bias` when `bias` is asked for and present, and the
+    /// one-value `{name}.scale` when present), checking that it maps `inputs` features. A 1-D
+    /// weight of `inputs` values is one output row.
     pub fn load(
         w: &Weights,
         device: &Device,
@@ -304,6 +308,19 @@ impl Linear {
         } else {
             None
         };
+        let scale_name = format!("{name}.scale");
+        let scale = match w.has(&scale_name) {
+            true => match w.f32(&scale_name)?[..] {
+                [s] => Some(s),
+                ref v => {
+                    return Err(UError::invalid(format!(
+                        "arch-llama: {scale_name} has {} values, expected one",
+                        v.len()
+                    )));
+                }
+            },
+            false => None,
+        };
         let dims = [outputs as u64, inputs as u64];
         let weight = match (transposed, &order) {
             (false, None) => w.import(device, &weight, Some(&dims))?,
@@ -323,6 +340,7 @@ impl Linear {
         };
         Ok(Linear {
             weight,
+            scale,
             bias,
             inputs,
             outputs,
@@ -354,6 +372,7 @@ impl Linear {
                 };
                 Ok(Linear {
                     weight: self.weight.rows_range(rows)?,
+                    scale: self.scale,
                     bias,
                     inputs: self.inputs,
                     outputs: n,
@@ -372,6 +391,7 @@ impl Linear {
         match dims {
             [e, o, i] if *i as usize == inputs && index < *e as usize => Ok(Linear {
                 weight: stacked.index(index)?,
+                scale: None,
                 bias: None,
                 inputs,
                 outputs: *o as usize,
@@ -397,9 +417,12 @@ impl Linear {
         self.weight.dtype()
     }
 
-    /// `x·Wᵀ + b` for `x` `[m, in]`: `[m, out]`.
+    /// `s·(x·Wᵀ) + b` for `x` `[m, in]`: `[m, out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = x.matmul_t(&self.weight)?;
+        if let Some(s) = self.scale {
+            y.scale_assign(s)?;
+        }
         if let Some(b) = &self.bias {
             y.add_assign(b)?;
         }

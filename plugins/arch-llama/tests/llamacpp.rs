@@ -9,6 +9,8 @@
 //!   and at every step (llama.cpp's top 10).
 //! - The tiny random-weight fixtures as Q8_0, Q4_0 and Q4_1 (`llamacpp/<model>.<q>.gguf`):
 //!   logits at every prompt position.
+//! - A tiny BitNet b1.58 (`bitnet`) model as F32, TQ1_0 and TQ2_0
+//!   (`tests/fixtures/gen_llamacpp_bitnet.py`): logits at every prompt position.
 //!
 //! Why the bounds are what they are (measured, see the report printed by each test):
 //! both sides quantize activations to int8 per 32 values for the integer dot products. Int8
@@ -44,7 +46,8 @@ use anyhow::{Context, Result, ensure};
 use serde_json::Value;
 use std::path::PathBuf;
 use support::{
-    argmax, max_abs_diff, reference_cache::ReferenceCache, reference_kernels::DequantMatmul,
+    argmax, dequantized::Dequantized, max_abs_diff, reference_cache::ReferenceCache,
+    reference_kernels::DequantMatmul,
 };
 use u_sdk::{ModelBox, Output, Rows, WeightSetBox};
 
@@ -433,6 +436,79 @@ fn tiny_activation_rounding_matches_ggml() -> Result<()> {
         assert!(
             *d <= TINY_STRICT,
             "{what}: {d} > {TINY_STRICT}: activation rounding differs from ggml"
+        );
+    }
+    Ok(())
+}
+
+/// The BitNet b1.58 fixture (`tests/fixtures/gen_llamacpp_bitnet.py`): llama.cpp's `bitnet`
+/// model, its logits at every position of each prompt on the F32 model and on the TQ1_0 and
+/// TQ2_0 files llama.cpp's quantizer made of it. The F32 model is read as the TQ2_0 file
+/// dequantized: the generator checks that the two hold the same values (every block's scale
+/// is its tensor's f16 scale, so ternary quantization is exact).
+fn bitnet_weights(e: &Value, fx: &Value) -> Result<WeightSetBox> {
+    Ok(match e["file"].as_str() {
+        Some(file) => open(&fixtures().join(file))?,
+        None => Dequantized::new_box(open(
+            &fixtures().join(fx["f32_values_from"].as_str().context("f32_values_from")?),
+        )?)?,
+    })
+}
+
+/// BitNet logits (O(10)) against llama.cpp on the same file. F32: both sides multiply in f32,
+/// only the summation order differs. TQ1_0/TQ2_0: both quantize the activations to int8 per
+/// 256 values (Q8_K, f32 scale) and sum exact integer products of the ternary weights, as
+/// ggml's `vec_dot_tq{1,2}_0_q8_K` does (kernels-cpu: the same scalar arithmetic for TQ1_0,
+/// AVX2 for TQ2_0), so the only noise is float order upstream, within a few ulp unless it
+/// flips an int8 rounding — too few values here for one.
+const BITNET_TOL: f32 = 1e-4;
+
+#[test]
+fn bitnet_logits_match_llama_cpp_on_f32_tq1_0_and_tq2_0() -> Result<()> {
+    let fx = read_json("bitnet.json")?;
+    let prompts: Vec<Vec<u32>> = fx["prompts"]
+        .as_array()
+        .context("prompts")?
+        .iter()
+        .map(ids)
+        .collect();
+    let mut worst = Vec::new();
+    for e in fx["models"].as_array().context("models")? {
+        let q = e["quant"].as_str().context("quant")?;
+        let want = read_f32(e["logits"].as_str().context("logits")?)?;
+        let m = support::build(bitnet_weights(e, &fx)?, ReferenceCache::new_box(4))?;
+        let mut ours = Vec::new();
+        for p in &prompts {
+            let seq = m.cache().unwrap().unwrap().create().into_result()?;
+            ours.extend(forward_one(&m, seq, p, Output::Logits(Rows::All))?);
+            m.cache().unwrap().unwrap().release(seq).into_result()?;
+        }
+        ensure!(ours.len() == want.len(), "{q}: logits file size");
+        let d = max_abs_diff(&ours, &want);
+        eprintln!("bitnet {q}: max |Δlogit| vs llama.cpp {d:.2e}; tolerance {BITNET_TOL}");
+        worst.push((q.to_string(), d));
+    }
+    for (q, d) in &worst {
+        assert!(*d <= BITNET_TOL, "bitnet {q}: logits off llama.cpp by {d}");
+    }
+    Ok(())
+}
+
+/// A `bitnet` file without one of its sub-layer norms is refused with the tensor's name (the
+/// other architectures do without them).
+#[test]
+fn bitnet_without_a_sub_norm_is_a_clear_error() -> Result<()> {
+    let fx = read_json("bitnet.json")?;
+    let file = fixtures().join(fx["f32_values_from"].as_str().context("f32_values_from")?);
+    for missing in ["blk.0.attn_sub_norm.weight", "blk.1.ffn_sub_norm.weight"] {
+        let weights = Dequantized::without(open(&file)?, &[missing])?;
+        let Err(e) = support::build(weights, ReferenceCache::new_box(4)) else {
+            panic!("a bitnet model without {missing} was built");
+        };
+        let message = format!("{e:#}");
+        assert!(
+            message.contains(&format!("`{missing}` is missing")),
+            "{missing}: {message}"
         );
     }
     Ok(())

@@ -19,8 +19,16 @@ pub struct Dequantized {
 impl Dequantized {
     /// Dequantizes every tensor of `inner`.
     pub fn new_box(inner: WeightSetBox) -> anyhow::Result<WeightSetBox> {
+        Self::without(inner, &[])
+    }
+
+    /// Dequantizes every tensor of `inner` but those named in `left_out`, which it lacks.
+    pub fn without(inner: WeightSetBox, left_out: &[&str]) -> anyhow::Result<WeightSetBox> {
         let mut tensors = HashMap::new();
         for info in inner.tensors().into_result()? {
+            if left_out.contains(&info.name.as_str()) {
+                continue;
+            }
             let view = inner.tensor(info.name.as_str().into()).into_result()?;
             let values = u_sdk::quant::dequantize_view(&view)?;
             let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
