@@ -130,7 +130,7 @@ for kind in ["tcp", "unix"]:
     r["suffix"] = refused(lambda: c.completions.create(prompt=P1, suffix="end", **g))
     r["too_long"] = refused(lambda: c.completions.create(prompt=P1, model=MODEL, max_tokens=300))
     r["tools"] = refused(lambda: c.chat.completions.create(model=MODEL, messages=chat, tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]))
-    r["response_format"] = refused(lambda: c.chat.completions.create(model=MODEL, messages=chat, response_format={"type": "json_object"}))
+    r["response_format"] = refused(lambda: c.chat.completions.create(model=MODEL, messages=chat, response_format={"type": "xml"}))
     r["unknown"] = refused(lambda: c.chat.completions.create(model=MODEL, messages=chat, extra_body={"mirostat": 2}))
     r["default_max"] = c.completions.create(prompt=P1, model=MODEL).usage.completion_tokens
     e64 = c.embeddings.create(model=MODEL, input=[P1, P2])

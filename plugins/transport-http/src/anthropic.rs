@@ -11,6 +11,9 @@
 //! `cache_creation_input_tokens` (tokens newly stored at breakpoints) and `input_tokens` (the
 //! rest). In a stream the final `message_delta` carries the complete `usage`; the counts in
 //! `message_start` are zero because the stream starts before they are known.
+//!
+//! Structured outputs: `output_format: {"type": "json_schema", "schema": …}` (Anthropic's
+//! structured-outputs form) holds the answer to the schema.
 
 use crate::{
     bridge::Piece,
@@ -20,7 +23,9 @@ use crate::{
     reply::{self, Reply, sse},
 };
 use serde_json::{Value, json};
-use u_sdk::{CacheBreakpoint, ChatTurn, FinishReason, GenerateRequest, GenerateSummary};
+use u_sdk::{
+    CacheBreakpoint, ChatTurn, Constraint, FinishReason, GenerateRequest, GenerateSummary,
+};
 
 /// A parsed `/v1/messages` request.
 #[derive(Debug, Clone)]
@@ -89,8 +94,9 @@ fn blocks(v: &Value, at: &str) -> Result<(String, Vec<u32>), ApiError> {
 
 /// The fields `/v1/messages` takes: Anthropic's that this server implements, its top-level
 /// `cache_control`, and the sampling extensions OpenAI-style servers accept.
-const SUPPORTED: [&str; 16] = [
+const SUPPORTED: [&str; 17] = [
     "model",
+    "output_format",
     "messages",
     "max_tokens",
     "metadata",
@@ -186,7 +192,24 @@ pub fn parse(body: &[u8], models: &[String]) -> Result<Parsed, ApiError> {
     request.cache_breakpoints = breakpoints.into();
     request.client = user.map(|u| format!("user:{u}")).unwrap_or_default().into();
     request.clamp_max_tokens = false;
+    request.constraint = output_format(&o)?;
     Ok(Parsed { request, stream })
+}
+
+/// `output_format`: a JSON schema the answer must follow.
+fn output_format(o: &Obj) -> Result<Constraint, ApiError> {
+    let Some(f) = json::nested(o, "output_format")? else {
+        return Ok(Constraint::None);
+    };
+    match (f.get("type").and_then(Value::as_str), f.get("schema")) {
+        (Some("json_schema"), Some(s @ (Value::Object(_) | Value::Bool(_)))) => {
+            Ok(Constraint::JsonSchema(s.to_string().into()))
+        }
+        _ => Err(ApiError::param(
+            "output_format",
+            "`output_format` must be `{\"type\": \"json_schema\", \"schema\": {…}}`",
+        )),
+    }
 }
 
 /// `system` and `messages` as chat turns, with the cache breakpoints their blocks mark.
@@ -483,6 +506,28 @@ mod tests {
         let ok = br#"{"model":"tiny","max_tokens":4,"thinking":{"type":"disabled"},
             "service_tier":"auto","tools":null,"messages":[{"role":"user","content":"x"}]}"#;
         parse(ok, &["tiny".to_string()]).unwrap();
+    }
+
+    #[test]
+    fn output_format_is_a_json_schema_constraint() {
+        let base = r#"{"model":"tiny","max_tokens":4,"messages":[{"role":"user","content":"x"}],"output_format":"#;
+        let p = parse(
+            format!(r#"{base}{{"type":"json_schema","schema":{{"type":"object"}}}}}}"#).as_bytes(),
+            &["tiny".to_string()],
+        )
+        .unwrap();
+        assert_eq!(
+            p.request.constraint,
+            Constraint::JsonSchema(r#"{"type":"object"}"#.into())
+        );
+        for bad in [
+            r#"{"type":"json_schema"}"#,
+            r#"{"type":"xml","schema":{}}"#,
+            "7",
+        ] {
+            let e = err(&format!("{base}{bad}}}"));
+            assert_eq!((e.status, e.param.as_deref()), (400, Some("output_format")));
+        }
     }
 
     #[test]

@@ -3,7 +3,10 @@
 //!
 //! Extensions (OpenAI clients send them with `extra_body`): `top_k`, `min_p`,
 //! `repetition_penalty`, and `resume_from` / `save_as` to continue from and save KV
-//! checkpoints.
+//! checkpoints. Structured outputs: `response_format` `json_object` and `json_schema`
+//! (OpenAI's nested `json_schema: {name, schema, strict}`, or llama.cpp's top-level `schema`),
+//! and the extensions `{"type": "regex", "regex": …}` and `{"type": "grammar", "grammar": …}`
+//! (Lark, as llguidance takes it).
 
 use crate::{
     bridge::Piece,
@@ -13,8 +16,8 @@ use crate::{
 };
 use serde_json::{Map, Value, json};
 use u_sdk::{
-    ChatTurn, FinishReason, GenerateRequest, GenerateSummary, LogitBias, SamplingParams,
-    TokenLogprob,
+    ChatTurn, Constraint, FinishReason, GenerateRequest, GenerateSummary, LogitBias,
+    SamplingParams, TokenLogprob,
 };
 
 /// Which endpoint a request came to.
@@ -203,10 +206,58 @@ fn logit_bias(o: &Obj) -> Result<Vec<LogitBias>, ApiError> {
         .collect()
 }
 
+/// `response_format`: what the output must follow (see the module docs); `text` is free text.
+fn response_format(o: &Obj) -> Result<Constraint, ApiError> {
+    let Some(rf) = json::nested(o, "response_format")? else {
+        return Ok(Constraint::None);
+    };
+    let bad = |msg: String| ApiError::param("response_format", msg);
+    let schema = |v: Option<&Value>, at: &str| match v {
+        Some(s @ (Value::Object(_) | Value::Bool(_))) => Ok(s.to_string()),
+        Some(other) => Err(bad(format!(
+            "`{at}` must be a JSON schema (an object), got {}",
+            type_name(other)
+        ))),
+        None => Err(bad(format!("`{at}` is required"))),
+    };
+    let text = |key: &str| match rf.get(key) {
+        Some(Value::String(s)) => Ok(s.clone()),
+        _ => Err(bad(format!("`response_format.{key}` must be a string"))),
+    };
+    Ok(match rf.get("type").and_then(Value::as_str) {
+        Some("text") => Constraint::None,
+        Some("json_object") => match rf.get("schema").filter(|v| !v.is_null()) {
+            Some(s) => Constraint::JsonSchema(schema(Some(s), "response_format.schema")?.into()),
+            None => Constraint::JsonSchema(r#"{"type":"object"}"#.into()),
+        },
+        Some("json_schema") => match json::nested(rf, "json_schema")? {
+            Some(js) => {
+                json::string(js, "name")?;
+                json::boolean(js, "strict")?;
+                let at = "response_format.json_schema.schema";
+                Constraint::JsonSchema(schema(js.get("schema"), at)?.into())
+            }
+            None => Constraint::JsonSchema(
+                schema(rf.get("schema"), "response_format.json_schema")?.into(),
+            ),
+        },
+        Some("regex") => Constraint::Regex(text("regex")?.into()),
+        Some("grammar") => Constraint::Lark(text("grammar")?.into()),
+        _ => {
+            return Err(bad(format!(
+                "`response_format.type` must be `text`, `json_object`, `json_schema`, `regex` \
+                 or `grammar`, got {}",
+                rf.get("type").map_or("nothing".into(), Value::to_string)
+            )));
+        }
+    })
+}
+
 /// Fields both endpoints take, OpenAI's and this server's extensions (`top_k`, `min_p`,
 /// `repetition_penalty`, `resume_from`, `save_as`).
-const COMMON: [&str; 18] = [
+const COMMON: [&str; 19] = [
     "model",
+    "response_format",
     "frequency_penalty",
     "logit_bias",
     "max_tokens",
@@ -244,7 +295,6 @@ const COMPLETIONS: [&str; 5] = ["prompt", "logprobs", "echo", "suffix", "best_of
 /// is an option this server does not implement.
 fn harmless(key: &str, v: &Value, o: &Obj) -> bool {
     match key {
-        "response_format" => v.get("type") == Some(&json!("text")),
         "modalities" => v == &json!(["text"]),
         "store" => v == &json!(false),
         "service_tier" => matches!(v.as_str(), Some("auto" | "default")),
@@ -391,6 +441,7 @@ pub fn parse(
     request.save_as = save_as.map(Into::into).into();
     request.client = user.map(|u| format!("user:{u}")).unwrap_or_default().into();
     request.logit_bias = logit_bias(&o)?.into();
+    request.constraint = response_format(&o)?;
     request.suffix = suffix.map(Into::into).into();
     request.clamp_max_tokens = !asked;
     if let Some(first) = prompts.first() {
@@ -859,6 +910,63 @@ mod tests {
         assert_eq!((e.status, e.param.as_deref()), (400, Some("user")));
     }
 
+    /// `response_format` in OpenAI's forms, llama.cpp's top-level `schema`, and the `regex` and
+    /// `grammar` extensions, on both endpoints; malformed ones are a 400 naming the field.
+    #[test]
+    fn response_formats_become_constraints() {
+        let chat =
+            r#"{"model":"tiny","messages":[{"role":"user","content":"x"}],"response_format":"#;
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        for (rf, want) in [
+            (json!({"type": "text"}), Constraint::None),
+            (
+                json!({"type": "json_object"}),
+                Constraint::JsonSchema(r#"{"type":"object"}"#.into()),
+            ),
+            (
+                json!({"type": "json_schema", "json_schema": {"name": "n", "schema": schema, "strict": true}}),
+                Constraint::JsonSchema(schema.to_string().into()),
+            ),
+            (
+                json!({"type": "json_schema", "schema": schema}),
+                Constraint::JsonSchema(schema.to_string().into()),
+            ),
+            (
+                json!({"type": "json_object", "schema": schema}),
+                Constraint::JsonSchema(schema.to_string().into()),
+            ),
+            (
+                json!({"type": "regex", "regex": "[0-9]+"}),
+                Constraint::Regex("[0-9]+".into()),
+            ),
+            (
+                json!({"type": "grammar", "grammar": "start: \"a\""}),
+                Constraint::Lark("start: \"a\"".into()),
+            ),
+        ] {
+            let p = parsed(&format!("{chat}{rf}}}"), Endpoint::Chat);
+            assert_eq!(p.request.constraint, want, "{rf}");
+            let body = format!(r#"{{"model":"tiny","prompt":"x","response_format":{rf}}}"#);
+            assert_eq!(
+                parsed(&body, Endpoint::Completions).request.constraint,
+                want
+            );
+        }
+        for rf in [
+            json!({"type": "json_schema"}),
+            json!({"type": "json_schema", "json_schema": {"name": "n"}}),
+            json!({"type": "json_schema", "json_schema": {"schema": "not a schema"}}),
+            json!({"type": "regex"}),
+            json!({"type": "grammar", "grammar": 7}),
+            json!({"type": "xml"}),
+            json!("json_object"),
+        ] {
+            let e = err(Endpoint::Chat, &format!("{chat}{rf}}}"));
+            assert_eq!(e.status, 400, "{rf}");
+            assert!(e.message.contains("response_format"), "{rf}: {e:?}");
+        }
+    }
+
     /// OpenAI's chat and completions parameters that this server does not implement, each with
     /// a value that would change the answer: refused with a 400 naming the field.
     #[test]
@@ -872,7 +980,7 @@ mod tests {
             ("parallel_tool_calls", "true"),
             ("prediction", r#"{"type":"content","content":"x"}"#),
             ("reasoning_effort", r#""low""#),
-            ("response_format", r#"{"type":"json_object"}"#),
+            ("response_format", r#"{"type":"xml"}"#),
             ("service_tier", r#""flex""#),
             ("store", "true"),
             ("tool_choice", r#""auto""#),
