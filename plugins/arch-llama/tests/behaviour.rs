@@ -193,6 +193,11 @@ fn other_architectures_refuse_what_they_cannot_build() -> Result<()> {
         c["rope_parameters"]["rope_type"] = "longrope".into()
     })?);
     assert!(e.contains("rope scaling `longrope`"), "{e}");
+    // transformers' BitNet is not llama.cpp's `bitnet` graph (only its GGUF files are built).
+    let e = build_err(fixture_with_config("llama", |c| {
+        c["model_type"] = "bitnet".into()
+    })?);
+    assert!(e.contains("transformers' BitNet"), "{e}");
     // Nemotron's LayerNorm biases under an RMSNorm architecture are not silently dropped.
     let e = build_err(fixture_with_config("nemotron", |c| {
         c["model_type"] = "llama".into()
