@@ -162,16 +162,26 @@ pub fn prove(deployment: &Deployment) -> DeploymentProof {
     }
 }
 
-fn merge(into: &mut Grants, g: &Grants) {
-    into.fs_read.extend(g.fs_read.iter().cloned());
-    into.fs_write.extend(g.fs_write.iter().cloned());
-    into.net_listen.extend(g.net_listen.iter().cloned());
-    into.net_connect.extend(g.net_connect.iter().cloned());
+/// Adds the grants `g` to `into` (their union; each path or address once).
+pub fn merge(into: &mut Grants, g: &Grants) {
+    fn add<T: PartialEq + Clone>(into: &mut Vec<T>, from: &[T]) {
+        for x in from {
+            if !into.contains(x) {
+                into.push(x.clone());
+            }
+        }
+    }
+    add(&mut into.fs_read, &g.fs_read);
+    add(&mut into.fs_write, &g.fs_write);
+    add(&mut into.net_listen, &g.net_listen);
+    add(&mut into.net_connect, &g.net_connect);
     into.gpu |= g.gpu;
     into.process_fork |= g.process_fork;
 }
 
-fn guarantees(union: &Grants) -> Vec<String> {
+/// What a deployment whose plugins together hold `union` cannot do, one statement per
+/// capability nobody is granted.
+pub fn guarantees(union: &Grants) -> Vec<String> {
     let mut out = Vec::new();
     for cap in Capability::ALL {
         if union.grants(cap) {

@@ -8,7 +8,9 @@ use tracing::Level;
 use tracing_subscriber::{filter::Targets, layer::SubscriberExt, util::SubscriberInitExt};
 use u_attest::deployment::{PathGrant, absolute};
 use u_attest::{Deployment, signing::verify_bytes};
-use u_runner::{inspect, load_deployment, open_deployment, runner, sandbox, serve, wiring};
+use u_runner::{
+    inspect, load_deployment, oneline, open_deployment, runner, sandbox, serve, wiring,
+};
 
 mod bench;
 mod perplexity;
@@ -126,12 +128,30 @@ enum Command {
     /// With a `[model]` in the deployment, the model is wired (loader, architecture, kernels,
     /// cache, tokenizer) and served under its file or directory name. Refused plugins are
     /// reported and skipped (exit status 1 at the end), or with `--strict` nothing is served.
+    ///
+    /// Or in one line, with no manifest: `serve --model FILE` builds the deployment in memory
+    /// from the signed plugins in `plugins/` above the binary's folder (the set
+    /// manifests/dev.toml names, and transport-http), grants the model to the loaders and the
+    /// tokenizer and the address to the transport, prints its capability proof and serves.
     Serve {
         /// The deployment manifest.
-        deployment: PathBuf,
+        #[arg(required_unless_present = "model", conflicts_with = "model")]
+        deployment: Option<PathBuf>,
         /// Refuse to serve if any plugin is refused.
         #[arg(long)]
         strict: bool,
+        /// One-line form: serve this model file (or model directory) over HTTP.
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// One-line form: the address to listen on.
+        #[arg(long, default_value = "127.0.0.1", requires = "model")]
+        host: String,
+        /// One-line form: the TCP port to listen on.
+        #[arg(long, default_value_t = 8080, requires = "model")]
+        port: u16,
+        /// One-line form: require API keys, one `NAME KEY` a line in this file.
+        #[arg(long, requires = "model")]
+        api_key_file: Option<PathBuf>,
     },
 }
 
@@ -270,6 +290,87 @@ fn host_status(deployment: &Deployment) -> String {
     format!("{declared}; {verdict}")
 }
 
+/// The first lines of `u-runner plugins` and of the one-line serve's proof: the deployment,
+/// the host's own verification, the plugin ABI and what the kernel's sandbox offers.
+fn print_header(d: &Deployment, support: &sandbox::Support) {
+    println!("deployment `{}`", d.name);
+    println!("host: {}", host_status(d));
+    println!(
+        "plugin ABI: {}",
+        u_sdk::abi_id(u_sdk::ABI_MAJOR, &u_sdk::ABI_HASH)
+    );
+    println!(
+        "sandbox: Landlock {}, seccomp {}",
+        support
+            .landlock_abi
+            .map(|v| format!("available (ABI {v})"))
+            .unwrap_or_else(|| "NOT AVAILABLE on this kernel".into()),
+        if support.seccomp {
+            "available"
+        } else {
+            "NOT AVAILABLE on this kernel"
+        }
+    );
+}
+
+/// One verified plugin: name, version, kind, publisher and ABI, what its signed manifest
+/// declares and what the deployment grants it.
+fn print_plugin(status: &str, verified: &u_attest::Verified, grants: &u_attest::Grants) {
+    let m = &verified.manifest;
+    println!(
+        "{status} {} {} ({}) publisher {} abi {}",
+        m.name,
+        m.version,
+        m.kind,
+        verified.publisher.short_id(),
+        verified.abi()
+    );
+    let or_none = |v: &[&str], sep: &str, none: &str| {
+        if v.is_empty() {
+            none.to_string()
+        } else {
+            v.join(sep)
+        }
+    };
+    let declared: Vec<&str> = m.capabilities.iter().map(|c| c.name()).collect();
+    let granted = grants.describe();
+    let granted: Vec<&str> = granted.iter().map(String::as_str).collect();
+    println!("  declares: {}", or_none(&declared, ", ", "(nothing)"));
+    println!("  grants: {}", or_none(&granted, "; ", "(none)"));
+}
+
+/// The plugins refused, each with its reason.
+fn print_refused(refused: &[u_runner::Refusal]) {
+    for r in refused {
+        println!(
+            "[REFUSED] {} ({}): {}",
+            r.plugin,
+            r.path.display(),
+            r.reason
+        );
+    }
+}
+
+/// The capability proof the one-line serve runs under, printed before lock-down: every plugin
+/// as verified with its grants, the effective capabilities of the whole and what nothing can do.
+fn print_proof(d: &Deployment, opened: &u_runner::OpenReport) {
+    print_header(d, &sandbox::probe_support());
+    let mut union = u_attest::Grants::default();
+    for p in &opened.opened {
+        print_plugin("[VERIFIED]", &p.verified, &p.grants);
+        u_attest::report::merge(&mut union, &p.grants);
+    }
+    print_refused(&opened.refused);
+    println!("effective capabilities:");
+    for line in union.describe() {
+        println!("  {line}");
+    }
+    println!("guarantees:");
+    for g in u_attest::report::guarantees(&union) {
+        println!("  - {g}");
+    }
+}
+
 fn run(cli: Cli) -> Result<i32> {
     let Some(command) = cli.command else {
         let (Some(model), Some(socket)) = (cli.model, cli.socket) else {
@@ -281,7 +382,7 @@ fn run(cli: Cli) -> Result<i32> {
             &socket,
             cli.secret_file.as_deref(),
         )?;
-        return serve_deployment(d, true);
+        return serve_deployment(d, true, false);
     };
     match command {
         Command::Plugins { deployment, json } => {
@@ -319,60 +420,13 @@ fn run(cli: Cli) -> Result<i32> {
                 });
                 println!("{}", serde_json::to_string_pretty(&out)?);
             } else {
-                println!("deployment `{}`", d.name);
-                println!("host: {}", host_status(&d));
-                println!("plugin ABI: {abi}");
-                println!(
-                    "sandbox: Landlock {}, seccomp {}",
-                    support
-                        .landlock_abi
-                        .map(|v| format!("available (ABI {v})"))
-                        .unwrap_or_else(|| "NOT AVAILABLE on this kernel".into()),
-                    if support.seccomp {
-                        "available"
-                    } else {
-                        "NOT AVAILABLE on this kernel"
-                    }
-                );
+                print_header(&d, &support);
                 for p in &report.loaded {
-                    let m = &p.verified.manifest;
-                    println!(
-                        "[LOADED]  {} {} ({}) publisher {} abi {}",
-                        m.name,
-                        m.version,
-                        m.kind,
-                        p.verified.publisher.short_id(),
-                        p.verified.abi()
-                    );
-                    let granted = p.grants.describe();
-                    let declared: Vec<&str> = m.capabilities.iter().map(|c| c.name()).collect();
-                    println!(
-                        "  declares: {}",
-                        if declared.is_empty() {
-                            "(nothing)".into()
-                        } else {
-                            declared.join(", ")
-                        }
-                    );
-                    println!(
-                        "  grants: {}",
-                        if granted.is_empty() {
-                            "(none)".into()
-                        } else {
-                            granted.join("; ")
-                        }
-                    );
+                    print_plugin("[LOADED] ", &p.verified, &p.grants);
                     let details: Vec<&str> = p.info.details.iter().map(|s| s.as_str()).collect();
                     println!("  answers: {} [{}]", p.info.summary, details.join(", "));
                 }
-                for r in &report.refused {
-                    println!(
-                        "[REFUSED] {} ({}): {}",
-                        r.plugin,
-                        r.path.display(),
-                        r.reason
-                    );
-                }
+                print_refused(&report.refused);
             }
             Ok(if report.refused.is_empty() { 0 } else { 1 })
         }
@@ -481,19 +535,36 @@ fn run(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
-        Command::Serve { deployment, strict } => {
-            let d = Deployment::load(&deployment)
-                .with_context(|| format!("loading {}", deployment.display()))?;
-            serve_deployment(d, strict)
+        Command::Serve {
+            deployment,
+            strict,
+            model,
+            host,
+            port,
+            api_key_file,
+        } => {
+            let d = match (deployment, model) {
+                (Some(deployment), _) => Deployment::load(&deployment)
+                    .with_context(|| format!("loading {}", deployment.display()))?,
+                (None, Some(model)) => {
+                    let d = oneline::deployment(&model, &host, port, api_key_file.as_deref())?;
+                    return serve_deployment(d, strict, true);
+                }
+                (None, None) => anyhow::bail!("give a deployment manifest or --model"),
+            };
+            serve_deployment(d, strict, false)
         }
     }
 }
 
 /// Verifies, locks down and serves `d` until a signal; with `strict`, any refused plugin stops
-/// it before anything is served.
-fn serve_deployment(d: Deployment, strict: bool) -> Result<i32> {
+/// it before anything is served; with `proof`, the capability proof is printed first.
+fn serve_deployment(d: Deployment, strict: bool, proof: bool) -> Result<i32> {
     tracing::info!(deployment = %d.name, "host: {}", host_status(&d));
     let opened = open_deployment(&d);
+    if proof {
+        print_proof(&d, &opened);
+    }
     if strict && !opened.refused.is_empty() {
         anyhow::bail!(
             "{} plugin(s) refused and --strict is set: not serving",
