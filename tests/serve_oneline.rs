@@ -1,9 +1,11 @@
 //! Issue 15, the one-line start: `u-runner serve --model FILE --port P` builds its deployment in
 //! memory from the signed plugins of the build tree, prints the capability proof it runs under
 //! (naming what it granted) and serves the default model (SmolLM2) over plain HTTP; a model
-//! path that does not exist is a clear error.
+//! path that does not exist is a clear error. SGLang's native API over the same server:
+//! `/generate` (text or token ids, SGLang's sampling parameter names, streamed as SGLang streams,
+//! `return_logprob`), `/get_model_info`, `/flush_cache`, and unsupported fields refused by name.
 
-use serde_json::json;
+use serde_json::{Value, json};
 use std::{
     path::PathBuf,
     process::{Child, Command, Stdio},
@@ -166,4 +168,169 @@ fn one_line_serve_without_the_model_is_a_clear_error() {
         "{said}"
     );
     assert!(out.stdout.is_empty(), "nothing served or proven: {said}");
+}
+
+/// POSTs `body` to `/generate`: the status and the raw body.
+fn generate(port: u16, body: &Value) -> (u16, String) {
+    let body = body.to_string();
+    http(
+        port,
+        format!(
+            "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn sglang_generate_model_info_and_flush_cache() {
+    let server = start(tempfile::tempdir().unwrap(), &[]);
+    let port = server.port;
+    let params = json!({"temperature": 0, "max_new_tokens": 6, "top_k": -1, "top_p": 1.0});
+    let (status, body) = generate(
+        port,
+        &json!({"text": "The capital of France is", "sampling_params": params}),
+    );
+    assert_eq!(status, 200, "{body}\n{}", server.log());
+    let whole: Value = serde_json::from_str(&body).unwrap();
+    let text = whole["text"].as_str().unwrap().to_string();
+    assert!(!text.is_empty(), "{whole}");
+    let meta = &whole["meta_info"];
+    assert_eq!(meta["completion_tokens"], 6, "{whole}");
+    assert_eq!(meta["finish_reason"]["type"], "length", "{whole}");
+    assert!(meta["prompt_tokens"].as_u64().unwrap() > 1, "{whole}");
+    let ids = whole["output_ids"].as_array().unwrap().clone();
+    assert_eq!(ids.len(), 6, "{whole}");
+
+    // The same prompt again hits the prefix cache; as token ids it gives the same tokens.
+    let (_, again) = generate(
+        port,
+        &json!({"text": "The capital of France is", "sampling_params": params}),
+    );
+    let again: Value = serde_json::from_str(&again).unwrap();
+    assert!(
+        again["meta_info"]["cached_tokens"].as_u64().unwrap() > 0,
+        "{again}"
+    );
+    let (status, prompt) = http(
+        port,
+        {
+            let b = json!({"content": "The capital of France is"}).to_string();
+            format!("POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}", b.len())
+        }
+        .as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(status, 200, "{prompt}");
+    let prompt: Value = serde_json::from_str(&prompt).unwrap();
+    let (status, by_ids) = generate(
+        port,
+        &json!({"input_ids": prompt["tokens"], "sampling_params": params}),
+    );
+    assert_eq!(status, 200, "{by_ids}");
+    let by_ids: Value = serde_json::from_str(&by_ids).unwrap();
+    assert_eq!(by_ids["output_ids"].as_array().unwrap(), &ids, "{by_ids}");
+
+    // Streamed: `data:` lines with the whole text so far, the last with meta_info, then [DONE].
+    let (status, streamed) = generate(
+        port,
+        &json!({"text": "The capital of France is", "sampling_params": params, "stream": true}),
+    );
+    assert_eq!(status, 200, "{streamed}");
+    let lines: Vec<&str> = streamed
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(lines.last(), Some(&"[DONE]"), "{streamed}");
+    let chunks: Vec<Value> = lines[..lines.len() - 1]
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(chunks.len() >= 2, "{streamed}");
+    let mut previous = String::new();
+    for c in &chunks {
+        let t = c["text"].as_str().unwrap();
+        assert!(t.starts_with(&previous), "{streamed}");
+        previous = t.to_string();
+    }
+    let last = chunks.last().unwrap();
+    assert_eq!(last["text"], text.as_str(), "{streamed}");
+    assert_eq!(last["meta_info"]["finish_reason"]["type"], "length");
+    assert!(
+        chunks[0]["meta_info"]["finish_reason"].is_null(),
+        "{streamed}"
+    );
+
+    // return_logprob: [logprob, token_id, text] per generated token, top alternatives.
+    let (status, scored) = generate(
+        port,
+        &json!({"text": "The capital of France is", "sampling_params": params,
+            "return_logprob": true, "top_logprobs_num": 2, "return_text_in_logprobs": true}),
+    );
+    assert_eq!(status, 200, "{scored}");
+    let scored: Value = serde_json::from_str(&scored).unwrap();
+    let lp = scored["meta_info"]["output_token_logprobs"]
+        .as_array()
+        .unwrap();
+    assert_eq!(lp.len(), 6, "{scored}");
+    assert!(lp[0][0].as_f64().unwrap() <= 0.0, "{scored}");
+    assert_eq!(lp[0][1], ids[0], "{scored}");
+    assert!(lp[0][2].is_string(), "{scored}");
+    let top = scored["meta_info"]["output_top_logprobs"]
+        .as_array()
+        .unwrap();
+    assert_eq!(top[0].as_array().unwrap().len(), 2, "{scored}");
+
+    // A stop string (the end of the greedy text) ends generation and is named.
+    let stop: String = text[text.len() - 3..].to_string();
+    let (_, stopped) = generate(
+        port,
+        &json!({"text": "The capital of France is", "sampling_params":
+            {"temperature": 0, "max_new_tokens": 6, "stop": [stop]}}),
+    );
+    let stopped: Value = serde_json::from_str(&stopped).unwrap();
+    let finish = &stopped["meta_info"]["finish_reason"];
+    assert_eq!(finish["type"], "stop", "{stopped}");
+    assert_eq!(finish["matched"], stop.as_str(), "{stopped}");
+
+    // Unsupported fields are 400s naming them.
+    for (body, named) in [
+        (json!({"text": "a", "image_data": "x.png"}), "image_data"),
+        (json!({"text": ["a", "b"]}), "text"),
+        (
+            json!({"text": "a", "sampling_params": {"n": 2}}),
+            "sampling_params.n",
+        ),
+        (
+            json!({"text": "a", "sampling_params": {"ebnf": "x"}}),
+            "sampling_params.ebnf",
+        ),
+        (
+            json!({"text": "a", "return_logprob": true, "logprob_start_len": 0}),
+            "logprob_start_len",
+        ),
+    ] {
+        let (status, answer) = generate(port, &body);
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(answer.contains(named), "{body}: {answer}");
+    }
+
+    let (status, info) = http(
+        port,
+        b"GET /get_model_info HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    assert_eq!(status, 200, "{info}");
+    let info: Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(info["model_path"], NAME);
+    assert_eq!(info["is_generation"], true);
+    let (status, flushed) = http(
+        port,
+        b"POST /flush_cache HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    assert_eq!(status, 400, "{flushed}");
+    assert!(flushed.contains("not flushed"), "{flushed}");
 }

@@ -13,6 +13,7 @@
 //! - Anthropic: `POST /v1/messages` with prompt-caching breakpoints and assistant prefill,
 //!   `POST /v1/messages/count_tokens` ([`anthropic`]);
 //! - llama-server's `POST /tokenize` and `POST /detokenize` ([`tokens`]);
+//! - SGLang: `POST /generate`, `GET /get_model_info`, `POST /flush_cache` ([`sglang`]);
 //! - Safebox: `POST /v1/safebox/llm`, and HMAC authentication of every request once a secret
 //!   is configured ([`safebox`]; wire format in `docs/safebox-protocol.md`);
 //! - KV checkpoints: `/v1/checkpoints…` ([`checkpoints`]); `GET /health`; `GET /metrics`
@@ -47,6 +48,7 @@ pub mod openai;
 pub mod reply;
 pub mod safebox;
 mod server;
+pub mod sglang;
 pub mod tokens;
 
 use u_sdk::{HostBox, PluginInfo, PluginInstance, Result, TransportBox, UError};
@@ -71,6 +73,7 @@ fn describe() -> PluginInfo {
             "POST /v1/messages/count_tokens".into(),
             "POST /tokenize".into(),
             "POST /detokenize".into(),
+            "POST /generate, GET /get_model_info, POST /flush_cache (SGLang)".into(),
             "POST /v1/safebox/llm".into(),
             "GET|POST /v1/checkpoints, POST /v1/checkpoints/{fork,graft}, DELETE /v1/checkpoints/{name}".into(),
         ]

@@ -9,7 +9,7 @@ use crate::{
     openai::{self, Endpoint},
     reply::Reply,
     safebox::{self, Verifier},
-    tokens,
+    sglang, tokens,
 };
 use abi_stable::std_types::RResult;
 use bytes::Bytes;
@@ -315,6 +315,9 @@ enum Route {
     CheckpointFork,
     CheckpointGraft,
     Checkpoint,
+    SglGenerate,
+    SglModelInfo,
+    SglFlushCache,
     Unknown,
 }
 
@@ -335,6 +338,9 @@ impl Route {
             "/v1/checkpoints" => Route::Checkpoints,
             "/v1/checkpoints/fork" => Route::CheckpointFork,
             "/v1/checkpoints/graft" => Route::CheckpointGraft,
+            "/generate" => Route::SglGenerate,
+            "/get_model_info" => Route::SglModelInfo,
+            "/flush_cache" => Route::SglFlushCache,
             p if p.starts_with("/v1/models/") => Route::Model,
             p if p.starts_with("/v1/messages/") => Route::MessagesOther,
             p if p.starts_with("/v1/checkpoints/") => Route::Checkpoint,
@@ -362,6 +368,9 @@ impl Route {
             Route::CheckpointFork => "/v1/checkpoints/fork",
             Route::CheckpointGraft => "/v1/checkpoints/graft",
             Route::Checkpoint => "/v1/checkpoints/{name}",
+            Route::SglGenerate => "/generate",
+            Route::SglModelInfo => "/get_model_info",
+            Route::SglFlushCache => "/flush_cache",
             Route::Unknown => "other",
         }
     }
@@ -377,7 +386,9 @@ impl Route {
     /// The methods the route answers.
     fn allows(self) -> &'static [Method] {
         match self {
-            Route::Health | Route::Metrics | Route::Models | Route::Model => &[Method::GET],
+            Route::Health | Route::Metrics | Route::Models | Route::Model | Route::SglModelInfo => {
+                &[Method::GET]
+            }
             Route::Checkpoints => &[Method::GET, Method::POST],
             Route::Checkpoint => &[Method::DELETE],
             Route::Unknown | Route::MessagesOther => &[],
@@ -561,6 +572,18 @@ async fn dispatch(
             from_peer(&mut parsed.request, peer, keyed);
             generate(state, route, parsed.request, parsed.stream, reply, arrived).await
         }
+        Route::SglGenerate => {
+            let mut parsed = sglang::parse(&body, &models)?;
+            from_peer(&mut parsed.request, peer, keyed);
+            generate(state, route, parsed.request, parsed.stream, parsed.reply, arrived).await
+        }
+        Route::SglModelInfo => Ok(json_response(200, &sglang::model_info(&models)?).into()),
+        Route::SglFlushCache => Err(ApiError::status(
+            400,
+            "invalid_request_error",
+            "the cache was not flushed: this engine offers no flush (its prefix cache evicts the \
+             least recently used pages by itself)",
+        )),
         Route::Embeddings => {
             let v = tokens::embeddings(state.engine.clone(), &body, &models).await?;
             Ok(json_response(200, &v).into())
