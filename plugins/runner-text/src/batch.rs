@@ -116,10 +116,15 @@ impl<T> Batch<T> {
         let ran = match guides.is_empty() {
             true => forward(),
             false => std::thread::scope(|scope| {
-                let worker = scope.spawn(|| guides.iter_mut().for_each(|(_, g)| g.prepare()));
+                let worker = std::thread::Builder::new()
+                    .name("u-engine-masks".into())
+                    .spawn_scoped(scope, || guides.iter_mut().for_each(|(_, g)| g.prepare()));
                 let ran = forward();
-                // A panicked worker leaves masks unset; `Guide::apply` computes them then.
-                let _ = worker.join();
+                // A worker that could not start or panicked leaves masks unset;
+                // `Guide::apply` computes them then.
+                if let Ok(worker) = worker {
+                    let _ = worker.join();
+                }
                 ran
             }),
         };
