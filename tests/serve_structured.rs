@@ -4,7 +4,8 @@
 //! official `openai` client: 20 schemas (nested objects, arrays, enums, anyOf, required
 //! fields, …) asked for all at once beside free requests — every answer validates against its
 //! schema with the `jsonschema` package, and the free requests equal their solo runs (the mask
-//! stays on its own rows); streamed constrained answers; a schema llguidance cannot compile is
+//! stays on its own rows); streamed constrained answers; Anthropic's `output_format` with the
+//! official `anthropic` client; a schema llguidance cannot compile is
 //! a 400 naming it and the server serves on. Also prints decode tokens/s with a JSON-schema
 //! constraint against the same prompt unconstrained.
 
@@ -109,6 +110,12 @@ for chunk in c.chat.completions.create(model=MODEL, messages=[{"role": "user", "
         text += ch.delta.content or ""
 jsonschema.validate(json.loads(text), stream_schema)
 out["streamed"] = text
+import anthropic
+a = anthropic.Anthropic(base_url=os.environ["U_BASE"].removesuffix("/v1"), api_key="unused", timeout=300, max_retries=0)
+m = a.messages.create(model=MODEL, max_tokens=80, messages=[{"role": "user", "content": "A pet as JSON."}],
+                      extra_body={"temperature": 0, "output_format": {"type": "json_schema", "schema": stream_schema}})
+jsonschema.validate(json.loads(m.content[0].text), stream_schema)
+out["anthropic"] = [m.content[0].text, m.stop_reason]
 
 def refused(rf):
     try:
