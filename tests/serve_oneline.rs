@@ -333,4 +333,21 @@ fn sglang_generate_model_info_and_flush_cache() {
     .unwrap();
     assert_eq!(status, 400, "{flushed}");
     assert!(flushed.contains("not flushed"), "{flushed}");
+
+    // One log line per request: method, path, status, tokens in (cached) and out, time.
+    let log = server.log();
+    let cached = again["meta_info"]["cached_tokens"].as_u64().unwrap();
+    let prompt_tokens = again["meta_info"]["prompt_tokens"].as_u64().unwrap();
+    for needle in [
+        format!("POST /generate 200 in={prompt_tokens} cached={cached} out=6 "),
+        "POST /generate 400 ".to_string(),
+        "GET /get_model_info 200 ".to_string(),
+    ] {
+        assert!(log.contains(&needle), "`{needle}` missing in:\n{log}");
+    }
+    assert!(
+        log.lines().any(|l| l.contains("POST /generate 200")
+            && l.contains("ms plugin=\"transport-http\"")),
+        "{log}"
+    );
 }

@@ -31,6 +31,9 @@
 //! `fs.read` grant; when set, every request must be signed), `hmac_window_s` (default 300: the
 //! replay window), `api_keys_file` and `cors_allow_origins` ([`access`]).
 //!
+//! Every request is logged through the host at info level on one line when it ends: method,
+//! path, status, for a generation its prompt, cached and generated tokens, and milliseconds.
+//!
 //! The engine's calls block, so each request runs on `spawn_blocking` and its tokens stream
 //! back through a channel; a client that goes away drops the channel, which cancels the
 //! generation at the next token. A full engine queue is answered 429 with `Retry-After`.

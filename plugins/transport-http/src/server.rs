@@ -40,8 +40,8 @@ use tokio::{
     sync::{mpsc, watch},
 };
 use u_sdk::{
-    CheckpointOp, EngineBox, GenerateRequest, HostBox, Listener, ShutdownBox, Transport,
-    TransportContext, UError,
+    CheckpointOp, EngineBox, GenerateRequest, GenerateSummary, HostBox, Listener, ShutdownBox,
+    Transport, TransportContext, UError,
 };
 
 type Body = BoxBody<Bytes, Infallible>;
@@ -55,6 +55,7 @@ pub struct Http {
 }
 
 struct State {
+    host: HostBox,
     engine: EngineBox,
     config: Config,
     http: http1::Builder,
@@ -112,6 +113,7 @@ impl Http {
             None => None,
         };
         let state = Arc::new(State {
+            host: self.host.clone(),
             engine,
             config: self.config.clone(),
             http,
@@ -397,11 +399,12 @@ impl Route {
     }
 }
 
-/// How a handler answered: a response, and whether its metrics are still to be recorded
-/// (a stream records them when it ends).
+/// How a handler answered: a response, whether its metrics and log line are still to be
+/// recorded (a stream records them when it ends), and the tokens of a generation.
 struct Answered {
     response: Response<Body>,
     recorded: bool,
+    usage: Option<Usage>,
 }
 
 impl From<Response<Body>> for Answered {
@@ -409,12 +412,61 @@ impl From<Response<Body>> for Answered {
         Self {
             response,
             recorded: false,
+            usage: None,
         }
     }
 }
 
+/// A request as its log line names it.
+#[derive(Clone)]
+struct Line {
+    method: Method,
+    path: String,
+    arrived: Instant,
+}
+
+/// The tokens of one generation: prompt, of which cached, and generated.
+#[derive(Clone, Copy)]
+struct Usage {
+    prompt: u32,
+    cached: u32,
+    generated: u32,
+}
+
+impl Usage {
+    fn of(s: &GenerateSummary) -> Self {
+        Self {
+            prompt: s.prompt_tokens,
+            cached: s.cached_tokens,
+            generated: s.generated_tokens,
+        }
+    }
+}
+
+impl State {
+    /// Records a finished request in the metrics and logs its line at info level: method,
+    /// path, status, tokens in (cached) and out when it generated, milliseconds.
+    fn finished(&self, route: Route, line: &Line, status: u16, usage: Option<Usage>) {
+        let took = line.arrived.elapsed();
+        self.metrics.request(route.label(), status, took);
+        let tokens = usage
+            .map(|u| format!(" in={} cached={} out={}", u.prompt, u.cached, u.generated))
+            .unwrap_or_default();
+        self.host.info(&format!(
+            "{} {} {status}{tokens} {}ms",
+            line.method,
+            line.path,
+            took.as_millis()
+        ));
+    }
+}
+
 async fn handle(state: Arc<State>, peer: &str, req: Request<Incoming>) -> Response<Body> {
-    let arrived = Instant::now();
+    let line = Line {
+        method: req.method().clone(),
+        path: req.uri().path().to_string(),
+        arrived: Instant::now(),
+    };
     let route = Route::of(req.uri().path());
     let cors = state.cors.check(req.headers());
     let answered = match &cors {
@@ -425,7 +477,7 @@ async fn handle(state: Arc<State>, peer: &str, req: Request<Incoming>) -> Respon
             access::allow(r.headers_mut(), origin.clone(), Some(route.allows()));
             Ok(r.into())
         }
-        Ok(_) => dispatch(&state, peer, route, req, arrived).await,
+        Ok(_) => dispatch(&state, peer, route, req, &line).await,
     };
     let mut answered = match answered {
         Ok(a) => a,
@@ -435,11 +487,8 @@ async fn handle(state: Arc<State>, peer: &str, req: Request<Incoming>) -> Respon
         access::allow(answered.response.headers_mut(), origin, None);
     }
     if !answered.recorded {
-        state.metrics.request(
-            route.label(),
-            answered.response.status().as_u16(),
-            arrived.elapsed(),
-        );
+        let status = answered.response.status().as_u16();
+        state.finished(route, &line, status, answered.usage);
     }
     answered.response
 }
@@ -449,7 +498,7 @@ async fn dispatch(
     peer: &str,
     route: Route,
     req: Request<Incoming>,
-    arrived: Instant,
+    line: &Line,
 ) -> Result<Answered, ApiError> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
@@ -555,27 +604,27 @@ async fn dispatch(
             let reply = openai::Meta::new(endpoint, &parsed);
             from_peer(&mut parsed.request, peer, keyed);
             if parsed.is_single() {
-                generate(state, route, parsed.request, parsed.stream, reply, arrived).await
+                generate(state, route, parsed.request, parsed.stream, reply, line).await
             } else {
-                several(state, route, parsed, reply, arrived).await
+                several(state, route, parsed, reply, line).await
             }
         }
         Route::Messages => {
             let mut parsed = anthropic::parse(&body, &models)?;
             let reply = anthropic::Message::new(parsed.request.model.as_str());
             from_peer(&mut parsed.request, peer, keyed);
-            generate(state, route, parsed.request, parsed.stream, reply, arrived).await
+            generate(state, route, parsed.request, parsed.stream, reply, line).await
         }
         Route::Safebox => {
             let mut parsed = safebox::parse(&body, &models, max)?;
             let reply = safebox::Answer::new(parsed.request.model.as_str());
             from_peer(&mut parsed.request, peer, keyed);
-            generate(state, route, parsed.request, parsed.stream, reply, arrived).await
+            generate(state, route, parsed.request, parsed.stream, reply, line).await
         }
         Route::SglGenerate => {
             let mut parsed = sglang::parse(&body, &models)?;
             from_peer(&mut parsed.request, peer, keyed);
-            generate(state, route, parsed.request, parsed.stream, parsed.reply, arrived).await
+            generate(state, route, parsed.request, parsed.stream, parsed.reply, line).await
         }
         Route::SglModelInfo => Ok(json_response(200, &sglang::model_info(&models)?).into()),
         Route::SglFlushCache => Err(ApiError::status(
@@ -698,7 +747,7 @@ async fn generate(
     request: GenerateRequest,
     stream: bool,
     mut reply: impl Reply,
-    arrived: Instant,
+    line: &Line,
 ) -> Result<Answered, ApiError> {
     let mut events = bridge::start(state.engine.clone(), request);
     let stopped = || ApiError::status(500, "server_error", "the engine stopped");
@@ -708,12 +757,17 @@ async fn generate(
             match events.recv().await {
                 Some(Event::Piece(p)) => {
                     if pieces.is_empty() {
-                        state.metrics.first_token(route.label(), arrived.elapsed());
+                        state
+                            .metrics
+                            .first_token(route.label(), line.arrived.elapsed());
                     }
                     pieces.push(p);
                 }
                 Some(Event::Done(summary)) => {
-                    return Ok(json_response(200, &reply.whole(&pieces, &summary)).into());
+                    let mut answered: Answered =
+                        json_response(200, &reply.whole(&pieces, &summary)).into();
+                    answered.usage = Some(Usage::of(&summary));
+                    return Ok(answered);
                 }
                 Some(Event::Failed(e)) => return Err(ApiError::from_engine(&e)),
                 None => return Err(stopped()),
@@ -728,20 +782,21 @@ async fn generate(
         Some(first) => first,
     };
     if matches!(first, Event::Piece(_)) {
-        state.metrics.first_token(route.label(), arrived.elapsed());
+        state
+            .metrics
+            .first_token(route.label(), line.arrived.elapsed());
     }
     let (tx, rx) = mpsc::channel::<Bytes>(32);
     let opening = reply.opening();
-    let metrics_state = state.clone();
+    let (state, line) = (state.clone(), line.clone());
     tokio::spawn(async move {
-        stream_events(opening, reply, first, events, tx).await;
-        metrics_state
-            .metrics
-            .request(route.label(), 200, arrived.elapsed());
+        let usage = stream_events(opening, reply, first, events, tx).await;
+        state.finished(route, &line, 200, usage);
     });
     Ok(Answered {
         response: event_stream(rx),
         recorded: true,
+        usage: None,
     })
 }
 
@@ -751,7 +806,7 @@ async fn several(
     route: Route,
     parsed: openai::Parsed,
     meta: openai::Meta,
-    arrived: Instant,
+    line: &Line,
 ) -> Result<Answered, ApiError> {
     let engine = state.engine.clone();
     let echoes = match parsed.echo {
@@ -778,18 +833,19 @@ async fn several(
         None => return Err(ApiError::status(500, "server_error", "the engine stopped")),
         Some(first) => first,
     };
-    state.metrics.first_token(route.label(), arrived.elapsed());
+    state
+        .metrics
+        .first_token(route.label(), line.arrived.elapsed());
     let (tx, rx) = mpsc::channel::<Bytes>(32);
-    let metrics_state = state.clone();
+    let (state, line) = (state.clone(), line.clone());
     tokio::spawn(async move {
         choices::stream(first, events, meta, (count, n), echoes, tx).await;
-        metrics_state
-            .metrics
-            .request(route.label(), 200, arrived.elapsed());
+        state.finished(route, &line, 200, None);
     });
     Ok(Answered {
         response: event_stream(rx),
         recorded: true,
+        usage: None,
     })
 }
 
@@ -805,15 +861,15 @@ fn event_stream(rx: mpsc::Receiver<Bytes>) -> Response<Body> {
     r
 }
 
-/// Turns engine events into SSE frames. Returning early (the client went away) drops
-/// `events`, which cancels the generation.
+/// Turns engine events into SSE frames; returns the tokens of a generation that ended.
+/// Returning early (the client went away) drops `events`, which cancels the generation.
 async fn stream_events(
     opening: Vec<String>,
     mut reply: impl Reply,
     first: Event,
     mut events: mpsc::Receiver<Event>,
     tx: mpsc::Sender<Bytes>,
-) {
+) -> Option<Usage> {
     let send = |frames: Vec<String>| {
         let tx = tx.clone();
         async move {
@@ -826,7 +882,7 @@ async fn stream_events(
         }
     };
     if !send(opening).await {
-        return;
+        return None;
     }
     let mut next = Some(first);
     loop {
@@ -838,16 +894,16 @@ async fn stream_events(
             Some(Event::Piece(p)) => reply.piece(&p),
             Some(Event::Done(summary)) => {
                 send(reply.closing(&summary)).await;
-                return;
+                return Some(Usage::of(&summary));
             }
             Some(Event::Failed(e)) => {
                 send(vec![reply.error(&ApiError::from_engine(&e))]).await;
-                return;
+                return None;
             }
-            None => return,
+            None => return None,
         };
         if !send(frames).await {
-            return;
+            return None;
         }
     }
 }
