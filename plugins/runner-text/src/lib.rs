@@ -10,6 +10,10 @@
 //!   streamed text (whole UTF-8 characters, from each token's raw bytes), end-of-sequence ids,
 //!   stop strings, `max_tokens`, timings.
 //! - [`sampler`]: greedy, temperature, top-k, top-p, min-p and penalties, seeded and reproducible.
+//! - structured outputs: a request's `constraint` (JSON Schema, regex, Lark grammar) compiled by
+//!   llguidance over a token trie built once per model; the mask of what the grammar allows is
+//!   computed while the batch's forward pass runs and applied before sampling, and generation
+//!   ends when the grammar is complete.
 //! - chat templates: the model's template rendered by [`u_chat_template`] (as transformers does).
 //! - [`EngineHandle`]: a [`Generator`] as the ABI's [`u_sdk::Engine`], for transports: a
 //!   scheduler thread batches every running request into shared forward passes (continuous
