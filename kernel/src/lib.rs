@@ -17,13 +17,15 @@
 //! [`wiring`] opens a model, builds it with the architecture plugin that declares its family
 //! and hands it to the runner plugin for its task, for `u-runner generate`, `tokenize`, `bench`
 //! and the deployment's `[model]` under `u-runner serve`; [`oneline`] builds the deployment of
-//! `u-runner serve --model FILE` in memory. Scheduling, sampling and chat templates are the
-//! runner plugins' (`runner-text`), not the host's.
+//! `u-runner serve --model FILE` in memory; [`progress`] draws the load progress bar.
+//! Scheduling, sampling and chat templates are the runner plugins' (`runner-text`), not the
+//! host's.
 
 pub mod inspect;
 pub mod listeners;
 pub mod loading;
 pub mod oneline;
+pub mod progress;
 pub mod runner;
 pub mod sandbox;
 pub mod serve;

@@ -6,7 +6,9 @@
 //! tokenizer from `tokenizer.json` or the weight set's metadata. The host knows interfaces and
 //! signed manifests only: no model math, no templates, no sampling.
 
-use crate::{LoadReport, LoadedPlugin, OpenReport, inspect, instantiate, open_deployment, sandbox};
+use crate::{
+    LoadReport, LoadedPlugin, OpenReport, inspect, instantiate, open_deployment, progress, sandbox,
+};
 use abi_stable::std_types::{ROption, RResult};
 use anyhow::{Context, Result, anyhow, bail};
 use std::path::{Path, PathBuf};
@@ -207,16 +209,18 @@ pub fn build(
             .into_result()
             .map_err(|e| anyhow!("kernels: {e}"))?,
     );
+    let watched = progress::watch(&opened.weights);
     let (model_box, config) = build_model(
         &arch_name,
         &architecture,
         BuildContext {
-            weights: opened.weights.clone(),
+            weights: watched.weights.clone(),
             family: family.clone().unwrap_or_default().into(),
             backend: backend.clone(),
             cache: cache.into(),
         },
     )?;
+    drop(watched);
     if want == Want::Engine {
         opened.engine = Some(start_runner(
             report,
