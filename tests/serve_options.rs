@@ -129,7 +129,7 @@ for kind in ["tcp", "unix"]:
     r["best"] = [len(best.choices), best.usage.completion_tokens]
     r["suffix"] = refused(lambda: c.completions.create(prompt=P1, suffix="end", **g))
     r["too_long"] = refused(lambda: c.completions.create(prompt=P1, model=MODEL, max_tokens=300))
-    r["tools"] = refused(lambda: c.chat.completions.create(model=MODEL, messages=chat, tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]))
+    r["tools"] = refused(lambda: c.chat.completions.create(model=MODEL, messages=chat, tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]))
     r["response_format"] = refused(lambda: c.chat.completions.create(model=MODEL, messages=chat, response_format={"type": "xml"}))
     r["unknown"] = refused(lambda: c.chat.completions.create(model=MODEL, messages=chat, extra_body={"mirostat": 2}))
     r["default_max"] = c.completions.create(prompt=P1, model=MODEL).usage.completion_tokens
@@ -212,7 +212,11 @@ fn openai_options_people_send_work_or_are_refused_by_name() {
         );
         assert_eq!(
             r["tools"],
-            json!([400, "tools", "`tools` is not supported by this server"])
+            json!([
+                400,
+                "tools[0].function.parameters",
+                "`tools[0].function.parameters` must be a schema of `type` \"object\", got \"string\""
+            ])
         );
         assert_eq!(r["response_format"][1], "response_format");
         assert_eq!(r["unknown"][1], "mirostat");
@@ -298,7 +302,7 @@ for kind in ["tcp", "unix"]:
     r["prefill"] = cont.content[0].text
     r["count"] = c.messages.count_tokens(model=MODEL, messages=msgs).input_tokens
     r["count_pre"] = c.messages.count_tokens(model=MODEL, messages=pre).input_tokens
-    r["tools"] = refused(lambda: c.messages.create(model=MODEL, messages=msgs, max_tokens=4, tools=[{"name": "f", "input_schema": {"type": "object"}}]))
+    r["tools"] = refused(lambda: c.messages.create(model=MODEL, messages=msgs, max_tokens=4, tools=[{"name": "f", "input_schema": {"type": "string"}}]))
     r["thinking"] = refused(lambda: c.messages.create(model=MODEL, messages=msgs, max_tokens=4, thinking={"type": "enabled", "budget_tokens": 1024}))
     r["too_long"] = refused(lambda: c.messages.create(model=MODEL, messages=msgs, max_tokens=300))
     r["count_bad"] = refused(lambda: c.messages.count_tokens(model="nope", messages=msgs))
@@ -358,7 +362,7 @@ fn anthropic_prefill_count_tokens_errors_and_tokenize_endpoints() {
                 400,
                 "error",
                 "invalid_request_error",
-                "`tools` is not supported by this server"
+                "`tools[0].input_schema` must be a schema of `type` \"object\", got \"string\""
             ])
         );
         assert_eq!(r["thinking"][0], 400);

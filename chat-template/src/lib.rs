@@ -15,6 +15,8 @@
 use minijinja::{Environment, Error, ErrorKind, Value, value::Kwargs};
 use serde::Serialize;
 
+pub mod tools;
+
 /// Why a template could not be rendered; the message names the template's own error.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TemplateError {

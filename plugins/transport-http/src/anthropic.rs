@@ -14,6 +14,10 @@
 //!
 //! Structured outputs: `output_format: {"type": "json_schema", "schema": …}` (Anthropic's
 //! structured-outputs form) holds the answer to the schema.
+//!
+//! Tool calling: `tools` and `tool_choice` as [`crate::tools`] describes; `tool_use` and
+//! `tool_result` blocks in the history are written into the turns' text, and the answer's calls
+//! come back as `tool_use` blocks (streamed as `input_json_delta`s once the answer is complete).
 
 use crate::{
     bridge::Piece,
@@ -21,8 +25,10 @@ use crate::{
     json::{self, Obj, type_name},
     openai,
     reply::{self, Reply, sse},
+    tools::{self, Choice, Tools},
 };
 use serde_json::{Value, json};
+use u_chat_template::tools::{Tool, ToolCall, parse_calls, render_call};
 use u_sdk::{
     CacheBreakpoint, ChatTurn, Constraint, FinishReason, GenerateRequest, GenerateSummary,
 };
@@ -34,6 +40,8 @@ pub struct Parsed {
     pub request: GenerateRequest,
     /// Stream the answer as server-sent events.
     pub stream: bool,
+    /// Tools are declared: the answer's `<tool_call>` blocks become `tool_use` blocks.
+    pub tools: bool,
 }
 
 /// Concatenates a `content` (a string or text blocks) and records the byte offsets at which
@@ -50,6 +58,36 @@ fn blocks(v: &Value, at: &str) -> Result<(String, Vec<u32>), ApiError> {
                 };
                 match b.get("type").and_then(Value::as_str) {
                     Some("text") => {}
+                    Some("tool_use") => {
+                        let call = ToolCall {
+                            name: tools::name(b.get("name"), &format!("{at}.name"))?,
+                            arguments: match b.get("input") {
+                                Some(i @ Value::Object(_)) => i.clone(),
+                                _ => {
+                                    return Err(ApiError::param(
+                                        &at,
+                                        format!("`{at}.input` must be an object"),
+                                    ));
+                                }
+                            },
+                        };
+                        if !text.is_empty() {
+                            text.push('\n');
+                        }
+                        text.push_str(&render_call(&call));
+                        continue;
+                    }
+                    Some("tool_result") => {
+                        let (result, _) = match b.get("content") {
+                            None | Some(Value::Null) => (String::new(), Vec::new()),
+                            Some(c) => blocks(c, &format!("{at}.content"))?,
+                        };
+                        if !text.is_empty() {
+                            text.push('\n');
+                        }
+                        text.push_str(tools::response_turn(&result).content.as_str());
+                        continue;
+                    }
                     Some(other) => {
                         return Err(ApiError::param(
                             &at,
@@ -94,8 +132,10 @@ fn blocks(v: &Value, at: &str) -> Result<(String, Vec<u32>), ApiError> {
 
 /// The fields `/v1/messages` takes: Anthropic's that this server implements, its top-level
 /// `cache_control`, and the sampling extensions OpenAI-style servers accept.
-const SUPPORTED: [&str; 17] = [
+const SUPPORTED: [&str; 19] = [
     "model",
+    "tools",
+    "tool_choice",
     "output_format",
     "messages",
     "max_tokens",
@@ -114,7 +154,7 @@ const SUPPORTED: [&str; 17] = [
     "seed",
 ];
 
-/// Refuses every field this server does not implement (`tools`, `tool_choice`, `thinking`,
+/// Refuses every field this server does not implement (`thinking`,
 /// `mcp_servers`, `container`, …), naming it; values that change nothing (`thinking`
 /// disabled, `service_tier` `auto`) and `null`s are accepted.
 fn refuse_unsupported(o: &Obj, supported: &[&str]) -> Result<(), ApiError> {
@@ -193,7 +233,95 @@ pub fn parse(body: &[u8], models: &[String]) -> Result<Parsed, ApiError> {
     request.client = user.map(|u| format!("user:{u}")).unwrap_or_default().into();
     request.clamp_max_tokens = false;
     request.constraint = output_format(&o)?;
-    Ok(Parsed { request, stream })
+    let tools = anthropic_tools(&o)?;
+    if let Some(t) = &tools {
+        t.apply(&mut request)?;
+    }
+    Ok(Parsed {
+        request,
+        stream,
+        tools: tools.is_some(),
+    })
+}
+
+/// Anthropic's `tools` (`name`, `description`, `input_schema`) and `tool_choice` (`auto`,
+/// `any`, `tool` with a `name`, `none`; `disable_parallel_tool_use`).
+fn anthropic_tools(o: &Obj) -> Result<Option<Tools>, ApiError> {
+    let list = match o.get("tools") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Array(a)) => a,
+        Some(other) => {
+            return Err(ApiError::param(
+                "tools",
+                format!("`tools` must be an array, got {}", type_name(other)),
+            ));
+        }
+    };
+    let mut declared = Vec::new();
+    for (i, t) in list.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        if let Some(kind) = t.get("type").and_then(Value::as_str)
+            && kind != "custom"
+        {
+            return Err(ApiError::param(
+                &at,
+                format!("server tools of type `{kind}` are not supported by this server"),
+            ));
+        }
+        let description = match t.get("description") {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(d)) => d.clone(),
+            Some(_) => {
+                return Err(ApiError::param(
+                    &at,
+                    format!("`{at}.description` must be a string"),
+                ));
+            }
+        };
+        if t.get("input_schema").is_none_or(Value::is_null) {
+            return Err(ApiError::param(
+                &at,
+                format!("`{at}.input_schema` is required"),
+            ));
+        }
+        declared.push(Tool {
+            name: tools::name(t.get("name"), &format!("{at}.name"))?,
+            description,
+            parameters: tools::parameters(t.get("input_schema"), &format!("{at}.input_schema"))?,
+        });
+    }
+    let tc = json::nested(o, "tool_choice")?;
+    let parallel = match tc {
+        Some(c) => !json::boolean(c, "disable_parallel_tool_use")?,
+        None => true,
+    };
+    let choice = match tc.map(|c| (c.get("type").and_then(Value::as_str), c)) {
+        None | Some((Some("auto"), _)) => Choice::Auto,
+        Some((Some("none"), _)) => return Ok(None),
+        Some((Some("any"), _)) => Choice::Required,
+        Some((Some("tool"), c)) => Choice::Named(tools::name(c.get("name"), "tool_choice.name")?),
+        Some(_) => {
+            return Err(ApiError::param(
+                "tool_choice",
+                "`tool_choice.type` must be `auto`, `any`, `tool` or `none`",
+            ));
+        }
+    };
+    if declared.is_empty() {
+        return match choice {
+            Choice::Auto => Ok(None),
+            _ => Err(ApiError::param(
+                "tool_choice",
+                "`tool_choice` asks for a tool call, but `tools` declares none",
+            )),
+        };
+    }
+    tools::check_named(&declared, &choice)?;
+    Ok(Some(Tools {
+        tools: declared,
+        choice,
+        parallel,
+    }))
 }
 
 /// `output_format`: a JSON schema the answer must follow.
@@ -307,6 +435,8 @@ pub fn usage(s: &GenerateSummary) -> Value {
 pub struct Message {
     id: String,
     model: String,
+    tools: bool,
+    held: String,
 }
 
 impl Message {
@@ -315,7 +445,35 @@ impl Message {
         Self {
             id: reply::response_id("msg_").0,
             model: model.to_string(),
+            tools: false,
+            held: String::new(),
         }
+    }
+
+    /// The same, answering a request that declares tools: its `<tool_call>` blocks become
+    /// `tool_use` blocks, and a stream holds the answer back until the end.
+    pub fn with_tools(self, tools: bool) -> Self {
+        Self { tools, ..self }
+    }
+
+    /// The answer's text and its calls as `tool_use` blocks (none without tools).
+    fn content(&self, text: String) -> (String, Vec<Value>) {
+        if !self.tools {
+            return (text, Vec::new());
+        }
+        let (rest, calls) = parse_calls(&text);
+        if calls.is_empty() {
+            return (text, Vec::new());
+        }
+        let uses = calls
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| {
+                json!({"type": "tool_use", "id": format!("toolu_{}_{i}", self.id),
+                    "name": c.name, "input": c.arguments})
+            })
+            .collect();
+        (rest, uses)
     }
 
     fn object(&self, content: Value, summary: Option<&GenerateSummary>) -> Value {
@@ -342,21 +500,22 @@ impl Reply for Message {
     }
 
     fn opening(&mut self) -> Vec<String> {
-        vec![
-            sse(
-                Some("message_start"),
-                &json!({"type": "message_start", "message": self.object(json!([]), None)}),
-            ),
-            sse(
-                Some("content_block_start"),
-                &json!({"type": "content_block_start", "index": 0,
-                    "content_block": {"type": "text", "text": ""}}),
-            ),
-            sse(Some("ping"), &json!({"type": "ping"})),
-        ]
+        let start = sse(
+            Some("message_start"),
+            &json!({"type": "message_start", "message": self.object(json!([]), None)}),
+        );
+        let ping = sse(Some("ping"), &json!({"type": "ping"}));
+        if self.tools {
+            return vec![start, ping];
+        }
+        vec![start, text_start(), ping]
     }
 
     fn piece(&mut self, piece: &Piece) -> Vec<String> {
+        if self.tools {
+            self.held.push_str(&piece.text);
+            return Vec::new();
+        }
         if piece.text.is_empty() {
             return Vec::new();
         }
@@ -368,20 +527,54 @@ impl Reply for Message {
     }
 
     fn closing(&mut self, summary: &GenerateSummary) -> Vec<String> {
-        vec![
-            sse(
-                Some("content_block_stop"),
-                &json!({"type": "content_block_stop", "index": 0}),
-            ),
+        let mut frames = Vec::new();
+        let mut stop = stop_reason(summary);
+        if self.tools {
+            let held = std::mem::take(&mut self.held);
+            let (text, uses) = self.content(held);
+            let mut index = 0;
+            if !text.is_empty() || uses.is_empty() {
+                frames.push(text_start());
+                frames.push(sse(
+                    Some("content_block_delta"),
+                    &json!({"type": "content_block_delta", "index": 0,
+                        "delta": {"type": "text_delta", "text": text}}),
+                ));
+                frames.push(block_stop(0));
+                index = 1;
+            }
+            for u in &uses {
+                let mut block = u.clone();
+                block["input"] = json!({});
+                frames.push(sse(
+                    Some("content_block_start"),
+                    &json!({"type": "content_block_start", "index": index, "content_block": block}),
+                ));
+                frames.push(sse(
+                    Some("content_block_delta"),
+                    &json!({"type": "content_block_delta", "index": index,
+                        "delta": {"type": "input_json_delta", "partial_json": u["input"].to_string()}}),
+                ));
+                frames.push(block_stop(index));
+                index += 1;
+            }
+            if !uses.is_empty() {
+                stop = "tool_use";
+            }
+        } else {
+            frames.push(block_stop(0));
+        }
+        frames.extend([
             sse(
                 Some("message_delta"),
                 &json!({"type": "message_delta",
-                    "delta": {"stop_reason": stop_reason(summary),
+                    "delta": {"stop_reason": stop,
                         "stop_sequence": summary.stop_sequence.as_ref().map(|s| s.to_string()).into_option()},
                     "usage": usage(summary)}),
             ),
             sse(Some("message_stop"), &json!({"type": "message_stop"})),
-        ]
+        ]);
+        frames
     }
 
     fn error(&self, e: &ApiError) -> String {
@@ -389,11 +582,36 @@ impl Reply for Message {
     }
 
     fn whole(&self, pieces: &[Piece], summary: &GenerateSummary) -> Value {
-        self.object(
-            json!([{"type": "text", "text": reply::text(pieces)}]),
-            Some(summary),
-        )
+        let (text, uses) = self.content(reply::text(pieces));
+        let mut content = Vec::new();
+        if !text.is_empty() || uses.is_empty() {
+            content.push(json!({"type": "text", "text": text}));
+        }
+        let used = !uses.is_empty();
+        content.extend(uses);
+        let mut v = self.object(Value::Array(content), Some(summary));
+        if used {
+            v["stop_reason"] = "tool_use".into();
+        }
+        v
     }
+}
+
+/// The start of a stream's text block, index 0.
+fn text_start() -> String {
+    sse(
+        Some("content_block_start"),
+        &json!({"type": "content_block_start", "index": 0,
+            "content_block": {"type": "text", "text": ""}}),
+    )
+}
+
+/// The end of content block `index`.
+fn block_stop(index: usize) -> String {
+    sse(
+        Some("content_block_stop"),
+        &json!({"type": "content_block_stop", "index": index}),
+    )
 }
 
 #[cfg(test)]
@@ -468,7 +686,7 @@ mod tests {
         let e = err(
             r#"{"model":"tiny","max_tokens":4,"tools":[{}],"messages":[{"role":"user","content":"x"}]}"#,
         );
-        assert_eq!(e.param.as_deref(), Some("tools"));
+        assert_eq!(e.param.as_deref(), Some("tools[0]"));
         let e =
             err(r#"{"model":"nope","max_tokens":4,"messages":[{"role":"user","content":"x"}]}"#);
         assert_eq!(
@@ -490,8 +708,6 @@ mod tests {
             ("mcp_servers", "[]"),
             ("service_tier", r#""priority""#),
             ("thinking", r#"{"type":"enabled","budget_tokens":1024}"#),
-            ("tool_choice", r#"{"type":"auto"}"#),
-            ("tools", "[]"),
             ("no_such_option", "1"),
         ] {
             let e = err(&format!(
@@ -506,6 +722,49 @@ mod tests {
         let ok = br#"{"model":"tiny","max_tokens":4,"thinking":{"type":"disabled"},
             "service_tier":"auto","tools":null,"messages":[{"role":"user","content":"x"}]}"#;
         parse(ok, &["tiny".to_string()]).unwrap();
+    }
+
+    #[test]
+    fn tools_describe_themselves_constrain_calls_and_come_back_as_tool_use() {
+        let base = r#"{"model":"tiny","max_tokens":4,"messages":[
+            {"role":"user","content":"Weather?"},
+            {"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"get_weather","input":{"city":"Oslo"}}]},
+            {"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"sunny"}]}],
+            "tools":[{"name":"get_weather","description":"Weather","input_schema":"#;
+        let good = r#"{"type":"object","properties":{"city":{"type":"string"}}}}]"#;
+        let p = parse(
+            format!(r#"{base}{good},"tool_choice":{{"type":"tool","name":"get_weather"}}}}"#)
+                .as_bytes(),
+            &models(),
+        )
+        .unwrap();
+        assert!(p.tools);
+        let m = &p.request.messages;
+        assert!(m[0].role.as_str() == "system" && m[0].content.contains("get_weather"));
+        assert!(
+            m[2].content
+                .contains(r#"{"name":"get_weather","arguments":{"city":"Oslo"}}"#)
+        );
+        assert!(
+            m[3].content
+                .contains("<tool_response>\nsunny\n</tool_response>")
+        );
+        assert!(matches!(&p.request.constraint, Constraint::Lark(g) if g.contains("%json")));
+        for (schema, choice) in [
+            (r#""string"}]"#, "null"),
+            (r#"{"type":"string"}}]"#, "null"),
+            (r#"{"properties":[1]}}]"#, "null"),
+            (good, r#"{"type":"tool","name":"other"}"#),
+        ] {
+            let e = err(&format!(r#"{base}{schema},"tool_choice":{choice}}}"#));
+            assert_eq!(e.status, 400, "{schema} {choice}: {e:?}");
+        }
+        let reply = Message::new("tiny").with_tools(true);
+        let text = "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Rome\"}}\n</tool_call>";
+        let (rest, uses) = reply.content(text.into());
+        assert_eq!(rest, "");
+        assert_eq!(uses[0]["input"], json!({"city": "Rome"}));
+        assert_eq!(uses[0]["type"], "tool_use");
     }
 
     #[test]

@@ -53,6 +53,7 @@ pub mod safebox;
 mod server;
 pub mod sglang;
 pub mod tokens;
+pub mod tools;
 
 use u_sdk::{HostBox, PluginInfo, PluginInstance, Result, TransportBox, UError};
 

@@ -13,8 +13,10 @@ use crate::{
     error::{ApiError, Dialect},
     json::{self, Obj, type_name},
     reply::{self, Reply, sse},
+    tools,
 };
 use serde_json::{Map, Value, json};
+use u_chat_template::tools::{ToolCall, parse_calls, render_call};
 use u_sdk::{
     ChatTurn, Constraint, FinishReason, GenerateRequest, GenerateSummary, LogitBias,
     SamplingParams, TokenLogprob,
@@ -48,6 +50,8 @@ pub struct Parsed {
     pub best_of: u32,
     /// Completions: answer with the prompt before the completion.
     pub echo: bool,
+    /// Tools are declared: the answer's `<tool_call>` blocks become `tool_calls`.
+    pub tools: bool,
 }
 
 /// Text of a message's `content`: a string, `null`, or an array of `{"type": "text"}` parts.
@@ -111,14 +115,60 @@ fn messages(o: &Obj) -> Result<Vec<ChatTurn>, ApiError> {
                 ),
             ));
         }
+        let mut text = content(m.get("content"), &format!("{at}.content"))?;
+        if role == "tool" {
+            turns.push(tools::response_turn(&text));
+            continue;
+        }
+        if role == "assistant" {
+            for call in history_calls(m.get("tool_calls"), &at)? {
+                if !text.is_empty() {
+                    text.push('\n');
+                }
+                text.push_str(&render_call(&call));
+            }
+        }
         // OpenAI's newer name for the system role; templates know `system`.
         let role = if role == "developer" { "system" } else { role };
         turns.push(ChatTurn {
             role: role.into(),
-            content: content(m.get("content"), &format!("{at}.content"))?.into(),
+            content: text.into(),
         });
     }
     Ok(turns)
+}
+
+/// An assistant message's earlier `tool_calls` (`arguments` a JSON string of an object).
+fn history_calls(v: Option<&Value>, at: &str) -> Result<Vec<ToolCall>, ApiError> {
+    let list = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(_) => {
+            return Err(ApiError::param(
+                at,
+                format!("`{at}.tool_calls` must be an array"),
+            ));
+        }
+    };
+    list.iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let at = format!("{at}.tool_calls[{i}].function");
+            let f = c.get("function");
+            let name = tools::name(f.and_then(|f| f.get("name")), &format!("{at}.name"))?;
+            let arguments = match f.and_then(|f| f.get("arguments")) {
+                Some(Value::String(s)) => serde_json::from_str(s).ok().filter(Value::is_object),
+                _ => None,
+            }
+            .ok_or_else(|| {
+                ApiError::param(
+                    &at,
+                    format!("`{at}.arguments` must be a JSON object, as a string"),
+                )
+            })?;
+            Ok(ToolCall { name, arguments })
+        })
+        .collect()
 }
 
 /// One prompt of a `/v1/completions` request: text, or token ids used as they are.
@@ -278,8 +328,11 @@ const COMMON: [&str; 19] = [
 ];
 
 /// Fields only `/v1/chat/completions` takes.
-const CHAT: [&str; 7] = [
+const CHAT: [&str; 10] = [
     "messages",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
     "logprobs",
     "top_logprobs",
     "max_completion_tokens",
@@ -293,13 +346,11 @@ const COMPLETIONS: [&str; 5] = ["prompt", "logprobs", "echo", "suffix", "best_of
 
 /// Fields whose value here changes nothing (their defaults), accepted as such; any other value
 /// is an option this server does not implement.
-fn harmless(key: &str, v: &Value, o: &Obj) -> bool {
+fn harmless(key: &str, v: &Value) -> bool {
     match key {
         "modalities" => v == &json!(["text"]),
         "store" => v == &json!(false),
         "service_tier" => matches!(v.as_str(), Some("auto" | "default")),
-        "tool_choice" => v == "none",
-        "parallel_tool_calls" => o.get("tools").is_none_or(Value::is_null),
         _ => false,
     }
 }
@@ -315,7 +366,7 @@ pub fn refuse_unsupported(endpoint: Endpoint, o: &Obj) -> Result<(), ApiError> {
         if v.is_null()
             || COMMON.contains(&key.as_str())
             || own.contains(&key.as_str())
-            || harmless(key, v, o)
+            || harmless(key, v)
         {
             continue;
         }
@@ -444,10 +495,25 @@ pub fn parse(
     request.constraint = response_format(&o)?;
     request.suffix = suffix.map(Into::into).into();
     request.clamp_max_tokens = !asked;
+    let tools = match endpoint {
+        Endpoint::Chat => tools::openai(&o)?,
+        Endpoint::Completions => None,
+    };
+    if let Some(t) = &tools {
+        if best_of > 1 {
+            return Err(ApiError::param(
+                "tools",
+                "`tools` with several choices (`n` or `best_of` above 1) is not supported by \
+                 this server",
+            ));
+        }
+        t.apply(&mut request)?;
+    }
     if let Some(first) = prompts.first() {
         set_prompt(&mut request, first);
     }
     Ok(Parsed {
+        tools: tools.is_some(),
         logprobs: top_logprobs.is_some(),
         request,
         prompts,
@@ -582,6 +648,10 @@ pub struct Meta {
     pub index: u32,
     /// Completions' `echo`: the prompt's text, sent before the completion.
     pub echo: Option<String>,
+    /// Tools are declared: the answer is parsed for calls, and a stream holds its text back
+    /// until the end (`held`), when it is sent as content or as `tool_calls` deltas.
+    pub tools: bool,
+    held: String,
 }
 
 impl Meta {
@@ -601,6 +671,8 @@ impl Meta {
             streamed: 0,
             index: 0,
             echo: None,
+            tools: parsed.tools,
+            held: String::new(),
         }
     }
 
@@ -655,16 +727,57 @@ impl Meta {
             (true, Endpoint::Completions) => completion_logprobs(pieces, 0),
         };
         match self.endpoint {
-            Endpoint::Chat => json!({
-                "index": self.index,
-                "message": {"role": "assistant", "content": text, "refusal": null},
-                "logprobs": logprobs,
-                "finish_reason": finish,
-            }),
+            Endpoint::Chat => {
+                let (content, calls) = self.calls(text);
+                let mut message = json!({"role": "assistant", "content": content, "refusal": null});
+                let finish = match calls.is_empty() {
+                    true => finish,
+                    false => {
+                        message["tool_calls"] = Value::Array(calls);
+                        "tool_calls"
+                    }
+                };
+                json!({
+                    "index": self.index,
+                    "message": message,
+                    "logprobs": logprobs,
+                    "finish_reason": finish,
+                })
+            }
             Endpoint::Completions => json!({
                 "index": self.index, "text": text, "logprobs": logprobs, "finish_reason": finish,
             }),
         }
+    }
+
+    /// The answer's content (`null` when it is only calls) and its calls as OpenAI's
+    /// `tool_calls` entries, when tools are declared.
+    fn calls(&self, text: String) -> (Value, Vec<Value>) {
+        if !self.tools {
+            return (text.into(), Vec::new());
+        }
+        let (rest, calls) = parse_calls(&text);
+        if calls.is_empty() {
+            return (text.into(), Vec::new());
+        }
+        let calls = calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                json!({
+                    "index": i,
+                    "id": format!("call_{}_{i}", self.id),
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments.to_string()},
+                })
+            })
+            .collect();
+        let content = if rest.is_empty() {
+            Value::Null
+        } else {
+            rest.into()
+        };
+        (content, calls)
     }
 
     /// The whole response around `choices`.
@@ -770,6 +883,10 @@ impl Reply for Meta {
             }
         };
         self.streamed += piece.text.len();
+        if self.tools {
+            self.held.push_str(&piece.text);
+            return Vec::new();
+        }
         if piece.text.is_empty() && logprobs.is_null() {
             return Vec::new();
         }
@@ -780,7 +897,24 @@ impl Reply for Meta {
     }
 
     fn closing(&mut self, summary: &GenerateSummary) -> Vec<String> {
-        let mut frames = vec![self.finish_frame(summary)];
+        let mut frames = Vec::new();
+        if self.tools {
+            let held = std::mem::take(&mut self.held);
+            let (content, calls) = self.calls(held);
+            if let Value::String(t) = &content {
+                let chunk = self.chunk(Some(t), false, None, self.usage_null(), Value::Null);
+                frames.push(sse(None, &chunk));
+            }
+            if !calls.is_empty() {
+                let mut chunk = self.chunk(None, false, None, self.usage_null(), Value::Null);
+                chunk["choices"][0]["delta"]["tool_calls"] = Value::Array(calls);
+                chunk["choices"][0]["finish_reason"] = "tool_calls".into();
+                frames.push(sse(None, &chunk));
+                frames.extend(self.end_frames(usage(summary)));
+                return frames;
+            }
+        }
+        frames.push(self.finish_frame(summary));
         frames.extend(self.end_frames(usage(summary)));
         frames
     }
@@ -977,14 +1111,11 @@ mod tests {
             ("function_call", r#""auto""#),
             ("functions", r#"[{"name":"f"}]"#),
             ("modalities", r#"["text","audio"]"#),
-            ("parallel_tool_calls", "true"),
             ("prediction", r#"{"type":"content","content":"x"}"#),
             ("reasoning_effort", r#""low""#),
             ("response_format", r#"{"type":"xml"}"#),
             ("service_tier", r#""flex""#),
             ("store", "true"),
-            ("tool_choice", r#""auto""#),
-            ("tools", r#"[{"type":"function","function":{"name":"f"}}]"#),
             ("verbosity", r#""low""#),
             ("web_search_options", "{}"),
             ("echo", "true"),
@@ -992,11 +1123,7 @@ mod tests {
             ("suffix", r#""x""#),
             ("no_such_option", "1"),
         ] {
-            let mut body = format!(r#"{chat},"{key}":{value}"#);
-            if key == "parallel_tool_calls" {
-                body.push_str(r#","tools":[]"#);
-            }
-            body.push('}');
+            let body = format!(r#"{chat},"{key}":{value}}}"#);
             let e = err(Endpoint::Chat, &body);
             assert_eq!(
                 (e.status, e.param.as_deref()),
@@ -1018,6 +1145,55 @@ mod tests {
             ),
             Endpoint::Chat,
         );
+    }
+
+    #[test]
+    fn tools_render_into_the_prompt_constrain_calls_and_parse_back() {
+        let base = r#"{"model":"tiny","messages":[{"role":"system","content":"Be brief."},
+            {"role":"user","content":"Weather?"},
+            {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function",
+              "function":{"name":"get_weather","arguments":"{\"city\":\"Oslo\"}"}}]},
+            {"role":"tool","tool_call_id":"c1","content":"sunny"}],
+            "tools":[{"type":"function","function":{"name":"get_weather","parameters":"#;
+        let good = r#"{"type":"object","properties":{"city":{"type":"string"}}}}}]"#;
+        let p = parsed(
+            &format!(r#"{base}{good},"tool_choice":"required"}}"#),
+            Endpoint::Chat,
+        );
+        let m = &p.request.messages;
+        assert!(m[0].content.starts_with("Be brief.\n\n# Tools") && m.len() == 4);
+        assert!(
+            m[2].content
+                .contains(r#"{"name":"get_weather","arguments":{"city":"Oslo"}}"#)
+        );
+        assert_eq!(m[3].role.as_str(), "user");
+        assert!(matches!(&p.request.constraint, Constraint::Lark(g) if g.contains("%json")));
+        let auto = parsed(&format!("{base}{good}}}"), Endpoint::Chat);
+        assert_eq!(auto.request.constraint, Constraint::None);
+        let none = parsed(
+            &format!(r#"{base}{good},"tool_choice":"none"}}"#),
+            Endpoint::Chat,
+        );
+        assert!(!none.tools && !none.request.messages[0].content.contains("# Tools"));
+        for (schema, extra) in [
+            (r#""object"}}]"#, ""),
+            (r#"{"type":"array"}}}]"#, ""),
+            (r#"{"required":"city"}}}]"#, ""),
+            (
+                good,
+                r#","tool_choice":{"type":"function","function":{"name":"nope"}}"#,
+            ),
+            (good, r#","tool_choice":"sometimes""#),
+            (good, r#","n":2"#),
+        ] {
+            let e = err(Endpoint::Chat, &format!("{base}{schema}{extra}}}"));
+            assert_eq!(e.status, 400, "{schema}{extra}: {e:?}");
+        }
+        let meta = Meta::new(Endpoint::Chat, &p);
+        let text = "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Rome\"}}\n</tool_call>";
+        let (content, calls) = meta.calls(text.into());
+        assert_eq!(content, Value::Null);
+        assert_eq!(calls[0]["function"]["arguments"], r#"{"city":"Rome"}"#);
     }
 
     #[test]

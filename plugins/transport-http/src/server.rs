@@ -611,7 +611,7 @@ async fn dispatch(
         }
         Route::Messages => {
             let mut parsed = anthropic::parse(&body, &models)?;
-            let reply = anthropic::Message::new(parsed.request.model.as_str());
+            let reply = anthropic::Message::new(parsed.request.model.as_str()).with_tools(parsed.tools);
             from_peer(&mut parsed.request, peer, keyed);
             generate(state, route, parsed.request, parsed.stream, reply, line).await
         }

@@ -1,0 +1,168 @@
+//! Tool calling in the Hermes / Qwen2.5 format: the tools described to the model in a system
+//! prompt, calls written by the model as `<tool_call>{"name": …, "arguments": …}</tool_call>`,
+//! and a Lark grammar (llguidance's `%json` inside Lark) that lets the model write only such
+//! calls, each naming a declared tool with arguments valid against that tool's schema.
+//!
+//! The system prompt is the one Qwen2.5's own template writes for `tools`; it is used for
+//! every model (templates that ignore `tools`, as SmolLM2's does, are the common case), joined
+//! after the conversation's own system message when there is one.
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+/// One declared tool: a function with a JSON-schema `parameters` object.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Tool {
+    /// The function's name.
+    pub name: String,
+    /// What it does, for the model.
+    pub description: String,
+    /// The JSON schema its arguments must match.
+    pub parameters: Value,
+}
+
+/// One call the model wrote.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolCall {
+    /// The tool's name.
+    pub name: String,
+    /// The arguments, a JSON object.
+    pub arguments: Value,
+}
+
+/// The opening and closing tags around one call.
+pub const OPEN: &str = "<tool_call>";
+/// See [`OPEN`].
+pub const CLOSE: &str = "</tool_call>";
+
+/// The system prompt that describes `tools` and the call format (Qwen2.5's wording).
+pub fn system_prompt(tools: &[Tool]) -> String {
+    let mut s = String::from(
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n\
+         You are provided with function signatures within <tools></tools> XML tags:\n<tools>",
+    );
+    for t in tools {
+        let f = json!({"type": "function", "function": {
+            "name": t.name, "description": t.description, "parameters": t.parameters}});
+        s.push('\n');
+        s.push_str(&f.to_string());
+    }
+    s.push_str(
+        "\n</tools>\n\nFor each function call, return a json object with function name and \
+         arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n\
+         {\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>",
+    );
+    s
+}
+
+/// A call as the model writes it, for an assistant turn in the history.
+pub fn render_call(call: &ToolCall) -> String {
+    let name = Value::from(call.name.as_str());
+    format!(
+        "{OPEN}\n{{\"name\":{name},\"arguments\":{}}}\n{CLOSE}",
+        call.arguments
+    )
+}
+
+/// A Lark grammar (llguidance's dialect) for one call to `tools` (or one or more, with
+/// `parallel`): each `<tool_call>` holds a compact JSON object whose `name` is one tool's and
+/// whose `arguments` match that tool's `parameters`.
+pub fn grammar(tools: &[Tool], parallel: bool) -> String {
+    // Written out by hand so that `name` comes before `arguments`, as the model was taught.
+    let any: Vec<String> = tools
+        .iter()
+        .map(|t| {
+            format!(
+                "{{\"type\":\"object\",\"properties\":{{\"name\":{{\"const\":{}}},\
+                 \"arguments\":{}}},\"required\":[\"name\",\"arguments\"],\
+                 \"additionalProperties\":false}}",
+                Value::from(t.name.as_str()),
+                t.parameters
+            )
+        })
+        .collect();
+    let schema = format!(
+        "{{\"anyOf\":[{}],\"x-guidance\":{{\"whitespace_flexible\":false}}}}",
+        any.join(",")
+    );
+    let more = if parallel { " (\"\\n\" call)*" } else { "" };
+    format!("start: call{more}\ncall: \"{OPEN}\\n\" body \"\\n{CLOSE}\"\nbody: %json {schema}\n")
+}
+
+/// The calls in `text`, when it holds any: every `<tool_call>` block whose body is a JSON
+/// object with a string `name` and an object `arguments` (a JSON string of an object is
+/// taken too), with the text outside the blocks. A block that does not parse is left in the
+/// text.
+pub fn parse_calls(text: &str) -> (String, Vec<ToolCall>) {
+    let (mut rest, mut calls, mut at) = (String::new(), Vec::new(), 0);
+    while let Some(start) = text[at..].find(OPEN).map(|i| at + i) {
+        let body_at = start + OPEN.len();
+        let Some(end) = text[body_at..].find(CLOSE).map(|i| body_at + i) else {
+            break;
+        };
+        rest.push_str(&text[at..start]);
+        match call(text[body_at..end].trim()) {
+            Some(c) => calls.push(c),
+            None => rest.push_str(&text[start..end + CLOSE.len()]),
+        }
+        at = end + CLOSE.len();
+    }
+    rest.push_str(&text[at..]);
+    (rest.trim().to_string(), calls)
+}
+
+fn call(body: &str) -> Option<ToolCall> {
+    let v: Value = serde_json::from_str(body).ok()?;
+    let name = v.get("name")?.as_str()?.to_string();
+    let arguments = match v.get("arguments").or_else(|| v.get("parameters")) {
+        None | Some(Value::Null) => json!({}),
+        Some(Value::String(s)) => serde_json::from_str(s).ok().filter(Value::is_object)?,
+        Some(a @ Value::Object(_)) => a.clone(),
+        Some(_) => return None,
+    };
+    Some(ToolCall { name, arguments })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn weather() -> Tool {
+        Tool {
+            name: "get_weather".into(),
+            description: "Weather in a city".into(),
+            parameters: json!({"type": "object", "properties": {"city": {"type": "string"}},
+                "required": ["city"]}),
+        }
+    }
+
+    #[test]
+    fn calls_parse_and_text_outside_stays() {
+        let (rest, calls) = parse_calls(
+            "Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}</tool_call>",
+        );
+        assert_eq!(rest, "Sure.");
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0].arguments, json!({"city": "Paris"}));
+        assert_eq!(calls[1].arguments, json!({"a": 1}));
+        let (rest, calls) = parse_calls("<tool_call>not json</tool_call> and <tool_call>{");
+        assert!(calls.is_empty());
+        assert_eq!(rest, "<tool_call>not json</tool_call> and <tool_call>{");
+    }
+
+    #[test]
+    fn a_rendered_call_parses_back_and_the_prompt_names_the_tools() {
+        let c = ToolCall {
+            name: "get_weather".into(),
+            arguments: json!({"city": "Oslo"}),
+        };
+        assert_eq!(parse_calls(&render_call(&c)).1, vec![c]);
+        let p = system_prompt(&[weather()]);
+        assert!(p.contains("\"name\":\"get_weather\"") && p.contains("<tool_call>"));
+        let g = grammar(&[weather()], true);
+        assert!(
+            g.contains("%json") && g.contains("\"const\":\"get_weather\""),
+            "{g}"
+        );
+    }
+}
