@@ -80,3 +80,33 @@ fn inspect_prints_a_table_and_refuses_unknown_files_clearly() {
     let (code, _, log) = inspect("tests/fixtures/does-not-exist.gguf");
     assert_eq!(code, Some(2), "{log}");
 }
+
+#[test]
+fn a_deployment_whose_loaders_are_all_refused_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bytes = std::fs::read(plugin("loader-gguf")).unwrap();
+    rewrite_abi_and_sign(&mut bytes, &dev_key());
+    let other_abi = dir.path().join("other-abi.so");
+    std::fs::write(&other_abi, bytes).unwrap();
+    let model = root().join("tests/fixtures/gguf/quants.gguf");
+    let dep = deployment(
+        dir.path(),
+        "refused-loader",
+        &format!(
+            "[[plugins]]\npath = \"{}\"\n[plugins.grants]\nfs.read = [\"{}\"]\n\n[[plugins]]\npath = \"{}\"\n",
+            other_abi.display(),
+            model.display(),
+            plugin("kernels-cpu").display()
+        ),
+    );
+    let out = run(Command::new(bin("u-runner"))
+        .args(["quantize", "--deployment"])
+        .arg(&dep)
+        .arg(&model)
+        .arg(dir.path().join("out.gguf"))
+        .arg("Q8_0"));
+    let log = text(&out);
+    assert!(!out.status.success(), "{log}");
+    assert!(log.contains("built against SDK ABI"), "{log}");
+    assert!(log.contains("no loader plugin is loaded"), "{log}");
+}

@@ -414,14 +414,18 @@ fn open_weights(
         }
     }
     let (name, loader) = chosen.ok_or_else(|| {
-        anyhow!(
-            "no loader in the deployment recognises {path} (loaded: {})",
-            loaders
-                .iter()
-                .map(|(n, _)| n.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
+        if loaders.is_empty() {
+            anyhow!(
+                "no loader plugin is loaded, so {path} cannot be opened: the deployment names \
+                 none, or each was refused (the refusals are logged above)"
+            )
+        } else {
+            let names: Vec<&str> = loaders.iter().map(|(n, _)| n.as_str()).collect();
+            anyhow!(
+                "no loader in the deployment recognises {path} (loaded: {})",
+                names.join(", ")
+            )
+        }
     })?;
     match loader.open(path.as_str().into()) {
         RResult::ROk(w) => Ok((name.clone(), w)),
