@@ -16,9 +16,9 @@ use std::{
 use u_conformance::{
     bin,
     serving::{
-        MODEL, Options, Server, generate_json, http, model_dir, post, start_smollm2, start_tiny,
+        MODEL, Options, generate_json, http, model_dir, post, python_client, start_smollm2,
+        start_tiny,
     },
-    text,
 };
 
 /// The official Anthropic client, streaming and not, over TCP and over the Unix socket.
@@ -64,22 +64,6 @@ for kind in ["tcp", "unix"]:
 print(json.dumps(out))
 "#;
 
-fn python(script: &str, env: &[(&str, &str)], server: &Server) -> Value {
-    let mut cmd = Command::new("python3");
-    cmd.arg("-c").arg(script);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "the client failed (is `pip install -r tests/requirements.txt` done?):\n{}\nserver log:\n{}",
-        text(&out),
-        server.log()
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 #[test]
 fn anthropic_client_streaming_and_not_matches_generate_over_tcp_and_unix() {
     let server = start_tiny(&Options::default());
@@ -90,7 +74,7 @@ fn anthropic_client_streaming_and_not_matches_generate_over_tcp_and_unix() {
     );
     let base = format!("http://127.0.0.1:{}", server.port);
     let socket = server.socket.display().to_string();
-    let v = python(
+    let v = python_client(
         ANTHROPIC,
         &[
             ("U_MODEL", MODEL),

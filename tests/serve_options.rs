@@ -11,29 +11,11 @@ use serde_json::{Value, json};
 use std::{
     io::{Read, Write},
     net::TcpStream,
-    process::Command,
     time::Duration,
 };
-use u_conformance::{
-    serving::{MODEL, Options, Server, http, model_dir, post, start_tiny, start_with},
-    text,
+use u_conformance::serving::{
+    MODEL, Options, Server, http, model_dir, post, python_client, start_tiny, start_with,
 };
-
-fn python(script: &str, env: &[(&str, &str)], server: &Server) -> Value {
-    let mut cmd = Command::new("python3");
-    cmd.arg("-c").arg(script);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "the client failed (is `pip install -r tests/requirements.txt` done?):\n{}\nserver log:\n{}",
-        text(&out),
-        server.log()
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
 
 fn env(server: &Server) -> Vec<(&'static str, String)> {
     vec![
@@ -48,7 +30,7 @@ fn run(script: &str, server: &Server, extra: &[(&str, &str)]) -> Value {
     let owned = env(server);
     let mut all: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
     all.extend_from_slice(extra);
-    python(script, &all, server)
+    python_client(script, &all, server)
 }
 
 fn metric(port: u16, name: &str) -> f64 {

@@ -10,30 +10,9 @@
 //! constraint against the same prompt unconstrained, for one client and for eight at once.
 
 use serde_json::{Value, json};
-use std::process::Command;
-use u_conformance::{
-    serving::{Options, Server, post, start_smollm2},
-    text,
-};
+use u_conformance::serving::{Options, post, python_client, start_smollm2};
 
 const NAME: &str = "SmolLM2-135M-Instruct.Q4_1";
-
-fn python(script: &str, server: &Server) -> Value {
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(script)
-        .env("U_MODEL", NAME)
-        .env("U_BASE", server.url())
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "the client failed (is `pip install -r tests/requirements.txt` done?):\n{}\nserver log:\n{}",
-        text(&out),
-        server.log()
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
 
 const CLIENT: &str = r##"
 import json, os, time
@@ -159,7 +138,11 @@ print(json.dumps(out))
 #[test]
 fn structured_outputs_follow_their_schema_regex_and_grammar() {
     let server = start_smollm2(&Options::default());
-    let v = python(CLIENT, &server);
+    let v = python_client(
+        CLIENT,
+        &[("U_MODEL", NAME), ("U_BASE", &server.url())],
+        &server,
+    );
     eprintln!("client saw {v:#}");
     let schemas = v["schemas"].as_array().unwrap();
     assert_eq!(schemas.len(), 20);

@@ -7,31 +7,9 @@
 //! answers with a `tool_use` block (and streamed `input_json_delta`); tools with malformed
 //! parameter schemas are a 400 and the server serves on.
 
-use serde_json::Value;
-use std::process::Command;
-use u_conformance::{
-    serving::{Options, Server, start_smollm2},
-    text,
-};
+use u_conformance::serving::{Options, python_client, start_smollm2};
 
 const NAME: &str = "SmolLM2-135M-Instruct.Q4_1";
-
-fn python(script: &str, server: &Server) -> Value {
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(script)
-        .env("U_MODEL", NAME)
-        .env("U_BASE", server.url())
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "the client failed (is `pip install -r tests/requirements.txt` done?):\n{}\nserver log:\n{}",
-        text(&out),
-        server.log()
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
 
 const CLIENT: &str = r##"
 import json, os
@@ -135,7 +113,11 @@ print(json.dumps(out))
 #[test]
 fn tool_calls_parse_name_a_declared_tool_and_match_its_schema() {
     let server = start_smollm2(&Options::default());
-    let out = python(CLIENT, &server);
+    let out = python_client(
+        CLIENT,
+        &[("U_MODEL", NAME), ("U_BASE", &server.url())],
+        &server,
+    );
     eprintln!("{}", serde_json::to_string_pretty(&out).unwrap());
     for key in [
         "required",

@@ -343,3 +343,21 @@ pub fn generate_json(model: &Path, extra: &[&str]) -> Value {
     assert!(out.status.success(), "{}", text(&out));
     serde_json::from_slice(&out.stdout).unwrap()
 }
+
+/// Runs a Python client `script` (`python3 -c`, with `env` set) against `server` and parses the
+/// JSON it prints; a failing client fails the test with its output and the server's log.
+pub fn python_client(script: &str, env: &[(&str, &str)], server: &Server) -> Value {
+    let mut cmd = Command::new("python3");
+    cmd.arg("-c").arg(script);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "the client failed (is `pip install -r tests/requirements.txt` done?):\n{}\nserver log:\n{}",
+        text(&out),
+        server.log()
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
