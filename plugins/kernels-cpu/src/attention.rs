@@ -26,7 +26,6 @@
 //! allocates only when a thread first sees a larger shape.
 
 mod block;
-mod exp;
 
 use crate::engine::Engine;
 use crate::vecops::VecOps;
@@ -388,7 +387,7 @@ pub fn attention<'a>(
                 let mut l = 0.0;
                 for c in 0..chunks {
                     let (o, mc, lc) = part(c);
-                    let w = exp::exp2(mc - m);
+                    let w = crate::exp::exp2(mc - m);
                     l += w * lc;
                     for (y, &x) in dst.iter_mut().zip(o) {
                         *y += w * x;

@@ -29,6 +29,7 @@ mod backend;
 pub mod conv;
 pub mod elementwise;
 mod engine;
+mod exp;
 pub mod isa;
 pub mod matmul;
 pub mod ops;

@@ -188,10 +188,11 @@ pub fn erf(x: f64) -> f64 {
     if x >= 0.0 { 1.0 - erfc } else { erfc - 1.0 }
 }
 
-/// `x · sigmoid(x)`.
+/// `x · sigmoid(x)`, with the polynomial [`crate::exp::exp2`] (branch-free, so the loops over
+/// it vectorise; the C library's `exp` was the costliest part of a gated feed-forward).
 #[inline]
 pub fn silu(v: f32) -> f32 {
-    v / (1.0 + (-v).exp())
+    v * sigmoid(v)
 }
 
 /// GELU, tanh approximation.
@@ -207,10 +208,10 @@ pub fn gelu_erf(v: f32) -> f32 {
     (0.5 * f64::from(v) * (1.0 + erf(f64::from(v) / std::f64::consts::SQRT_2))) as f32
 }
 
-/// `1 / (1 + e^−x)`.
+/// `1 / (1 + e^−x)`, as `1 / (1 + 2^(−x·log2 e))`.
 #[inline]
 pub fn sigmoid(v: f32) -> f32 {
-    1.0 / (1.0 + (-v).exp())
+    1.0 / (1.0 + crate::exp::exp2(-v * std::f32::consts::LOG2_E))
 }
 
 /// Expands `$body` once per activation with `$f` bound to its scalar function (a distinct fn

@@ -121,26 +121,45 @@ impl Sampler {
         }
         let candidates = self.candidates(logits);
         let r = self.rng.next_f64();
-        draw(&candidates, r)
+        draw_weighted(&candidates, r)
     }
 
     /// The tokens left after temperature, top-k, top-p and min-p, each with its renormalised
     /// probability, most likely first.
     pub fn candidates(&self, logits: &[f32]) -> Vec<(u32, f64)> {
         let p = &self.params;
-        let mut c = scaled(logits, 1.0 / f64::from(p.temperature));
-        // Most likely first; equal logits keep id order so results are deterministic.
-        let order = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        if p.top_k > 0 && (p.top_k as usize) < c.len() {
-            // Partition first so only the k kept tokens are sorted.
-            let k = p.top_k as usize;
-            c.select_nth_unstable_by(k - 1, order);
-            c.truncate(k);
+        let w = Weights::new(logits, 1.0 / f64::from(p.temperature));
+        let top_k = (p.top_k > 0).then_some(p.top_k as usize);
+        let top_p = (p.top_p > 0.0 && p.top_p < 1.0).then(|| f64::from(p.top_p));
+        // Rank only as far as the filters can reach: the k best, the mass top-p needs (with a
+        // margin for rounding; the cut below is exact), or every token min-p could keep.
+        let ranked = w.ranked(|count, mass, floor| match (top_k, top_p) {
+            (Some(k), _) => count < k,
+            (None, Some(top_p)) => mass < (top_p + 1e-6) * w.total,
+            (None, None) => floor > f64::from(p.min_p),
+        });
+        let mut c: Vec<(u32, f64)> = match top_k {
+            Some(k) => ranked.into_iter().take(k).collect(),
+            None => ranked,
+        };
+        // Softmax over what is kept: the k best after top-k, else the whole vocabulary.
+        let norm = if top_k.is_some() {
+            c.iter().map(|x| x.1).sum()
+        } else {
+            w.total
+        };
+        if norm > 0.0 && norm.is_finite() {
+            for x in &mut c {
+                x.1 /= norm;
+            }
+        } else {
+            // All logits −∞: uniform rather than a division by zero.
+            let n = c.len() as f64;
+            for x in &mut c {
+                x.1 = 1.0 / n;
+            }
         }
-        c.sort_by(order);
-        softmax_in_place(&mut c);
-        if p.top_p < 1.0 && p.top_p > 0.0 {
-            let target = f64::from(p.top_p);
+        if let Some(target) = top_p {
             let mut mass = 0.0;
             let mut keep = c.len();
             for (i, (_, q)) in c.iter().enumerate() {
@@ -205,35 +224,6 @@ pub fn argmax(row: &[f32]) -> u32 {
     best as u32
 }
 
-fn softmax_in_place(c: &mut [(u32, f64)]) {
-    let Some(max) = c.first().map(|x| x.1) else {
-        return;
-    };
-    let mut sum = 0.0;
-    for x in c.iter_mut() {
-        let v = (x.1 - max).exp();
-        x.1 = if v.is_nan() { 0.0 } else { v };
-        sum += x.1;
-    }
-    let n = c.len() as f64;
-    for x in c.iter_mut() {
-        // All logits −∞: fall back to uniform rather than dividing by zero.
-        x.1 = if sum > 0.0 { x.1 / sum } else { 1.0 / n };
-    }
-}
-
-/// Inverse-CDF draw with `r` in `[0, 1)` over probabilities summing to 1.
-fn draw(candidates: &[(u32, f64)], r: f64) -> u32 {
-    let mut acc = 0.0;
-    for &(id, q) in candidates {
-        acc += q;
-        if r < acc {
-            return id;
-        }
-    }
-    least_likely(candidates)
-}
-
 /// What a draw returns when rounding left `r` past the total of `candidates` (most likely
 /// first): the least likely token with any probability.
 fn least_likely(candidates: &[(u32, f64)]) -> u32 {
@@ -245,55 +235,138 @@ fn least_likely(candidates: &[(u32, f64)]) -> u32 {
         .map_or(0, |x| x.0)
 }
 
-/// Every token but NaN logits, with its logit times `inv_t` (1 / temperature), in id order.
-fn scaled(logits: &[f32], inv_t: f64) -> Vec<(u32, f64)> {
-    logits
-        .iter()
-        .enumerate()
-        .filter(|(_, l)| !l.is_nan())
-        .map(|(i, &l)| (i as u32, f64::from(l) * inv_t))
-        .collect()
+/// [`draw`] over every token of `softmax(logits · inv_t)`, most likely first, ranking only as
+/// far as the draw reaches (a full sort of the vocabulary for every token of every request
+/// was the server's hot spot). The same distribution and order as [`Sampler::candidates`].
+fn draw_all(logits: &[f32], inv_t: f64, r: f64) -> u32 {
+    let w = Weights::new(logits, inv_t);
+    if !(w.total > 0.0 && w.total.is_finite()) {
+        // All logits −∞ (or none): uniform over the tokens in id order, as `candidates`.
+        let valid: Vec<u32> = (0..logits.len() as u32)
+            .filter(|&i| !logits[i as usize].is_nan())
+            .collect();
+        return valid
+            .get((r * valid.len() as f64) as usize)
+            .map_or(0, |&i| i);
+    }
+    let target = r * w.total;
+    let ranked = w.ranked(|_, mass, _| mass <= target);
+    draw_weighted(&ranked, target)
 }
 
-/// [`draw`] over every token of `softmax(logits · inv_t)`, most likely first, sorting only as
-/// far as the draw reaches: the next most likely tokens are partitioned off in growing chunks
-/// and sorted chunk by chunk (a full sort of the vocabulary for every token of every request
-/// was the server's hot spot). The same distribution and order as [`Sampler::candidates`]; the
-/// normalising sum is taken in token order.
-fn draw_all(logits: &[f32], inv_t: f64, r: f64) -> u32 {
-    let mut c = scaled(logits, inv_t);
-    let max = c.iter().map(|x| x.1).fold(f64::NEG_INFINITY, f64::max);
-    let mut sum = 0.0;
-    for x in &mut c {
-        let v = (x.1 - max).exp();
-        x.1 = if v.is_nan() { 0.0 } else { v };
-        sum += x.1;
-    }
-    if c.is_empty() || sum.is_nan() || sum <= 0.0 {
-        // All logits −∞ (or none): uniform over the tokens in id order, as `softmax_in_place`.
-        return c.get((r * c.len() as f64) as usize).map_or(0, |x| x.0);
-    }
-    let order = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    let target = r * sum;
+/// Inverse-CDF draw over weights (most likely first) at `target` in `[0, Σ weights)`: with
+/// probabilities, `target` is a uniform draw in `[0, 1)`.
+fn draw_weighted(ranked: &[(u32, f64)], target: f64) -> u32 {
     let mut acc = 0.0;
-    let (mut start, mut chunk) = (0, 64);
-    while start < c.len() {
-        let rest = &mut c[start..];
-        let k = chunk.min(rest.len());
-        if k < rest.len() {
-            rest.select_nth_unstable_by(k - 1, order);
+    for &(id, q) in ranked {
+        acc += q;
+        if target < acc {
+            return id;
         }
-        rest[..k].sort_unstable_by(order);
-        for &(id, e) in &rest[..k] {
-            acc += e;
-            if target < acc {
-                return id;
+    }
+    least_likely(ranked)
+}
+
+/// One row's softmax weights `exp((logit − max) · inv_t)`, relative to the most likely token
+/// (whose weight is 1), and their sum; 0 for NaN logits.
+struct Weights<'a> {
+    logits: &'a [f32],
+    w: Vec<f32>,
+    total: f64,
+}
+
+impl<'a> Weights<'a> {
+    fn new(logits: &'a [f32], inv_t: f64) -> Self {
+        // NaN never compares greater, so it never becomes the maximum.
+        let max = logits
+            .iter()
+            .fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m });
+        let inv_t = inv_t as f32;
+        let w: Vec<f32> = if max == f32::INFINITY {
+            // ∞ − ∞ is NaN: the +∞ logits share the mass.
+            logits.iter().map(|&l| f32::from(l == max)).collect()
+        } else {
+            logits
+                .iter()
+                .map(|&l| exp_nonpositive((l - max) * inv_t))
+                .collect()
+        };
+        // Eight partial sums: vectorisable, and the same order on every machine.
+        let mut lanes = [0f64; 8];
+        let chunks = w.chunks_exact(8);
+        let tail: f64 = chunks.remainder().iter().map(|&x| f64::from(x)).sum();
+        for chunk in chunks {
+            for (lane, &x) in lanes.iter_mut().zip(chunk) {
+                *lane += f64::from(x);
             }
         }
-        start += k;
-        chunk *= 4;
+        let total = lanes.iter().sum::<f64>() + tail;
+        Self { logits, w, total }
     }
-    least_likely(&c)
+
+    /// Tokens with their weights, most likely first (equal logits in id order), ranked band by
+    /// band of weight — `[1/16, ∞)`, then 256 times lower each time, then the rest — while
+    /// `more(count, mass, floor)` says the ranking so far (its length, its weight, the band's
+    /// lower edge) is not enough. Each band costs one pass over the row and a sort of only
+    /// the tokens in it.
+    fn ranked(&self, mut more: impl FnMut(usize, f64, f64) -> bool) -> Vec<(u32, f64)> {
+        let order = |a: &u32, b: &u32| {
+            self.logits[*b as usize]
+                .total_cmp(&self.logits[*a as usize])
+                .then(a.cmp(b))
+        };
+        let mut out: Vec<(u32, f64)> = Vec::new();
+        let (mut mass, mut hi, mut lo) = (0.0, f32::INFINITY, 1.0 / 16.0);
+        let mut band = Vec::new();
+        loop {
+            band.clear();
+            band.extend(
+                (0..self.w.len() as u32).filter(|&i| (lo..hi).contains(&self.w[i as usize])),
+            );
+            band.sort_unstable_by(order);
+            for &i in &band {
+                let q = f64::from(self.w[i as usize]);
+                mass += q;
+                out.push((i, q));
+            }
+            if lo == 0.0 || !more(out.len(), mass, f64::from(lo)) {
+                return out;
+            }
+            hi = lo;
+            lo = if lo > 1e-30 { lo / 256.0 } else { 0.0 };
+        }
+    }
+}
+
+/// `e^x` for `x ≤ 0` to within a few units in the last place, in plain arithmetic the compiler
+/// vectorises (and that gives the same bits on every platform, unlike the C library's `exp`);
+/// 0 for `x ≤ −87` and for NaN.
+fn exp_nonpositive(x: f32) -> f32 {
+    // Adding 1.5 · 2^23 rounds a float of magnitude below 2^22 to an integer n, which the
+    // sum's low mantissa bits then hold (offset by 2^22).
+    const ROUND: f32 = 12_582_912.0;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let xc = if x > -87.0 { x } else { -87.0 };
+    let t = xc * std::f32::consts::LOG2_E + ROUND;
+    let n = t - ROUND;
+    let r = xc - n * LN2_HI - n * LN2_LO;
+    // Taylor series to r^7 on |r| ≤ ln 2 / 2: truncation below 1e-8.
+    let mut p = 1.0 / 5040.0;
+    for c in [
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+        1.0,
+        1.0,
+    ] {
+        p = p * r + c;
+    }
+    // 2^n: n + 127 into the exponent field.
+    let scale = f32::from_bits(t.to_bits().wrapping_sub(0x4b40_0000).wrapping_add(127) << 23);
+    if x > -87.0 { p * scale } else { 0.0 }
 }
 
 #[cfg(test)]
@@ -353,33 +426,118 @@ mod tests {
         assert_ne!(run(7), run(8));
     }
 
-    /// The partial-sort draw picks what the fully sorted candidate list picks, for every `r`
-    /// on a fine grid, on a vocabulary large enough to need several chunks.
+    /// The reference: a full f64 softmax of `logits · inv_t`, sorted most likely first.
+    fn sorted_softmax(logits: &[f32], inv_t: f64) -> Vec<(u32, f64)> {
+        let max = logits.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
+        let mut c: Vec<(u32, f64)> = (0..logits.len() as u32)
+            .map(|i| {
+                (
+                    i,
+                    ((f64::from(logits[i as usize]) - f64::from(max)) * inv_t).exp(),
+                )
+            })
+            .collect();
+        let sum: f64 = c.iter().map(|x| x.1).sum();
+        c.iter_mut().for_each(|x| x.1 /= sum);
+        c.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        c
+    }
+
+    /// The banded draw and the filtered candidates pick what a full f64 sort of the softmax
+    /// picks, for every `r` on a fine grid (but within rounding of a boundary), on a
+    /// vocabulary large enough to need many bands.
     #[test]
-    fn the_partial_sort_draw_equals_the_full_candidate_draw() {
+    fn banded_draws_equal_the_fully_sorted_draw() {
         let mut rng = Rng::seeded(11);
         let logits: Vec<f32> = (0..5000)
             .map(|i| {
                 if i % 97 == 0 {
                     3.0
                 } else {
-                    (rng.next_f64() * 8.0 - 4.0) as f32
+                    (rng.next_f64() * 40.0 - 30.0) as f32
                 }
             })
             .collect();
         for t in [0.3f32, 1.0, 2.5] {
+            let reference = sorted_softmax(&logits, 1.0 / f64::from(t));
             let s = Sampler::new(&params(|p| p.temperature = t));
             let full = s.candidates(&logits);
-            let mut differ = 0;
+            assert_eq!(full.len(), logits.len());
+            let boundaries: Vec<f64> = reference
+                .iter()
+                .scan(0.0, |acc, x| {
+                    *acc += x.1;
+                    Some(*acc)
+                })
+                .collect();
             for i in 0..20_000 {
                 let r = (f64::from(i) + 0.5) / 20_000.0;
-                if draw(&full, r) != draw_all(&logits, 1.0 / f64::from(t), r) {
-                    differ += 1;
+                let want = draw_weighted(&reference, r);
+                for got in [
+                    draw_weighted(&full, r),
+                    draw_all(&logits, 1.0 / f64::from(t), r),
+                ] {
+                    // f32 weights move a boundary by at most a few parts in 10^7.
+                    let near_boundary = boundaries.iter().any(|b| (b - r).abs() < 1e-6);
+                    assert!(
+                        got == want || near_boundary,
+                        "temperature {t}, r {r}: drew {got}, want {want}"
+                    );
                 }
             }
-            // Only a draw within rounding of a boundary may differ (none on this grid).
-            assert_eq!(differ, 0, "temperature {t}");
         }
+    }
+
+    /// Top-p and min-p over a large vocabulary keep what the full sort keeps.
+    #[test]
+    fn banded_filters_keep_what_the_full_sort_keeps() {
+        let mut rng = Rng::seeded(5);
+        let logits: Vec<f32> = (0..20_000)
+            .map(|_| (rng.next_f64() * 12.0 - 6.0) as f32)
+            .collect();
+        let reference = sorted_softmax(&logits, 1.0);
+        let ids = |c: &[(u32, f64)]| c.iter().map(|x| x.0).collect::<Vec<_>>();
+        for top_p in [0.1f32, 0.5, 0.9, 0.99] {
+            let mut mass = 0.0;
+            let keep = reference
+                .iter()
+                .take_while(|x| {
+                    let below = mass < f64::from(top_p) - 1e-9;
+                    mass += x.1;
+                    below
+                })
+                .count();
+            let got = Sampler::new(&params(|p| p.top_p = top_p)).candidates(&logits);
+            assert_eq!(ids(&got), ids(&reference[..keep]), "top_p {top_p}");
+        }
+        for min_p in [0.001f32, 0.05, 0.5] {
+            let floor = reference[0].1 * f64::from(min_p);
+            let want: Vec<u32> = reference
+                .iter()
+                .filter(|x| x.1 >= floor)
+                .map(|x| x.0)
+                .collect();
+            let got = Sampler::new(&params(|p| p.min_p = min_p)).candidates(&logits);
+            assert_eq!(ids(&got), want, "min_p {min_p}");
+        }
+    }
+
+    /// The softmax weights' exponential against f64's, over its whole range.
+    #[test]
+    fn the_weight_exponential_is_accurate_to_a_few_ulp() {
+        for i in 0..200_000 {
+            let x = -87.0 * i as f32 / 200_000.0;
+            let want = f64::from(x).exp();
+            let got = f64::from(exp_nonpositive(x));
+            assert!(
+                ((got - want) / want).abs() < 4e-7,
+                "exp({x}) = {got}, want {want}"
+            );
+        }
+        assert_eq!(exp_nonpositive(0.0), 1.0);
+        assert_eq!(exp_nonpositive(-87.0), 0.0);
+        assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_nonpositive(f32::NAN), 0.0);
     }
 
     #[test]

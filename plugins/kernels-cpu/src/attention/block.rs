@@ -318,7 +318,7 @@ macro_rules! block_kernel {
                     mx = max(mx, unsafe { load(p.add(j)) });
                 }
                 let m_new = b.m[r].max(hmax(mx));
-                corr[r] = crate::attention::exp::exp2(b.m[r] - m_new);
+                corr[r] = crate::exp::exp2(b.m[r] - m_new);
                 let mv = splat(m_new);
                 let mut sum = zero();
                 for j in (lo_v..hi_v).step_by(L) {
@@ -435,7 +435,7 @@ mod scalar {
     }
     #[inline(always)]
     fn exp2(a: V) -> V {
-        std::array::from_fn(|i| crate::attention::exp::exp2(a[i]))
+        std::array::from_fn(|i| crate::exp::exp2(a[i]))
     }
 
     block_kernel!();
@@ -520,7 +520,7 @@ mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     fn exp2(a: V) -> V {
-        crate::attention::exp::x86::exp2_avx2(a)
+        crate::exp::x86::exp2_avx2(a)
     }
 
     block_kernel!(#[target_feature(enable = "avx2,fma")]);
@@ -601,7 +601,7 @@ mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f")]
     fn exp2(a: V) -> V {
-        crate::attention::exp::x86::exp2_avx512(a)
+        crate::exp::x86::exp2_avx512(a)
     }
 
     block_kernel!(#[target_feature(enable = "avx512f,avx2,fma")]);

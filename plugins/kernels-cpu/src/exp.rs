@@ -1,9 +1,10 @@
-//! `2^x` by range reduction and a polynomial, in scalar, AVX2 and AVX-512 lanes (the softmax
-//! exponentials of [`super`]; scores are pre-scaled by `log2 e`, so `e^s = 2^(s·log2 e)`).
+//! `2^x` by range reduction and a polynomial, in scalar, AVX2 and AVX-512 lanes: the softmax
+//! exponentials of [`crate::attention`] (scores are pre-scaled by `log2 e`, so
+//! `e^s = 2^(s·log2 e)`) and the sigmoid of the SiLU activation ([`crate::ops::silu`]).
 //!
 //! `x = n + f` with `n = round(x)` and `f ∈ [−½, ½]`; `2^f` is a degree-6 polynomial (a minimax
 //! fit of relative error 1.9e-9 on that interval, below half an f32 ulp) evaluated by Horner's
-//! rule, and `2^n` is built in the exponent field. Over `x ∈ [−126, 0]` the result is within
+//! rule, and `2^n` is built in the exponent field. Over `x ∈ [−126, 127]` the result is within
 //! 1.2 ulp of the exact value (see the tests: every path is compared with `f64::exp2` on a dense
 //! sweep). Inputs below −126 (including −∞) give 0, where the exact result would be subnormal:
 //! the largest value dropped is 2⁻¹²⁶ ≈ 1.2e-38, against softmax weights whose maximum is 1.
@@ -27,7 +28,7 @@ const ROUND: f32 = 12_582_912.0;
 /// `2^x` (see the module docs for the error bound and the clamping). Branch-free, so loops over
 /// it vectorise.
 #[inline(always)]
-pub(super) fn exp2(x: f32) -> f32 {
+pub(crate) fn exp2(x: f32) -> f32 {
     // False for NaN too.
     let keep = x >= -126.0;
     let x = x.clamp(-126.0, 127.0);
@@ -44,14 +45,14 @@ pub(super) fn exp2(x: f32) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(super) mod x86 {
+pub(crate) mod x86 {
     use super::C;
     use core::arch::x86_64::*;
 
     /// `2^x` in 8 lanes (see the module docs).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub(in crate::attention) fn exp2_avx2(x: __m256) -> __m256 {
+    pub(crate) fn exp2_avx2(x: __m256) -> __m256 {
         let keep = _mm256_cmp_ps::<_CMP_GE_OQ>(x, _mm256_set1_ps(-126.0));
         let x = _mm256_min_ps(
             _mm256_max_ps(x, _mm256_set1_ps(-126.0)),
@@ -73,7 +74,7 @@ pub(super) mod x86 {
     /// `2^x` in 16 lanes (see the module docs).
     #[inline]
     #[target_feature(enable = "avx512f")]
-    pub(in crate::attention) fn exp2_avx512(x: __m512) -> __m512 {
+    pub(crate) fn exp2_avx512(x: __m512) -> __m512 {
         let keep = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_set1_ps(-126.0));
         let x = _mm512_min_ps(
             _mm512_max_ps(x, _mm512_set1_ps(-126.0)),
@@ -105,7 +106,7 @@ mod tests {
     }
 
     fn sweep() -> impl Iterator<Item = f32> {
-        (0..=2_000_000).map(|i| -126.0 + 126.0 * i as f32 / 2_000_000.0)
+        (0..=4_000_000).map(|i| -126.0 + 253.0 * i as f32 / 4_000_000.0)
     }
 
     fn check(name: &str, f: impl Fn(&[f32; 16]) -> [f32; 16]) {
