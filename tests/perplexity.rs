@@ -271,7 +271,15 @@ fn kl_divergence_from_llama_cpps_logits_is_within_its_own_builds_spread() {
         "{}",
         kl["same_top"]
     );
-    assert!(within(kl["ppl_base"].as_f64().unwrap(), ppl) < 1e-3);
+    // The format floors log-probabilities 16 below each row's maximum (llama.cpp's layout), so
+    // a scored token rarer than that reads back likelier: the file's perplexity is at most the
+    // live one (up to the 16-bit rounding), and below it by what those few tokens lose
+    // (0.11% on this text).
+    let ppl_base = kl["ppl_base"].as_f64().unwrap();
+    assert!(
+        ppl_base <= ppl * (1.0 + 1e-4) && within(ppl_base, ppl) < 3e-3,
+        "perplexity {ppl_base} from U's file, {ppl} live"
+    );
 }
 
 #[test]

@@ -32,6 +32,8 @@ fn fixture() -> std::path::PathBuf {
 struct Described {
     tensors: BTreeMap<String, (String, Vec<u64>, String)>,
     keys: Vec<Vec<String>>,
+    /// Scalar values by key, as numbers (integers of any width alike) or text.
+    values: BTreeMap<String, String>,
 }
 
 struct Reader<'a> {
@@ -54,6 +56,32 @@ impl Reader<'_> {
     fn string(&mut self) -> String {
         let n = self.u64() as usize;
         String::from_utf8(self.take(n).to_vec()).unwrap()
+    }
+    /// One scalar value of GGUF type `t`, as text (integers of every width alike).
+    fn scalar(&mut self, t: u32) -> String {
+        let width = match t {
+            8 => return self.string(),
+            0 | 1 | 7 => 1,
+            2 | 3 => 2,
+            4..=6 => 4,
+            10..=12 => 8,
+            other => panic!("value type {other}"),
+        };
+        let b = self.take(width);
+        let signed = matches!(t, 1 | 3 | 5 | 11);
+        let mut v = [if signed && b[width - 1] & 0x80 != 0 {
+            0xff
+        } else {
+            0
+        }; 8];
+        v[..width].copy_from_slice(b);
+        match t {
+            6 => f32::from_le_bytes(b.try_into().unwrap()).to_string(),
+            12 => (f64::from_le_bytes(v) as f32).to_string(),
+            7 => (b[0] != 0).to_string(),
+            _ if signed => i64::from_le_bytes(v).to_string(),
+            _ => u64::from_le_bytes(v).to_string(),
+        }
     }
     /// Skips one value of GGUF type `t`.
     fn skip(&mut self, t: u32) {
@@ -102,10 +130,11 @@ fn describe(path: &Path) -> Described {
     assert_eq!(r.u32(), 3, "GGUF version");
     let (n_tensors, n_kv) = (r.u64(), r.u64());
     let mut keys = Vec::new();
+    let mut values = BTreeMap::new();
     for _ in 0..n_kv {
         let name = r.string();
         let t = r.u32();
-        let mut key = vec![name, VALUE_TYPES[t as usize].to_string()];
+        let mut key = vec![name.clone(), VALUE_TYPES[t as usize].to_string()];
         if t == 9 {
             let (et, n) = (r.u32(), r.u64());
             key.push(VALUE_TYPES[et as usize].to_string());
@@ -113,7 +142,7 @@ fn describe(path: &Path) -> Described {
                 r.skip(et);
             }
         } else {
-            r.skip(t);
+            values.insert(name, r.scalar(t));
         }
         keys.push(key);
     }
@@ -134,7 +163,11 @@ fn describe(path: &Path) -> Described {
         let sha = hex::encode(Sha256::digest(&b[at..at + len]));
         tensors.insert(name, (dtype.name().to_string(), dims, sha));
     }
-    Described { tensors, keys }
+    Described {
+        tensors,
+        keys,
+        values,
+    }
 }
 
 #[test]
@@ -225,4 +258,170 @@ fn bad_inputs_are_clear_errors() {
     assert!(o.status.success(), "{}", text(&o));
     let (ty, _, _) = &describe(&out).tensors["blk.0.attn_q.weight"];
     assert_eq!(ty, "Q4_0");
+}
+
+/// The arch-llama fixture checkpoints (random weights, `config.json`) whose GGUF (`model.gguf`)
+/// llama.cpp's converter made, or a writer of the same layout (`gen_llama_family.py`).
+fn checkpoint(family: &str) -> std::path::PathBuf {
+    root()
+        .join("plugins/arch-llama/tests/fixtures/models")
+        .join(family)
+}
+
+/// #14: an HF checkpoint (safetensors + `config.json`, no `tokenizer.json`) quantizes to the
+/// same tensors, byte for byte, as the GGUF converted from it: names, shapes and row order
+/// (Llama's Q/K rows permuted to adjacent rotary pairs, GPT-2's Conv1D transposed, GPT-NeoX's
+/// and Falcon-40B's fused Q/K/V regrouped) and the hyper-parameters under their GGUF keys.
+/// Families whose conversion changes values (norm offsets) or stacks experts are refused.
+#[test]
+fn a_safetensors_checkpoint_quantizes_to_its_converted_ggufs_tensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut report = Vec::new();
+    for family in [
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "granite",
+        "stablelm",
+        "olmo2",
+        "cohere",
+        "phi3",
+        "gpt2",
+        "gpt_neox",
+        "falcon",
+        "falcon_40b",
+    ] {
+        let src = checkpoint(family);
+        let ckpt = dir.path().join(family);
+        std::fs::create_dir_all(&ckpt).unwrap();
+        for f in ["config.json", "model.safetensors"] {
+            std::fs::copy(src.join(f), ckpt.join(f)).unwrap();
+        }
+        let (from_st, from_gguf) = (
+            dir.path().join(format!("{family}.st.gguf")),
+            dir.path().join(format!("{family}.gguf")),
+        );
+        for (input, output) in [(&ckpt, &from_st), (&src.join("model.gguf"), &from_gguf)] {
+            let o = run(&mut quantize(input, output, "Q8_0", &[]));
+            assert!(o.status.success(), "{family}: {}", text(&o));
+        }
+        let (got, want) = (describe(&from_st), describe(&from_gguf));
+        let names = |d: &Described| d.tensors.keys().cloned().collect::<Vec<_>>();
+        assert_eq!(names(&got), names(&want), "{family}: tensor names");
+        for (name, w) in &want.tensors {
+            assert_eq!(&got.tensors[name], w, "{family}: {name}");
+        }
+        let arch = want.values["general.architecture"].clone();
+        assert_eq!(got.values["general.architecture"], arch, "{family}");
+        // Every hyper-parameter the converted file has, with its value (the checkpoint may
+        // give more: an explicit head size, say, that this fixture's writer left out).
+        let hparams: Vec<&String> = want
+            .values
+            .keys()
+            .filter(|k| k.starts_with(&format!("{arch}.")))
+            .collect();
+        assert!(hparams.len() >= 5, "{family}: {hparams:?}");
+        // A head size equal to the default (`embedding_length / head_count`): the fixture
+        // writer of `gen_llama_family.py` writes it always, llama.cpp's converter only when
+        // `config.json` has `head_dim`, and llama.cpp reads the default then.
+        let default_head = want.values[&format!("{arch}.embedding_length")]
+            .parse::<u64>()
+            .unwrap()
+            / want.values[&format!("{arch}.attention.head_count")]
+                .parse::<u64>()
+                .unwrap();
+        // Likewise a RoPE scaling type of `none` (Cohere's converter writes it) and a sliding
+        // window of 0 (Phi-3's).
+        for k in &hparams {
+            let implied = ((k.ends_with(".key_length") || k.ends_with(".value_length"))
+                && want.values[*k] == default_head.to_string())
+                || (k.ends_with(".rope.scaling.type") && want.values[*k] == "none")
+                || (k.ends_with(".attention.sliding_window") && want.values[*k] == "0");
+            if !got.values.contains_key(*k) && implied {
+                continue;
+            }
+            assert_eq!(got.values.get(*k), want.values.get(*k), "{family}: {k}");
+        }
+        let ours = got
+            .values
+            .keys()
+            .filter(|k| k.starts_with(&format!("{arch}.")))
+            .count();
+        report.push(format!(
+            "{family}: {} tensors, {} of {ours} hyper-parameters checked",
+            want.tensors.len(),
+            hparams.len()
+        ));
+    }
+    println!("{}", report.join("\n"));
+    for (family, says) in [
+        ("gemma2", "not supported"),
+        ("mixtral", "experts stored one tensor each"),
+    ] {
+        let ckpt = dir.path().join(format!("{family}-refused"));
+        std::fs::create_dir_all(&ckpt).unwrap();
+        for f in ["config.json", "model.safetensors"] {
+            std::fs::copy(checkpoint(family).join(f), ckpt.join(f)).unwrap();
+        }
+        let out = dir.path().join(format!("{family}.gguf"));
+        let o = run(&mut quantize(&ckpt, &out, "Q8_0", &[]));
+        assert_eq!(o.status.code(), Some(2), "{family}: {}", text(&o));
+        assert!(text(&o).contains(says), "{family}: {}", text(&o));
+    }
+}
+
+/// #14: a checkpoint's byte-level BPE `tokenizer.json` (`tests/fixtures/gen_bpe_tokenizer.py`)
+/// travels into the GGUF as llama.cpp's `gpt2` vocabulary with a pre-tokenizer named, and the
+/// GGUF tokenizes Macbeth as the `tokenizer.json` does. (With 512 tokens and no multi-digit
+/// ones, several llama.cpp pre-tokenizers split this vocabulary alike; the export takes the
+/// first that does, here Qwen2's.)
+#[test]
+fn a_checkpoints_tokenizer_travels_into_the_gguf() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("llama-with-tokenizer");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(checkpoint("llama").join(f), ckpt.join(f)).unwrap();
+    }
+    let bpe = root().join("tests/fixtures/tokenizer/bpe");
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(bpe.join(f), ckpt.join(f)).unwrap();
+    }
+    let out = dir.path().join("out.gguf");
+    let o = run(&mut quantize(&ckpt, &out, "Q8_0", &[]));
+    assert!(o.status.success(), "{}", text(&o));
+    let d = describe(&out);
+    assert_eq!(d.values["tokenizer.ggml.model"], "gpt2");
+    assert_eq!(d.values["tokenizer.ggml.pre"], "qwen2");
+    assert_eq!(d.values["tokenizer.ggml.eos_token_id"], "2");
+    assert!(d.values["tokenizer.chat_template"].contains("<|im_start|>"));
+    let arrays: Vec<&str> = d
+        .keys
+        .iter()
+        .filter(|k| k[1] == "ARRAY")
+        .map(|k| k[0].as_str())
+        .collect();
+    for k in [
+        "tokenizer.ggml.tokens",
+        "tokenizer.ggml.token_type",
+        "tokenizer.ggml.merges",
+    ] {
+        assert!(arrays.contains(&k), "{k} in {arrays:?}");
+    }
+    let tokenize = |model: &Path| {
+        let o = run(Command::new(bin("u-runner"))
+            .arg("tokenize")
+            .arg("--model")
+            .arg(model)
+            .arg("--deployment")
+            .arg(root().join("manifests/dev.toml"))
+            .args(["--no-special", "--separator", "\n", "--file"])
+            .arg(root().join("tests/fixtures/text/macbeth.txt")));
+        assert!(o.status.success(), "{}: {}", model.display(), text(&o));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let (from_json, from_gguf) = (tokenize(&ckpt), tokenize(&out));
+    assert!(from_json.lines().count() > 1000, "{from_json}");
+    assert_eq!(from_gguf, from_json);
 }

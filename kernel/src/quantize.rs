@@ -2,7 +2,11 @@
 //! llama.cpp 0.3.36's `llama-quantize IN OUT TYPE` writes it without an importance matrix.
 //!
 //! - The input is opened through the deployment's loader plugins (the output file is created
-//!   before the sandbox locks the process down to the input's paths).
+//!   before the sandbox locks the process down to the input's paths). An HF checkpoint (a
+//!   safetensors folder) is read through its architecture plugin's GGUF view
+//!   (`Architecture::gguf_view`: llama.cpp's names, row order and hyper-parameter keys) and its
+//!   `tokenizer.json` through the tokenizer plugin's `gguf_metadata`, so the file is what
+//!   llama.cpp's converter followed by `llama-quantize` would write.
 //! - Each tensor's type is chosen as llama-quantize chooses it ([`policy`]: 1-D tensors and
 //!   norms keep theirs, `output.weight` gets Q6_K, the Q4_K_M/Q5_K_M mixes, fallbacks for rows
 //!   that are not whole blocks); the types Q4_K and Q5_K stand for llama-quantize's Q4_K_M and
@@ -31,12 +35,13 @@ use std::{
     time::Instant,
 };
 use u_runner::wiring;
-use u_sdk::{DType, MetaValue, WeightSetBox, nn::Device};
+use u_sdk::{DType, MetaValue, TokenizerBox, WeightSetBox, nn::Device};
 
 /// Options of `u-runner quantize`.
 #[derive(clap::Args)]
 pub struct QuantizeArgs {
-    /// The model to quantize (GGUF with F32, F16 or BF16 weights).
+    /// The model to quantize: GGUF with F32, F16 or BF16 weights, or an HF checkpoint folder
+    /// (safetensors, `config.json`, `tokenizer.json`).
     input: PathBuf,
     /// The GGUF file to write.
     output: PathBuf,
@@ -113,6 +118,7 @@ pub fn run(args: QuantizeArgs) -> Result<i32> {
         opened.kernels,
         &out,
         &opened.loader,
+        (opened.converted_from.as_deref(), opened.tokenizer.as_ref()),
     );
     if result.is_err() {
         // No half-written model is left behind (the sandbox may forbid removing it).
@@ -128,20 +134,13 @@ fn write(
     kernels: Option<u_sdk::BackendBox>,
     out: &File,
     loader: &str,
+    (converted_from, tokenizer): (Option<&str>, Option<&TokenizerBox>),
 ) -> Result<i32> {
     let e = |what: &str| {
         let loader = loader.to_string();
         let what = what.to_string();
         move |err: u_sdk::UError| anyhow!("{loader}: {what}: {err}")
     };
-    let format = weights.format().into_result().map_err(e("format"))?;
-    if format.as_str() != "gguf" {
-        bail!(
-            "{} is {format}: `u-runner quantize` reads GGUF files (convert it with llama.cpp's \
-             convert_hf_to_gguf.py first)",
-            args.input.display()
-        );
-    }
     let backend = kernels.context("the deployment loads no kernels plugin")?;
     let device = Device::new(backend).map_err(|err| anyhow!("kernels: {err}"))?;
 
@@ -167,6 +166,20 @@ fn write(
             };
             metadata.push((key.to_string(), v));
         }
+    }
+    match tokenizer {
+        Some(t) => {
+            let vocab = t
+                .gguf_metadata()
+                .into_result()
+                .map_err(|err| anyhow!("tokenizer: {err}"))?;
+            metadata.extend(vocab.into_iter().map(|p| (p.0.into_string(), p.1)));
+        }
+        None if converted_from.is_some() => eprintln!(
+            "u-runner quantize: warning: {} has no tokenizer.json; the GGUF has no vocabulary",
+            args.input.display()
+        ),
+        None => {}
     }
     metadata.push(("general.quantization_version".into(), MetaValue::UInt(2)));
     metadata.push(("general.file_type".into(), MetaValue::UInt(file.id.into())));

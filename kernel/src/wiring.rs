@@ -53,6 +53,9 @@ pub struct Opened {
     pub backend: Option<BackendInfo>,
     /// The kernels plugin's backend itself (for [`Want::Weights`]).
     pub kernels: Option<BackendBox>,
+    /// For [`Want::Weights`]: the format the weights were stored in when `weights` is their
+    /// architecture's GGUF view of them.
+    pub converted_from: Option<String>,
     /// The runner plugin serving the model and its engine (for [`Want::Engine`]).
     pub engine: Option<(String, EngineBox)>,
     /// What the sandbox achieved.
@@ -166,6 +169,7 @@ pub fn build(
         model: None,
         backend: None,
         kernels: None,
+        converted_from: None,
         engine: None,
         sandbox: status,
     };
@@ -179,6 +183,15 @@ pub fn build(
         })
         .context("the deployment loads no kernels plugin")?;
         opened.kernels = Some(backend);
+        let format = opened.weights.format().into_result();
+        let format = format.map_err(|e| anyhow!("{}: {e}", opened.loader))?;
+        if format != "gguf" {
+            as_gguf(report, deployment, &mut opened)?;
+            opened.converted_from = Some(format.into_string());
+            if let Some((_, f)) = &factory {
+                opened.tokenizer = build_tokenizer(f, model, &opened.weights)?;
+            }
+        }
         return Ok(opened);
     }
     let family = opened
@@ -326,6 +339,28 @@ fn choose_architecture(
                 .join(" and ")
         ),
     }
+}
+
+/// Replaces the weights with their architecture plugin's GGUF view (for `quantize` from an HF
+/// checkpoint).
+fn as_gguf(report: &LoadReport, deployment: &Deployment, opened: &mut Opened) -> Result<()> {
+    let family = opened
+        .weights
+        .architecture()
+        .into_result()
+        .map_err(|e| anyhow!("{}: {e}", opened.loader))?
+        .into_option()
+        .map(|a| a.to_string());
+    let (name, architecture) = choose_architecture(
+        report,
+        family.as_deref(),
+        deployment.architecture.as_deref(),
+    )?;
+    opened.weights = architecture
+        .gguf_view(opened.weights.clone(), family.unwrap_or_default().into())
+        .into_result()
+        .map_err(|e| anyhow!("{name}: {e}"))?;
+    Ok(())
 }
 
 fn build_model(

@@ -18,7 +18,7 @@ use crate::abi::{
 use crate::guard::panic_error;
 use abi_stable::{
     sabi_trait::TD_Opaque,
-    std_types::{RArc, RBox, ROption, RResult, RSlice, RSliceMut, RStr, RString, RVec},
+    std_types::{RArc, RBox, ROption, RResult, RSlice, RSliceMut, RStr, RString, RVec, Tuple2},
 };
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -124,6 +124,11 @@ impl<T: Architecture> Architecture for Guarded<T> {
     fn build(&self, context: BuildContext) -> RResult<ModelBox, UError> {
         run("architecture.build", || self.0.build(context))
     }
+    fn gguf_view(&self, weights: WeightSetBox, family: RString) -> RResult<WeightSetBox, UError> {
+        run("architecture.gguf_view", || {
+            self.0.gguf_view(weights, family)
+        })
+    }
 }
 
 impl<T: Model> Model for Guarded<T> {
@@ -181,6 +186,9 @@ impl<T: Tokenizer> Tokenizer for Guarded<T> {
     }
     fn chat_template(&self) -> RResult<ROption<RString>, UError> {
         run("tokenizer.chat_template", || self.0.chat_template())
+    }
+    fn gguf_metadata(&self) -> RResult<RVec<Tuple2<RString, MetaValue>>, UError> {
+        run("tokenizer.gguf_metadata", || self.0.gguf_metadata())
     }
 }
 

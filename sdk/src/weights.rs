@@ -256,3 +256,15 @@ mod tests {
         assert!(config_metadata(&serde_json::json!([1])).is_err());
     }
 }
+
+/// [`crate::Architecture::gguf_view`] for an architecture that converts no other format: GGUF
+/// weights as they are, anything else an error naming `plugin`.
+pub fn gguf_as_is(plugin: &str, weights: WeightSetBox) -> RResult<WeightSetBox, UError> {
+    match weights.format() {
+        ROk(f) if f.as_str() == "gguf" => ROk(weights),
+        ROk(f) => RResult::RErr(UError::unsupported(format!(
+            "{plugin}: writing GGUF from {f} weights is not supported"
+        ))),
+        RResult::RErr(e) => RResult::RErr(e),
+    }
+}

@@ -26,7 +26,7 @@ pub mod model;
 
 pub use model::Gemma3;
 
-use u_sdk::abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RVec};
+use u_sdk::abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RString, RVec};
 use u_sdk::{
     Architecture, ArchitectureBox, BackendBox, BuildContext, HostBox, KvCacheBox, Model, ModelBox,
     ModelConfig, PluginInfo, PluginInstance, SeqChunk, SeqId, UError, WeightSetBox, nn::Device,
@@ -91,6 +91,10 @@ impl Architecture for Gemma3Architecture {
                 "arch-gemma3: a decoder needs a KV cache (the deployment loads no cache plugin)",
             )),
         }
+    }
+
+    fn gguf_view(&self, weights: WeightSetBox, _family: RString) -> RResult<WeightSetBox, UError> {
+        u_sdk::weights::gguf_as_is("arch-gemma3", weights)
     }
 }
 

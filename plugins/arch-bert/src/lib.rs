@@ -31,7 +31,7 @@ pub mod naming;
 pub use config::Config;
 pub use model::Bert;
 
-use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RVec};
+use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RString, RVec};
 use u_sdk::{
     Architecture, ArchitectureBox, BackendBox, BuildContext, HostBox, KvCacheBox, Model, ModelBox,
     ModelConfig, PluginInfo, PluginInstance, SeqChunk, SeqId, UError, WeightSetBox, nn::Device,
@@ -85,6 +85,10 @@ impl BertArchitecture {
 impl Architecture for BertArchitecture {
     fn build(&self, context: BuildContext) -> RResult<ModelBox, UError> {
         self.load(context.weights, context.backend).into()
+    }
+
+    fn gguf_view(&self, weights: WeightSetBox, _family: RString) -> RResult<WeightSetBox, UError> {
+        u_sdk::weights::gguf_as_is("arch-bert", weights)
     }
 }
 

@@ -397,14 +397,7 @@ impl RopeConfig {
             .meta_f64(&key("rope.freq_base"))
             .or_else(|| hf("rope_theta").and_then(Value::as_f64))
             .unwrap_or(10_000.0);
-        let rotary_dim = match w.meta_u64(&key("rope.dimension_count")) {
-            Some(d) => d as usize,
-            None => w
-                .meta_f64("config.partial_rotary_factor")
-                .or_else(|| hf("partial_rotary_factor").and_then(Value::as_f64))
-                .or_else(|| w.meta_f64("config.rotary_pct"))
-                .map_or(head_dim, |f| (head_dim as f64 * f) as usize),
-        };
+        let rotary_dim = rotary_dim(w, arch, head_dim);
         if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {
             return Err(UError::invalid(format!(
                 "arch-llama: rotary dimension {rotary_dim} for head dimension {head_dim}"
@@ -560,6 +553,24 @@ impl Yarn {
                 interpolated * (1.0 - keep) + extrapolated * keep
             })
             .collect()
+    }
+}
+
+/// How many dimensions of each head RoPE rotates: GGUF's `rope.dimension_count`, else HF's
+/// partial rotary factor (or GPT-NeoX's `rotary_pct`) of `head_dim`, else all of it.
+pub fn rotary_dim(w: &Weights, arch: &str, head_dim: usize) -> usize {
+    let partial = || {
+        w.meta_json("config.rope_parameters")
+            .or_else(|| w.meta_json("config.rope_scaling"))
+            .and_then(|r| r.get("partial_rotary_factor").and_then(Value::as_f64))
+    };
+    match w.meta_u64(&format!("{arch}.rope.dimension_count")) {
+        Some(d) => d as usize,
+        None => w
+            .meta_f64("config.partial_rotary_factor")
+            .or_else(partial)
+            .or_else(|| w.meta_f64("config.rotary_pct"))
+            .map_or(head_dim, |f| (head_dim as f64 * f) as usize),
     }
 }
 

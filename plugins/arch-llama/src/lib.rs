@@ -78,6 +78,7 @@
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod gguf_view;
 pub mod model;
 pub mod naming;
 pub mod weights;
@@ -86,7 +87,7 @@ pub use config::Config;
 pub use model::Llama;
 pub use weights::Weights;
 
-use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RVec};
+use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RString, RVec};
 use u_sdk::{
     Architecture, ArchitectureBox, BackendBox, BuildContext, HostBox, KvCacheBox, Model, ModelBox,
     ModelConfig, PluginInfo, PluginInstance, SeqChunk, SeqId, UError, WeightSetBox, nn::Device,
@@ -185,6 +186,10 @@ impl Architecture for LlamaArchitecture {
                 "arch-llama: a decoder needs a KV cache (the deployment loads no cache plugin)",
             )),
         }
+    }
+
+    fn gguf_view(&self, weights: WeightSetBox, _family: RString) -> RResult<WeightSetBox, UError> {
+        gguf_view::gguf_view(weights).into()
     }
 }
 

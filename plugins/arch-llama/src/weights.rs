@@ -95,6 +95,12 @@ impl Weights {
             .into_option()
     }
 
+    /// The metadata keys this architecture derives (HF hyper-parameters under GGUF keys; none
+    /// for GGUF files).
+    pub fn derived_keys(&self) -> impl Iterator<Item = &str> {
+        self.derived.keys().map(String::as_str)
+    }
+
     /// A metadata value as an unsigned integer.
     pub fn meta_u64(&self, key: &str) -> Option<u64> {
         self.meta(key).and_then(|v| v.as_u64())

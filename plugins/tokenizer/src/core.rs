@@ -7,12 +7,12 @@
 //! character join up again, and only the final text is made valid UTF-8 (lossily).
 
 use crate::vocab::TokenType;
-use abi_stable::std_types::{ROption, RResult, RSlice, RStr, RString, RVec};
+use abi_stable::std_types::{ROption, RResult, RSlice, RStr, RString, RVec, Tuple2};
 use std::{
     borrow::Cow,
     sync::{Arc, OnceLock},
 };
-use u_sdk::{SpecialTokens, Tokenizer as AbiTokenizer, TokenizerBox, UError};
+use u_sdk::{MetaValue, SpecialTokens, Tokenizer as AbiTokenizer, TokenizerBox, UError};
 
 /// How a normal token's text maps to bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,7 +45,13 @@ pub(crate) struct Parts {
     /// Drop one leading space of the first decoded piece (SentencePiece's space prefix).
     pub strip_leading_space: bool,
     pub bos: Option<u32>,
+    /// The end-of-sequence token the file names (GGUF `eos_token_id`, the config's
+    /// `eos_token`).
+    pub eos: Option<u32>,
     pub eog: Vec<u32>,
+    /// BPE merges by rank, `"left right"` (from a `tokenizer.json`; empty for GGUF, whose
+    /// metadata holds them).
+    pub merges: Vec<String>,
     pub add_bos: bool,
     pub chat_template: Option<String>,
 }
@@ -68,7 +74,7 @@ impl Tok {
         }))
     }
 
-    fn p(&self) -> &Parts {
+    pub(crate) fn p(&self) -> &Parts {
         &self.0.parts
     }
 
@@ -321,5 +327,16 @@ impl AbiTokenizer for Tok {
 
     fn chat_template(&self) -> RResult<ROption<RString>, UError> {
         RResult::ROk(Tok::chat_template(self).map(RString::from).into())
+    }
+
+    fn gguf_metadata(&self) -> RResult<RVec<Tuple2<RString, MetaValue>>, UError> {
+        Tok::gguf_metadata(self)
+            .map(|pairs| {
+                pairs
+                    .into_iter()
+                    .map(|(k, v)| Tuple2(RString::from(k), v))
+                    .collect()
+            })
+            .into()
     }
 }

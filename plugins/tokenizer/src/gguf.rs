@@ -34,7 +34,9 @@ impl Tok {
             scheme,
             strip_leading_space: strip,
             bos: v.bos,
+            eos: v.eos,
             eog: v.eog_ids(),
+            merges: Vec::new(),
             add_bos: v.add_bos,
             chat_template: v.chat_template.clone(),
         }))

@@ -49,6 +49,28 @@ fn collect_types(v: &Value, out: &mut Vec<&'static str>) {
     }
 }
 
+/// A BPE model's merges by rank as `"left right"` (written either way: as such strings, or as
+/// `[left, right]` pairs); none for other models.
+fn bpe_merges(model: &Value) -> Vec<String> {
+    if model["type"] != "BPE" {
+        return Vec::new();
+    }
+    let Some(merges) = model["merges"].as_array() else {
+        return Vec::new();
+    };
+    merges
+        .iter()
+        .filter_map(|m| match m {
+            Value::String(s) => Some(s.clone()),
+            Value::Array(pair) => match pair.as_slice() {
+                [Value::String(a), Value::String(b)] => Some(format!("{a} {b}")),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
 fn token_content(v: &Value) -> Option<&str> {
     match v {
         Value::String(s) => Some(s),
@@ -187,7 +209,9 @@ impl Tok {
             scheme,
             strip_leading_space: strip,
             bos,
+            eos: cfg_eos,
             eog,
+            merges: bpe_merges(&doc["model"]),
             add_bos,
             chat_template,
         }))

@@ -22,6 +22,7 @@
 #![allow(non_local_definitions)]
 
 mod core;
+pub mod export;
 pub mod gguf;
 pub mod json;
 pub mod llama;

@@ -246,6 +246,13 @@ pub struct BuildContext {
 pub trait Architecture: Send + Sync + Clone {
     /// Builds a model.
     fn build(&self, context: BuildContext) -> RResult<ModelBox, UError>;
+
+    /// The weights of `family` as a GGUF file of it holds them — llama.cpp's tensor names,
+    /// shapes, row order and hyper-parameter keys, as its converter writes them — so that a
+    /// host can write GGUF from any format the architecture reads (`u-runner quantize`). GGUF
+    /// weights come back as they are; a format or family it cannot convert is an error that
+    /// says so.
+    fn gguf_view(&self, weights: WeightSetBox, family: RString) -> RResult<WeightSetBox, UError>;
 }
 
 /// A built model.

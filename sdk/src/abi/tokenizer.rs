@@ -1,9 +1,9 @@
 //! Tokenizer plugins: text ↔ token ids, special tokens and chat templates.
 
-use crate::abi::{error::UError, loader::WeightSetBox};
+use crate::abi::{error::UError, loader::WeightSetBox, tensor::MetaValue};
 use abi_stable::{
     StableAbi, sabi_trait,
-    std_types::{RBox, ROption, RResult, RSlice, RStr, RString, RVec},
+    std_types::{RBox, ROption, RResult, RSlice, RStr, RString, RVec, Tuple2},
 };
 
 /// Token ids with a special meaning.
@@ -55,6 +55,12 @@ pub trait Tokenizer: Send + Sync + Clone {
 
     /// The model's chat template (Jinja), if it ships one.
     fn chat_template(&self) -> RResult<ROption<RString>, UError>;
+
+    /// This tokenizer as GGUF `tokenizer.ggml.*` metadata (and `tokenizer.chat_template`), in
+    /// the order llama.cpp's converter writes the keys, so that a host writing GGUF from
+    /// another format carries the vocabulary along; a tokenizer GGUF cannot describe is an
+    /// error that says why.
+    fn gguf_metadata(&self) -> RResult<RVec<Tuple2<RString, MetaValue>>, UError>;
 }
 
 /// An owned tokenizer factory.

@@ -348,72 +348,7 @@ impl Pre {
         self
     }
 
-    /// The pre-tokenizer of `name`; `None` for a name llama.cpp does not know. An empty name
-    /// is llama.cpp's default (which it warns degrades quality).
-    pub fn by_name(name: &str) -> Option<Pre> {
-        use Group as G;
-        let p = Pre::of;
-        Some(match name {
-            "" | "default" => p(G::Default),
-            "minicpm5" => p(G::Minicpm5).ignore_merges(),
-            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral"
-            | "midm-2.0" | "lfm2" | "jina-v5-nano" => p(G::Llama3).ignore_merges().bos(),
-            "deepseek-llm" => p(G::DeepseekLlm).raw_spaces(),
-            "deepseek-coder" => p(G::DeepseekCoder).raw_spaces(),
-            "deepseek-v3" => p(G::Deepseek3Llm).raw_spaces(),
-            "spark2_5" => p(G::Spark25).raw_spaces(),
-            "youtu" => p(G::Youtu).raw_spaces().ignore_merges(),
-            "falcon" => p(G::Falcon),
-            "mpt" | "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es"
-            | "jina-v2-de" | "a.x-4.0" | "mellum" | "modern-bert" | "olmo" | "jais" | "exaone4" => {
-                p(G::Gpt2)
-            }
-            "starcoder" | "refact" | "codeshell" | "exaone" | "minerva-7b" | "mellum2" => {
-                p(G::Starcoder)
-            }
-            "command-r" | "smollm" => p(G::Starcoder).raw_spaces(),
-            "jais-2" => p(G::Jais2),
-            "gemma4" | "granite-embed-multi-311m" => p(G::Gemma4).escaped(),
-            "sarvam-moe" => p(G::SarvamMoe).escaped().raw_spaces(),
-            "jina-v1-en" | "jina-v2-code" | "roberta-bpe" => p(G::Gpt2).sep(),
-            "whitespace" => p(G::Whitespace),
-            "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" => p(G::Stablelm2).raw_spaces(),
-            "megrez" | "stablelm2" => p(G::Stablelm2),
-            "qwen35" => p(G::Qwen35).raw_spaces(),
-            "dbrx" | "smaug-bpe" => p(G::Dbrx),
-            "poro-chat" => p(G::Poro).raw_spaces(),
-            "bloom" | "gpt3-finnish" => p(G::Poro),
-            "chatglm-bpe" => p(G::Chatglm4).no_bos(),
-            "glm4" | "glm5" => p(G::Chatglm4).no_bos().ignore_merges(),
-            "viking" => p(G::Viking).raw_spaces(),
-            "tekken" => p(G::Tekken).raw_spaces().ignore_merges().bos(),
-            "exaone-moe" => p(G::ExaoneMoe),
-            "chameleon" => p(G::Chameleon).bos().raw_spaces(),
-            "gpt-4o" | "llama4" | "kanana2" | "talkie" => p(G::Gpt4o).raw_spaces(),
-            "minimax-m2" => p(G::Gpt4o).raw_spaces(),
-            "granite-embed-multi-97m" => p(G::GraniteEmbMulti).raw_spaces().ignore_merges(),
-            "tiny_aya" | "cohere2moe" => p(G::TinyAya).raw_spaces(),
-            "superbpe" => p(G::Superbpe).raw_spaces(),
-            "trillion" | "granite-docling" => p(G::Gpt2).raw_spaces(),
-            "bailingmoe" | "bailingmoe2" | "llada-moe" => p(G::Bailingmoe).raw_spaces(),
-            "seed-coder" => p(G::SeedCoder).raw_spaces(),
-            "hunyuan" | "solar-open" => p(G::Stablelm2).raw_spaces(),
-            "hunyuan-dense" | "hy_v4" | "joyai-llm" => p(G::Deepseek3Llm).raw_spaces(),
-            "kimi-k2" => p(G::KimiK2).raw_spaces(),
-            "ufakzeka" => p(G::Ufakzeka).raw_spaces(),
-            "grok-2" => p(G::Grok2).raw_spaces(),
-            "afmoe" => p(G::Afmoe).raw_spaces(),
-            "laguna" => p(G::Laguna).raw_spaces(),
-            _ => return None,
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every name llama.cpp 0.3.36 knows.
+    /// Every name llama.cpp 0.3.36 knows, in the order its vocabulary loader tests them.
     pub const NAMES: [&str; 91] = [
         "default",
         "minicpm5",
@@ -508,9 +443,74 @@ mod tests {
         "mellum2",
     ];
 
+    /// The pre-tokenizer of `name`; `None` for a name llama.cpp does not know. An empty name
+    /// is llama.cpp's default (which it warns degrades quality).
+    pub fn by_name(name: &str) -> Option<Pre> {
+        use Group as G;
+        let p = Pre::of;
+        Some(match name {
+            "" | "default" => p(G::Default),
+            "minicpm5" => p(G::Minicpm5).ignore_merges(),
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral"
+            | "midm-2.0" | "lfm2" | "jina-v5-nano" => p(G::Llama3).ignore_merges().bos(),
+            "deepseek-llm" => p(G::DeepseekLlm).raw_spaces(),
+            "deepseek-coder" => p(G::DeepseekCoder).raw_spaces(),
+            "deepseek-v3" => p(G::Deepseek3Llm).raw_spaces(),
+            "spark2_5" => p(G::Spark25).raw_spaces(),
+            "youtu" => p(G::Youtu).raw_spaces().ignore_merges(),
+            "falcon" => p(G::Falcon),
+            "mpt" | "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es"
+            | "jina-v2-de" | "a.x-4.0" | "mellum" | "modern-bert" | "olmo" | "jais" | "exaone4" => {
+                p(G::Gpt2)
+            }
+            "starcoder" | "refact" | "codeshell" | "exaone" | "minerva-7b" | "mellum2" => {
+                p(G::Starcoder)
+            }
+            "command-r" | "smollm" => p(G::Starcoder).raw_spaces(),
+            "jais-2" => p(G::Jais2),
+            "gemma4" | "granite-embed-multi-311m" => p(G::Gemma4).escaped(),
+            "sarvam-moe" => p(G::SarvamMoe).escaped().raw_spaces(),
+            "jina-v1-en" | "jina-v2-code" | "roberta-bpe" => p(G::Gpt2).sep(),
+            "whitespace" => p(G::Whitespace),
+            "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" => p(G::Stablelm2).raw_spaces(),
+            "megrez" | "stablelm2" => p(G::Stablelm2),
+            "qwen35" => p(G::Qwen35).raw_spaces(),
+            "dbrx" | "smaug-bpe" => p(G::Dbrx),
+            "poro-chat" => p(G::Poro).raw_spaces(),
+            "bloom" | "gpt3-finnish" => p(G::Poro),
+            "chatglm-bpe" => p(G::Chatglm4).no_bos(),
+            "glm4" | "glm5" => p(G::Chatglm4).no_bos().ignore_merges(),
+            "viking" => p(G::Viking).raw_spaces(),
+            "tekken" => p(G::Tekken).raw_spaces().ignore_merges().bos(),
+            "exaone-moe" => p(G::ExaoneMoe),
+            "chameleon" => p(G::Chameleon).bos().raw_spaces(),
+            "gpt-4o" | "llama4" | "kanana2" | "talkie" => p(G::Gpt4o).raw_spaces(),
+            "minimax-m2" => p(G::Gpt4o).raw_spaces(),
+            "granite-embed-multi-97m" => p(G::GraniteEmbMulti).raw_spaces().ignore_merges(),
+            "tiny_aya" | "cohere2moe" => p(G::TinyAya).raw_spaces(),
+            "superbpe" => p(G::Superbpe).raw_spaces(),
+            "trillion" | "granite-docling" => p(G::Gpt2).raw_spaces(),
+            "bailingmoe" | "bailingmoe2" | "llada-moe" => p(G::Bailingmoe).raw_spaces(),
+            "seed-coder" => p(G::SeedCoder).raw_spaces(),
+            "hunyuan" | "solar-open" => p(G::Stablelm2).raw_spaces(),
+            "hunyuan-dense" | "hy_v4" | "joyai-llm" => p(G::Deepseek3Llm).raw_spaces(),
+            "kimi-k2" => p(G::KimiK2).raw_spaces(),
+            "ufakzeka" => p(G::Ufakzeka).raw_spaces(),
+            "grok-2" => p(G::Grok2).raw_spaces(),
+            "afmoe" => p(G::Afmoe).raw_spaces(),
+            "laguna" => p(G::Laguna).raw_spaces(),
+            _ => return None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
     #[test]
     fn every_name_is_known_and_its_patterns_compile() {
-        for name in NAMES {
+        for name in Pre::NAMES {
             let pre = Pre::by_name(name).unwrap_or_else(|| panic!("{name} unknown"));
             let (patterns, _) = pre.group.patterns();
             super::super::split::Splitter::new(patterns).unwrap_or_else(|e| panic!("{name}: {e}"));

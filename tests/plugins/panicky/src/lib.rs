@@ -8,7 +8,7 @@
 //! input holds token `N`, so a server can be seen to go on serving the requests that do not.
 //! Every object is boxed with the SDK's guarded constructors, which is what this plugin tests.
 
-use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RVec};
+use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RString, RVec};
 use std::collections::BTreeSet;
 use u_sdk::{
     Architecture, ArchitectureBox, AttentionMask, BuildContext, DType, HostBox, KvCacheBox,
@@ -105,6 +105,15 @@ impl Architecture for Panicky {
             }))
         })()
         .into()
+    }
+
+    fn gguf_view(
+        &self,
+        weights: u_sdk::WeightSetBox,
+        _family: RString,
+    ) -> RResult<u_sdk::WeightSetBox, UError> {
+        self.0.at("gguf_view");
+        u_sdk::weights::gguf_as_is("arch-panicky", weights)
     }
 }
 
