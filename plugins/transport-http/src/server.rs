@@ -288,6 +288,30 @@ fn json_response(status: u16, value: &Value) -> Response<Body> {
     r
 }
 
+/// The built-in chat page (`GET /`): one self-contained HTML file compiled into the plugin, its
+/// content security policy allowing no source but its own inline code and requests back to
+/// this server (no CDN, nothing sent elsewhere). The page itself needs no API key; its requests
+/// carry the one typed into it.
+fn chat_page() -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from_static(CHAT_PAGE.as_bytes())).boxed());
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+             connect-src 'self'; img-src 'self'; form-action 'none'; frame-ancestors 'none'",
+        ),
+    );
+    r
+}
+
+/// The chat page's source.
+const CHAT_PAGE: &str = include_str!("../assets/chat.html");
+
 fn error_response(e: &ApiError, dialect: Dialect) -> Response<Body> {
     let mut r = json_response(e.status, &e.body(dialect));
     if let Some(s) = e.retry_after {
@@ -300,6 +324,7 @@ fn error_response(e: &ApiError, dialect: Dialect) -> Response<Body> {
 /// What a request is, for routing, metrics labels and error shapes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Route {
+    ChatPage,
     Health,
     Metrics,
     Models,
@@ -326,6 +351,7 @@ enum Route {
 impl Route {
     fn of(path: &str) -> Route {
         match path {
+            "/" => Route::ChatPage,
             "/health" => Route::Health,
             "/metrics" => Route::Metrics,
             "/v1/models" => Route::Models,
@@ -353,6 +379,7 @@ impl Route {
     /// The metrics label: the route's pattern, never the raw path.
     fn label(self) -> &'static str {
         match self {
+            Route::ChatPage => "/",
             Route::Health => "/health",
             Route::Metrics => "/metrics",
             Route::Models => "/v1/models",
@@ -388,9 +415,12 @@ impl Route {
     /// The methods the route answers.
     fn allows(self) -> &'static [Method] {
         match self {
-            Route::Health | Route::Metrics | Route::Models | Route::Model | Route::SglModelInfo => {
-                &[Method::GET]
-            }
+            Route::ChatPage
+            | Route::Health
+            | Route::Metrics
+            | Route::Models
+            | Route::Model
+            | Route::SglModelInfo => &[Method::GET],
             Route::Checkpoints => &[Method::GET, Method::POST],
             Route::Checkpoint => &[Method::DELETE],
             Route::Unknown | Route::MessagesOther => &[],
@@ -530,7 +560,7 @@ async fn dispatch(
         return Ok(r.into());
     }
     let key = match (&state.keys, route) {
-        (Some(keys), r) if r != Route::Health => {
+        (Some(keys), r) if r != Route::Health && r != Route::ChatPage => {
             Some(format!("key:{}", keys.check(req.headers())?))
         }
         _ => None,
@@ -562,6 +592,7 @@ async fn dispatch(
         .collect();
     let max = state.config.default_max_tokens;
     match route {
+        Route::ChatPage => Ok(chat_page().into()),
         Route::Health => {
             let stats = state.engine.stats().into_result().map_err(engine_error)?;
             Ok(json_response(
