@@ -7,6 +7,7 @@
 
 use serde_json::{Value, json};
 use std::{
+    io::{BufRead, BufReader, Write},
     path::PathBuf,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -331,8 +332,43 @@ fn sglang_generate_model_info_and_flush_cache() {
         b"POST /flush_cache HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
     )
     .unwrap();
-    assert_eq!(status, 400, "{flushed}");
-    assert!(flushed.contains("not flushed"), "{flushed}");
+    assert_eq!(status, 200, "{flushed}");
+    assert!(flushed.starts_with("Cache flushed"), "{flushed}");
+    // Flushed: the prompt that hit the cache before starts cold.
+    let (_, cold) = generate(
+        port,
+        &json!({"text": "The capital of France is", "sampling_params": params}),
+    );
+    let cold: Value = serde_json::from_str(&cold).unwrap();
+    assert_eq!(cold["meta_info"]["cached_tokens"], 0, "{cold}");
+    assert_eq!(cold["output_ids"], again["output_ids"], "{cold}");
+    // While a request streams, the flush is refused (SGLang's 400), and the request goes on.
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let b = json!({"text": "Once upon a time", "stream": true,
+                   "sampling_params": {"max_new_tokens": 400, "temperature": 0}})
+    .to_string();
+    write!(
+        stream,
+        "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
+        b.len()
+    )
+    .unwrap();
+    let mut lines = BufReader::new(stream).lines();
+    assert!(
+        lines.any(|l| l.unwrap().starts_with("data: {")),
+        "no first chunk"
+    );
+    let (status, busy) = http(
+        port,
+        b"POST /flush_cache HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    assert_eq!(status, 400, "{busy}");
+    assert!(busy.contains("not flushed"), "{busy}");
+    assert!(
+        lines.any(|l| l.unwrap() == "data: [DONE]"),
+        "the stream went on"
+    );
 
     // One log line per request: method, path, status, tokens in (cached) and out, time.
     let log = server.log();

@@ -82,6 +82,10 @@ impl Engine for HostEngine {
         RResult::RErr(Self::not_served(&request.model))
     }
 
+    fn flush_cache(&self, model: RStr<'_>) -> RResult<u64, UError> {
+        RResult::RErr(Self::not_served(model.as_str()))
+    }
+
     fn embed(&self, model: RStr<'_>, _input: RStr<'_>) -> RResult<RVec<f32>, UError> {
         RResult::RErr(Self::not_served(model.as_str()))
     }

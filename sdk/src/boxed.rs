@@ -249,6 +249,9 @@ impl<T: KvCache> KvCache for Guarded<T> {
     fn stats(&self) -> RResult<KvStats, UError> {
         run("cache.stats", || self.0.stats())
     }
+    fn flush_prefixes(&self) -> RResult<u64, UError> {
+        run("cache.flush_prefixes", || self.0.flush_prefixes())
+    }
 }
 
 impl<T: Runner> Runner for Guarded<T> {
@@ -285,6 +288,9 @@ impl<T: Engine> Engine for Guarded<T> {
     }
     fn embed_tokens(&self, model: RStr<'_>, tokens: RSlice<'_, u32>) -> RResult<RVec<f32>, UError> {
         run("engine.embed_tokens", || self.0.embed_tokens(model, tokens))
+    }
+    fn flush_cache(&self, model: RStr<'_>) -> RResult<u64, UError> {
+        run("engine.flush_cache", || self.0.flush_cache(model))
     }
 }
 

@@ -224,4 +224,8 @@ impl KvCache for KvCachePlugin {
     fn stats(&self) -> RResult<KvStats, UError> {
         RResult::ROk(self.store.stats())
     }
+
+    fn flush_prefixes(&self) -> RResult<u64, UError> {
+        RResult::ROk(self.store.flush_prefixes())
+    }
 }

@@ -746,6 +746,16 @@ impl Store {
         while r.evict_one(false) {}
     }
 
+    /// Drops every prefix-tree entry no sequence pins ([`u_sdk::KvCache::flush_prefixes`]);
+    /// returns how many went. Their segment files stay on disk (and counted), as evicted ones
+    /// do.
+    pub fn flush_prefixes(&self) -> u64 {
+        let mut r = lock(&self.radix);
+        let before = r.node_count();
+        while r.evict_one(false) {}
+        before.saturating_sub(r.node_count()) as u64
+    }
+
     /// Bytes of live pages mapped from disk files (not counted in [`KvStats::bytes`]).
     pub fn mapped_bytes(&self) -> u64 {
         self.counters.mapped_bytes.load(Ordering::Relaxed)

@@ -232,3 +232,40 @@ fn concurrent_lookups_inserts_and_evictions_stay_exact() {
     assert!(st.bytes <= 40 * page);
     assert!(st.evictions > 0);
 }
+
+/// `flush_prefixes` (SGLang's `flush_cache`) forgets every prefix no sequence pins, and returns
+/// how many entries went; a pinned one, and checkpoints, stay.
+#[test]
+fn a_flush_forgets_unpinned_prefixes_and_keeps_pinned_ones() {
+    use u_sdk::KvCache;
+    let c = cache(Config::default(), None, layout(1, 1, 32, "m"));
+    let s = c.store();
+    let prompts: Vec<Vec<u32>> = (0..3)
+        .map(|i| (i * 1000..i * 1000 + 64).collect())
+        .collect();
+    for (i, p) in prompts.iter().enumerate() {
+        let a = s.create().unwrap();
+        fill(&c, a, 1, 32, 64, i as u64);
+        s.insert_prefix(p, a).unwrap();
+        if i == 0 {
+            s.save_checkpoint("kept", a).unwrap();
+        }
+        s.release(a).unwrap();
+    }
+    let (user, m) = s.lookup_prefix(&prompts[0]).unwrap(); // pins prompt 0
+    assert_eq!(m, 64);
+    assert_eq!(c.flush_prefixes().unwrap(), 2);
+    let matched = |p: &[u32]| {
+        let (seq, n) = s.lookup_prefix(p).unwrap();
+        s.release(seq).unwrap();
+        n
+    };
+    for (p, want) in prompts.iter().zip([64, 0, 0]) {
+        assert_eq!(matched(p), want);
+    }
+    s.release(user).unwrap();
+    assert_eq!(c.flush_prefixes().unwrap(), 1);
+    assert_eq!(matched(&prompts[0]), 0);
+    assert_eq!(s.stats().prefix_nodes, 0);
+    assert_eq!(s.checkpoints().unwrap(), vec!["kept".to_string()]);
+}

@@ -221,6 +221,11 @@ impl Engine for Embedder {
         })
     }
 
+    fn flush_cache(&self, model: RStr<'_>) -> RResult<u64, UError> {
+        // An encoder keeps no prompt cache: nothing to flush.
+        self.check_model(model.as_str()).map(|()| 0).into()
+    }
+
     fn checkpoint(&self, request: &CheckpointRequest) -> RResult<RVec<CheckpointInfo>, UError> {
         match self.check_model(&request.model) {
             Ok(()) => RResult::RErr(self.not_this_task("a KV checkpoint")),

@@ -411,6 +411,24 @@ impl Engine for EngineHandle {
         })
     }
 
+    fn flush_cache(&self, model: RStr<'_>) -> RResult<u64, UError> {
+        (|| {
+            self.check_model(model.as_str())?;
+            let stats = self.scheduler.stats();
+            if stats.running + stats.queued > 0 {
+                return Err(UError::new(
+                    u_sdk::ErrorKind::Busy,
+                    format!(
+                        "the cache was not flushed: {} requests are running and {} waiting",
+                        stats.running, stats.queued
+                    ),
+                ));
+            }
+            self.cache().flush_prefixes().into_result()
+        })()
+        .into()
+    }
+
     fn checkpoint(&self, request: &CheckpointRequest) -> RResult<RVec<CheckpointInfo>, UError> {
         (|| {
             self.check_model(&request.model)?;

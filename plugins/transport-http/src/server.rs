@@ -658,12 +658,26 @@ async fn dispatch(
             generate(state, route, parsed.request, parsed.stream, parsed.reply, line).await
         }
         Route::SglModelInfo => Ok(json_response(200, &sglang::model_info(&models)?).into()),
-        Route::SglFlushCache => Err(ApiError::status(
-            400,
-            "invalid_request_error",
-            "the cache was not flushed: this engine offers no flush (its prefix cache evicts the \
-             least recently used pages by itself)",
-        )),
+        Route::SglFlushCache => {
+            // SGLang answers in plain text: 200 when flushed, 400 when requests are in flight.
+            let mut flushed = 0;
+            for m in &models {
+                match state.engine.flush_cache(m.as_str().into()).into_result() {
+                    Ok(n) => flushed += n,
+                    Err(e) if e.kind == u_sdk::ErrorKind::Busy => {
+                        return Err(ApiError::status(400, "invalid_request_error", e.message));
+                    }
+                    Err(e) => return Err(engine_error(e)),
+                }
+            }
+            let text = format!("Cache flushed ({flushed} cached prefixes dropped).\n");
+            let mut r = Response::new(Full::new(Bytes::from(text)).boxed());
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; charset=utf-8"),
+            );
+            Ok(r.into())
+        }
         Route::Embeddings => {
             let v = tokens::embeddings(state.engine.clone(), &body, &models).await?;
             Ok(json_response(200, &v).into())

@@ -1,5 +1,6 @@
 //! SGLang's native API, so clients written for SGLang's runtime work unchanged:
-//! `POST /generate`, `GET /get_model_info` and `POST /flush_cache`.
+//! `POST /generate`, `GET /get_model_info` and `POST /flush_cache` (the engine's
+//! `flush_cache`: cached prompt prefixes forgotten, refused while requests are in flight).
 //!
 //! `/generate` takes `text` (a prompt, used as is: no chat template) or `input_ids`, and
 //! `sampling_params` with SGLang's names: `max_new_tokens` (default 128, as SGLang), `stop`,

@@ -155,6 +155,10 @@ pub trait KvCache: Send + Sync + Clone {
     /// Records that `seq` holds the KV of `tokens`, so later lookups can share it.
     fn insert_prefix(&self, tokens: RSlice<'_, u32>, seq: SeqId) -> RResult<(), UError>;
 
+    /// Forgets every cached prefix no sequence is using (SGLang's `flush_cache`): later lookups
+    /// start cold. Returns how many prefix entries went. Checkpoints are kept.
+    fn flush_prefixes(&self) -> RResult<u64, UError>;
+
     /// Saves `seq` under `name` as a checkpoint.
     fn save_checkpoint(&self, name: RStr<'_>, seq: SeqId) -> RResult<(), UError>;
 

@@ -344,6 +344,11 @@ pub trait Engine: Send + Sync + Clone {
     /// Counters for monitoring.
     fn stats(&self) -> RResult<EngineStats, UError>;
 
+    /// Forgets `model`'s cached prompt prefixes (SGLang's `POST /flush_cache`); fails with
+    /// [`ErrorKind::Busy`](crate::abi::error::ErrorKind::Busy) while requests run or wait, as
+    /// SGLang refuses then. Returns how many prefix entries went.
+    fn flush_cache(&self, model: RStr<'_>) -> RResult<u64, UError>;
+
     /// Saves, forks, grafts, lists or deletes KV checkpoints; returns the checkpoints the
     /// command wrote (`Save`, `Fork`, `Graft`) or all of them (`List`).
     fn checkpoint(&self, request: &CheckpointRequest) -> RResult<RVec<CheckpointInfo>, UError>;

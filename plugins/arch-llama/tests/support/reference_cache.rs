@@ -244,4 +244,8 @@ impl KvCache for ReferenceCache {
     fn stats(&self) -> RResult<KvStats, UError> {
         RResult::RErr(UError::unsupported("reference cache: no statistics"))
     }
+
+    fn flush_prefixes(&self) -> RResult<u64, UError> {
+        RResult::RErr(UError::unsupported("reference cache: no prefixes"))
+    }
 }
