@@ -67,6 +67,55 @@ pub fn render(
     render_with(template, &ctx)
 }
 
+/// Whether `template` renders a `tools` variable (its text names one), so declared tools are
+/// given to it rather than described in the system prompt.
+pub fn takes_tools(template: &str) -> bool {
+    template.contains("tools")
+}
+
+/// Renders `messages` with declared `tools` (OpenAI's shape; none: as [`render`]): given to a
+/// template that [takes them](takes_tools), as transformers' `apply_chat_template(tools=…)`
+/// does, otherwise described in the system prompt ([`tools::described_in_system`]).
+pub fn render_chat(
+    template: &str,
+    messages: &[ChatMessage],
+    tools: &[serde_json::Value],
+    add_generation_prompt: bool,
+    bos_token: &str,
+    eos_token: &str,
+) -> Result<String, TemplateError> {
+    if tools.is_empty() {
+        return render(
+            template,
+            messages,
+            add_generation_prompt,
+            bos_token,
+            eos_token,
+        );
+    }
+    if takes_tools(template) {
+        let ctx = serde_json::json!({
+            "messages": messages,
+            "tools": tools,
+            "documents": null,
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": bos_token,
+            "eos_token": eos_token,
+        });
+        return render_with(template, &ctx);
+    }
+    let declared = tools::from_values(tools)
+        .ok_or_else(|| TemplateError::Render("a declared tool has no function name".into()))?;
+    let described = tools::described_in_system(messages, &declared);
+    render(
+        template,
+        &described,
+        add_generation_prompt,
+        bos_token,
+        eos_token,
+    )
+}
+
 /// Renders `template` with an arbitrary context (messages with tool calls, `tools`,
 /// `date_string`, …).
 pub fn render_with(template: &str, context: &impl Serialize) -> Result<String, TemplateError> {

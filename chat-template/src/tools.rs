@@ -3,9 +3,10 @@
 //! and a Lark grammar (llguidance's `%json` inside Lark) that lets the model write only such
 //! calls, each naming a declared tool with arguments valid against that tool's schema.
 //!
-//! The system prompt is the one Qwen2.5's own template writes for `tools`; it is used for
-//! every model (templates that ignore `tools`, as SmolLM2's does, are the common case), joined
-//! after the conversation's own system message when there is one.
+//! A template that takes `tools` (Qwen2.5's, Llama 3.1's, Hermes') renders them itself
+//! ([`crate::render_chat`]); for one that ignores them, as SmolLM2's does, the tools are
+//! described in the system prompt Qwen2.5's template writes ([`system_prompt`]), joined after
+//! the conversation's own system message when there is one ([`described_in_system`]).
 
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -42,10 +43,8 @@ pub fn system_prompt(tools: &[Tool]) -> String {
          You are provided with function signatures within <tools></tools> XML tags:\n<tools>",
     );
     for t in tools {
-        let f = json!({"type": "function", "function": {
-            "name": t.name, "description": t.description, "parameters": t.parameters}});
         s.push('\n');
-        s.push_str(&f.to_string());
+        s.push_str(&as_template_value(t).to_string());
     }
     s.push_str(
         "\n</tools>\n\nFor each function call, return a json object with function name and \
@@ -53,6 +52,53 @@ pub fn system_prompt(tools: &[Tool]) -> String {
          {\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>",
     );
     s
+}
+
+/// A tool in the OpenAI shape chat templates are given (`{"type": "function", "function":
+/// {name, description, parameters}}`, as transformers passes them).
+pub fn as_template_value(t: &Tool) -> Value {
+    json!({"type": "function", "function": {
+        "name": t.name, "description": t.description, "parameters": t.parameters}})
+}
+
+/// `tools` in OpenAI's shape (`[{"type": "function", "function": {…}}]`, or the bare
+/// function objects), back as [`Tool`]s; `None` for anything else.
+pub fn from_values(tools: &[Value]) -> Option<Vec<Tool>> {
+    tools
+        .iter()
+        .map(|v| {
+            let f = v.get("function").unwrap_or(v);
+            Some(Tool {
+                name: f.get("name")?.as_str()?.to_string(),
+                description: f
+                    .get("description")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
+                parameters: f
+                    .get("parameters")
+                    .cloned()
+                    .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+            })
+        })
+        .collect()
+}
+
+/// `messages` with `tools` described in the system prompt: joined after the first message when
+/// it is a system message, else as a new first message.
+pub fn described_in_system(
+    messages: &[crate::ChatMessage],
+    tools: &[Tool],
+) -> Vec<crate::ChatMessage> {
+    let prompt = system_prompt(tools);
+    let mut out = messages.to_vec();
+    match out.first_mut() {
+        Some(first) if first.role == "system" => {
+            first.content = format!("{}\n\n{prompt}", first.content);
+        }
+        _ => out.insert(0, crate::ChatMessage::new("system", prompt)),
+    }
+    out
 }
 
 /// A call as the model writes it, for an assistant turn in the history.

@@ -2,7 +2,7 @@
 //! made by `tests/fixtures/make_chat_fixtures.py`).
 
 use serde_json::{Value, json};
-use u_chat_template::{ChatMessage, TemplateError, render, render_with};
+use u_chat_template::{ChatMessage, TemplateError, render, render_chat, takes_tools};
 
 fn fixtures() -> Vec<Value> {
     let path = concat!(
@@ -21,33 +21,28 @@ fn templates_render_as_transformers_does() {
         let name = c["name"].as_str().unwrap();
         let template = c["template"].as_str().unwrap();
         let want = c["expected"].as_str().unwrap();
-        let got = if c["tools"].is_null() {
-            let messages: Vec<ChatMessage> = c["messages"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|m| {
-                    ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap())
-                })
-                .collect();
-            render(
-                template,
-                &messages,
-                c["add_generation_prompt"].as_bool().unwrap(),
-                c["bos_token"].as_str().unwrap(),
-                c["eos_token"].as_str().unwrap(),
-            )
-        } else {
-            let ctx = json!({
-                "messages": c["messages"],
-                "tools": c["tools"],
-                "documents": null,
-                "add_generation_prompt": c["add_generation_prompt"],
-                "bos_token": c["bos_token"],
-                "eos_token": c["eos_token"],
-            });
-            render_with(template, &ctx)
-        };
+        // Every case through `render_chat`: with tools, the templates here take them, so they
+        // are given to the template as transformers gives them.
+        let messages: Vec<ChatMessage> = c["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+            .collect();
+        let tools = c["tools"].as_array().cloned().unwrap_or_default();
+        assert_eq!(
+            !tools.is_empty(),
+            takes_tools(template) && !c["tools"].is_null(),
+            "{name}"
+        );
+        let got = render_chat(
+            template,
+            &messages,
+            &tools,
+            c["add_generation_prompt"].as_bool().unwrap(),
+            c["bos_token"].as_str().unwrap(),
+            c["eos_token"].as_str().unwrap(),
+        );
         let got = got.unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(got, want, "{name}");
     }
@@ -86,4 +81,50 @@ fn strftime_now_gives_a_date() {
 fn tools_and_documents_are_defined_and_none() {
     let t = "{% if tools is defined and tools is none %}T{% endif %}{% if documents is none %}D{% endif %}";
     assert_eq!(render(t, &[], false, "", "").unwrap(), "TD");
+}
+
+/// Tools given to a template that ignores them (SmolLM2's) are described in the system prompt
+/// instead, after the conversation's own system message or as a new first one.
+#[test]
+fn tools_for_a_template_without_them_go_into_the_system_prompt() {
+    let smollm2 = fixtures()
+        .into_iter()
+        .find(|c| c["name"] == "smollm2")
+        .unwrap()["template"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(!takes_tools(&smollm2));
+    let tools = vec![
+        json!({"type": "function", "function": {"name": "get_weather",
+        "description": "Weather", "parameters": {"type": "object", "properties": {}}}}),
+    ];
+    for (messages, system) in [
+        (
+            vec![
+                ChatMessage::new("system", "Be brief."),
+                ChatMessage::new("user", "Hi"),
+            ],
+            "Be brief.\n\n# Tools",
+        ),
+        (vec![ChatMessage::new("user", "Hi")], "# Tools"),
+    ] {
+        let got = render_chat(&smollm2, &messages, &tools, true, "", "").unwrap();
+        let want = u_chat_template::tools::described_in_system(
+            &messages,
+            &u_chat_template::tools::from_values(&tools).unwrap(),
+        );
+        assert!(want[0].content.starts_with(system), "{:?}", want[0]);
+        assert_eq!(got, render(&smollm2, &want, true, "", "").unwrap());
+        assert!(got.contains("\"name\":\"get_weather\""), "{got}");
+    }
+    let e = render_chat(
+        &smollm2,
+        &[ChatMessage::new("user", "Hi")],
+        &[json!({"type": "function"})],
+        true,
+        "",
+        "",
+    );
+    assert!(matches!(e, Err(TemplateError::Render(m)) if m.contains("no function name")));
 }

@@ -305,13 +305,15 @@ impl Generator {
 
     /// Renders `messages` with the model's chat template, ready for the assistant's turn.
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<String> {
-        self.render_chat(messages, true)
+        self.render_chat(messages, &[], true)
     }
 
-    /// Renders `messages` with the chat template, with or without the assistant's opening.
+    /// Renders `messages` (and declared `tools`, OpenAI's shape) with the chat template, with
+    /// or without the assistant's opening (see [`u_chat_template::render_chat`]).
     pub(crate) fn render_chat(
         &self,
         messages: &[ChatMessage],
+        tools: &[serde_json::Value],
         add_generation_prompt: bool,
     ) -> Result<String> {
         self.tok()?;
@@ -320,9 +322,10 @@ impl Generator {
         };
         let bos = self.token_text(self.special.bos.into_option());
         let eos = self.token_text(self.special.eos.first().copied());
-        Ok(u_chat_template::render(
+        Ok(u_chat_template::render_chat(
             template,
             messages,
+            tools,
             add_generation_prompt,
             &bos,
             &eos,

@@ -157,7 +157,7 @@ impl EngineHandle {
         let prompt = Prompt::new(
             g,
             &text,
-            &request.messages,
+            (&request.messages, &request.tools),
             continuation,
             request.continue_final,
         )?;
@@ -170,7 +170,7 @@ impl EngineHandle {
         let prompt = Prompt::new(
             self.generator(),
             &r.prompt,
-            &r.messages,
+            (&r.messages, ""),
             source.is_some(),
             false,
         )?;
@@ -460,7 +460,7 @@ impl Engine for EngineHandle {
             let prompt = Prompt::new(
                 g,
                 &request.prompt,
-                &request.messages,
+                (&request.messages, ""),
                 false,
                 request.continue_final,
             )?;

@@ -16,19 +16,22 @@ use u_sdk::{CacheBreakpoint, ChatTurn};
 /// The text of a prompt, rendered with the chat template when there are messages.
 pub(crate) struct Prompt {
     messages: Vec<ChatMessage>,
+    /// The declared tools (OpenAI's shape), rendered with the messages.
+    tools: Vec<serde_json::Value>,
     plain: String,
     text: String,
     continuation: bool,
 }
 
 impl Prompt {
-    /// `prompt` as is, or `messages` rendered for the assistant's turn (or, with
-    /// `continue_final`, up to the end of the last message, which the model continues); a
-    /// `continuation` (resuming a checkpoint) is encoded without BOS.
+    /// `prompt` as is, or `messages` (with the declared `tools`, a JSON array; empty for none)
+    /// rendered for the assistant's turn (or, with `continue_final`, up to the end of the last
+    /// message, which the model continues); a `continuation` (resuming a checkpoint) is encoded
+    /// without BOS.
     pub(crate) fn new(
         g: &Generator,
         prompt: &str,
-        messages: &[ChatTurn],
+        (messages, tools): (&[ChatTurn], &str),
         continuation: bool,
         continue_final: bool,
     ) -> Result<Self> {
@@ -36,13 +39,21 @@ impl Prompt {
             .iter()
             .map(|m| ChatMessage::new(m.role.as_str(), m.content.as_str()))
             .collect();
+        let tools: Vec<serde_json::Value> = if tools.trim().is_empty() {
+            Vec::new()
+        } else {
+            serde_json::from_str(tools).map_err(|e| {
+                Error::InvalidRequest(format!("`tools` is not a JSON array of tools: {e}"))
+            })?
+        };
         let text = match messages.last() {
             None => prompt.to_string(),
-            Some(last) if continue_final => continued(g, &messages, &last.content)?,
-            Some(_) => g.render_chat(&messages, true)?,
+            Some(last) if continue_final => continued(g, &messages, &tools, &last.content)?,
+            Some(_) => g.render_chat(&messages, &tools, true)?,
         };
         Ok(Self {
             messages,
+            tools,
             plain: prompt.to_string(),
             text,
             continuation,
@@ -111,7 +122,7 @@ impl Prompt {
         }
         let mut cut = self.messages[..=turn].to_vec();
         cut[turn].content.truncate(offset);
-        let rendered = g.render_chat(&cut, false)?;
+        let rendered = g.render_chat(&cut, &self.tools, false)?;
         let mut n = rendered
             .bytes()
             .zip(self.text.bytes())
@@ -127,8 +138,13 @@ impl Prompt {
 /// The conversation rendered without a generation prompt and cut right after the last
 /// message's content (as transformers' `continue_final_message`), so that generation continues
 /// that message instead of opening a new turn.
-fn continued(g: &Generator, messages: &[ChatMessage], last: &str) -> Result<String> {
-    let rendered = g.render_chat(messages, false)?;
+fn continued(
+    g: &Generator,
+    messages: &[ChatMessage],
+    tools: &[serde_json::Value],
+    last: &str,
+) -> Result<String> {
+    let rendered = g.render_chat(messages, tools, false)?;
     let content = last.trim_end();
     if content.is_empty() {
         return Err(Error::InvalidRequest(

@@ -740,13 +740,15 @@ mod tests {
         .unwrap();
         assert!(p.tools);
         let m = &p.request.messages;
-        assert!(m[0].role.as_str() == "system" && m[0].content.contains("get_weather"));
+        let declared: Value = serde_json::from_str(&p.request.tools).unwrap();
+        assert_eq!(declared[0]["function"]["name"], "get_weather");
+        assert_eq!(declared[0]["function"]["description"], "Weather");
         assert!(
-            m[2].content
+            m[1].content
                 .contains(r#"{"name":"get_weather","arguments":{"city":"Oslo"}}"#)
         );
         assert!(
-            m[3].content
+            m[2].content
                 .contains("<tool_response>\nsunny\n</tool_response>")
         );
         assert!(matches!(&p.request.constraint, Constraint::Lark(g) if g.contains("%json")));

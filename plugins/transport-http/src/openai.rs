@@ -1161,7 +1161,14 @@ mod tests {
             Endpoint::Chat,
         );
         let m = &p.request.messages;
-        assert!(m[0].content.starts_with("Be brief.\n\n# Tools") && m.len() == 4);
+        assert!(m[0].content == "Be brief." && m.len() == 4);
+        let declared: Value = serde_json::from_str(&p.request.tools).unwrap();
+        assert_eq!(declared[0]["type"], "function");
+        assert_eq!(declared[0]["function"]["name"], "get_weather");
+        assert_eq!(
+            declared[0]["function"]["parameters"]["properties"]["city"]["type"],
+            "string"
+        );
         assert!(
             m[2].content
                 .contains(r#"{"name":"get_weather","arguments":{"city":"Oslo"}}"#)
@@ -1174,7 +1181,7 @@ mod tests {
             &format!(r#"{base}{good},"tool_choice":"none"}}"#),
             Endpoint::Chat,
         );
-        assert!(!none.tools && !none.request.messages[0].content.contains("# Tools"));
+        assert!(!none.tools && none.request.tools.is_empty());
         for (schema, extra) in [
             (r#""object"}}]"#, ""),
             (r#"{"type":"array"}}}]"#, ""),

@@ -1,8 +1,9 @@
 //! Tool calling over the OpenAI and Anthropic APIs, in the Hermes / Qwen2.5 format of
-//! [`u_chat_template::tools`]: the declared tools are described in the system prompt (joined
-//! after the conversation's own system message), earlier calls are written back into assistant
-//! turns as `<tool_call>` blocks and tool results sent as user turns in `<tool_response>` tags,
-//! and the answer's `<tool_call>` blocks become the API's tool calls.
+//! [`u_chat_template::tools`]: the declared tools go to the engine in the request
+//! (`GenerateRequest::tools`), which renders them with the model's own chat template (or, for
+//! a template without tools, in the system prompt); earlier calls are written back into
+//! assistant turns as `<tool_call>` blocks and tool results sent as user turns in
+//! `<tool_response>` tags, and the answer's `<tool_call>` blocks become the API's tool calls.
 //!
 //! `tool_choice` `required` or a named tool constrains generation to a Lark grammar of calls
 //! whose arguments match the tool's schema, so they always parse; `auto` generates freely and
@@ -201,24 +202,12 @@ pub fn check_named(declared: &[Tool], choice: &Choice) -> Result<(), ApiError> {
 }
 
 impl Tools {
-    /// Describes the tools in `request`'s system prompt and, for `required` or a named tool,
+    /// Declares the tools to the engine (which renders them with the model's chat template,
+    /// or in the system prompt of one that ignores them) and, for `required` or a named tool,
     /// constrains the answer to calls; refused beside another constraint.
     pub fn apply(&self, request: &mut GenerateRequest) -> Result<(), ApiError> {
-        let prompt = tools::system_prompt(&self.tools);
-        let mut messages: Vec<ChatTurn> = request.messages.to_vec();
-        match messages.first_mut() {
-            Some(first) if first.role.as_str() == "system" => {
-                first.content = format!("{}\n\n{prompt}", first.content).into();
-            }
-            _ => messages.insert(
-                0,
-                ChatTurn {
-                    role: "system".into(),
-                    content: prompt.into(),
-                },
-            ),
-        }
-        request.messages = messages.into();
+        let declared: Vec<Value> = self.tools.iter().map(tools::as_template_value).collect();
+        request.tools = Value::from(declared).to_string().into();
         let callable: Vec<Tool> = match &self.choice {
             Choice::Auto => return Ok(()),
             Choice::Required => self.tools.clone(),

@@ -114,6 +114,12 @@ pub struct GenerateRequest {
     /// A grammar the generated text must follow (structured outputs); the engine masks every
     /// token the grammar cannot take and ends generation when the grammar is complete.
     pub constraint: Constraint,
+    /// The tools the model may call, a JSON array in OpenAI's shape
+    /// (`[{"type": "function", "function": {"name", "description", "parameters"}}]`); empty for
+    /// none. The engine gives them to a chat template that renders `tools` (as transformers'
+    /// `apply_chat_template(tools=…)`), and otherwise describes them in the system prompt
+    /// (Qwen2.5's wording).
+    pub tools: RString,
 }
 
 /// What the generated text must match (compiled by the runner; an invalid one is refused).
@@ -179,6 +185,7 @@ impl GenerateRequest {
             suffix: ROption::RNone,
             clamp_max_tokens: true,
             constraint: Constraint::None,
+            tools: RString::new(),
         }
     }
 }
