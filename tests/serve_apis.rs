@@ -627,6 +627,23 @@ fn safebox_runner_form_serves_hmac_signed_requests_on_a_unix_socket() {
     );
     assert_eq!(s, 200, "{v}");
     assert!(v.contains("tiny-llama"), "{v}");
+    assert!(
+        !v.contains("\"*\""),
+        "the any-name alias is not listed: {v}"
+    );
+    // The runner form answers to any model name (Safebox clients name models their own way).
+    let named = br#"{"model":"local/nemotron-nano","system":"Be brief.","userInput":"Hello, world","max_tokens":10,"temperature":0}"#;
+    let (s, v) = unix_request(
+        &socket,
+        "POST",
+        "/v1/safebox/llm",
+        named,
+        Some((now(), "nonce-any-model-name-0001")),
+        key,
+    );
+    assert_eq!(s, 200, "{v}");
+    let v: Value = serde_json::from_str(&v).unwrap();
+    assert_eq!(v["text"], reference["text"], "{v}");
 
     // Streaming: start, tokens, done — the same text.
     let stream = br#"{"system":"Be brief.","userInput":"Hello, world","max_tokens":10,"temperature":0,"stream":true}"#;

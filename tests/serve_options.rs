@@ -556,3 +556,51 @@ fn api_keys_and_cors_allow_list() {
         "serves on"
     );
 }
+
+/// `[model] aliases`: the model answers to its other names through the official client (the
+/// list names them all), over TCP and the Unix socket; an unknown name is still a 404.
+#[test]
+fn model_aliases_are_served_and_listed() {
+    let server = start_tiny(&Options {
+        model_config: r#"aliases = ["gpt-4o-mini", "local/tiny"]"#.into(),
+        ..Options::default()
+    });
+    let got = run(
+        r#"
+import json, os, openai
+try:
+    import httpx2 as httpx
+except ImportError:
+    import httpx
+out = {}
+for kind in ["tcp", "unix"]:
+    http = httpx.Client(transport=httpx.HTTPTransport(uds=os.environ["U_SOCK"])) if kind == "unix" else None
+    base = "http://localhost/v1" if kind == "unix" else os.environ["U_BASE"]
+    c = openai.OpenAI(base_url=base, api_key="none", http_client=http)
+    names = sorted(m.id for m in c.models.list().data)
+    texts = [c.chat.completions.create(model=m, messages=[{"role": "user", "content": "Hi"}],
+                                       max_tokens=4, temperature=0).choices[0].message.content
+             for m in [os.environ["U_MODEL"], "gpt-4o-mini", "local/tiny"]]
+    try:
+        c.chat.completions.create(model="gpt-5", messages=[{"role": "user", "content": "Hi"}], max_tokens=1)
+        unknown = None
+    except openai.NotFoundError as e:
+        unknown = e.status_code
+    out[kind] = {"names": names, "texts": texts, "unknown": unknown}
+print(json.dumps(out))
+"#,
+        &server,
+        &[],
+    );
+    for kind in ["tcp", "unix"] {
+        let r = &got[kind];
+        assert_eq!(
+            r["names"],
+            json!(["gpt-4o-mini", "local/tiny", MODEL]),
+            "{r}"
+        );
+        let texts = r["texts"].as_array().unwrap();
+        assert!(texts.iter().all(|t| t == &texts[0]), "{r}");
+        assert_eq!(r["unknown"], 404, "{r}");
+    }
+}

@@ -29,6 +29,7 @@
 //! max_running = 16         # requests batched into one forward pass (default 16)
 //! max_queued = 64          # requests that may wait; past that, 429 (default 64)
 //! step_tokens = 512        # tokens per forward pass, decodes first, prefill chunks share the rest
+//! aliases = ["gpt-4o-mini", "local/smollm2"]  # other names clients may ask for it by ("*": any)
 //! ```
 //!
 //! Grants use the capability names of [`u_sdk::manifest::Capability`]: `fs.read`/`fs.write`
@@ -280,8 +281,9 @@ pub struct Deployment {
     pub serving: Serving,
 }
 
-/// Batching and queueing limits of the served model; `None` keeps the engine's default.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Batching and queueing limits of the served model (`None` keeps the engine's default) and the
+/// other names it answers to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Serving {
     /// Requests decoded together in one forward pass.
     pub max_running: Option<u32>,
@@ -289,6 +291,8 @@ pub struct Serving {
     pub max_queued: Option<u32>,
     /// Tokens per forward pass.
     pub step_tokens: Option<u32>,
+    /// Other names clients may ask for the model by; `*` accepts any name.
+    pub aliases: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -336,6 +340,8 @@ struct RawModel {
     max_running: Option<u32>,
     max_queued: Option<u32>,
     step_tokens: Option<u32>,
+    #[serde(default)]
+    aliases: Vec<String>,
 }
 
 impl Deployment {
@@ -408,10 +414,22 @@ impl Deployment {
                             return Err(invalid(format!("model.{key} must be at least 1")));
                         }
                     }
+                    let mut seen = std::collections::HashSet::new();
+                    for a in &m.aliases {
+                        if a.trim().is_empty() || a.chars().any(char::is_control) {
+                            return Err(invalid(format!(
+                                "model.aliases: {a:?} is not a model name"
+                            )));
+                        }
+                        if !seen.insert(a) {
+                            return Err(invalid(format!("model.aliases: {a:?} is listed twice")));
+                        }
+                    }
                     Serving {
                         max_running: m.max_running,
                         max_queued: m.max_queued,
                         step_tokens: m.step_tokens,
+                        aliases: m.aliases.clone(),
                     }
                 }
                 None => Serving::default(),
@@ -679,6 +697,32 @@ process.fork = false
         .unwrap_err()
         .to_string();
         assert!(flag.contains("`gpu` must be true or false"), "{flag}");
+
+        for (aliases, says) in [("['a', 'a']", "listed twice"), ("['']", "not a model name")] {
+            let e = parse(&format!(
+                "[deployment]\nname='t'\n[model]\naliases={aliases}\n"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains(says), "{aliases}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_model_table_sets_limits_and_aliases() {
+        let d = parse(
+            "[deployment]\nname='t'\n[model]\nmax_running=4\naliases=['gpt-4o-mini', 'local/m']\n",
+        )
+        .unwrap();
+        assert_eq!(d.serving.max_running, Some(4));
+        assert_eq!(d.serving.aliases, ["gpt-4o-mini", "local/m"]);
+        assert!(
+            parse("[deployment]\nname='t'\n")
+                .unwrap()
+                .serving
+                .aliases
+                .is_empty()
+        );
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! has none, `transport-http.so` beside its other plugins, verified like them) is granted
 //! exactly `net.listen = ["unix:<socket>"]`, and `fs.read` on the secret file when one is given,
 //! which turns on HMAC authentication of every request. Without a secret the transport's
-//! `fs.read` grant is the socket path itself: nothing readable.
+//! `fs.read` grant is the socket path itself: nothing readable. The model answers to any name
+//! (Safebox clients send names like `local/nemotron-nano`).
 
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
@@ -32,6 +33,8 @@ pub fn deployment(
     );
     let socket = absolute(socket);
     base.model = Some(absolute(model));
+    // Safebox clients name models their own way (`local/nemotron-nano`): any name is served.
+    base.serving.aliases = vec![u_sdk::ANY_MODEL.to_string()];
     let is_transport = |p: &PluginEntry| {
         p.name.as_deref() == Some("transport-http")
             || p.path.file_name().is_some_and(|n| n == TRANSPORT)

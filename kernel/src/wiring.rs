@@ -241,7 +241,7 @@ pub fn build(
             model_box,
             &config,
             opened.tokenizer.clone(),
-            deployment.serving,
+            &deployment.serving,
         )?);
     } else {
         opened.model = Some(model_box);
@@ -395,7 +395,7 @@ fn start_runner(
     model: ModelBox,
     config: &ModelConfig,
     tokenizer: Option<TokenizerBox>,
-    serving: Serving,
+    serving: &Serving,
 ) -> Result<(String, EngineBox)> {
     let task = task_for(config.kind).ok_or_else(|| {
         anyhow!(
@@ -423,6 +423,7 @@ fn start_runner(
             max_queued: serving.max_queued.unwrap_or(0),
             step_tokens: serving.step_tokens.unwrap_or(0),
         },
+        aliases: serving.aliases.iter().map(|a| a.as_str().into()).collect(),
     };
     match runner.start(context) {
         RResult::ROk(engine) => Ok((runner_name, engine)),

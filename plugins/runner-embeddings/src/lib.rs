@@ -36,6 +36,17 @@ impl EmbeddingsRunner {
         model: ModelBox,
         tokenizer: Option<TokenizerBox>,
     ) -> u_sdk::Result<Embedder> {
+        self.serve_as((name, Vec::new()), model, tokenizer)
+    }
+
+    /// [`EmbeddingsRunner::serve`] under `name` and other names, `aliases`
+    /// ([`u_sdk::ANY_MODEL`]: any).
+    pub fn serve_as(
+        &self,
+        (name, aliases): (&str, Vec<String>),
+        model: ModelBox,
+        tokenizer: Option<TokenizerBox>,
+    ) -> u_sdk::Result<Embedder> {
         let config = model.config().into_result()?;
         if config.kind != ModelKind::Encoder {
             return Err(UError::invalid(format!(
@@ -50,6 +61,7 @@ impl EmbeddingsRunner {
         })?;
         Ok(Embedder(Arc::new(Inner {
             name: name.into(),
+            aliases,
             model,
             tokenizer,
             config,
@@ -63,8 +75,9 @@ impl EmbeddingsRunner {
 
 impl Runner for EmbeddingsRunner {
     fn start(&self, context: RunnerContext) -> RResult<EngineBox, UError> {
-        self.serve(
-            context.name.as_str(),
+        let aliases = context.aliases.iter().map(|a| a.to_string()).collect();
+        self.serve_as(
+            (context.name.as_str(), aliases),
             context.model,
             context.tokenizer.into_option(),
         )
@@ -75,6 +88,8 @@ impl Runner for EmbeddingsRunner {
 
 struct Inner {
     name: String,
+    /// Other names the model answers to ([`u_sdk::ANY_MODEL`]: any).
+    aliases: Vec<String>,
     model: ModelBox,
     tokenizer: TokenizerBox,
     config: ModelConfig,
@@ -90,7 +105,7 @@ pub struct Embedder(Arc<Inner>);
 
 impl Embedder {
     fn check_model(&self, model: &str) -> u_sdk::Result<()> {
-        match model == self.0.name {
+        match model == self.0.name || u_sdk::serves(&self.0.aliases, model) {
             true => Ok(()),
             false => Err(UError::not_found(format!(
                 "model `{model}` is not served (this engine serves `{}`)",
@@ -197,7 +212,8 @@ impl Embedder {
 
 impl Engine for Embedder {
     fn models(&self) -> RResult<RVec<RString>, UError> {
-        RResult::ROk(RVec::from(vec![RString::from(self.0.name.as_str())]))
+        let names = std::iter::once(&self.0.name).chain(&self.0.aliases);
+        RResult::ROk(names.map(|n| RString::from(n.as_str())).collect())
     }
 
     fn generate(

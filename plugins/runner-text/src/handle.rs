@@ -22,6 +22,8 @@ use u_sdk::{
 #[derive(Clone)]
 pub struct EngineHandle {
     name: Arc<str>,
+    /// Other names the model answers to ([`u_sdk::ANY_MODEL`]: any).
+    aliases: Arc<[String]>,
     scheduler: Arc<Scheduler>,
 }
 
@@ -36,8 +38,16 @@ impl EngineHandle {
     pub fn with_limits(name: impl Into<String>, generator: Arc<Generator>, limits: Limits) -> Self {
         Self {
             name: name.into().into(),
+            aliases: Arc::new([]),
             scheduler: Arc::new(Scheduler::start(generator, limits)),
         }
+    }
+
+    /// The same engine, answering to `aliases` too (`[model] aliases`; [`u_sdk::ANY_MODEL`]
+    /// for any name).
+    pub fn with_aliases(mut self, aliases: Vec<String>) -> Self {
+        self.aliases = aliases.into();
+        self
     }
 
     /// The limits in force.
@@ -56,7 +66,7 @@ impl EngineHandle {
     }
 
     fn check_model(&self, model: &str) -> std::result::Result<(), UError> {
-        if model == &*self.name {
+        if model == &*self.name || u_sdk::serves(&self.aliases, model) {
             Ok(())
         } else {
             Err(UError::not_found(format!(
@@ -317,7 +327,8 @@ impl Leased {
 
 impl Engine for EngineHandle {
     fn models(&self) -> RResult<RVec<RString>, UError> {
-        RResult::ROk(RVec::from(vec![RString::from(&*self.name)]))
+        let names = std::iter::once(&*self.name).chain(self.aliases.iter().map(String::as_str));
+        RResult::ROk(names.map(RString::from).collect())
     }
 
     fn generate(

@@ -23,8 +23,10 @@ impl Runner for TextRunner {
                 max_queued: pick(l.max_queued, defaults.max_queued),
                 step_tokens: pick(l.step_tokens, defaults.step_tokens),
             };
+            let aliases = context.aliases.iter().map(|a| a.to_string()).collect();
             Ok(
                 EngineHandle::with_limits(context.name.as_str(), Arc::new(generator), limits)
+                    .with_aliases(aliases)
                     .into_box(),
             )
         })()

@@ -192,7 +192,7 @@ pub fn parse_count(body: &[u8], models: &[String]) -> Result<Count, ApiError> {
     refuse_unsupported(&o, &["model", "messages", "system", "cache_control"])?;
     let model = json::required_string(&o, "model")?;
     let (turns, _) = conversation(&o)?;
-    if !models.contains(&model) {
+    if !u_sdk::serves(models, &model) {
         return Err(ApiError::model_not_found(&model));
     }
     Ok(Count {
@@ -222,7 +222,7 @@ pub fn parse(body: &[u8], models: &[String]) -> Result<Parsed, ApiError> {
         Some(m) => json::string(m, "user_id")?,
         None => None,
     };
-    if !models.contains(&model) {
+    if !u_sdk::serves(models, &model) {
         return Err(ApiError::model_not_found(&model));
     }
     let mut request = GenerateRequest::new(&model, "", max_tokens, sampling);

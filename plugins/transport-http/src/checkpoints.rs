@@ -33,16 +33,13 @@ fn request(op: CheckpointOp, model: String) -> CheckpointRequest {
     }
 }
 
-/// The model a request names, or the only one served.
+/// The model a request names, or else the one served (its name, listed before its aliases).
 pub fn model(named: Option<String>, models: &[String]) -> Result<String, ApiError> {
     match (named, models) {
-        (Some(m), _) if models.contains(&m) => Ok(m),
+        (Some(m), _) if u_sdk::serves(models, &m) => Ok(m),
         (Some(m), _) => Err(ApiError::model_not_found(&m)),
-        (None, [only]) => Ok(only.clone()),
-        (None, _) => Err(ApiError::param(
-            "model",
-            "this server has several models: say which with `model`",
-        )),
+        (None, [first, ..]) => Ok(first.clone()),
+        (None, []) => Err(ApiError::param("model", "this server serves no model")),
     }
 }
 

@@ -481,7 +481,7 @@ pub fn parse(
     };
     json::nested(&o, "metadata")?;
     json::string(&o, "prompt_cache_key")?;
-    if !models.contains(&model) {
+    if !u_sdk::serves(models, &model) {
         return Err(ApiError::model_not_found(&model));
     }
     let mut request = GenerateRequest::new(&model, "", max_tokens, sampling);

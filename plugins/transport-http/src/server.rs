@@ -612,14 +612,14 @@ async fn dispatch(
             );
             Ok(r.into())
         }
-        Route::Models => Ok(json_response(
-            200,
-            &json!({"object": "list", "data": models.iter().map(|m| model_object(m)).collect::<Vec<_>>()}),
-        )
-        .into()),
+        Route::Models => {
+            let listed = models.iter().filter(|m| m.as_str() != u_sdk::ANY_MODEL);
+            let data: Vec<Value> = listed.map(|m| model_object(m)).collect();
+            Ok(json_response(200, &json!({"object": "list", "data": data})).into())
+        }
         Route::Model => {
             let id = &path["/v1/models/".len()..];
-            if models.iter().any(|m| m == id) {
+            if u_sdk::serves(&models, id) {
                 Ok(json_response(200, &model_object(id)).into())
             } else {
                 Err(ApiError::model_not_found(id))
@@ -642,7 +642,8 @@ async fn dispatch(
         }
         Route::Messages => {
             let mut parsed = anthropic::parse(&body, &models)?;
-            let reply = anthropic::Message::new(parsed.request.model.as_str()).with_tools(parsed.tools);
+            let reply =
+                anthropic::Message::new(parsed.request.model.as_str()).with_tools(parsed.tools);
             from_peer(&mut parsed.request, peer, keyed);
             generate(state, route, parsed.request, parsed.stream, reply, line).await
         }
@@ -655,7 +656,15 @@ async fn dispatch(
         Route::SglGenerate => {
             let mut parsed = sglang::parse(&body, &models)?;
             from_peer(&mut parsed.request, peer, keyed);
-            generate(state, route, parsed.request, parsed.stream, parsed.reply, line).await
+            generate(
+                state,
+                route,
+                parsed.request,
+                parsed.stream,
+                parsed.reply,
+                line,
+            )
+            .await
         }
         Route::SglModelInfo => Ok(json_response(200, &sglang::model_info(&models)?).into()),
         Route::SglFlushCache => {
@@ -714,10 +723,11 @@ async fn dispatch(
             };
             let engine = state.engine.clone();
             let op = request.op;
-            let infos = tokio::task::spawn_blocking(move || engine.checkpoint(&request).into_result())
-                .await
-                .map_err(|_| ApiError::status(500, "server_error", "the engine stopped"))?
-                .map_err(|e| ApiError::from_engine(&e))?;
+            let infos =
+                tokio::task::spawn_blocking(move || engine.checkpoint(&request).into_result())
+                    .await
+                    .map_err(|_| ApiError::status(500, "server_error", "the engine stopped"))?
+                    .map_err(|e| ApiError::from_engine(&e))?;
             let status = if matches!(op, CheckpointOp::List | CheckpointOp::Delete) {
                 200
             } else {

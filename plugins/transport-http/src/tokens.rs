@@ -34,7 +34,7 @@ fn model(o: &Obj, models: &[String], required: bool) -> Result<String, ApiError>
             .cloned()
             .ok_or_else(|| ApiError::status(404, "invalid_request_error", "no model is served"))?,
     };
-    match models.contains(&model) {
+    match u_sdk::serves(models, &model) {
         true => Ok(model),
         false => Err(ApiError::model_not_found(&model)),
     }

@@ -7,7 +7,7 @@
 use crate::abi::{error::UError, model::ModelBox, tokenizer::TokenizerBox, transport::EngineBox};
 use abi_stable::{
     StableAbi, sabi_trait,
-    std_types::{RBox, ROption, RResult, RString},
+    std_types::{RBox, ROption, RResult, RString, RVec},
 };
 
 /// How much work a runner takes on at once; 0 leaves a field to the runner's default.
@@ -34,6 +34,21 @@ pub struct RunnerContext {
     pub tokenizer: ROption<TokenizerBox>,
     /// Batch and queue sizes from the deployment.
     pub limits: ServingLimits,
+    /// Other names clients may ask for the model by (`[model] aliases`); [`ANY_MODEL`] accepts
+    /// any name (the Safebox runner form: its clients name models their own way).
+    pub aliases: RVec<RString>,
+}
+
+/// The alias that makes an engine answer to any model name. [`Engine::models`](crate::abi::transport::Engine)
+/// lists it after the names when set, so transports know.
+pub const ANY_MODEL: &str = "*";
+
+/// Whether `models` (as [`Engine::models`](crate::abi::transport::Engine) lists them) serve
+/// `name`: one of them is it, or one is [`ANY_MODEL`].
+pub fn serves(models: &[impl AsRef<str>], name: &str) -> bool {
+    models
+        .iter()
+        .any(|m| m.as_ref() == name || m.as_ref() == ANY_MODEL)
 }
 
 /// Entry interface of a `runner` plugin.

@@ -337,7 +337,8 @@ pub struct CheckpointInfo {
 /// What a runner plugin serves: the engine transports send requests to.
 #[sabi_trait]
 pub trait Engine: Send + Sync + Clone {
-    /// Names of the models this engine serves.
+    /// Names of the model this engine serves: its name first, then its aliases (and
+    /// [`ANY_MODEL`](crate::abi::runner::ANY_MODEL) when any name is served).
     fn models(&self) -> RResult<RVec<RString>, UError>;
 
     /// Runs one request to completion, streaming into `sink`. Fails with
