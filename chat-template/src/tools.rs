@@ -135,11 +135,68 @@ pub fn grammar(tools: &[Tool], parallel: bool) -> String {
     format!("start: call{more}\ncall: \"{OPEN}\\n\" body \"\\n{CLOSE}\"\nbody: %json {schema}\n")
 }
 
-/// The calls in `text`, when it holds any: every `<tool_call>` block whose body is a JSON
-/// object with a string `name` and an object `arguments` (a JSON string of an object is
-/// taken too), with the text outside the blocks. A block that does not parse is left in the
-/// text.
-pub fn parse_calls(text: &str) -> (String, Vec<ToolCall>) {
+/// The calls in `text`, in whichever of the common formats a model's own template asked for,
+/// with the text outside them:
+/// - Hermes / Qwen2.5: every `<tool_call>` block whose body is a JSON object with a string
+///   `name` and an object `arguments` (a JSON string of an object is taken too); a block that
+///   does not parse is left in the text;
+/// - Llama 3.1/3.2: the whole answer one JSON call object `{"name": …, "parameters": …}`
+///   (optionally after `<|python_tag|>`), or several separated by `;`;
+/// - Mistral: `[TOOL_CALLS]` followed by a JSON array of call objects, or (Mistral's later
+///   templates) by `name[ARGS]{…}` per call.
+///
+/// The last two count only when every call names one of the `declared` tools (a JSON answer
+/// that happens to have a `name` stays text).
+pub fn parse_calls(text: &str, declared: &[String]) -> (String, Vec<ToolCall>) {
+    if text.contains(OPEN) {
+        return hermes_calls(text);
+    }
+    let trimmed = text.trim();
+    let known = |calls: Vec<ToolCall>| {
+        let all_declared = calls.iter().all(|c| declared.contains(&c.name));
+        (!calls.is_empty() && all_declared).then_some(calls)
+    };
+    if let Some(rest) = trimmed.strip_prefix("[TOOL_CALLS]")
+        && let Some(calls) = mistral_calls(rest.trim()).and_then(known)
+    {
+        return (String::new(), calls);
+    }
+    let body = trimmed
+        .strip_prefix("<|python_tag|>")
+        .unwrap_or(trimmed)
+        .trim();
+    if body.starts_with('{') {
+        let calls: Option<Vec<ToolCall>> = body.split(';').map(|c| call(c.trim())).collect();
+        if let Some(calls) = calls.and_then(known) {
+            return (String::new(), calls);
+        }
+    }
+    (trimmed.to_string(), Vec::new())
+}
+
+/// Mistral's calls after `[TOOL_CALLS]`: a JSON array of call objects, or `name[ARGS]{…}`
+/// (each further call after another `[TOOL_CALLS]`).
+fn mistral_calls(rest: &str) -> Option<Vec<ToolCall>> {
+    if rest.starts_with('[') {
+        let list: Vec<Value> = serde_json::from_str(rest).ok()?;
+        return list.iter().map(|v| call(&v.to_string())).collect();
+    }
+    rest.split("[TOOL_CALLS]")
+        .map(|one| {
+            let (name, args) = one.trim().split_once("[ARGS]")?;
+            let arguments: Value = serde_json::from_str(args.trim())
+                .ok()
+                .filter(Value::is_object)?;
+            (!name.trim().is_empty()).then(|| ToolCall {
+                name: name.trim().to_string(),
+                arguments,
+            })
+        })
+        .collect()
+}
+
+/// The Hermes `<tool_call>` blocks of `text` (see [`parse_calls`]).
+fn hermes_calls(text: &str) -> (String, Vec<ToolCall>) {
     let (mut rest, mut calls, mut at) = (String::new(), Vec::new(), 0);
     while let Some(start) = text[at..].find(OPEN).map(|i| at + i) {
         let body_at = start + OPEN.len();
@@ -186,14 +243,51 @@ mod tests {
     fn calls_parse_and_text_outside_stays() {
         let (rest, calls) = parse_calls(
             "Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}</tool_call>",
+            &[],
         );
         assert_eq!(rest, "Sure.");
         assert_eq!(calls.len(), 2);
         assert_eq!(calls[0].arguments, json!({"city": "Paris"}));
         assert_eq!(calls[1].arguments, json!({"a": 1}));
-        let (rest, calls) = parse_calls("<tool_call>not json</tool_call> and <tool_call>{");
+        let (rest, calls) = parse_calls("<tool_call>not json</tool_call> and <tool_call>{", &[]);
         assert!(calls.is_empty());
         assert_eq!(rest, "<tool_call>not json</tool_call> and <tool_call>{");
+    }
+
+    /// Llama 3.x's bare JSON calls and Mistral's `[TOOL_CALLS]`, in both of its forms; text
+    /// that only looks like them stays text.
+    #[test]
+    fn llama_and_mistral_call_formats_parse() {
+        let declared = vec!["get_weather".to_string(), "f".to_string()];
+        let want = |calls: &[ToolCall]| {
+            assert_eq!(calls.len(), 2, "{calls:?}");
+            assert_eq!(calls[0].name, "get_weather");
+            assert_eq!(calls[0].arguments, json!({"city": "Paris"}));
+            assert_eq!(calls[1].name, "f");
+            assert_eq!(calls[1].arguments, json!({}));
+        };
+        for text in [
+            r#"{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "f", "parameters": {}}"#,
+            r#"<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}};{"name":"f"}"#,
+            r#"[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "f", "arguments": {}}]"#,
+            r#"[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]f[ARGS]{}"#,
+        ] {
+            let (rest, calls) = parse_calls(text, &declared);
+            assert_eq!(rest, "", "{text}");
+            want(&calls);
+        }
+        for text in [
+            r#"{"answer": 42}"#,
+            r#"{"name": "Alice", "age": 3}"#,
+            r#"[TOOL_CALLS] [{"name": "undeclared", "arguments": {}}]"#,
+            "The weather {is} nice",
+            "[TOOL_CALLS] not json",
+            "[TOOL_CALLS]f[ARGS]not json",
+        ] {
+            let (rest, calls) = parse_calls(text, &declared);
+            assert!(calls.is_empty(), "{text}: {calls:?}");
+            assert_eq!(rest, text.trim(), "{text}");
+        }
     }
 
     #[test]
@@ -202,7 +296,7 @@ mod tests {
             name: "get_weather".into(),
             arguments: json!({"city": "Oslo"}),
         };
-        assert_eq!(parse_calls(&render_call(&c)).1, vec![c]);
+        assert_eq!(parse_calls(&render_call(&c), &[]).1, vec![c]);
         let p = system_prompt(&[weather()]);
         assert!(p.contains("\"name\":\"get_weather\"") && p.contains("<tool_call>"));
         let g = grammar(&[weather()], true);

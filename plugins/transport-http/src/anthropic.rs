@@ -435,7 +435,8 @@ pub fn usage(s: &GenerateSummary) -> Value {
 pub struct Message {
     id: String,
     model: String,
-    tools: bool,
+    /// The declared tools' names; none: the answer is only text.
+    tools: Vec<String>,
     held: String,
 }
 
@@ -445,23 +446,23 @@ impl Message {
         Self {
             id: reply::response_id("msg_").0,
             model: model.to_string(),
-            tools: false,
+            tools: Vec::new(),
             held: String::new(),
         }
     }
 
-    /// The same, answering a request that declares tools: its `<tool_call>` blocks become
+    /// The same, answering a request that declares `tools` (their names): its calls become
     /// `tool_use` blocks, and a stream holds the answer back until the end.
-    pub fn with_tools(self, tools: bool) -> Self {
+    pub fn with_tools(self, tools: Vec<String>) -> Self {
         Self { tools, ..self }
     }
 
     /// The answer's text and its calls as `tool_use` blocks (none without tools).
     fn content(&self, text: String) -> (String, Vec<Value>) {
-        if !self.tools {
+        if self.tools.is_empty() {
             return (text, Vec::new());
         }
-        let (rest, calls) = parse_calls(&text);
+        let (rest, calls) = parse_calls(&text, &self.tools);
         if calls.is_empty() {
             return (text, Vec::new());
         }
@@ -505,14 +506,14 @@ impl Reply for Message {
             &json!({"type": "message_start", "message": self.object(json!([]), None)}),
         );
         let ping = sse(Some("ping"), &json!({"type": "ping"}));
-        if self.tools {
+        if !self.tools.is_empty() {
             return vec![start, ping];
         }
         vec![start, text_start(), ping]
     }
 
     fn piece(&mut self, piece: &Piece) -> Vec<String> {
-        if self.tools {
+        if !self.tools.is_empty() {
             self.held.push_str(&piece.text);
             return Vec::new();
         }
@@ -529,7 +530,7 @@ impl Reply for Message {
     fn closing(&mut self, summary: &GenerateSummary) -> Vec<String> {
         let mut frames = Vec::new();
         let mut stop = stop_reason(summary);
-        if self.tools {
+        if !self.tools.is_empty() {
             let held = std::mem::take(&mut self.held);
             let (text, uses) = self.content(held);
             let mut index = 0;
@@ -761,7 +762,7 @@ mod tests {
             let e = err(&format!(r#"{base}{schema},"tool_choice":{choice}}}"#));
             assert_eq!(e.status, 400, "{schema} {choice}: {e:?}");
         }
-        let reply = Message::new("tiny").with_tools(true);
+        let reply = Message::new("tiny").with_tools(vec!["get_weather".into()]);
         let text = "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Rome\"}}\n</tool_call>";
         let (rest, uses) = reply.content(text.into());
         assert_eq!(rest, "");

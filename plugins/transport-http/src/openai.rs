@@ -648,9 +648,10 @@ pub struct Meta {
     pub index: u32,
     /// Completions' `echo`: the prompt's text, sent before the completion.
     pub echo: Option<String>,
-    /// Tools are declared: the answer is parsed for calls, and a stream holds its text back
-    /// until the end (`held`), when it is sent as content or as `tool_calls` deltas.
-    pub tools: bool,
+    /// The declared tools' names. With some, the answer is parsed for calls to them, and a
+    /// stream holds its text back until the end (`held`), when it is sent as content or as
+    /// `tool_calls` deltas; none: the answer is only text.
+    pub tools: Vec<String>,
     held: String,
 }
 
@@ -671,7 +672,11 @@ impl Meta {
             streamed: 0,
             index: 0,
             echo: None,
-            tools: parsed.tools,
+            tools: if parsed.tools {
+                crate::tools::declared_names(&parsed.request)
+            } else {
+                Vec::new()
+            },
             held: String::new(),
         }
     }
@@ -753,10 +758,10 @@ impl Meta {
     /// The answer's content (`null` when it is only calls) and its calls as OpenAI's
     /// `tool_calls` entries, when tools are declared.
     fn calls(&self, text: String) -> (Value, Vec<Value>) {
-        if !self.tools {
+        if self.tools.is_empty() {
             return (text.into(), Vec::new());
         }
-        let (rest, calls) = parse_calls(&text);
+        let (rest, calls) = parse_calls(&text, &self.tools);
         if calls.is_empty() {
             return (text.into(), Vec::new());
         }
@@ -883,7 +888,7 @@ impl Reply for Meta {
             }
         };
         self.streamed += piece.text.len();
-        if self.tools {
+        if !self.tools.is_empty() {
             self.held.push_str(&piece.text);
             return Vec::new();
         }
@@ -898,7 +903,7 @@ impl Reply for Meta {
 
     fn closing(&mut self, summary: &GenerateSummary) -> Vec<String> {
         let mut frames = Vec::new();
-        if self.tools {
+        if !self.tools.is_empty() {
             let held = std::mem::take(&mut self.held);
             let (content, calls) = self.calls(held);
             if let Value::String(t) = &content {

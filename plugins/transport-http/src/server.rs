@@ -642,8 +642,13 @@ async fn dispatch(
         }
         Route::Messages => {
             let mut parsed = anthropic::parse(&body, &models)?;
-            let reply =
-                anthropic::Message::new(parsed.request.model.as_str()).with_tools(parsed.tools);
+            let reply = anthropic::Message::new(parsed.request.model.as_str()).with_tools(
+                if parsed.tools {
+                    crate::tools::declared_names(&parsed.request)
+                } else {
+                    Vec::new()
+                },
+            );
             from_peer(&mut parsed.request, peer, keyed);
             generate(state, route, parsed.request, parsed.stream, reply, line).await
         }

@@ -231,6 +231,17 @@ impl Tools {
     }
 }
 
+/// The names of the tools `request` declares (none when it declares none), so that an answer's
+/// bare JSON or `[TOOL_CALLS]` calls count only when they name one of them.
+pub fn declared_names(request: &GenerateRequest) -> Vec<String> {
+    let declared: Vec<Value> = serde_json::from_str(&request.tools).unwrap_or_default();
+    tools::from_values(&declared)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| t.name)
+        .collect()
+}
+
 /// A tool result as the user turn the model reads it in.
 pub fn response_turn(content: &str) -> ChatTurn {
     ChatTurn {
