@@ -8,9 +8,10 @@
 //! official `anthropic` client; a schema llguidance cannot compile is
 //! a 400 naming it and the server serves on. Also prints decode tokens/s with a JSON-schema
 //! constraint against the same prompt unconstrained, for one client and for eight at once.
+//! Schema, regex, grammar and Anthropic answers are checked over the Unix socket too.
 
 use serde_json::{Value, json};
-use u_conformance::serving::{Options, post, python_client, start_smollm2};
+use u_conformance::serving::{Options, post, python_client, python_client_both, start_smollm2};
 
 const NAME: &str = "SmolLM2-135M-Instruct.Q4_1";
 
@@ -217,4 +218,38 @@ fn structured_outputs_follow_their_schema_regex_and_grammar() {
             s / f
         );
     }
+}
+
+/// The same constraints over TCP and over the Unix socket: a nested schema, a regex, a grammar
+/// and Anthropic's `output_format`, each validated.
+const BOTH: &str = r##"
+import json, re
+import jsonschema
+MODEL = os.environ["U_MODEL"]
+c, a = openai_client(), anthropic_client()
+schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+          "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
+          "required": ["name", "tags"], "additionalProperties": False}
+ask = [{"role": "user", "content": "Describe a cat."}]
+r = c.chat.completions.create(model=MODEL, messages=ask, max_tokens=80, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "cat", "schema": schema, "strict": True}})
+jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+r = c.chat.completions.create(model=MODEL, messages=ask, max_tokens=20, temperature=0,
+        extra_body={"response_format": {"type": "regex", "regex": "[0-9]{3}-[0-9]{4}"}})
+assert re.fullmatch("[0-9]{3}-[0-9]{4}", r.choices[0].message.content), r
+r = c.chat.completions.create(model=MODEL, messages=ask, max_tokens=20, temperature=0,
+        extra_body={"response_format": {"type": "grammar", "grammar": 'start: "yes" | "no"'}})
+assert r.choices[0].message.content in ("yes", "no"), r
+m = a.messages.create(model=MODEL, max_tokens=80, messages=ask,
+        extra_body={"temperature": 0, "output_format": {"type": "json_schema", "schema": schema}})
+jsonschema.validate(json.loads(m.content[0].text), schema)
+print(json.dumps({"ok": True, "kind": "unix" if UNIX else "tcp"}))
+"##;
+
+#[test]
+fn constraints_hold_over_tcp_and_the_unix_socket() {
+    let server = start_smollm2(&Options::default());
+    let [tcp, unix] = python_client_both(BOTH, &[("U_MODEL", NAME)], &server);
+    assert_eq!(tcp, json!({"ok": true, "kind": "tcp"}));
+    assert_eq!(unix, json!({"ok": true, "kind": "unix"}));
 }

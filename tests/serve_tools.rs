@@ -5,9 +5,10 @@
 //! schema (`jsonschema`), non-streamed and streamed (the `tool_calls` deltas assembled); a
 //! follow-up with the assistant's call and a `tool` message renders and is answered; Anthropic
 //! answers with a `tool_use` block (and streamed `input_json_delta`); tools with malformed
-//! parameter schemas are a 400 and the server serves on.
+//! parameter schemas are a 400 and the server serves on. All of it over TCP and over the Unix
+//! socket.
 
-use u_conformance::serving::{Options, python_client, start_smollm2};
+use u_conformance::serving::{Options, python_client_both, start_smollm2};
 
 const NAME: &str = "SmolLM2-135M-Instruct.Q4_1";
 
@@ -16,7 +17,7 @@ import json, os
 import anthropic, jsonschema, openai
 
 MODEL = os.environ["U_MODEL"]
-c = openai.OpenAI(base_url=os.environ["U_BASE"], api_key="unused", timeout=300, max_retries=0)
+c = openai_client()
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
            "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"], "additionalProperties": False}
 ADD = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
@@ -72,7 +73,7 @@ for t in ch.message.tool_calls or []:
     check(t.function.name, t.function.arguments)
 out["auto"] = [ch.finish_reason, ch.message.content, len(ch.message.tool_calls or [])]
 
-a = anthropic.Anthropic(base_url=os.environ["U_BASE"].removesuffix("/v1"), api_key="unused", timeout=300, max_retries=0)
+a = anthropic_client()
 atools = [{"name": t["function"]["name"], "description": t["function"]["description"], "input_schema": t["function"]["parameters"]} for t in tools]
 m = a.messages.create(model=MODEL, max_tokens=80, messages=ask, tools=atools, tool_choice={"type": "tool", "name": "get_weather"},
                       extra_body={"temperature": 0})
@@ -113,27 +114,25 @@ print(json.dumps(out))
 #[test]
 fn tool_calls_parse_name_a_declared_tool_and_match_its_schema() {
     let server = start_smollm2(&Options::default());
-    let out = python_client(
-        CLIENT,
-        &[("U_MODEL", NAME), ("U_BASE", &server.url())],
-        &server,
-    );
-    eprintln!("{}", serde_json::to_string_pretty(&out).unwrap());
-    for key in [
-        "required",
-        "named",
-        "streamed",
-        "anthropic",
-        "anthropic_stream",
-    ] {
-        assert!(
-            out[key].as_array().is_some_and(|a| !a.is_empty()),
-            "{key}: {out}"
-        );
+    // Over TCP, then over the Unix socket.
+    for out in python_client_both(CLIENT, &[("U_MODEL", NAME)], &server) {
+        eprintln!("{}", serde_json::to_string_pretty(&out).unwrap());
+        for key in [
+            "required",
+            "named",
+            "streamed",
+            "anthropic",
+            "anthropic_stream",
+        ] {
+            assert!(
+                out[key].as_array().is_some_and(|a| !a.is_empty()),
+                "{key}: {out}"
+            );
+        }
+        for bad in out["bad"].as_array().unwrap() {
+            assert_eq!(bad[0], 400, "{bad}");
+        }
+        assert_eq!(out["anthropic_bad"], 400);
+        assert_eq!(out["after_bad"], 4);
     }
-    for bad in out["bad"].as_array().unwrap() {
-        assert_eq!(bad[0], 400, "{bad}");
-    }
-    assert_eq!(out["anthropic_bad"], 400);
-    assert_eq!(out["after_bad"], 4);
 }

@@ -346,6 +346,43 @@ pub fn generate_json(model: &Path, extra: &[&str]) -> Value {
 
 /// Runs a Python client `script` (`python3 -c`, with `env` set) against `server` and parses the
 /// JSON it prints; a failing client fails the test with its output and the server's log.
+/// Python helpers a client script can start with: `openai_client()` and `anthropic_client()`
+/// reach the server over TCP (`U_BASE`) or, when `U_KIND` is `unix`, over its Unix socket
+/// (`U_SOCK`), so one script tests both listeners.
+pub const PY_CLIENTS: &str = r#"
+import os
+import anthropic, openai
+try:
+    import httpx2 as httpx
+except ImportError:
+    import httpx
+UNIX = os.environ.get("U_KIND") == "unix"
+BASE = "http://localhost/v1" if UNIX else os.environ["U_BASE"]
+def _http():
+    return httpx.Client(transport=httpx.HTTPTransport(uds=os.environ["U_SOCK"]), timeout=300) if UNIX else None
+def openai_client():
+    return openai.OpenAI(base_url=BASE, api_key="unused", timeout=300, max_retries=0, http_client=_http())
+def anthropic_client():
+    return anthropic.Anthropic(base_url=BASE.removesuffix("/v1"), api_key="unused", timeout=300, max_retries=0, http_client=_http())
+"#;
+
+/// Runs `script` (after [`PY_CLIENTS`]) once over TCP and once over the Unix socket of
+/// `server`, with `env`; returns the two printed JSON values, TCP's first.
+pub fn python_client_both(script: &str, env: &[(&str, &str)], server: &Server) -> [Value; 2] {
+    let full = format!("{PY_CLIENTS}\n{script}");
+    let socket = server.socket.display().to_string();
+    let url = server.url();
+    ["tcp", "unix"].map(|kind| {
+        let mut all: Vec<(&str, &str)> = env.to_vec();
+        all.extend([
+            ("U_KIND", kind),
+            ("U_SOCK", socket.as_str()),
+            ("U_BASE", url.as_str()),
+        ]);
+        python_client(&full, &all, server)
+    })
+}
+
 pub fn python_client(script: &str, env: &[(&str, &str)], server: &Server) -> Value {
     let mut cmd = Command::new("python3");
     cmd.arg("-c").arg(script);
