@@ -505,3 +505,102 @@ fn keygen_sign_verify_round_trip_through_the_cli() {
     assert_eq!(other.status.code(), Some(1));
     assert!(text(&other).contains("untrusted key"));
 }
+
+/// #16: the proof covers the served model (its path, who reads it, whether a declared grant
+/// covers it) and every listener with its authentication; a listener other machines reach
+/// without authentication is a warning, which `inspect --strict` and `serve --strict` refuse.
+#[test]
+fn the_proof_lists_the_model_and_listeners_and_strict_refuses_open_listeners() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().canonicalize().unwrap();
+    let model = d.join("elsewhere/model.gguf");
+    std::fs::create_dir_all(model.parent().unwrap()).unwrap();
+    std::fs::copy(root().join("tests/fixtures/quantize/model.gguf"), &model).unwrap();
+    let keys = d.join("keys.txt");
+    std::fs::write(&keys, "ops k-123456789\n").unwrap();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    // The loader and tokenizer are granted another folder: the model is outside it.
+    let models = format!("fs.read = [\"{}/models/**\"]", d.display());
+    let manifest = |listen: &str, config: &str| {
+        let plugins = format!(
+            "{}{}{}[[plugins]]\npath = \"{}\"\n[plugins.grants]\nnet.listen = [\"{listen}\"]\nfs.read = [\"{}\"]\n[plugins.config]\n{config}\n\n[model]\npath = \"{}\"\n",
+            plugin_block(&plugin("loader-gguf"), &models),
+            plugin_block(&plugin("tokenizer"), &models),
+            plugin_block(&plugin("kernels-cpu"), ""),
+            plugin("transport-http").display(),
+            keys.display(),
+            model.display()
+        );
+        deployment(&d, "proof", &plugins)
+    };
+    let inspect = |path: &Path, strict: bool| {
+        let mut cmd = Command::new(bin("u-attest"));
+        cmd.arg("inspect").arg(path);
+        if strict {
+            cmd.arg("--strict");
+        }
+        run(&mut cmd)
+    };
+
+    // Loopback, no keys: the model is listed as read outside every declared grant; no warning.
+    let local = manifest(&format!("tcp:127.0.0.1:{port}"), "");
+    let out = inspect(&local, true);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert!(
+        t.contains(&format!(
+            "model {}: read {} by loader-gguf, tokenizer (granted at start-up by the host; outside every declared fs.read)",
+            model.display(),
+            model.display()
+        )),
+        "{t}"
+    );
+    assert!(t.contains(&format!("tcp:127.0.0.1:{port} (transport-http): no authentication, reachable from this machine only")), "{t}");
+    assert!(!t.contains("warning:"), "{t}");
+    let v: Value = serde_json::from_slice(
+        &run(Command::new(bin("u-attest"))
+            .args(["inspect", "--json"])
+            .arg(&local))
+        .stdout,
+    )
+    .unwrap();
+    assert!(
+        v["effective"]["fs.read"]
+            .as_array()
+            .unwrap()
+            .contains(&Value::from(model.display().to_string())),
+        "{v}"
+    );
+
+    // Every address, no keys: a warning; --strict fails it, and `serve --strict` will not serve.
+    let open = manifest(&format!("tcp:0.0.0.0:{port}"), "");
+    let out = inspect(&open, false);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert!(t.contains(&format!("warning: transport-http listens on tcp:0.0.0.0:{port}, reachable from other machines, without authentication")), "{t}");
+    assert_eq!(inspect(&open, true).status.code(), Some(1));
+    let out = run(Command::new(bin("u-runner"))
+        .args(["serve", "--strict"])
+        .arg(&open));
+    assert_ne!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!(
+            "--strict is set: not serving: transport-http listens on tcp:0.0.0.0:{port}"
+        )),
+        "{}",
+        text(&out)
+    );
+
+    // The same with API keys: reachable, authenticated, no warning.
+    let keyed = manifest(
+        &format!("tcp:0.0.0.0:{port}"),
+        &format!("api_keys_file = \"{}\"", keys.display()),
+    );
+    let t = text(&inspect(&keyed, true));
+    assert!(t.contains("API keys, reachable from other machines"), "{t}");
+    assert!(!t.contains("warning:"), "{t}");
+}

@@ -598,6 +598,121 @@ pub fn normalize(p: &Path) -> PathBuf {
     out
 }
 
+/// Read grants covering a served `model`: the directory, or the file and a `tokenizer.json` /
+/// `tokenizer_config.json` beside it. The host adds them to the loader and tokenizer plugins
+/// at start-up; the proof lists them (one function, so the two never disagree).
+pub fn model_grants(model: &Path) -> Vec<PathGrant> {
+    if model.is_dir() {
+        return vec![PathGrant {
+            path: model.to_path_buf(),
+            recursive: true,
+        }];
+    }
+    let mut grants = vec![PathGrant {
+        path: model.to_path_buf(),
+        recursive: false,
+    }];
+    if let Some(dir) = model.parent() {
+        for name in ["tokenizer.json", "tokenizer_config.json"] {
+            let p = dir.join(name);
+            if p.is_file() {
+                grants.push(PathGrant {
+                    path: p,
+                    recursive: false,
+                });
+            }
+        }
+    }
+    grants
+}
+
+/// How a listener's requests are authenticated, from its plugin's configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ListenerAuth {
+    /// Every request is HMAC-signed (`hmac_secret_file`).
+    Hmac,
+    /// Requests carry an API key (`api_keys_file`).
+    ApiKeys,
+    /// None: anyone who reaches the address is served.
+    None,
+}
+
+/// One address a plugin listens on, with how it authenticates.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Listener {
+    /// The plugin's label.
+    pub plugin: String,
+    /// The address.
+    pub address: String,
+    /// Its authentication.
+    pub auth: ListenerAuth,
+    /// Whether other machines can reach it: TCP on an address that is not loopback.
+    pub public: bool,
+}
+
+impl Deployment {
+    /// Every address the deployment listens on, with its authentication (the `net.listen`
+    /// grants of each plugin and the `hmac_secret_file` / `api_keys_file` of its config).
+    pub fn listeners(&self) -> Vec<Listener> {
+        let mut out = Vec::new();
+        for p in &self.plugins {
+            let auth = if p.config.contains_key("hmac_secret_file") {
+                ListenerAuth::Hmac
+            } else if p.config.contains_key("api_keys_file") {
+                ListenerAuth::ApiKeys
+            } else {
+                ListenerAuth::None
+            };
+            // The pinned name, else the file's name without its extension.
+            let plugin = p.name.clone().unwrap_or_else(|| {
+                p.path
+                    .file_stem()
+                    .map_or_else(|| p.label(), |s| s.to_string_lossy().into_owned())
+            });
+            for a in &p.grants.net_listen {
+                let public = match a {
+                    NetAddress::Unix(_) => false,
+                    NetAddress::Tcp { host, .. } => !is_loopback(host),
+                };
+                out.push(Listener {
+                    plugin: plugin.clone(),
+                    address: a.to_string(),
+                    auth,
+                    public,
+                });
+            }
+        }
+        out
+    }
+
+    /// Problems an operator must hear about: a listener other machines can reach that
+    /// authenticates no one. `u-attest inspect` prints them and `u-runner serve --strict`
+    /// refuses to serve with any.
+    pub fn warnings(&self) -> Vec<String> {
+        self.listeners()
+            .iter()
+            .filter(|l| l.public && l.auth == ListenerAuth::None)
+            .map(|l| {
+                format!(
+                    "{} listens on {}, reachable from other machines, without authentication \
+                     (set api_keys_file or hmac_secret_file, or listen on loopback)",
+                    l.plugin, l.address
+                )
+            })
+            .collect()
+    }
+}
+
+/// Whether `host` (a name or IP literal, IPv6 possibly in brackets) is this machine only.
+fn is_loopback(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    bare.eq_ignore_ascii_case("localhost")
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

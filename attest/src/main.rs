@@ -58,6 +58,10 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Fail on warnings too (an unauthenticated listener other machines can reach), as
+        /// `u-runner serve --strict` refuses to serve with one.
+        #[arg(long)]
+        strict: bool,
     },
 }
 
@@ -135,7 +139,11 @@ fn run(cli: Cli) -> Result<bool> {
             }
             Ok(all_ok)
         }
-        Command::Inspect { target, json } => {
+        Command::Inspect {
+            target,
+            json,
+            strict,
+        } => {
             if target.extension().is_some_and(|e| e == "toml") {
                 let d = Deployment::load(&target)?;
                 let proof = prove(&d);
@@ -144,7 +152,7 @@ fn run(cli: Cli) -> Result<bool> {
                 } else {
                     print!("{}", proof.render());
                 }
-                Ok(proof.ok)
+                Ok(proof.ok && (!strict || proof.warnings.is_empty()))
             } else {
                 let bytes = read(&target)?;
                 let report = inspect_bytes(&bytes)

@@ -2,7 +2,7 @@
 //! checked against its declaration, and what the deployment as a whole can and cannot do.
 
 use crate::{
-    deployment::{Deployment, Grants},
+    deployment::{Deployment, Grants, Listener, PathGrant, model_grants},
     signing::{check_abi, verify_bytes},
     surface::{SurfaceReport, inspect_bytes},
 };
@@ -35,6 +35,19 @@ pub struct PluginProof {
     pub accepted: bool,
 }
 
+/// The served model's part of the proof: what the host grants so that it can be read.
+#[derive(Debug, Serialize)]
+pub struct ModelProof {
+    /// `[model] path`.
+    pub path: String,
+    /// The paths granted for reading (the model, or its folder; a tokenizer beside it).
+    pub read: Vec<String>,
+    /// The accepted loader and tokenizer plugins given that access at start-up.
+    pub read_by: Vec<String>,
+    /// Whether a declared `fs.read` grant already covers every one of those paths.
+    pub declared: bool,
+}
+
 /// The proof for a deployment.
 #[derive(Debug, Serialize)]
 pub struct DeploymentProof {
@@ -42,6 +55,12 @@ pub struct DeploymentProof {
     pub deployment: String,
     /// Per plugin.
     pub plugins: Vec<PluginProof>,
+    /// The served model, when the deployment names one.
+    pub model: Option<ModelProof>,
+    /// Every address listened on, with its authentication.
+    pub listeners: Vec<Listener>,
+    /// What an operator must hear about (an unauthenticated listener other machines reach).
+    pub warnings: Vec<String>,
     /// Union of effective grants of accepted plugins, per capability.
     pub effective: BTreeMap<String, Vec<String>>,
     /// Statements that hold for the whole deployment.
@@ -55,6 +74,7 @@ pub fn prove(deployment: &Deployment) -> DeploymentProof {
     let trusted = deployment.trusted_keys();
     let mut plugins = Vec::new();
     let mut union = Grants::default();
+    let mut readers = Vec::new();
     for entry in &deployment.plugins {
         let path = entry.path.display().to_string();
         let bytes = match std::fs::read(&entry.path) {
@@ -111,6 +131,19 @@ pub fn prove(deployment: &Deployment) -> DeploymentProof {
             && surface.as_ref().is_some_and(|s| s.ok);
         if accepted && let Ok(v) = &verified {
             merge(&mut union, &entry.grants.restricted_to(&v.manifest));
+            if let Some(model) = &deployment.model
+                && matches!(
+                    v.manifest.kind,
+                    u_sdk::manifest::PluginKind::Loader | u_sdk::manifest::PluginKind::Tokenizer
+                )
+            {
+                readers.push(v.manifest.name.clone());
+                let read = Grants {
+                    fs_read: model_grants(model),
+                    ..Grants::default()
+                };
+                merge(&mut union, &read);
+            }
         }
         plugins.push(PluginProof {
             path,
@@ -153,12 +186,40 @@ pub fn prove(deployment: &Deployment) -> DeploymentProof {
             effective.insert(cap.to_string(), values);
         }
     }
+    let model = deployment.model.as_ref().map(|m| {
+        let read = model_grants(m);
+        let declared_reads: Vec<&PathGrant> = deployment
+            .plugins
+            .iter()
+            .flat_map(|p| &p.grants.fs_read)
+            .collect();
+        ModelProof {
+            path: m.display().to_string(),
+            declared: read
+                .iter()
+                .all(|g| declared_reads.iter().any(|d| covers(d, g))),
+            read: read.iter().map(|g| g.to_string()).collect(),
+            read_by: readers,
+        }
+    });
     DeploymentProof {
         deployment: deployment.name.clone(),
         plugins,
+        model,
+        listeners: deployment.listeners(),
+        warnings: deployment.warnings(),
         effective,
         guarantees: guarantees(&union),
         ok,
+    }
+}
+
+/// Whether grant `outer` gives read access to everything `inner` does.
+fn covers(outer: &PathGrant, inner: &PathGrant) -> bool {
+    if outer.recursive {
+        inner.path.starts_with(&outer.path)
+    } else {
+        !inner.recursive && inner.path == outer.path
     }
 }
 
@@ -236,6 +297,42 @@ impl DeploymentProof {
             }
             out.push('\n');
         }
+        if let Some(m) = &self.model {
+            let readers = if m.read_by.is_empty() {
+                "no accepted plugin".to_string()
+            } else {
+                m.read_by.join(", ")
+            };
+            let covered = if m.declared {
+                "; a declared fs.read covers it too"
+            } else {
+                "; outside every declared fs.read"
+            };
+            out.push_str(&format!(
+                "model {}: read {} by {readers} (granted at start-up by the host{covered})\n",
+                m.path,
+                m.read.join(", "),
+            ));
+        }
+        if !self.listeners.is_empty() {
+            out.push_str("listeners:\n");
+            for l in &self.listeners {
+                let auth = match l.auth {
+                    crate::deployment::ListenerAuth::Hmac => "HMAC-signed requests",
+                    crate::deployment::ListenerAuth::ApiKeys => "API keys",
+                    crate::deployment::ListenerAuth::None => "no authentication",
+                };
+                let reach = if l.public {
+                    "other machines"
+                } else {
+                    "this machine only"
+                };
+                out.push_str(&format!(
+                    "  {} ({}): {auth}, reachable from {reach}\n",
+                    l.address, l.plugin
+                ));
+            }
+        }
         out.push_str("effective capabilities of the deployment:\n");
         if self.effective.is_empty() {
             out.push_str("  (none)\n");
@@ -246,6 +343,9 @@ impl DeploymentProof {
         out.push_str("guarantees:\n");
         for g in &self.guarantees {
             out.push_str(&format!("  - {g}\n"));
+        }
+        for w in &self.warnings {
+            out.push_str(&format!("warning: {w}\n"));
         }
         out.push_str(if self.ok {
             "verdict: OK\n"

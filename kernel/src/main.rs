@@ -571,6 +571,13 @@ fn serve_deployment(d: Deployment, strict: bool, proof: bool) -> Result<i32> {
             opened.refused.len()
         );
     }
+    let warnings = d.warnings();
+    for w in &warnings {
+        tracing::warn!("{w}");
+    }
+    if strict && let Some(w) = warnings.first() {
+        anyhow::bail!("--strict is set: not serving: {w}");
+    }
     let (_, refused) = serve::run(opened, threads(&d), &d)?;
     Ok(if refused == 0 { 0 } else { 1 })
 }

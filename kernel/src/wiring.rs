@@ -62,32 +62,8 @@ pub struct Opened {
     pub sandbox: sandbox::Status,
 }
 
-/// Read grants covering `model`: the directory, or the file and a `tokenizer.json` /
-/// `tokenizer_config.json` beside it.
-pub fn model_grants(model: &Path) -> Vec<PathGrant> {
-    if model.is_dir() {
-        return vec![PathGrant {
-            path: model.to_path_buf(),
-            recursive: true,
-        }];
-    }
-    let mut grants = vec![PathGrant {
-        path: model.to_path_buf(),
-        recursive: false,
-    }];
-    if let Some(dir) = model.parent() {
-        for name in ["tokenizer.json", "tokenizer_config.json"] {
-            let p = dir.join(name);
-            if p.is_file() {
-                grants.push(PathGrant {
-                    path: p,
-                    recursive: false,
-                });
-            }
-        }
-    }
-    grants
-}
+/// Read grants covering `model` (the attestation's function, so the proof lists exactly these).
+pub use u_attest::deployment::model_grants;
 
 /// Grants read access to `model` to the loader and tokenizer plugins of `opened`; returns the
 /// grants, which the host's own sandbox plan needs too (it reads the model's first bytes to pick
