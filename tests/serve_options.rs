@@ -604,3 +604,143 @@ print(json.dumps(out))
         assert_eq!(r["unknown"], 404, "{r}");
     }
 }
+
+/// One HTTP/1.1 request over TCP (`port`) or a Unix socket, with an API key when given:
+/// (status, body as JSON, or null).
+fn call(
+    to: Result<u16, &std::path::Path>,
+    method: &str,
+    path: &str,
+    body: &str,
+    key: Option<&str>,
+) -> (u16, Value) {
+    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
+    let raw = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut out = String::new();
+    match to {
+        Ok(port) => {
+            let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            s.write_all(raw.as_bytes()).unwrap();
+            let _ = s.read_to_string(&mut out);
+        }
+        Err(socket) => {
+            let mut s = std::os::unix::net::UnixStream::connect(socket).unwrap();
+            s.write_all(raw.as_bytes()).unwrap();
+            let _ = s.read_to_string(&mut out);
+        }
+    }
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+fn checkpoint_names(v: &Value) -> Vec<String> {
+    v["data"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|c| c["name"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// #16: a checkpoint belongs to the client that saved it — by API key name, and by Unix peer
+/// uid. Another client does not see it listed, and its resume, fork, graft and delete answer
+/// 404, as for a name that does not exist (existence is not revealed); unauthenticated TCP
+/// clients share one namespace of their own.
+#[test]
+fn checkpoints_belong_to_the_client_that_saved_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model_dir(dir.path());
+    let secrets = dir.path().join("secrets");
+    std::fs::create_dir_all(&secrets).unwrap();
+    let (alice, bob) = ("sk-alice-0123456789abcdef", "sk-bob-fedcba9876543210");
+    let keys = secrets.join("keys");
+    std::fs::write(&keys, format!("alice {alice}\nbob {bob}\n")).unwrap();
+    let options = Options {
+        transport_config: format!("api_keys_file = \"{}\"", keys.display()),
+        ..Options::default()
+    };
+    let server = start_with(dir, &model, "loader-safetensors", &options);
+    let tcp = Ok(server.port);
+    let save = r#"{"name":"private","prompt":"My secret plan is"}"#;
+    let (s, v) = call(tcp, "POST", "/v1/checkpoints", save, Some(alice));
+    assert_eq!(s, 201, "{v}");
+    let (_, v) = call(tcp, "GET", "/v1/checkpoints", "", Some(alice));
+    assert_eq!(checkpoint_names(&v), ["private"], "{v}");
+    let (_, v) = call(tcp, "GET", "/v1/checkpoints", "", Some(bob));
+    assert!(checkpoint_names(&v).is_empty(), "bob sees {v}");
+    let resume = format!(
+        r#"{{"model":"{MODEL}","prompt":" to","resume_from":"private","max_tokens":2,"temperature":0}}"#
+    );
+    for (method, path, body) in [
+        ("POST", "/v1/completions", resume.as_str()),
+        (
+            "POST",
+            "/v1/checkpoints/fork",
+            r#"{"source":"private","name":"mine"}"#,
+        ),
+        (
+            "POST",
+            "/v1/checkpoints/graft",
+            r#"{"target":"private","source":"private","name":"g"}"#,
+        ),
+        ("DELETE", "/v1/checkpoints/private", ""),
+    ] {
+        let (s, v) = call(tcp, method, path, body, Some(bob));
+        assert_eq!(s, 404, "bob {method} {path}: {v}");
+        let (s_none, _) = call(
+            tcp,
+            method,
+            &path.replace("private", "nothing"),
+            &body.replace("private", "nothing"),
+            Some(bob),
+        );
+        assert_eq!(s_none, 404, "a name that does not exist answers alike");
+    }
+    // Bob's own checkpoint of the same name is his, and alice's is untouched.
+    let (s, _) = call(tcp, "POST", "/v1/checkpoints", save, Some(bob));
+    assert_eq!(s, 201);
+    let (s, v) = call(tcp, "POST", "/v1/completions", &resume, Some(alice));
+    assert_eq!(s, 200, "{v}");
+    let (s, _) = call(tcp, "DELETE", "/v1/checkpoints/private", "", Some(bob));
+    assert_eq!(s, 200);
+    let (_, v) = call(tcp, "GET", "/v1/checkpoints", "", Some(alice));
+    assert_eq!(checkpoint_names(&v), ["private"], "{v}");
+    drop(server);
+
+    // Without keys: a Unix peer owns its checkpoints by uid; TCP clients share their own.
+    let dir = tempfile::tempdir().unwrap();
+    let model = model_dir(dir.path());
+    let server = start_with(dir, &model, "loader-safetensors", &Options::default());
+    let (tcp, unix) = (Ok(server.port), Err(server.socket.as_path()));
+    let (s, _) = call(unix, "POST", "/v1/checkpoints", save, None);
+    assert_eq!(s, 201);
+    let (_, v) = call(unix, "GET", "/v1/checkpoints", "", None);
+    assert_eq!(checkpoint_names(&v), ["private"], "{v}");
+    let (_, v) = call(tcp, "GET", "/v1/checkpoints", "", None);
+    assert!(checkpoint_names(&v).is_empty(), "TCP sees {v}");
+    let (s, _) = call(tcp, "POST", "/v1/completions", &resume, None);
+    assert_eq!(s, 404);
+    let shared = r#"{"name":"shared","prompt":"Hello"}"#;
+    assert_eq!(call(tcp, "POST", "/v1/checkpoints", shared, None).0, 201);
+    let (_, v) = call(tcp, "GET", "/v1/checkpoints", "", None);
+    assert_eq!(checkpoint_names(&v), ["shared"], "{v}");
+    // The owned form of a name is not for the shared namespace.
+    let (s, v) = call(
+        tcp,
+        "POST",
+        "/v1/checkpoints",
+        r#"{"name":"o-0123456789abcdef.x","prompt":"Hi"}"#,
+        None,
+    );
+    assert_eq!(s, 400, "{v}");
+}

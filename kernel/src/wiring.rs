@@ -170,18 +170,7 @@ pub fn build(
         }
         return Ok(opened);
     }
-    let family = opened
-        .weights
-        .architecture()
-        .into_result()
-        .map_err(|e| anyhow!("{}: {e}", opened.loader))?
-        .into_option()
-        .map(|a| a.to_string());
-    let (arch_name, architecture) = choose_architecture(
-        report,
-        family.as_deref(),
-        deployment.architecture.as_deref(),
-    )?;
+    let (family, arch_name, architecture) = architecture_of(report, deployment, &opened)?;
     let (_, backend) = first(report, |i| match i {
         PluginInstance::Kernels(k) => Some(k.clone()),
         _ => None,
@@ -317,9 +306,12 @@ fn choose_architecture(
     }
 }
 
-/// Replaces the weights with their architecture plugin's GGUF view (for `quantize` from an HF
-/// checkpoint).
-fn as_gguf(report: &LoadReport, deployment: &Deployment, opened: &mut Opened) -> Result<()> {
+/// The family the opened weights name, and the architecture plugin (name, entry) that builds it.
+fn architecture_of(
+    report: &LoadReport,
+    deployment: &Deployment,
+    opened: &Opened,
+) -> Result<(Option<String>, String, ArchitectureBox)> {
     let family = opened
         .weights
         .architecture()
@@ -332,6 +324,13 @@ fn as_gguf(report: &LoadReport, deployment: &Deployment, opened: &mut Opened) ->
         family.as_deref(),
         deployment.architecture.as_deref(),
     )?;
+    Ok((family, name, architecture))
+}
+
+/// Replaces the weights with their architecture plugin's GGUF view (for `quantize` from an HF
+/// checkpoint).
+fn as_gguf(report: &LoadReport, deployment: &Deployment, opened: &mut Opened) -> Result<()> {
+    let (family, name, architecture) = architecture_of(report, deployment, opened)?;
     opened.weights = architecture
         .gguf_view(opened.weights.clone(), family.unwrap_or_default().into())
         .into_result()

@@ -90,6 +90,7 @@ fn minilm_embeddings_equal_sentence_transformers() -> Result<()> {
             target: "".into(),
             prompt: "".into(),
             messages: Default::default(),
+            owner: Default::default(),
         },
     )
     .unwrap_err();

@@ -3,6 +3,7 @@
 use crate::{
     Error, GenerateOptions, Generator, Limits, Result,
     logprobs::MAX_TOP_LOGPROBS,
+    owner::Owner,
     prompt::Prompt,
     sampler,
     scheduler::{Event, Scheduler},
@@ -348,11 +349,11 @@ impl Engine for EngineHandle {
                 ROption::RSome(n) => Some(n as usize),
                 ROption::RNone => None,
             };
-            let resume = request
-                .resume_from
-                .as_ref()
-                .map(|s| s.to_string())
-                .into_option();
+            let owner = Owner::new(&request.owner);
+            let resume = match request.resume_from.as_ref().into_option() {
+                Some(name) => Some(owner.stored(name)?),
+                None => None,
+            };
             let g = self.generator();
             let (tokens, breakpoints) = self.prompt_tokens(request, resume.is_some())?;
             let context = g.config().context_length as usize;
@@ -390,11 +391,10 @@ impl Engine for EngineHandle {
                 },
                 breakpoints,
                 top_logprobs,
-                save_as: request
-                    .save_as
-                    .as_ref()
-                    .map(|s| s.to_string())
-                    .into_option(),
+                save_as: match request.save_as.as_ref().into_option() {
+                    Some(name) => Some(owner.stored(name)?),
+                    None => None,
+                },
                 logit_bias: request.logit_bias.iter().map(|b| (b.id, b.bias)).collect(),
                 guide,
             };
@@ -443,14 +443,31 @@ impl Engine for EngineHandle {
     fn checkpoint(&self, request: &CheckpointRequest) -> RResult<RVec<CheckpointInfo>, UError> {
         (|| {
             self.check_model(&request.model)?;
-            let out = match request.op {
-                CheckpointOp::Save => self.save(request),
-                CheckpointOp::Fork => self.fork(request),
-                CheckpointOp::Graft => self.graft(request),
-                CheckpointOp::List => self.list(),
-                CheckpointOp::Delete => self.delete(request),
+            // The owner's names as stored, and back (see `owner`).
+            let owner = Owner::new(&request.owner);
+            let r = CheckpointRequest {
+                name: owner.stored(&request.name)?.into(),
+                source: owner.stored(&request.source)?.into(),
+                target: owner.stored(&request.target)?.into(),
+                ..request.clone()
             };
-            Ok(RVec::from(out?))
+            let out = match r.op {
+                CheckpointOp::Save => self.save(&r),
+                CheckpointOp::Fork => self.fork(&r),
+                CheckpointOp::Graft => self.graft(&r),
+                CheckpointOp::List => self.list(),
+                CheckpointOp::Delete => self.delete(&r),
+            };
+            Ok(out?
+                .into_iter()
+                .filter_map(|c| {
+                    let name = owner.visible(&c.name)?;
+                    Some(CheckpointInfo {
+                        name: name.into(),
+                        ..c
+                    })
+                })
+                .collect())
         })()
         .into()
     }

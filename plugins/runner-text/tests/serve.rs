@@ -472,6 +472,7 @@ fn checkpoint(op: CheckpointOp, name: &str) -> CheckpointRequest {
         target: RString::new(),
         prompt: RString::new(),
         messages: Vec::new().into(),
+        owner: Default::default(),
     }
 }
 

@@ -30,6 +30,7 @@ fn request(op: CheckpointOp, model: String) -> CheckpointRequest {
         target: Default::default(),
         prompt: Default::default(),
         messages: Default::default(),
+        owner: Default::default(),
     }
 }
 

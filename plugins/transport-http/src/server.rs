@@ -40,8 +40,8 @@ use tokio::{
     sync::{mpsc, watch},
 };
 use u_sdk::{
-    CheckpointOp, EngineBox, GenerateRequest, GenerateSummary, HostBox, Listener, ShutdownBox,
-    Transport, TransportContext, UError,
+    CheckpointOp, CheckpointRequest, EngineBox, GenerateRequest, GenerateSummary, HostBox,
+    Listener, ShutdownBox, Transport, TransportContext, UError,
 };
 
 type Body = BoxBody<Bytes, Infallible>;
@@ -567,6 +567,13 @@ async fn dispatch(
     };
     let peer = key.as_deref().unwrap_or(peer);
     let keyed = key.is_some();
+    // Checkpoints belong to a client the server can tell apart: an API key's name or a Unix
+    // peer's uid; unauthenticated TCP clients share one namespace.
+    let owner = if keyed || peer.starts_with("unix:") {
+        peer
+    } else {
+        ""
+    };
     let signed = signature_headers(req.headers());
     let body = read_body(state, req).await?;
     if let Some(v) = &state.verifier {
@@ -633,7 +640,7 @@ async fn dispatch(
             };
             let mut parsed = openai::parse(endpoint, &body, &models, max)?;
             let reply = openai::Meta::new(endpoint, &parsed);
-            from_peer(&mut parsed.request, peer, keyed);
+            from_peer(&mut parsed.request, (peer, owner), keyed);
             if parsed.is_single() {
                 generate(state, route, parsed.request, parsed.stream, reply, line).await
             } else {
@@ -649,18 +656,18 @@ async fn dispatch(
                     Vec::new()
                 },
             );
-            from_peer(&mut parsed.request, peer, keyed);
+            from_peer(&mut parsed.request, (peer, owner), keyed);
             generate(state, route, parsed.request, parsed.stream, reply, line).await
         }
         Route::Safebox => {
             let mut parsed = safebox::parse(&body, &models, max)?;
             let reply = safebox::Answer::new(parsed.request.model.as_str());
-            from_peer(&mut parsed.request, peer, keyed);
+            from_peer(&mut parsed.request, (peer, owner), keyed);
             generate(state, route, parsed.request, parsed.stream, reply, line).await
         }
         Route::SglGenerate => {
             let mut parsed = sglang::parse(&body, &models)?;
-            from_peer(&mut parsed.request, peer, keyed);
+            from_peer(&mut parsed.request, (peer, owner), keyed);
             generate(
                 state,
                 route,
@@ -726,6 +733,10 @@ async fn dispatch(
                     checkpoints::simple(CheckpointOp::Delete, name, model, &models)?
                 }
             };
+            let request = CheckpointRequest {
+                owner: owner.into(),
+                ..request
+            };
             let engine = state.engine.clone();
             let op = request.op;
             let infos =
@@ -744,12 +755,14 @@ async fn dispatch(
     }
 }
 
-/// Makes the connection's peer the request's fair-queueing key unless it named its user; an
-/// API key's name (`keyed`) is the key whatever the request says.
-fn from_peer(request: &mut GenerateRequest, peer: &str, keyed: bool) {
+/// Makes the connection's peer the request's fair-queueing key unless it named its user (an
+/// API key's name, `keyed`, is the key whatever the request says), and `owner` the owner of
+/// the checkpoints it names.
+fn from_peer(request: &mut GenerateRequest, (peer, owner): (&str, &str), keyed: bool) {
     if keyed || request.client.is_empty() {
         request.client = peer.into();
     }
+    request.owner = owner.into();
 }
 
 /// The Safebox authentication headers, as text: timestamp, nonce, signature.

@@ -120,6 +120,11 @@ pub struct GenerateRequest {
     /// `apply_chat_template(tools=…)`), and otherwise describes them in the system prompt
     /// (Qwen2.5's wording).
     pub tools: RString,
+    /// Who owns the checkpoints `resume_from` and `save_as` name: the authenticated client (an
+    /// API key's name, a Unix peer's uid), set by the transport; empty for clients it cannot
+    /// tell apart (unauthenticated TCP, one shared HMAC secret), who share one namespace. A
+    /// checkpoint is visible only to its owner: another owner's is simply not found.
+    pub owner: RString,
 }
 
 /// What the generated text must match (compiled by the runner; an invalid one is refused).
@@ -186,6 +191,7 @@ impl GenerateRequest {
             clamp_max_tokens: true,
             constraint: Constraint::None,
             tools: RString::new(),
+            owner: RString::new(),
         }
     }
 }
@@ -322,6 +328,8 @@ pub struct CheckpointRequest {
     pub prompt: RString,
     /// A conversation to render with the chat template and prefill (`Save`).
     pub messages: RVec<ChatTurn>,
+    /// Who owns the checkpoints named (see [`GenerateRequest::owner`]).
+    pub owner: RString,
 }
 
 /// A checkpoint as listed.

@@ -1,0 +1,88 @@
+//! Checkpoints belong to the client that saved them (`GenerateRequest::owner`,
+//! `CheckpointRequest::owner`): an owner's names are stored as `o-<16 hex>.<name>`, the hex an
+//! FNV-1a hash of the owner (stable across builds, so persisted checkpoints stay theirs), and
+//! every operation and listing sees only its owner's names, with the prefix taken off. Another
+//! owner's checkpoint is simply not found, so its existence is not revealed. Clients the
+//! transport cannot tell apart (empty owner) share the plain names, and may not use a name of
+//! the owned form.
+
+use crate::{Error, Result};
+
+/// The namespace of one owner's checkpoint names.
+pub(crate) struct Owner {
+    /// `o-<hash>.` for an owner; none for the shared namespace.
+    prefix: Option<String>,
+}
+
+impl Owner {
+    /// The namespace of `owner` (empty: the shared one).
+    pub(crate) fn new(owner: &str) -> Owner {
+        Owner {
+            prefix: (!owner.is_empty()).then(|| format!("o-{:016x}.", fnv1a(owner.as_bytes()))),
+        }
+    }
+
+    /// The stored name of the owner's checkpoint `name` (empty stays empty: no checkpoint).
+    pub(crate) fn stored(&self, name: &str) -> Result<String> {
+        match &self.prefix {
+            _ if name.is_empty() => Ok(String::new()),
+            Some(p) => Ok(format!("{p}{name}")),
+            None if is_owned(name) => Err(Error::InvalidRequest(format!(
+                "checkpoint name `{name}`: names of the form o-<16 hex digits>.… are reserved"
+            ))),
+            None => Ok(name.to_string()),
+        }
+    }
+
+    /// The owner's name for stored name `stored`, if it is one of the owner's.
+    pub(crate) fn visible(&self, stored: &str) -> Option<String> {
+        match &self.prefix {
+            Some(p) => stored.strip_prefix(p.as_str()).map(str::to_string),
+            None => (!is_owned(stored)).then(|| stored.to_string()),
+        }
+    }
+}
+
+/// Whether `name` is in an owner's namespace (`o-<16 hex>.…`).
+fn is_owned(name: &str) -> bool {
+    let b = name.as_bytes();
+    b.len() > 19
+        && name.starts_with("o-")
+        && b[2..18].iter().all(u8::is_ascii_hexdigit)
+        && b[18] == b'.'
+}
+
+/// 64-bit FNV-1a: a fixed, documented hash, unlike the standard library's.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owners_see_only_their_own_names() {
+        let (a, b, shared) = (
+            Owner::new("key:alice"),
+            Owner::new("key:bob"),
+            Owner::new(""),
+        );
+        let stored = a.stored("private").unwrap();
+        assert!(is_owned(&stored), "{stored}");
+        assert_eq!(a.visible(&stored).as_deref(), Some("private"));
+        assert_eq!(b.visible(&stored), None);
+        assert_eq!(shared.visible(&stored), None);
+        assert_ne!(b.stored("private").unwrap(), stored);
+        assert_eq!(shared.stored("notes").unwrap(), "notes");
+        assert_eq!(shared.visible("notes").as_deref(), Some("notes"));
+        assert_eq!(a.visible("notes"), None);
+        assert!(shared.stored(&stored).is_err(), "reserved for owners");
+        assert_eq!(a.stored("").unwrap(), "");
+        // The same owner always gets the same namespace (persisted checkpoints stay theirs).
+        assert_eq!(fnv1a(b"key:alice"), 0x9463_fd14_32e8_8892);
+        assert_eq!(stored, "o-9463fd1432e88892.private");
+    }
+}
