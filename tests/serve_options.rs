@@ -744,3 +744,55 @@ fn checkpoints_belong_to_the_client_that_saved_them() {
     );
     assert_eq!(s, 400, "{v}");
 }
+
+/// #16: by default (runner-text's `share_prefixes = "client"`) a client's cached prompt
+/// prefixes serve only that client: bob's first request with alice's exact prompt prefills it
+/// all (`cached_tokens` 0) while alice's own repeat is served from the cache; with `"all"` bob
+/// hits alice's prefix, and with `"none"` nobody does.
+#[test]
+fn cached_prefixes_serve_only_their_client_by_default() {
+    let prompt = "The quarterly numbers for the secret project are as follows: revenue grew";
+    let body =
+        format!(r#"{{"model":"{MODEL}","prompt":"{prompt}","max_tokens":1,"temperature":0}}"#);
+    let cached = |port: u16, key: &str| {
+        let (s, v) = call(Ok(port), "POST", "/v1/completions", &body, Some(key));
+        assert_eq!(s, 200, "{v}");
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    for (mode, alice_again, bob_after) in [
+        ("client", true, false),
+        ("all", true, true),
+        ("none", false, false),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let model = model_dir(dir.path());
+        let secrets = dir.path().join("secrets");
+        std::fs::create_dir_all(&secrets).unwrap();
+        let (alice, bob) = ("sk-alice-0123456789abcdef", "sk-bob-fedcba9876543210");
+        let keys = secrets.join("keys");
+        std::fs::write(&keys, format!("alice {alice}\nbob {bob}\n")).unwrap();
+        let options = Options {
+            transport_config: format!("api_keys_file = \"{}\"", keys.display()),
+            runner_config: if mode == "client" {
+                String::new() // the default
+            } else {
+                format!("share_prefixes = \"{mode}\"")
+            },
+            ..Options::default()
+        };
+        let server = start_with(dir, &model, "loader-safetensors", &options);
+        assert_eq!(cached(server.port, alice), 0, "{mode}: alice first");
+        assert_eq!(
+            cached(server.port, alice) > 0,
+            alice_again,
+            "{mode}: alice again"
+        );
+        assert_eq!(
+            cached(server.port, bob) > 0,
+            bob_after,
+            "{mode}: bob after alice"
+        );
+    }
+}

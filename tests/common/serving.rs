@@ -24,6 +24,8 @@ pub struct Options {
     pub model_config: String,
     /// More `[[plugins]]` blocks (e.g. a test plugin).
     pub plugins: String,
+    /// Lines of runner-text's `[plugins.config]`.
+    pub runner_config: String,
 }
 
 /// A running `u-runner serve`; stopped (SIGTERM, then SIGKILL) when dropped.
@@ -208,6 +210,8 @@ fs.write = ["{kv}/**"]
 
 [[plugins]]
 path = "{runner}"
+[plugins.config]
+{runner_config}
 
 [[plugins]]
 path = "{embedder}"
@@ -236,6 +240,7 @@ path = "{model}"
         bert = plugin("arch-bert").display(),
         cache = plugin("cache-kv").display(),
         runner = plugin("runner-text").display(),
+        runner_config = options.runner_config,
         embedder = plugin("runner-embeddings").display(),
         http = plugin("transport-http").display(),
         kv = kv.display(),

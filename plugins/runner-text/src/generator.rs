@@ -368,6 +368,7 @@ impl Generator {
                 save_as: None,
                 logit_bias: Vec::new(),
                 guide: None,
+                prefix: crate::owner::PrefixKey::Off,
             },
         )?;
         let mut batch = Batch::new(self.prefill_chunk);

@@ -3,7 +3,7 @@
 use crate::{
     Error, GenerateOptions, Generator, Limits, Result,
     logprobs::MAX_TOP_LOGPROBS,
-    owner::Owner,
+    owner::{Owner, Sharing},
     prompt::Prompt,
     sampler,
     scheduler::{Event, Scheduler},
@@ -25,6 +25,8 @@ pub struct EngineHandle {
     name: Arc<str>,
     /// Other names the model answers to ([`u_sdk::ANY_MODEL`]: any).
     aliases: Arc<[String]>,
+    /// Which clients share cached prompt prefixes.
+    sharing: Sharing,
     scheduler: Arc<Scheduler>,
 }
 
@@ -40,8 +42,15 @@ impl EngineHandle {
         Self {
             name: name.into().into(),
             aliases: Arc::new([]),
+            sharing: Sharing::default(),
             scheduler: Arc::new(Scheduler::start(generator, limits)),
         }
+    }
+
+    /// The same engine, sharing cached prompt prefixes as `sharing` says.
+    pub fn with_sharing(mut self, sharing: Sharing) -> Self {
+        self.sharing = sharing;
+        self
     }
 
     /// The same engine, answering to `aliases` too (`[model] aliases`; [`u_sdk::ANY_MODEL`]
@@ -211,6 +220,7 @@ impl EngineHandle {
             save_as: Some(r.name.to_string()),
             logit_bias: Vec::new(),
             guide: None,
+            prefix: self.sharing.key(&r.owner),
         };
         let out = self.run(spec, "", &mut |_| true)?;
         Ok(vec![CheckpointInfo {
@@ -397,6 +407,7 @@ impl Engine for EngineHandle {
                 },
                 logit_bias: request.logit_bias.iter().map(|b| (b.id, b.bias)).collect(),
                 guide,
+                prefix: self.sharing.key(&request.owner),
             };
             let out = self.run(spec, &request.client, &mut |t| sink.token(t))?;
             Ok(GenerateSummary {

@@ -34,7 +34,7 @@ mod constraint;
 mod generator;
 mod handle;
 mod logprobs;
-mod owner;
+pub mod owner;
 mod prompt;
 mod runner;
 pub mod sampler;

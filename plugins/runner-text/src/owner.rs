@@ -5,8 +5,77 @@
 //! owner's checkpoint is simply not found, so its existence is not revealed. Clients the
 //! transport cannot tell apart (empty owner) share the plain names, and may not use a name of
 //! the owned form.
+//!
+//! Cached prompt prefixes are parted the same way ([`Sharing`]): by default each owner's
+//! prompts key the prefix cache through a secret per-owner mask, so another client's identical
+//! prompt is not found (its first request prefills in full, and timing reveals nothing).
 
 use crate::{Error, Result};
+use std::hash::{BuildHasher, RandomState};
+
+/// Which clients share cached prompt prefixes (runner-text's `share_prefixes`).
+#[derive(Clone, Debug)]
+pub enum Sharing {
+    /// Every client shares one prefix cache.
+    All,
+    /// Each owner has prefixes of its own (clients without an owner share theirs), so no
+    /// client's request is faster for another's prompt: the default.
+    Client(RandomState),
+    /// No request reuses another's prefix.
+    None,
+}
+
+impl Default for Sharing {
+    fn default() -> Self {
+        Sharing::Client(RandomState::new())
+    }
+}
+
+impl Sharing {
+    /// From the plugin setting: `all`, `client` or `none`.
+    pub fn parse(s: &str) -> Option<Sharing> {
+        match s {
+            "all" => Some(Sharing::All),
+            "client" => Some(Sharing::default()),
+            "none" => Some(Sharing::None),
+            _ => None,
+        }
+    }
+
+    /// How `owner`'s prompts are keyed in the prefix cache.
+    pub(crate) fn key(&self, owner: &str) -> PrefixKey {
+        match self {
+            Sharing::All => PrefixKey::Shared,
+            Sharing::Client(_) if owner.is_empty() => PrefixKey::Shared,
+            // A per-process secret mask per owner: the prefix tree's paths of two owners
+            // diverge at their first token, and no client can aim at another's.
+            Sharing::Client(secret) => PrefixKey::Masked((secret.hash_one(owner) as u32).max(1)),
+            Sharing::None => PrefixKey::Off,
+        }
+    }
+}
+
+/// How one request's tokens key the prefix cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PrefixKey {
+    /// The tokens themselves: shared with every other `Shared` request.
+    Shared,
+    /// Each token id XOR this mask: shared only with requests of the same mask.
+    Masked(u32),
+    /// Not looked up or inserted.
+    Off,
+}
+
+impl PrefixKey {
+    /// The cache's key for `tokens`, or `None` when the request does not use the cache.
+    pub(crate) fn of(self, tokens: &[u32]) -> Option<Vec<u32>> {
+        match self {
+            PrefixKey::Shared => Some(tokens.to_vec()),
+            PrefixKey::Masked(m) => Some(tokens.iter().map(|t| t ^ m).collect()),
+            PrefixKey::Off => None,
+        }
+    }
+}
 
 /// The namespace of one owner's checkpoint names.
 pub(crate) struct Owner {
@@ -62,6 +131,21 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefix_keys_part_owners_and_keep_one_owner_together() {
+        let s = Sharing::default();
+        let (a, b) = (s.key("key:alice"), s.key("key:bob"));
+        assert_ne!(a, b);
+        assert_eq!(a, s.key("key:alice"));
+        assert_eq!(s.key(""), PrefixKey::Shared);
+        let t = [1, 2, 3];
+        assert_ne!(a.of(&t), b.of(&t));
+        assert_eq!(PrefixKey::Shared.of(&t).unwrap(), t);
+        assert_eq!(Sharing::None.key("key:alice").of(&t), None);
+        assert_eq!(Sharing::All.key("key:alice"), PrefixKey::Shared);
+        assert!(Sharing::parse("client").is_some() && Sharing::parse("some").is_none());
+    }
 
     #[test]
     fn owners_see_only_their_own_names() {

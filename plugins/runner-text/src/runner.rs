@@ -1,15 +1,18 @@
 //! The plugin glue: [`TextRunner`] starts an [`EngineHandle`] for the model the host built.
 
-use crate::{EngineHandle, Generator, Limits};
+use crate::{EngineHandle, Generator, Limits, owner::Sharing};
 use abi_stable::std_types::{RResult, RVec};
 use std::sync::Arc;
 use u_sdk::{
     EngineBox, HostBox, PluginInfo, PluginInstance, Runner, RunnerBox, RunnerContext, UError,
 };
 
-/// The `runner` entry object.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct TextRunner;
+/// The `runner` entry object, with its plugin settings.
+#[derive(Clone, Debug, Default)]
+pub struct TextRunner {
+    /// Which clients share cached prompt prefixes (`share_prefixes`).
+    pub sharing: Sharing,
+}
 
 impl Runner for TextRunner {
     fn start(&self, context: RunnerContext) -> RResult<EngineBox, UError> {
@@ -27,6 +30,7 @@ impl Runner for TextRunner {
             Ok(
                 EngineHandle::with_limits(context.name.as_str(), Arc::new(generator), limits)
                     .with_aliases(aliases)
+                    .with_sharing(self.sharing.clone())
                     .into_box(),
             )
         })()
@@ -43,19 +47,31 @@ fn describe() -> PluginInfo {
     }
 }
 
-/// Creates the runner (the root module's `instantiate`); it takes no settings.
+/// Creates the runner (the root module's `instantiate`) from its settings: `share_prefixes =
+/// "all" | "client" | "none"` (default `client`: see [`Sharing`]).
 fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
     let config: toml::Table = host
         .config()
         .as_str()
         .parse()
         .map_err(|e| UError::invalid(format!("runner-text config: {e}")))?;
-    if let Some(key) = config.keys().next() {
-        return Err(UError::invalid(format!(
-            "runner-text config: unknown key `{key}` (batch sizes are set under [model])"
-        )));
+    let mut runner = TextRunner::default();
+    for (key, value) in &config {
+        match (key.as_str(), value.as_str().and_then(Sharing::parse)) {
+            ("share_prefixes", Some(sharing)) => runner.sharing = sharing,
+            ("share_prefixes", None) => {
+                return Err(UError::invalid(
+                    "runner-text config: share_prefixes must be \"all\", \"client\" or \"none\"",
+                ));
+            }
+            _ => {
+                return Err(UError::invalid(format!(
+                    "runner-text config: unknown key `{key}` (batch sizes are set under [model])"
+                )));
+            }
+        }
     }
-    Ok(PluginInstance::Runner(RunnerBox::new(TextRunner)))
+    Ok(PluginInstance::Runner(RunnerBox::new(runner)))
 }
 
 /// The exported root module and embedded manifest.

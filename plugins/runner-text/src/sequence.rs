@@ -7,6 +7,7 @@
 //! (saved by another process) holds `unknown` leading positions without ids; everything that
 //! needs ids (prefix caching, penalties) then sees only the known tail.
 
+use crate::owner::PrefixKey;
 use crate::{
     Error, GenerateOptions, Generator, Result,
     constraint::Guide,
@@ -50,6 +51,8 @@ pub(crate) struct Spec {
     pub logit_bias: Vec<(u32, f32)>,
     /// The compiled constraint the output must follow, if any.
     pub guide: Option<Guide>,
+    /// How the prompt keys the prefix cache (whose prefixes it may reuse and feed).
+    pub prefix: PrefixKey,
 }
 
 /// Text streamed for one generated token (`id: None`: held-back text flushed at the end).
@@ -100,6 +103,7 @@ pub(crate) struct Sequence {
     cache: KvCacheBox,
     seq: SeqId,
     share: bool,
+    prefix: PrefixKey,
     unknown: usize,
     tokens: Vec<u32>,
     prompt_len: usize,
@@ -142,7 +146,7 @@ impl Sequence {
         if spec.prompt.is_empty() {
             return Err(Error::EmptyPrompt);
         }
-        let share = !matches!(spec.origin, Origin::Fresh);
+        let share = !matches!(spec.origin, Origin::Fresh) && spec.prefix != PrefixKey::Off;
         let cache = g.cache().clone();
         let plugin = |op| move |e| Error::plugin(op, e);
         let (seq, cached, unknown, mut tokens) = match spec.origin {
@@ -153,15 +157,23 @@ impl Sequence {
                     .map_err(plugin("cache.create"))?;
                 (seq, 0, 0, Vec::new())
             }
-            Origin::Prefix => {
+            Origin::Prefix => match spec.prefix.of(&spec.prompt[..spec.prompt.len() - 1]) {
                 // The last prompt token always runs, so that its logits exist.
-                let head = &spec.prompt[..spec.prompt.len() - 1];
-                let m = cache
-                    .lookup_prefix(head.into())
-                    .into_result()
-                    .map_err(plugin("cache.lookup_prefix"))?;
-                (m.seq, m.matched as usize, 0, Vec::new())
-            }
+                Some(head) => {
+                    let m = cache
+                        .lookup_prefix(head.as_slice().into())
+                        .into_result()
+                        .map_err(plugin("cache.lookup_prefix"))?;
+                    (m.seq, m.matched as usize, 0, Vec::new())
+                }
+                None => {
+                    let seq = cache
+                        .create()
+                        .into_result()
+                        .map_err(plugin("cache.create"))?;
+                    (seq, 0, 0, Vec::new())
+                }
+            },
             Origin::Checkpoint { name, tokens } => {
                 let seq = cache
                     .load_checkpoint(name.as_str().into())
@@ -202,6 +214,7 @@ impl Sequence {
         };
         let s = Self {
             share,
+            prefix: spec.prefix,
             cache,
             seq,
             unknown,
@@ -454,8 +467,11 @@ impl Sequence {
         if !self.share || self.unknown > 0 || len == 0 {
             return Ok(());
         }
+        let Some(key) = self.prefix.of(&self.tokens[..len]) else {
+            return Ok(());
+        };
         self.cache
-            .insert_prefix(self.tokens[..len].into(), self.seq)
+            .insert_prefix(key.as_slice().into(), self.seq)
             .into_result()
             .map_err(|e| Error::plugin("cache.insert_prefix", e))
     }
