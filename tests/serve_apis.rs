@@ -349,6 +349,26 @@ fn logprobs_checkpoints_metrics_and_back_pressure() {
     );
     assert_eq!(s, 201, "{v}");
     assert!(v["tokens"].as_u64() > Some(0), "{v}");
+    // Saving over it needs `overwrite` (#16), else 409 and the checkpoint stays.
+    let (s, v) = post(
+        port,
+        "/v1/checkpoints",
+        br#"{"name":"intro","prompt":"Something else"}"#,
+    );
+    assert_eq!(s, 409, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("overwrite"),
+        "{v}"
+    );
+    let (s, v) = post(
+        port,
+        "/v1/checkpoints",
+        br#"{"name":"intro","prompt":"Hello, wor","overwrite":true}"#,
+    );
+    assert_eq!(s, 201, "{v}");
     let full = post(
         port,
         "/v1/completions",
@@ -364,6 +384,14 @@ fn logprobs_checkpoints_metrics_and_back_pressure() {
         resumed.1["choices"][0]["text"], full.1["choices"][0]["text"],
         "{resumed:?} vs {full:?}"
     );
+    let again = br#"{"model":"tiny-llama","prompt":"ld","resume_from":"intro","max_tokens":8,"temperature":0,"save_as":"intro-after"}"#;
+    assert_eq!(
+        post(port, "/v1/completions", again).0,
+        409,
+        "save_as over a checkpoint"
+    );
+    let replace = br#"{"model":"tiny-llama","prompt":"ld","resume_from":"intro","max_tokens":8,"temperature":0,"save_as":"intro-after","overwrite":true}"#;
+    assert_eq!(post(port, "/v1/completions", replace).0, 200);
     let (s, v) = post(
         port,
         "/v1/checkpoints/fork",

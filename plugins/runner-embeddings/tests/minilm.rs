@@ -91,6 +91,7 @@ fn minilm_embeddings_equal_sentence_transformers() -> Result<()> {
             prompt: "".into(),
             messages: Default::default(),
             owner: Default::default(),
+            overwrite: false,
         },
     )
     .unwrap_err();

@@ -288,6 +288,18 @@ impl EngineHandle {
             .collect())
     }
 
+    /// An [`ErrorKind::AlreadyExists`](u_sdk::ErrorKind::AlreadyExists) error if checkpoint
+    /// `stored` exists (`shown`: its name as the client wrote it).
+    fn refuse_existing(&self, stored: &str, shown: &str) -> std::result::Result<(), UError> {
+        let names = self.cache().checkpoints().into_result()?;
+        if names.iter().any(|n| n.as_str() == stored) {
+            return Err(UError::already_exists(format!(
+                "checkpoint `{shown}` exists: pass `overwrite: true` to replace it"
+            )));
+        }
+        Ok(())
+    }
+
     /// `Delete`: checkpoint `name` removed.
     fn delete(&self, r: &CheckpointRequest) -> Result<Vec<CheckpointInfo>> {
         self.cache()
@@ -360,6 +372,10 @@ impl Engine for EngineHandle {
                 ROption::RNone => None,
             };
             let owner = Owner::new(&request.owner);
+            if let (Some(name), false) = (request.save_as.as_ref().into_option(), request.overwrite)
+            {
+                self.refuse_existing(&owner.stored(name)?, name)?;
+            }
             let resume = match request.resume_from.as_ref().into_option() {
                 Some(name) => Some(owner.stored(name)?),
                 None => None,
@@ -462,6 +478,13 @@ impl Engine for EngineHandle {
                 target: owner.stored(&request.target)?.into(),
                 ..request.clone()
             };
+            let writes = matches!(
+                r.op,
+                CheckpointOp::Save | CheckpointOp::Fork | CheckpointOp::Graft
+            );
+            if writes && !r.overwrite {
+                self.refuse_existing(&r.name, &request.name)?;
+            }
             let out = match r.op {
                 CheckpointOp::Save => self.save(&r),
                 CheckpointOp::Fork => self.fork(&r),

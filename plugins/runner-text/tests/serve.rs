@@ -473,6 +473,7 @@ fn checkpoint(op: CheckpointOp, name: &str) -> CheckpointRequest {
         prompt: RString::new(),
         messages: Vec::new().into(),
         owner: Default::default(),
+        overwrite: false,
     }
 }
 

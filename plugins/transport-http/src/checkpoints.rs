@@ -31,6 +31,7 @@ fn request(op: CheckpointOp, model: String) -> CheckpointRequest {
         prompt: Default::default(),
         messages: Default::default(),
         owner: Default::default(),
+        overwrite: false,
     }
 }
 
@@ -77,6 +78,7 @@ pub fn parse(
     let o = json::object(body)?;
     let mut r = request(op, model(json::string(&o, "model")?, models)?);
     r.name = name(&o, "name")?.into();
+    r.overwrite = json::boolean(&o, "overwrite")?;
     match op {
         CheckpointOp::Save => {
             if let Some(source) = json::string(&o, "source")? {

@@ -85,6 +85,7 @@ impl ApiError {
     pub fn from_engine(e: &u_sdk::UError) -> Self {
         let (status, kind) = match e.kind {
             ErrorKind::NotFound => (404, "invalid_request_error"),
+            ErrorKind::AlreadyExists => (409, "invalid_request_error"),
             ErrorKind::InvalidInput | ErrorKind::Unsupported | ErrorKind::ResourceExhausted => {
                 (400, "invalid_request_error")
             }

@@ -304,8 +304,8 @@ fn response_format(o: &Obj) -> Result<Constraint, ApiError> {
 }
 
 /// Fields both endpoints take, OpenAI's and this server's extensions (`top_k`, `min_p`,
-/// `repetition_penalty`, `resume_from`, `save_as`).
-const COMMON: [&str; 19] = [
+/// `repetition_penalty`, `resume_from`, `save_as`, `overwrite`).
+const COMMON: [&str; 20] = [
     "model",
     "response_format",
     "frequency_penalty",
@@ -325,6 +325,7 @@ const COMMON: [&str; 19] = [
     "repetition_penalty",
     "resume_from",
     "save_as",
+    "overwrite",
 ];
 
 /// Fields only `/v1/chat/completions` takes.
@@ -490,6 +491,7 @@ pub fn parse(
     request.top_logprobs = top_logprobs.into();
     request.resume_from = resume_from.map(Into::into).into();
     request.save_as = save_as.map(Into::into).into();
+    request.overwrite = json::boolean(&o, "overwrite")?;
     request.client = user.map(|u| format!("user:{u}")).unwrap_or_default().into();
     request.logit_bias = logit_bias(&o)?.into();
     request.constraint = response_format(&o)?;

@@ -13,6 +13,9 @@ pub enum ErrorKind {
     InvalidInput,
     /// A named thing (file, tensor, checkpoint, model) does not exist.
     NotFound,
+    /// A named thing already exists and the caller did not ask to replace it (a checkpoint
+    /// saved over without `overwrite`).
+    AlreadyExists,
     /// A capability check failed, in the host services or in the OS sandbox.
     PermissionDenied,
     /// The operation or dtype is not implemented by this plugin.
@@ -58,6 +61,11 @@ impl UError {
     /// Shorthand for [`ErrorKind::NotFound`].
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::NotFound, message)
+    }
+
+    /// Shorthand for [`ErrorKind::AlreadyExists`].
+    pub fn already_exists(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::AlreadyExists, message)
     }
 
     /// Shorthand for [`ErrorKind::Unsupported`].

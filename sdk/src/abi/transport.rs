@@ -125,6 +125,9 @@ pub struct GenerateRequest {
     /// tell apart (unauthenticated TCP, one shared HMAC secret), who share one namespace. A
     /// checkpoint is visible only to its owner: another owner's is simply not found.
     pub owner: RString,
+    /// `save_as` may replace an existing checkpoint of that name (otherwise that is an
+    /// [`AlreadyExists`](crate::abi::error::ErrorKind::AlreadyExists) error, before any work).
+    pub overwrite: bool,
 }
 
 /// What the generated text must match (compiled by the runner; an invalid one is refused).
@@ -192,6 +195,7 @@ impl GenerateRequest {
             constraint: Constraint::None,
             tools: RString::new(),
             owner: RString::new(),
+            overwrite: false,
         }
     }
 }
@@ -330,6 +334,9 @@ pub struct CheckpointRequest {
     pub messages: RVec<ChatTurn>,
     /// Who owns the checkpoints named (see [`GenerateRequest::owner`]).
     pub owner: RString,
+    /// `Save`, `Fork`, `Graft`: replace checkpoint `name` if it exists (otherwise that is an
+    /// [`AlreadyExists`](crate::abi::error::ErrorKind::AlreadyExists) error).
+    pub overwrite: bool,
 }
 
 /// A checkpoint as listed.
