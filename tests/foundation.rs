@@ -604,3 +604,268 @@ fn the_proof_lists_the_model_and_listeners_and_strict_refuses_open_listeners() {
     assert!(t.contains("API keys, reachable from other machines"), "{t}");
     assert!(!t.contains("warning:"), "{t}");
 }
+
+/// #16: `u-attest inspect --runner-form MODEL SOCKET` proves the deployment the Safebox runner
+/// form serves: the socket it adds (with its authentication) and the model, which the plain
+/// inspection of the same manifest does not list.
+#[test]
+fn inspect_proves_the_runner_form_with_its_socket_and_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().canonicalize().unwrap();
+    let model = d.join("model.gguf");
+    std::fs::copy(root().join("tests/fixtures/quantize/model.gguf"), &model).unwrap();
+    let socket = d.join("u-llm.sock");
+    let secret = d.join("secret.key");
+    std::fs::write(&secret, "0123456789abcdef-secret\n").unwrap();
+    let dev = root().join("manifests/dev.toml");
+    let inspect = |extra: &[&std::ffi::OsStr]| {
+        let out = run(Command::new(bin("u-attest"))
+            .arg("inspect")
+            .arg(&dev)
+            .args(extra));
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        text(&out)
+    };
+    let plain = inspect(&[]);
+    assert!(!plain.contains(&socket.display().to_string()), "{plain}");
+    let form = [
+        "--runner-form".as_ref(),
+        model.as_os_str(),
+        socket.as_os_str(),
+    ];
+    let t = inspect(&form);
+    assert!(
+        t.contains(&format!(
+            "unix:{} (transport-http): no authentication, reachable from this machine only",
+            socket.display()
+        )),
+        "{t}"
+    );
+    assert!(t.contains(&format!("model {}:", model.display())), "{t}");
+    let mut signed = form.to_vec();
+    signed.extend(["--secret-file".as_ref(), secret.as_os_str()]);
+    let t = inspect(&signed);
+    assert!(
+        t.contains(&format!(
+            "unix:{} (transport-http): HMAC-signed requests",
+            socket.display()
+        )),
+        "{t}"
+    );
+    let out = run(Command::new(bin("u-attest"))
+        .arg("inspect")
+        .arg(plugin("transport-http"))
+        .args(form));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("--runner-form proves a deployment"),
+        "{}",
+        text(&out)
+    );
+}
+
+/// #16: `u-attest verify --deployment` judges each plugin with the host's own admission code,
+/// so it and `u-runner plugins` agree — same verdict, same reason — on every case: granted,
+/// ungranted (two kinds), over-granted, a wrong pinned name, a duplicate, an untrusted signer, a
+/// tampered file, a W+X segment, another ABI, the host itself, and an import surface beyond
+/// the manifest (loaded with a warning, refused when the deployment is strict).
+#[test]
+fn verify_and_the_host_agree_on_every_admission_case() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let dev = dev_key();
+    let stranger = SecretKey::generate().unwrap();
+    let read = "fs.read = [\"/tmp/**\"]";
+    let again = copy_with(d, "again.so", &plugin("loader-gguf"), |_| {});
+    let untrusted = copy_with(d, "untrusted.so", &plugin("loader-onnx"), |b| {
+        u_attest::sign_bytes(b, &stranger).unwrap();
+    });
+    let tampered = copy_with(d, "tampered.so", &plugin("loader-onnx"), |b| {
+        flip_code_byte(b)
+    });
+    let wx = copy_with(d, "wx.so", &plugin("loader-onnx"), |b| {
+        make_writable_executable(b);
+        u_attest::sign_bytes(b, &dev).unwrap();
+    });
+    let other_abi = copy_with(d, "other-abi.so", &plugin("loader-onnx"), |b| {
+        rewrite_abi_and_sign(b, &dev)
+    });
+    let pinned = format!(
+        "[[plugins]]\nname = \"loader-onnx\"\npath = \"{}\"\n[plugins.grants]\n{read}\n\n",
+        plugin("loader-gguf").display()
+    );
+    // (case, plugin blocks, strict, the verdict of each entry: None loaded, Some(words) refused)
+    let cases: Vec<(&str, String, bool, Vec<Option<&str>>)> = vec![
+        (
+            "granted",
+            plugin_block(&plugin("loader-gguf"), read),
+            false,
+            vec![None],
+        ),
+        (
+            "fs.read not granted",
+            plugin_block(&plugin("loader-safetensors"), ""),
+            false,
+            vec![Some(
+                "requests `fs.read`, which the deployment does not grant it",
+            )],
+        ),
+        (
+            "net.listen not granted",
+            plugin_block(&plugin("transport-http"), read),
+            false,
+            vec![Some("requests `net.listen`")],
+        ),
+        (
+            "over-granted",
+            plugin_block(&plugin("kernels-cpu"), read),
+            false,
+            vec![None],
+        ),
+        (
+            "pinned name",
+            pinned,
+            false,
+            vec![Some("expects plugin `loader-onnx`")],
+        ),
+        (
+            "duplicate",
+            plugin_block(&plugin("loader-gguf"), read) + &plugin_block(&again, read),
+            false,
+            vec![None, Some("already loaded")],
+        ),
+        (
+            "untrusted",
+            plugin_block(&untrusted, read),
+            false,
+            vec![Some("untrusted key")],
+        ),
+        (
+            "tampered",
+            plugin_block(&tampered, read),
+            false,
+            vec![Some("tampered")],
+        ),
+        (
+            "W+X",
+            plugin_block(&wx, read),
+            false,
+            vec![Some("both writable and executable")],
+        ),
+        (
+            "other ABI",
+            plugin_block(&other_abi, read),
+            false,
+            vec![Some("built against SDK ABI")],
+        ),
+        (
+            "the host",
+            plugin_block(&bin("u-runner"), read),
+            false,
+            vec![Some("host component")],
+        ),
+        (
+            "imports beyond, default",
+            plugin_block(&plugin("probe"), read),
+            false,
+            vec![None],
+        ),
+        (
+            "imports beyond, strict",
+            plugin_block(&plugin("probe"), read),
+            true,
+            vec![Some("import surface exceeds its manifest")],
+        ),
+    ];
+    assert!(cases.len() >= 10);
+    for (i, (case, blocks, strict, want)) in cases.iter().enumerate() {
+        let dep = deployment(d, &format!("case{i}"), blocks);
+        if *strict {
+            let text = std::fs::read_to_string(&dep).unwrap();
+            std::fs::write(
+                &dep,
+                text.replacen("threads = 1\n", "threads = 1\nstrict = true\n", 1),
+            )
+            .unwrap();
+        }
+        let host = run(Command::new(bin("u-runner"))
+            .args(["plugins", "--json"])
+            .arg(&dep));
+        let v: Value = serde_json::from_slice(&host.stdout)
+            .unwrap_or_else(|_| panic!("{case}: {}", text(&host)));
+        let verify = run(Command::new(bin("u-attest"))
+            .args(["verify", "--deployment"])
+            .arg(&dep));
+        let lines = String::from_utf8_lossy(&verify.stdout).into_owned();
+        let entries: Vec<&str> = lines.lines().filter(|l| !l.starts_with("  ")).collect();
+        assert_eq!(entries.len(), want.len(), "{case}: {lines}");
+        let refused = v["refused"].as_array().unwrap();
+        let mut host_refusals = refused.iter();
+        for (line, want) in entries.iter().zip(want) {
+            match want {
+                None => assert!(line.starts_with("OK "), "{case}: verify says {line}"),
+                Some(words) => {
+                    let reason = line
+                        .strip_prefix("REFUSED ")
+                        .and_then(|l| l.split_once(": "))
+                        .map(|(_, r)| r)
+                        .unwrap_or_else(|| panic!("{case}: verify says {line}"));
+                    assert!(reason.contains(words), "{case}: verify's reason {reason}");
+                    let host_reason = host_refusals
+                        .next()
+                        .unwrap_or_else(|| panic!("{case}: the host loaded it: {v:#}"))["reason"]
+                        .as_str()
+                        .unwrap();
+                    assert_eq!(host_reason, reason, "{case}: the host and verify disagree");
+                }
+            }
+        }
+        assert!(
+            host_refusals.next().is_none(),
+            "{case}: the host refused more: {v:#}"
+        );
+        let loaded = v["loaded"].as_array().unwrap().len();
+        assert_eq!(
+            loaded,
+            want.iter().filter(|w| w.is_none()).count(),
+            "{case}: {v:#}"
+        );
+        let all_ok = want.iter().all(Option::is_none);
+        assert_eq!(verify.status.success(), all_ok, "{case}: {lines}");
+        if *case == "imports beyond, default" {
+            assert!(lines.contains("warning: imports `connect`"), "{lines}");
+            assert!(
+                text(&host).contains("imports `connect`"),
+                "the host says it loudly: {}",
+                text(&host)
+            );
+        }
+    }
+}
+
+/// #16: `u-runner serve --strict` refuses the probe plugin (it imports `connect`, `fork` and
+/// `socket` beyond its manifest), naming the undeclared imports, and serves nothing.
+#[test]
+fn serve_strict_refuses_a_plugin_importing_beyond_its_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let blocks = plugin_block(&plugin("probe"), "fs.read = [\"/tmp/**\"]")
+        + &plugin_block(
+            &plugin("transport-http"),
+            &format!("net.listen = [\"tcp:127.0.0.1:{port}\"]"),
+        );
+    let dep = deployment(dir.path(), "strict", &blocks);
+    let out = run(Command::new(bin("u-runner"))
+        .args(["serve", "--strict"])
+        .arg(&dep));
+    let t = text(&out);
+    assert_ne!(out.status.code(), Some(0), "{t}");
+    assert!(t.contains("--strict is set: not serving"), "{t}");
+    for import in ["connect", "fork", "socket"] {
+        assert!(t.contains(&format!("imports `{import}`")), "{import}: {t}");
+    }
+}

@@ -615,6 +615,47 @@ fn call(
     key: Option<&str>,
 ) -> (u16, Value) {
     let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
+    call_with(to, method, path, body, &auth)
+}
+
+/// [`call`] signed as Safebox asks, with the named HMAC key `(id, key)` and a fresh nonce.
+fn signed_call(
+    to: Result<u16, &std::path::Path>,
+    method: &str,
+    path: &str,
+    body: &str,
+    (id, key): (&str, &str),
+) -> (u16, Value) {
+    use hmac::{Hmac, Mac};
+    use sha2::{Digest, Sha256};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NONCE: AtomicU64 = AtomicU64::new(0);
+    let nonce = format!("nonce-{:016}", NONCE.fetch_add(1, Ordering::Relaxed));
+    let ts = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let canonical = format!(
+        "{method}\n{path}\n{ts}\n{nonce}\n{}",
+        hex::encode(Sha256::digest(body.as_bytes()))
+    );
+    let mut mac = Hmac::<Sha256>::new_from_slice(key.as_bytes()).unwrap();
+    mac.update(canonical.as_bytes());
+    let sig = hex::encode(mac.finalize().into_bytes());
+    let auth = format!(
+        "X-Safebox-Key-Id: {id}\r\nX-Safebox-Timestamp: {ts}\r\nX-Safebox-Nonce: {nonce}\r\nX-Safebox-Signature: v1={sig}\r\n"
+    );
+    call_with(to, method, path, body, &auth)
+}
+
+/// One request with the header lines `auth`: (status, body as JSON, or null).
+fn call_with(
+    to: Result<u16, &std::path::Path>,
+    method: &str,
+    path: &str,
+    body: &str,
+    auth: &str,
+) -> (u16, Value) {
     let raw = format!(
         "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
@@ -743,6 +784,144 @@ fn checkpoints_belong_to_the_client_that_saved_them() {
         None,
     );
     assert_eq!(s, 400, "{v}");
+}
+
+/// #16: with several named HMAC keys (`hmac_keys_file`) each key id is a client: app1's
+/// checkpoint is not found by app2 (list, resume, fork, graft, delete: 404); the admin scope
+/// (`admin_clients`) lists both clients' checkpoints, says whose each is, and deletes one by
+/// its stored name. A Unix peer made admin by uid sees the TCP clients' shared checkpoints.
+#[test]
+fn hmac_key_ids_own_checkpoints_and_the_admin_scope_sees_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model_dir(dir.path());
+    let secrets = dir.path().join("secrets");
+    std::fs::create_dir_all(&secrets).unwrap();
+    let (app1, app2, ops) = (
+        ("app1", "app1-secret-0123456789"),
+        ("app2", "app2-secret-9876543210"),
+        ("ops", "ops-secret-abcdefghijkl"),
+    );
+    let keys = secrets.join("hmac-keys");
+    std::fs::write(
+        &keys,
+        format!(
+            "# id key\n{} {}\n{} {}\n{} {}\n",
+            app1.0, app1.1, app2.0, app2.1, ops.0, ops.1
+        ),
+    )
+    .unwrap();
+    let options = Options {
+        transport_config: format!(
+            "hmac_keys_file = \"{}\"\nadmin_clients = [\"hmac:ops\"]",
+            keys.display()
+        ),
+        ..Options::default()
+    };
+    let server = start_with(dir, &model, "loader-safetensors", &options);
+    let tcp = Ok(server.port);
+    let save = r#"{"name":"private","prompt":"My secret plan is"}"#;
+    assert_eq!(
+        signed_call(tcp, "POST", "/v1/checkpoints", save, app1).0,
+        201
+    );
+    let (_, v) = signed_call(tcp, "GET", "/v1/checkpoints", "", app1);
+    assert_eq!(checkpoint_names(&v), ["private"], "{v}");
+    let (_, v) = signed_call(tcp, "GET", "/v1/checkpoints", "", app2);
+    assert!(checkpoint_names(&v).is_empty(), "app2 sees {v}");
+    let resume = format!(
+        r#"{{"model":"{MODEL}","prompt":" to","resume_from":"private","max_tokens":2,"temperature":0}}"#
+    );
+    for (method, path, body) in [
+        ("POST", "/v1/completions", resume.as_str()),
+        (
+            "POST",
+            "/v1/checkpoints/fork",
+            r#"{"source":"private","name":"mine"}"#,
+        ),
+        (
+            "POST",
+            "/v1/checkpoints/graft",
+            r#"{"target":"private","source":"private","name":"g"}"#,
+        ),
+        ("DELETE", "/v1/checkpoints/private", ""),
+    ] {
+        let (s, v) = signed_call(tcp, method, path, body, app2);
+        assert_eq!(s, 404, "app2 {method} {path}: {v}");
+    }
+    // Unsigned, or signed under another key's id: refused.
+    assert_eq!(call(tcp, "GET", "/v1/checkpoints", "", None).0, 401);
+    assert_eq!(
+        signed_call(tcp, "GET", "/v1/checkpoints", "", (app2.0, app1.1)).0,
+        401
+    );
+    assert_eq!(
+        signed_call(tcp, "POST", "/v1/checkpoints", save, app2).0,
+        201
+    );
+
+    // The admin sees both clients' `private`, each under its stored name and owner.
+    let (s, v) = signed_call(tcp, "GET", "/v1/checkpoints", "", ops);
+    assert_eq!(s, 200, "{v}");
+    let listed: Vec<(String, String)> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["owner"].as_str().unwrap_or_default().to_string(),
+                c["name"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let mut owners: Vec<&str> = listed.iter().map(|(o, _)| o.as_str()).collect();
+    owners.sort();
+    assert_eq!(owners, ["hmac:app1", "hmac:app2"], "{v}");
+    assert!(listed.iter().all(|(_, n)| n.ends_with(".private")), "{v}");
+    let app1_stored = &listed.iter().find(|(o, _)| o == "hmac:app1").unwrap().1;
+    let (s, v) = signed_call(
+        tcp,
+        "DELETE",
+        &format!("/v1/checkpoints/{app1_stored}"),
+        "",
+        ops,
+    );
+    assert_eq!(s, 200, "{v}");
+    let (_, v) = signed_call(tcp, "GET", "/v1/checkpoints", "", app1);
+    assert!(checkpoint_names(&v).is_empty(), "deleted by the admin: {v}");
+    let (_, v) = signed_call(tcp, "GET", "/v1/checkpoints", "", app2);
+    assert_eq!(
+        checkpoint_names(&v),
+        ["private"],
+        "app2's is untouched: {v}"
+    );
+    drop(server);
+
+    // A Unix peer in the admin scope by uid: it sees what TCP clients saved in their shared
+    // namespace, which they see under its plain name.
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let uid = std::fs::metadata(dir.path()).unwrap().uid();
+    let model = model_dir(dir.path());
+    let options = Options {
+        transport_config: format!("admin_clients = [\"unix:uid={uid}\"]"),
+        ..Options::default()
+    };
+    let server = start_with(dir, &model, "loader-safetensors", &options);
+    let (tcp, unix) = (Ok(server.port), Err(server.socket.as_path()));
+    assert_eq!(call(tcp, "POST", "/v1/checkpoints", save, None).0, 201);
+    let (_, v) = call(unix, "GET", "/v1/checkpoints", "", None);
+    assert_eq!(checkpoint_names(&v), ["private"], "{v}");
+    assert_eq!(
+        v["data"][0]["owner"],
+        Value::Null,
+        "the shared namespace: {v}"
+    );
+    assert_eq!(
+        call(unix, "DELETE", "/v1/checkpoints/private", "", None).0,
+        200
+    );
+    let (_, v) = call(tcp, "GET", "/v1/checkpoints", "", None);
+    assert!(checkpoint_names(&v).is_empty(), "{v}");
 }
 
 /// #16: by default (runner-text's `share_prefixes = "client"`) a client's cached prompt

@@ -4,6 +4,8 @@
 //! [deployment]
 //! name = "safebox-llm"
 //! threads = 2              # compute threads per plugin pool (default: all cores)
+//! strict = true            # refuse a plugin that imports more than its manifest declares
+//!                          # (default: load it and report the excess as an error)
 //!
 //! [[trust]]
 //! name = "u-dev"
@@ -268,6 +270,9 @@ pub struct Deployment {
     pub name: String,
     /// Threads per plugin pool, if set.
     pub threads: Option<u32>,
+    /// Refuse a plugin whose import surface exceeds its manifest (`strict = true`), as
+    /// `u-runner serve --strict` does; otherwise it is loaded and reported as an error.
+    pub strict: bool,
     /// Trusted publishers.
     pub trust: Vec<TrustedKey>,
     /// Plugins, in load order.
@@ -311,6 +316,8 @@ struct RawDeployment {
 struct RawHeader {
     name: String,
     threads: Option<u32>,
+    #[serde(default)]
+    strict: bool,
 }
 
 #[derive(Deserialize)]
@@ -401,6 +408,7 @@ impl Deployment {
             path: path.to_path_buf(),
             name: raw.deployment.name,
             threads: raw.deployment.threads,
+            strict: raw.deployment.strict,
             trust,
             plugins,
             serving: match &raw.model {
@@ -630,7 +638,7 @@ pub fn model_grants(model: &Path) -> Vec<PathGrant> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ListenerAuth {
-    /// Every request is HMAC-signed (`hmac_secret_file`).
+    /// Every request is HMAC-signed (`hmac_secret_file` or `hmac_keys_file`).
     Hmac,
     /// Requests carry an API key (`api_keys_file`).
     ApiKeys,
@@ -653,11 +661,13 @@ pub struct Listener {
 
 impl Deployment {
     /// Every address the deployment listens on, with its authentication (the `net.listen`
-    /// grants of each plugin and the `hmac_secret_file` / `api_keys_file` of its config).
+    /// grants of each plugin and the `hmac_secret_file` / `hmac_keys_file` / `api_keys_file`
+    /// of its config).
     pub fn listeners(&self) -> Vec<Listener> {
         let mut out = Vec::new();
         for p in &self.plugins {
-            let auth = if p.config.contains_key("hmac_secret_file") {
+            let hmac = ["hmac_secret_file", "hmac_keys_file"];
+            let auth = if hmac.iter().any(|k| p.config.contains_key(*k)) {
                 ListenerAuth::Hmac
             } else if p.config.contains_key("api_keys_file") {
                 ListenerAuth::ApiKeys

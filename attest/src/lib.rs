@@ -10,15 +10,19 @@
 //! - [`surface`]: observes what a component can do — imported symbols such as `socket`,
 //!   `connect`, `fork`, `execve`, `open`, and raw `syscall` instructions in its code — and compares
 //!   that with what its manifest declares;
-//! - [`deployment`]: the deployment manifest (trusted keys, plugins, grants) that the host loads.
+//! - [`admission`]: whether a deployment entry may be loaded, the host's checks in one place;
+//! - [`deployment`]: the deployment manifest (trusted keys, plugins, grants) that the host loads;
+//! - [`runner_form`]: the deployment the Safebox runner form `u-runner <model> <socket>` serves.
 //!
 //! The host (`u-runner`) uses this library to verify every plugin before it is loaded; operators
 //! use the `u-attest` CLI to check a deployment offline.
 
+pub mod admission;
 pub mod deployment;
 pub mod elf;
 pub mod keys;
 pub mod report;
+pub mod runner_form;
 pub mod signing;
 pub mod surface;
 

@@ -5,7 +5,8 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use std::path::{Path, PathBuf};
 use u_attest::{
-    Deployment, PublicKey, SecretKey,
+    Deployment, PublicKey, SecretKey, Verified,
+    admission::{Policy, admit_all},
     report::prove,
     signing::{check_abi, sign_bytes, verify_bytes},
     surface::inspect_bytes,
@@ -39,7 +40,9 @@ enum Command {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
-    /// Verify signatures against trusted keys (from --trust files or a deployment).
+    /// Verify signatures against trusted keys (from --trust files or a deployment). With a
+    /// deployment and no FILES, its plugins are judged as `u-runner` admits them: signature,
+    /// ABI, pinned name, grants for every requested capability, ELF sanity.
     Verify {
         /// Trusted public key files.
         #[arg(long)]
@@ -47,6 +50,10 @@ enum Command {
         /// Take trusted keys (and, with no FILES, the plugins) from this deployment.
         #[arg(long)]
         deployment: Option<PathBuf>,
+        /// With a deployment: refuse plugins importing more than they declare, as
+        /// `u-runner serve --strict` does (the deployment's `strict = true` implies it).
+        #[arg(long)]
+        strict: bool,
         /// Components to verify.
         files: Vec<PathBuf>,
     },
@@ -62,6 +69,13 @@ enum Command {
         /// `u-runner serve --strict` refuses to serve with one.
         #[arg(long)]
         strict: bool,
+        /// Prove the Safebox runner form `u-runner MODEL SOCKET` serving with this deployment
+        /// (as its default): the model and socket it adds to it.
+        #[arg(long, num_args = 2, value_names = ["MODEL", "SOCKET"])]
+        runner_form: Vec<PathBuf>,
+        /// With --runner-form: the HMAC secret file it is given (`--secret-file`).
+        #[arg(long, requires = "runner_form")]
+        secret_file: Option<PathBuf>,
     },
 }
 
@@ -100,21 +114,43 @@ fn run(cli: Cli) -> Result<bool> {
         Command::Verify {
             trust,
             deployment,
-            mut files,
+            strict,
+            files,
         } => {
             let mut keys = trust
                 .iter()
                 .map(|p| PublicKey::read(p))
                 .collect::<Result<Vec<_>, _>>()?;
-            if let Some(d) = deployment {
-                let d = Deployment::load(&d)?;
+            let deployment = deployment.map(|d| Deployment::load(&d)).transpose()?;
+            if let Some(d) = &deployment {
                 keys.extend(d.trusted_keys());
-                if files.is_empty() {
-                    files = d.plugins.iter().map(|p| p.path.clone()).collect();
-                }
             }
             if keys.is_empty() {
                 bail!("no trusted keys: pass --trust KEY.pub or --deployment FILE");
+            }
+            if let (Some(d), true) = (&deployment, files.is_empty()) {
+                // The deployment's plugins, judged exactly as `u-runner` admits them.
+                let policy = if strict || d.strict {
+                    Policy::Strict
+                } else {
+                    Policy::Report
+                };
+                let mut all_ok = true;
+                for (entry, admitted) in admit_all(&d.plugins, &d.trusted_keys(), policy) {
+                    match admitted {
+                        Ok((a, _)) => {
+                            print_ok(&entry.path, &a.verified);
+                            for excess in &a.undeclared_imports {
+                                println!("  warning: {excess}");
+                            }
+                        }
+                        Err(e) => {
+                            all_ok = false;
+                            println!("REFUSED {}: {e}", entry.path.display());
+                        }
+                    }
+                }
+                return Ok(all_ok);
             }
             let mut all_ok = true;
             for file in files {
@@ -122,15 +158,7 @@ fn run(cli: Cli) -> Result<bool> {
                 match verify_bytes(&bytes, &keys)
                     .and_then(|v| check_abi(&v, u_sdk::ABI_MAJOR, &u_sdk::ABI_HASH).map(|_| v))
                 {
-                    Ok(v) => println!(
-                        "OK      {} ({} {} {}, abi {}, publisher {})",
-                        file.display(),
-                        v.manifest.name,
-                        v.manifest.version,
-                        v.manifest.kind,
-                        v.abi(),
-                        v.publisher.short_id()
-                    ),
+                    Ok(v) => print_ok(&file, &v),
                     Err(e) => {
                         all_ok = false;
                         println!("REFUSED {}: {e}", file.display());
@@ -143,9 +171,23 @@ fn run(cli: Cli) -> Result<bool> {
             target,
             json,
             strict,
+            runner_form,
+            secret_file,
         } => {
-            if target.extension().is_some_and(|e| e == "toml") {
-                let d = Deployment::load(&target)?;
+            let manifest = target.extension().is_some_and(|e| e == "toml");
+            if !runner_form.is_empty() && !manifest {
+                bail!("--runner-form proves a deployment: give its manifest (.toml)");
+            }
+            if manifest {
+                let mut d = Deployment::load(&target)?;
+                if let [model, socket] = runner_form.as_slice() {
+                    d = u_attest::runner_form::deployment(
+                        d,
+                        model,
+                        socket,
+                        secret_file.as_deref(),
+                    )?;
+                }
                 let proof = prove(&d);
                 if json {
                     println!("{}", serde_json::to_string_pretty(&proof)?);
@@ -166,6 +208,19 @@ fn run(cli: Cli) -> Result<bool> {
             }
         }
     }
+}
+
+/// One verified component's line.
+fn print_ok(path: &Path, v: &Verified) {
+    println!(
+        "OK      {} ({} {} {}, abi {}, publisher {})",
+        path.display(),
+        v.manifest.name,
+        v.manifest.version,
+        v.manifest.kind,
+        v.abi(),
+        v.publisher.short_id()
+    );
 }
 
 fn read(path: &Path) -> Result<Vec<u8>> {

@@ -2,6 +2,7 @@
 //! checked against its declaration, and what the deployment as a whole can and cannot do.
 
 use crate::{
+    admission,
     deployment::{Deployment, Grants, Listener, PathGrant, model_grants},
     signing::{check_abi, verify_bytes},
     surface::{SurfaceReport, inspect_bytes},
@@ -31,7 +32,10 @@ pub struct PluginProof {
     pub granted: Vec<String>,
     /// Requested capabilities the deployment does not grant.
     pub ungranted: Vec<String>,
-    /// Whether the host would load it.
+    /// Why the host refuses to load it ([`admission::admit`], `u-runner`'s own checks), if it
+    /// does.
+    pub refusal: Option<String>,
+    /// Whether the host would load it and its observed surface stays within its declaration.
     pub accepted: bool,
 }
 
@@ -75,6 +79,7 @@ pub fn prove(deployment: &Deployment) -> DeploymentProof {
     let mut plugins = Vec::new();
     let mut union = Grants::default();
     let mut readers = Vec::new();
+    let mut taken = std::collections::BTreeSet::new();
     for entry in &deployment.plugins {
         let path = entry.path.display().to_string();
         let bytes = match std::fs::read(&entry.path) {
@@ -90,6 +95,7 @@ pub fn prove(deployment: &Deployment) -> DeploymentProof {
                     surface: None,
                     granted: vec![],
                     ungranted: vec![],
+                    refusal: Some(format!("cannot read {path}: {e}")),
                     accepted: false,
                 });
                 continue;
@@ -126,9 +132,12 @@ pub fn prove(deployment: &Deployment) -> DeploymentProof {
             .err()
             .map(|e| e.to_string())
             .or(name_error);
-        let accepted = verification_error.is_none()
-            && ungranted.is_empty()
-            && surface.as_ref().is_some_and(|s| s.ok);
+        let refusal = admission::admit(entry, &bytes, &trusted, &taken, admission::Policy::Report)
+            .map_or_else(Some, |a| {
+                taken.insert(a.verified.manifest.name);
+                None
+            });
+        let accepted = refusal.is_none() && surface.as_ref().is_some_and(|s| s.ok);
         if accepted && let Ok(v) = &verified {
             merge(&mut union, &entry.grants.restricted_to(&v.manifest));
             if let Some(model) = &deployment.model
@@ -173,6 +182,7 @@ pub fn prove(deployment: &Deployment) -> DeploymentProof {
             surface,
             granted,
             ungranted,
+            refusal,
             accepted,
         });
     }
@@ -285,6 +295,9 @@ impl DeploymentProof {
                 out.push_str(&format!(
                     "  requests `{u}`, which the deployment does not grant\n"
                 ));
+            }
+            if let Some(r) = &p.refusal {
+                out.push_str(&format!("  u-runner refuses it: {r}\n"));
             }
             if !p.granted.is_empty() {
                 out.push_str(&format!("  granted: {}\n", p.granted.join("; ")));

@@ -116,18 +116,26 @@ pub struct SurfaceReport {
     pub ok: bool,
 }
 
-/// Inspects the component in `bytes`.
-pub fn inspect_bytes(bytes: &[u8]) -> Result<SurfaceReport, InspectError> {
-    let facts = elf::analyse(bytes)?;
-    let record = MetaRecord::parse(&bytes[facts.meta.clone()])?;
-    let manifest = PluginManifest::parse(&record.manifest)?;
+/// What a component's imports reach, against what `manifest` declares.
+#[derive(Debug, Default)]
+pub struct Imports {
+    /// Imports that need a capability, each with the capability's name.
+    pub relevant: BTreeMap<String, String>,
+    /// Per capability (or `net.*` for sockets), the imports that use it.
+    pub observed: BTreeMap<String, Vec<String>>,
+    /// Escape hatches import scanning cannot see through.
+    pub indirect: Vec<String>,
+    /// std's read-only file functions ([`STD_FS_BASELINE`]) where `fs.read` is not declared.
+    pub baseline: Vec<String>,
+    /// Each import beyond the declaration, said as a sentence naming it and what it needs.
+    pub violations: Vec<String>,
+}
 
-    let mut relevant = BTreeMap::new();
-    let mut indirect = Vec::new();
-    let mut baseline = Vec::new();
-    let mut observed: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let mut violations = Vec::new();
-    for symbol in &facts.imports {
+/// Maps every import of `imports` to what it needs and compares that with `manifest`. The host
+/// runs this on every plugin it loads (`u-runner serve --strict` refuses one with violations).
+pub fn observe_imports(imports: &BTreeSet<String>, manifest: &PluginManifest) -> Imports {
+    let mut out = Imports::default();
+    for symbol in imports {
         let Some(need) = need_of(symbol) else {
             continue;
         };
@@ -136,37 +144,53 @@ pub fn inspect_bytes(bytes: &[u8]) -> Result<SurfaceReport, InspectError> {
                 if !manifest.requests(Capability::FsRead)
                     && STD_FS_BASELINE.contains(&symbol.as_str()) =>
             {
-                baseline.push(symbol.clone());
+                out.baseline.push(symbol.clone());
             }
             Need::One(cap) => {
-                relevant.insert(symbol.clone(), cap.name().to_string());
-                observed
+                out.relevant.insert(symbol.clone(), cap.name().to_string());
+                out.observed
                     .entry(cap.name().into())
                     .or_default()
                     .push(symbol.clone());
                 if !manifest.requests(cap) {
-                    violations.push(format!(
+                    out.violations.push(format!(
                         "imports `{symbol}`, which needs `{cap}`, but the manifest does not declare it"
                     ));
                 }
             }
             Need::Socket => {
-                relevant.insert(symbol.clone(), "net.listen|net.connect".into());
-                observed
+                out.relevant
+                    .insert(symbol.clone(), "net.listen|net.connect".into());
+                out.observed
                     .entry("net.*".into())
                     .or_default()
                     .push(symbol.clone());
                 if !manifest.requests(Capability::NetListen)
                     && !manifest.requests(Capability::NetConnect)
                 {
-                    violations.push(format!(
+                    out.violations.push(format!(
                         "imports `{symbol}`, which needs `net.listen` or `net.connect`, but the manifest declares neither"
                     ));
                 }
             }
-            Need::Indirect => indirect.push(symbol.clone()),
+            Need::Indirect => out.indirect.push(symbol.clone()),
         }
     }
+    out
+}
+
+/// Inspects the component in `bytes`.
+pub fn inspect_bytes(bytes: &[u8]) -> Result<SurfaceReport, InspectError> {
+    let facts = elf::analyse(bytes)?;
+    let record = MetaRecord::parse(&bytes[facts.meta.clone()])?;
+    let manifest = PluginManifest::parse(&record.manifest)?;
+    let Imports {
+        relevant,
+        observed,
+        indirect,
+        baseline,
+        mut violations,
+    } = observe_imports(&facts.imports, &manifest);
     let raw_syscalls = count_raw_syscalls(bytes, &facts);
     if raw_syscalls > 0 {
         violations.push(format!(

@@ -26,7 +26,6 @@ pub mod listeners;
 pub mod loading;
 pub mod oneline;
 pub mod progress;
-pub mod runner;
 pub mod sandbox;
 pub mod serve;
 pub mod services;

@@ -13,13 +13,20 @@ use std::{
 use u_attest::deployment::NetAddress;
 use u_sdk::Listener;
 
-/// Opens a listening socket for `address`. Unix sockets get mode 0600; a stale socket file at
-/// the path is replaced, any other file is left alone and reported.
+/// Opens a listening socket for `address`. Unix sockets are created with mode 0600 (bound under
+/// umask 0177, so no other user can connect in the moment before the mode is set); a stale
+/// socket file at the path is replaced, any other file is left alone and reported.
 pub fn open(address: &NetAddress) -> std::io::Result<Listener> {
     let fd = match address {
         NetAddress::Unix(path) => {
             remove_stale_socket(path)?;
-            let l = std::os::unix::net::UnixListener::bind(path)?;
+            // SAFETY: umask only swaps the process's file-creation mask; the host binds its
+            // sockets before any plugin runs, so no other thread creates files meanwhile.
+            let previous = unsafe { libc::umask(0o177) };
+            let bound = std::os::unix::net::UnixListener::bind(path);
+            // SAFETY: as above, restoring the mask.
+            unsafe { libc::umask(previous) };
+            let l = bound?;
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
             l.into_raw_fd()
         }

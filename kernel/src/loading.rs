@@ -7,14 +7,9 @@
 //! host keeps going with the rest.
 
 use crate::services::PluginServices;
-use std::{collections::BTreeSet, ffi::CString, io::Write, os::fd::FromRawFd, path::PathBuf};
-use u_attest::{
-    Deployment, PluginEntry, Verified,
-    deployment::Grants,
-    elf,
-    signing::{check_abi, verify_bytes},
-};
-use u_sdk::{PluginInfo, PluginInstance, PluginModRef, manifest::PluginKind};
+use std::{ffi::CString, io::Write, os::fd::FromRawFd, path::PathBuf};
+use u_attest::{Deployment, PluginEntry, Verified, admission, deployment::Grants};
+use u_sdk::{PluginInfo, PluginInstance, PluginModRef};
 
 /// A plugin whose file passed every check and whose code is mapped, not yet instantiated.
 pub struct OpenedPlugin {
@@ -77,18 +72,20 @@ pub fn load_deployment(deployment: &Deployment, threads: u32) -> LoadReport {
     instantiate(open_deployment(deployment), threads)
 }
 
-/// Phase one: verifies every plugin of `deployment` and maps the verified bytes. No plugin object
-/// exists yet, so the host can lock the process down before any plugin starts threads.
+/// Phase one: verifies every plugin of `deployment` ([`u_attest::admission`], the checks
+/// `u-attest verify` makes too) and maps the verified bytes. No plugin object exists yet, so the
+/// host can lock the process down before any plugin starts threads.
 pub fn open_deployment(deployment: &Deployment) -> OpenReport {
     let trusted = deployment.trusted_keys();
     let mut report = OpenReport::default();
-    let mut names = BTreeSet::new();
-    for entry in &deployment.plugins {
-        match open_one(entry, &trusted, &names) {
-            Ok(plugin) => {
-                names.insert(plugin.verified.manifest.name.clone());
-                report.opened.push(plugin);
-            }
+    let policy = if deployment.strict {
+        admission::Policy::Strict
+    } else {
+        admission::Policy::Report
+    };
+    for (entry, admitted) in admission::admit_all(&deployment.plugins, &trusted, policy) {
+        match admitted.and_then(|(admitted, bytes)| open_one(entry, admitted, &bytes)) {
+            Ok(plugin) => report.opened.push(plugin),
             Err(reason) => report
                 .refused
                 .push(refuse(entry.label(), entry.path.clone(), reason)),
@@ -133,45 +130,28 @@ fn refuse(plugin: String, path: PathBuf, reason: String) -> Refusal {
     refusal
 }
 
+/// Maps an admitted plugin's verified `bytes`.
 fn open_one(
     entry: &PluginEntry,
-    trusted: &[u_attest::PublicKey],
-    taken: &BTreeSet<String>,
+    admitted: admission::Admitted,
+    bytes: &[u8],
 ) -> Result<OpenedPlugin, String> {
-    let bytes = std::fs::read(&entry.path)
-        .map_err(|e| format!("cannot read {}: {e}", entry.path.display()))?;
-    let verified = verify_bytes(&bytes, trusted).map_err(|e| e.to_string())?;
-    check_abi(&verified, u_sdk::ABI_MAJOR, &u_sdk::ABI_HASH).map_err(|e| e.to_string())?;
+    let admission::Admitted {
+        verified,
+        grants,
+        over_granted,
+        root_symbol,
+        undeclared_imports,
+    } = admitted;
     let manifest = &verified.manifest;
-    if let Some(expected) = &entry.name
-        && expected != &manifest.name
-    {
-        return Err(format!(
-            "the deployment expects plugin `{expected}` but the file's signed manifest names `{}`",
-            manifest.name
-        ));
+    for excess in &undeclared_imports {
+        tracing::error!(
+            plugin = %manifest.name,
+            "{excess}: loaded because the deployment is not strict; the sandbox still denies \
+             what was not granted (serve --strict or [deployment] strict = true refuses it)"
+        );
     }
-    if manifest.kind == PluginKind::Host {
-        return Err("a host component cannot be loaded as a plugin".into());
-    }
-    if taken.contains(&manifest.name) {
-        return Err(format!(
-            "a plugin named `{}` is already loaded",
-            manifest.name
-        ));
-    }
-    let missing = entry.grants.missing_for(manifest);
-    if !missing.is_empty() {
-        let names: Vec<&str> = missing.iter().map(|c| c.name()).collect();
-        return Err(format!(
-            "plugin `{}` requests `{}`, which the deployment does not grant it",
-            manifest.name,
-            names.join("`, `")
-        ));
-    }
-    elf::check_sanity(&bytes).map_err(|e| e.to_string())?;
-    let grants = entry.grants.restricted_to(manifest);
-    if grants != entry.grants {
+    if over_granted {
         tracing::warn!(
             plugin = %manifest.name,
             "the deployment grants more than the plugin requests; only {:?} take effect",
@@ -179,8 +159,7 @@ fn open_one(
         );
     }
     let config = toml::to_string(&entry.config).map_err(|e| format!("plugin config: {e}"))?;
-    let symbol = root_symbol(&bytes)?;
-    let module = load_sealed(&bytes, &manifest.name, &symbol)?;
+    let module = load_sealed(bytes, &manifest.name, &root_symbol)?;
     Ok(OpenedPlugin {
         verified,
         path: entry.path.clone(),
@@ -216,22 +195,6 @@ fn instantiate_one(plugin: OpenedPlugin, threads: u32) -> Result<LoadedPlugin, S
         info,
         instance,
     })
-}
-/// The exported root-module symbol (`u_plugin_root_<crate>`), which must be unique.
-fn root_symbol(bytes: &[u8]) -> Result<String, String> {
-    let facts = elf::analyse(bytes).map_err(|e| e.to_string())?;
-    let mut found = facts
-        .exports
-        .into_iter()
-        .filter(|s| s.starts_with(u_sdk::meta::ROOT_SYMBOL_PREFIX));
-    match (found.next(), found.next()) {
-        (Some(symbol), None) => Ok(symbol),
-        (None, _) => Err(format!(
-            "exports no `{}*` root module (not built with u_sdk::export_plugin!)",
-            u_sdk::meta::ROOT_SYMBOL_PREFIX
-        )),
-        (Some(a), Some(b)) => Err(format!("exports two root modules (`{a}`, `{b}`)")),
-    }
 }
 
 /// Copies verified bytes into a sealed memfd and loads the plugin's root module from it.

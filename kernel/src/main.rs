@@ -8,9 +8,7 @@ use tracing::Level;
 use tracing_subscriber::{filter::Targets, layer::SubscriberExt, util::SubscriberInitExt};
 use u_attest::deployment::{PathGrant, absolute};
 use u_attest::{Deployment, signing::verify_bytes};
-use u_runner::{
-    inspect, load_deployment, oneline, open_deployment, runner, sandbox, serve, wiring,
-};
+use u_runner::{inspect, load_deployment, oneline, open_deployment, sandbox, serve, wiring};
 
 mod bench;
 mod perplexity;
@@ -376,7 +374,7 @@ fn run(cli: Cli) -> Result<i32> {
         let (Some(model), Some(socket)) = (cli.model, cli.socket) else {
             anyhow::bail!("give a command, or a model and a socket path (see --help)");
         };
-        let d = runner::deployment(
+        let d = u_attest::runner_form::deployment(
             load_default(cli.deployment)?,
             &model,
             &socket,
@@ -557,9 +555,12 @@ fn run(cli: Cli) -> Result<i32> {
     }
 }
 
-/// Verifies, locks down and serves `d` until a signal; with `strict`, any refused plugin stops
+/// Verifies, locks down and serves `d` until a signal; with `strict` (or the deployment's own
+/// `strict`), a plugin importing more than it declares is refused and any refused plugin stops
 /// it before anything is served; with `proof`, the capability proof is printed first.
 fn serve_deployment(d: Deployment, strict: bool, proof: bool) -> Result<i32> {
+    let strict = strict || d.strict;
+    let d = Deployment { strict, ..d };
     tracing::info!(deployment = %d.name, "host: {}", host_status(&d));
     let opened = open_deployment(&d);
     if proof {

@@ -116,6 +116,7 @@ pub fn deployment(
         path: exe,
         name: "serve".into(),
         threads: None,
+        strict: false,
         trust: vec![TrustedKey {
             name: "u-dev".into(),
             key,

@@ -237,7 +237,7 @@ impl<T: KvCache> KvCache for Guarded<T> {
     fn load_checkpoint(&self, name: RStr<'_>) -> RResult<SeqId, UError> {
         run("cache.load_checkpoint", || self.0.load_checkpoint(name))
     }
-    fn checkpoints(&self) -> RResult<RVec<RString>, UError> {
+    fn checkpoints(&self) -> RResult<RVec<crate::CheckpointInfo>, UError> {
         run("cache.checkpoints", || self.0.checkpoints())
     }
     fn delete_checkpoint(&self, name: RStr<'_>) -> RResult<(), UError> {

@@ -274,8 +274,9 @@ path = "{model}"
         if let Ok(Some(status)) = server.child.try_wait() {
             panic!("u-runner serve exited early ({status}):\n{}", server.log());
         }
+        // Up: healthy, or asking for a signature (HMAC authenticates every endpoint).
         if server.socket.exists()
-            && let Ok((200, _)) = http(
+            && let Ok((200 | 401, _)) = http(
                 server.port,
                 "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".as_bytes(),
             )

@@ -23,9 +23,10 @@
 //!   use) and uses `RUSTC_BOOTSTRAP=1` because only the stable toolchain is available.
 //! - `test-aarch64`: the `u-kernels-cpu` tests cross-built for `aarch64-unknown-linux-gnu` and
 //!   run under `qemu-aarch64`, on qemu's default CPU (NEON with the dot-product extension) and on
-//!   a Cortex-A53 (NEON without it). Installs the Debian packages `gcc-aarch64-linux-gnu` and
-//!   `qemu-user` when the tools are missing and it runs as root, and the Rust target's standard
-//!   library through `rustup` when that is missing. Builds into `target/aarch64`.
+//!   a Cortex-A53 (NEON without it). Installs the Debian packages `gcc-aarch64-linux-gnu`,
+//!   `libc6-dev-arm64-cross` and `qemu-user` when the tools are missing and it runs as root, and
+//!   the Rust target's standard library through `rustup` when that is missing. Builds into
+//!   `target/aarch64`.
 
 use anyhow::{Context, Result, bail};
 use std::{
@@ -406,10 +407,17 @@ fn test_aarch64(root: &Path) -> Result<()> {
             .output()
             .is_ok_and(|o| o.status.success())
     };
-    if !works("aarch64-linux-gnu-gcc") || !works("qemu-aarch64") {
+    // The C library's development files (crti.o, libdl) are only a recommendation of the
+    // cross compiler's package, which apt-get does not install here.
+    let libc_dev = Path::new("/usr/aarch64-linux-gnu/lib/crti.o").is_file();
+    if !works("aarch64-linux-gnu-gcc") || !works("qemu-aarch64") || !libc_dev {
         apt_install(
-            &["gcc-aarch64-linux-gnu", "qemu-user"],
-            "aarch64-linux-gnu-gcc and qemu-aarch64 are needed",
+            &[
+                "gcc-aarch64-linux-gnu",
+                "libc6-dev-arm64-cross",
+                "qemu-user",
+            ],
+            "aarch64-linux-gnu-gcc, its C library and qemu-aarch64 are needed",
         )?;
     }
     let sysroot = Command::new("rustc")

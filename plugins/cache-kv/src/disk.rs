@@ -8,13 +8,16 @@
 //! check it completely, and hand its pages to sequences in place (no parse into new buffers, no
 //! copy); the kernel pages them in when they are first read.
 //!
-//! Opening a directory ([`Disk::open`]) removes the temporary files of crashed writers: those
-//! whose `<pid>` is not a live process (`kill(pid, 0)` fails with `ESRCH`). A temporary file of a
-//! live process, this one included, may be a save in progress (another cache on the same
-//! directory) and is left alone; one whose pid was reused by an unrelated process is left until a
-//! later open finds that pid gone. Directories are meant to be shared only by processes of one
-//! pid namespace (otherwise a writer of another namespace looks dead, and its save fails at the
-//! rename — an error, never a torn file).
+//! A writer holds an exclusive `flock` on its temporary file from creation to rename, so a
+//! crashed writer's lock is gone with it. Opening a directory ([`Disk::open`]) removes the
+//! temporary files of crashed writers: those nobody holds locked whose `<pid>` is not a live
+//! process (`kill(pid, 0)` fails with `ESRCH`), is this process's own (a process of the same pid
+//! before a restart — containers reuse pids — that died mid-save), or that were last written over
+//! ten seconds ago (a pid reused by an unrelated process). A locked one is a save in progress
+//! (another cache on the same directory) and is left alone. Where the file system cannot lock,
+//! only files of dead pids are removed. Directories are meant to be shared only by processes of
+//! one pid namespace (otherwise a writer of another namespace looks dead, and its save fails at
+//! the rename — an error, never a torn file).
 //!
 //! # File format (version 1; integers little-endian)
 //!
@@ -63,7 +66,10 @@ use std::{
     fs::File,
     io::{BufWriter, Write},
     ops::Range,
-    os::{fd::FromRawFd, unix::fs::FileExt},
+    os::{
+        fd::{AsRawFd, FromRawFd},
+        unix::fs::FileExt,
+    },
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -248,36 +254,7 @@ fn our_layout(g: &Geometry) -> String {
 
 /// Checks a whole file of `kind` against `g` and returns its page table and header fields.
 pub fn parse(bytes: &[u8], kind: FileKind, g: &Geometry) -> Result<Parsed, FormatError> {
-    let len = bytes.len() as u64;
-    if bytes.len() < HEADER {
-        return Err(FormatError::Truncated {
-            found: len,
-            expected: HEADER as u64,
-        });
-    }
-    if bytes[..8] != kind.magic() {
-        return Err(FormatError::BadMagic(kind.what()));
-    }
-    let version = u32_at(bytes, 8);
-    if version != VERSION {
-        return Err(FormatError::Version(version));
-    }
-    let expected = u64_at(bytes, 40);
-    if len < expected {
-        return Err(FormatError::Truncated {
-            found: len,
-            expected,
-        });
-    }
-    if len > expected {
-        return Err(FormatError::Trailing {
-            found: len,
-            expected,
-        });
-    }
-    if bytes[CHECKSUM] != checksum(bytes) {
-        return Err(FormatError::Checksum);
-    }
+    check_integrity(bytes, kind)?;
     let bad = |m: &str| FormatError::Malformed(m.to_string());
     let (mid_len, label_len) = (u32_at(bytes, 80) as usize, u32_at(bytes, 84) as usize);
     let count = u32_at(bytes, 88) as usize;
@@ -532,6 +509,43 @@ pub struct Mapped {
     pub bytes: u64,
 }
 
+/// Checks what a file of `kind` says of itself, whatever model it is for: the header's magic
+/// and version, its length against the header's (a torn or partial write), and the checksum
+/// over every byte (bit rot). Returns the tokens it holds.
+pub fn check_integrity(bytes: &[u8], kind: FileKind) -> Result<u64, FormatError> {
+    let len = bytes.len() as u64;
+    if bytes.len() < HEADER {
+        return Err(FormatError::Truncated {
+            found: len,
+            expected: HEADER as u64,
+        });
+    }
+    if bytes[..8] != kind.magic() {
+        return Err(FormatError::BadMagic(kind.what()));
+    }
+    let version = u32_at(bytes, 8);
+    if version != VERSION {
+        return Err(FormatError::Version(version));
+    }
+    let expected = u64_at(bytes, 40);
+    if len < expected {
+        return Err(FormatError::Truncated {
+            found: len,
+            expected,
+        });
+    }
+    if len > expected {
+        return Err(FormatError::Trailing {
+            found: len,
+            expected,
+        });
+    }
+    if bytes[CHECKSUM] != checksum(bytes) {
+        return Err(FormatError::Checksum);
+    }
+    Ok(u64_at(bytes, 32))
+}
+
 /// Builds pages that point into `map` (checked by [`parse`]).
 pub fn restore(
     map: Arc<Mmap>,
@@ -619,8 +633,8 @@ pub fn segment_stem(g: &Geometry, tokens: &[u32]) -> String {
     format!("p-{:032x}", h.digest128())
 }
 
-/// Whether `name` is the temporary file of a writer that is gone; `ours` is this process's pid.
-fn stale_temp(name: &str, ours: u32) -> Option<u32> {
+/// The writer's pid if `name` is a temporary file of this format.
+fn temp_pid(name: &str) -> Option<u32> {
     let rest = name.strip_prefix('.')?;
     let (rest, _serial) = rest
         .rsplit_once('.')
@@ -630,21 +644,51 @@ fn stale_temp(name: &str, ours: u32) -> Option<u32> {
     let tmp = [FileKind::Checkpoint, FileKind::Prefix]
         .iter()
         .any(|k| rest.ends_with(&format!("{}.tmp", k.ext())));
-    let dead = || {
-        i32::try_from(pid).is_ok_and(|p| {
-            // SAFETY: signal 0 sends nothing; it only asks whether `p` exists.
-            let r = unsafe { libc::kill(p, 0) };
-            r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
-        })
-    };
-    (tmp && pid != ours && dead()).then_some(pid)
+    tmp.then_some(pid)
 }
+
+fn lock_checked<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether process `pid` is gone.
+fn dead(pid: u32) -> bool {
+    i32::try_from(pid).is_ok_and(|p| {
+        // SAFETY: signal 0 sends nothing; it only asks whether `p` exists.
+        let r = unsafe { libc::kill(p, 0) };
+        r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+    })
+}
+
+/// Takes an exclusive `flock` on `file` (blocking unless `wait` is false): `Some(true)` taken,
+/// `Some(false)` another open file holds it, `None` the file system cannot lock.
+fn lock(file: &File, wait: bool) -> Option<bool> {
+    let op = if wait {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_EX | libc::LOCK_NB
+    };
+    // SAFETY: `flock` on a descriptor `file` owns; it touches no memory.
+    if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
+        return Some(true);
+    }
+    match std::io::Error::last_os_error().raw_os_error() {
+        Some(libc::EWOULDBLOCK) => Some(false),
+        _ => None,
+    }
+}
+
+/// How long an unlocked temporary file of a live pid must have been left before it counts as
+/// abandoned (far longer than a writer takes between creating and locking it).
+const ABANDONED_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The disk tier of one cache.
 pub struct Disk {
     host: HostBox,
     dir: String,
     serial: AtomicU64,
+    /// Checkpoints known whole (checked by [`check_integrity`] or written here): their tokens.
+    checked: std::sync::Mutex<std::collections::HashMap<String, u64>>,
 }
 
 fn owned_file(fd: i32, what: &str) -> u_sdk::Result<File> {
@@ -666,8 +710,12 @@ impl Disk {
             host,
             dir: dir.trim_end_matches('/').to_string(),
             serial: AtomicU64::new(0),
+            checked: Default::default(),
         };
         disk.remove_stale_temps();
+        // Every checkpoint file is checked once now: an unusable one is moved aside and
+        // reported here, not at a client's request.
+        let _ = disk.list();
         disk
     }
 
@@ -675,10 +723,13 @@ impl Disk {
         let Ok(names) = self.entries() else { return };
         let ours = std::process::id();
         for name in names {
-            let Some(pid) = stale_temp(&name, ours) else {
+            let Some(pid) = temp_pid(&name) else {
                 continue;
             };
             let path = format!("{}/{name}", self.dir);
+            if !self.abandoned(&path, pid, ours) {
+                continue;
+            }
             match self.host.remove(path.as_str().into()).into_result() {
                 Ok(()) => self.host.info(&format!(
                     "cache-kv: removed {path}, left by a writer (pid {pid}) that is gone"
@@ -688,6 +739,32 @@ impl Disk {
                     e.message
                 )),
             }
+        }
+    }
+
+    /// Whether the temporary file `path` of writer `pid` was left by a writer that is gone (see
+    /// the module documentation); `ours` is this process's pid.
+    fn abandoned(&self, path: &str, pid: u32, ours: u32) -> bool {
+        let file = self
+            .host
+            .open_read(path.into())
+            .into_result()
+            .and_then(|fd| owned_file(fd, path));
+        let Ok(file) = file else {
+            return false;
+        };
+        match lock(&file, false) {
+            Some(false) => false,
+            Some(true) => {
+                let old = file
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age > ABANDONED_AFTER);
+                pid == ours || old || dead(pid)
+            }
+            None => pid != ours && dead(pid),
         }
     }
 
@@ -708,7 +785,9 @@ impl Disk {
             label: name.as_bytes(),
             start: 0,
         };
-        self.write_file(name, &h, g, snap).map(|_| ())
+        self.write_file(name, &h, g, snap)?;
+        lock_checked(&self.checked).insert(name.to_string(), snap.len() as u64);
+        Ok(())
     }
 
     /// The length of the file [`Disk::write_segment`] writes for the same arguments.
@@ -758,6 +837,9 @@ impl Disk {
                 .open_write(tmp.as_str().into(), WriteMode::CreateNew)
                 .into_result()?;
             let file = owned_file(fd, &tmp)?;
+            // Held until the file is closed after the rename: a crash drops it, which tells a
+            // later open that this file is abandoned.
+            lock(&file, true);
             let io = |e| UError::io(format!("write {tmp}"), e);
             let mut w = BufWriter::with_capacity(1 << 20, &file);
             let (sum, total) = encode(h, g, snap, &mut w).map_err(io)?;
@@ -765,10 +847,10 @@ impl Disk {
             drop(w);
             file.write_all_at(&sum, CHECKSUM.start as u64).map_err(io)?;
             file.sync_all().map_err(io)?;
-            drop(file);
             self.host
                 .rename(tmp.as_str().into(), path.as_str().into())
                 .into_result()?;
+            drop(file);
             Ok(total)
         })();
         let total = match result {
@@ -818,6 +900,7 @@ impl Disk {
 
     /// Removes checkpoint `name`; false if there was none.
     pub fn remove(&self, name: &str) -> u_sdk::Result<bool> {
+        lock_checked(&self.checked).remove(name);
         self.remove_file(name, FileKind::Checkpoint)
     }
 
@@ -835,9 +918,61 @@ impl Disk {
         }
     }
 
-    /// Names of the checkpoints in the directory.
-    pub fn list(&self) -> u_sdk::Result<Vec<String>> {
-        self.stems(FileKind::Checkpoint)
+    /// The checkpoints in the directory with their tokens. A file seen for the first time is
+    /// checked whole ([`check_integrity`]); one that fails (torn, truncated, bit rot, not a
+    /// checkpoint) is not listed: it is renamed to `<name>.ukv.corrupt`, out of every listing
+    /// and lookup, and reported once in the log.
+    pub fn list(&self) -> u_sdk::Result<Vec<(String, u64)>> {
+        let mut out = Vec::new();
+        for name in self.stems(FileKind::Checkpoint)? {
+            let known = lock_checked(&self.checked).get(&name).copied();
+            let tokens = match known {
+                Some(t) => Some(t),
+                None => self.check_file(&name),
+            };
+            if let Some(t) = tokens {
+                out.push((name, t));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Checks checkpoint file `name` whole: its tokens, or `None` when it is unusable (then it
+    /// is moved aside and reported) or cannot be read now.
+    fn check_file(&self, name: &str) -> Option<u64> {
+        let path = self.path(name, FileKind::Checkpoint);
+        let fd = self
+            .host
+            .open_read(path.as_str().into())
+            .into_result()
+            .ok()?;
+        let file = owned_file(fd, &path).ok()?;
+        // SAFETY: a private read-only map; files are replaced by rename, never rewritten.
+        let map = unsafe { Mmap::map(&file) }.ok()?;
+        match check_integrity(&map, FileKind::Checkpoint) {
+            Ok(tokens) => {
+                lock_checked(&self.checked).insert(name.to_string(), tokens);
+                Some(tokens)
+            }
+            Err(e) => {
+                let aside = format!("{path}.corrupt");
+                let moved = self
+                    .host
+                    .rename(path.as_str().into(), aside.as_str().into())
+                    .into_result();
+                self.host.warn(&match moved {
+                    Ok(()) => format!(
+                        "cache-kv: checkpoint {name:?} is unusable ({e}); moved aside to {aside}"
+                    ),
+                    Err(m) => format!(
+                        "cache-kv: checkpoint {name:?} is unusable ({e}) and could not be moved \
+                         aside: {}",
+                        m.message
+                    ),
+                });
+                None
+            }
+        }
     }
 
     /// Stems of the files of `kind` in the directory.

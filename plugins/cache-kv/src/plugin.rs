@@ -5,14 +5,14 @@ use crate::{
     page::{Alloc, Kind, Page},
     store::{Config, Store},
 };
-use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RStr, RString, RVec};
+use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RStr, RVec};
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
 };
 use u_sdk::{
-    BackendBox, DType, HostBox, KvCache, KvCacheBox, KvLayout, KvPage, KvStats, PrefixMatch, SeqId,
-    Shape, TensorDesc, UError,
+    BackendBox, CheckpointInfo, DType, HostBox, KvCache, KvCacheBox, KvLayout, KvPage, KvStats,
+    PrefixMatch, SeqId, Shape, TensorDesc, UError,
 };
 
 /// A handle to a cache. Clones share the cache; each handle keeps the pages it handed out
@@ -206,10 +206,17 @@ impl KvCache for KvCachePlugin {
         self.store.load_checkpoint(name.as_str()).into()
     }
 
-    fn checkpoints(&self) -> RResult<RVec<RString>, UError> {
+    fn checkpoints(&self) -> RResult<RVec<CheckpointInfo>, UError> {
         self.store
             .checkpoints()
-            .map(|c| c.into_iter().map(RString::from).collect())
+            .map(|c| {
+                c.into_iter()
+                    .map(|(name, tokens)| CheckpointInfo {
+                        name: name.into(),
+                        tokens,
+                    })
+                    .collect()
+            })
             .into()
     }
 

@@ -775,14 +775,7 @@ impl Store {
 
     /// Counters.
     pub fn stats(&self) -> KvStats {
-        let disk = self
-            .disk
-            .as_ref()
-            .and_then(|d| d.list().ok())
-            .unwrap_or_default();
-        let mut names: std::collections::BTreeSet<String> =
-            lock(&self.checkpoints).keys().cloned().collect();
-        names.extend(disk);
+        let names = self.checkpoints().unwrap_or_default();
         let (prefix_nodes, evictions) = {
             let r = lock(&self.radix);
             (r.node_count() as u64, r.evictions)
@@ -853,14 +846,18 @@ impl Store {
         lock(&self.checkpoints).remove(name);
     }
 
-    /// Names of all checkpoints, in memory or on disk, sorted.
-    pub fn checkpoints(&self) -> u_sdk::Result<Vec<String>> {
-        let mut names: std::collections::BTreeSet<String> =
-            lock(&self.checkpoints).keys().cloned().collect();
+    /// All checkpoints, in memory or on disk, sorted by name, with the tokens each holds.
+    pub fn checkpoints(&self) -> u_sdk::Result<Vec<(String, u64)>> {
+        let mut all: BTreeMap<String, u64> = lock(&self.checkpoints)
+            .iter()
+            .map(|(name, snap)| (name.clone(), snap.len() as u64))
+            .collect();
         if let Some(d) = &self.disk {
-            names.extend(d.list()?);
+            for (name, tokens) in d.list()? {
+                all.entry(name).or_insert(tokens);
+            }
         }
-        Ok(names.into_iter().collect())
+        Ok(all.into_iter().collect())
     }
 
     /// Deletes checkpoint `name` from memory and disk.

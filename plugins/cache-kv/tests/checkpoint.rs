@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Rng, cache, contents, host, layout};
+use common::{Rng, cache, contents, host, host_logged, layout};
 use std::path::Path;
 use u_cache_kv::{Config, KvCachePlugin, MAGIC};
 use u_sdk::{DType, ErrorKind};
@@ -11,12 +11,20 @@ use u_sdk::{DType, ErrorKind};
 const ROW: usize = 2 * 16;
 
 fn disk_cache(dir: &Path, grant: &Path, model: &str) -> KvCachePlugin {
+    disk_cache_logged(dir, grant, model).0
+}
+
+/// [`disk_cache`], and the lines its host logs.
+fn disk_cache_logged(dir: &Path, grant: &Path, model: &str) -> (KvCachePlugin, Logs) {
     let config = Config {
         dir: Some(dir.to_str().unwrap().to_string()),
         ..Config::default()
     };
-    cache(config, Some(host(grant, "")), layout(2, 2, 16, model))
+    let (h, logs) = host_logged(grant, "");
+    (cache(config, Some(h), layout(2, 2, 16, model)), logs)
 }
+
+type Logs = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
 
 fn filled(c: &KvCachePlugin, n: usize, seed: u64, int8_after: Option<usize>) -> u64 {
     let s = c.store();
@@ -58,7 +66,8 @@ fn three_hundred_named_checkpoints_save_load_list_delete_rollback() {
     }
     let names = s.checkpoints().unwrap();
     assert_eq!(names.len(), 300);
-    assert_eq!(names[0], "turn-000");
+    assert_eq!(names[0], ("turn-000".to_string(), 10));
+    assert_eq!(names[299], ("turn-299".to_string(), 309));
     let bytes = s.stats().bytes;
     for i in [0, 17, 150, 299] {
         let b = s.load_checkpoint(&format!("turn-{i:03}")).unwrap();
@@ -94,7 +103,8 @@ fn checkpoints_persist_and_restore_after_a_restart() {
     };
     assert!(dir.path().join("doc.ukv").exists());
     let c = disk_cache(dir.path(), dir.path(), "model-a");
-    assert_eq!(c.store().checkpoints().unwrap(), ["doc"]);
+    // Listed with its length after the restart, before anything loads it.
+    assert_eq!(c.store().checkpoints().unwrap(), [("doc".to_string(), 150)]);
     let b = c.store().load_checkpoint("doc").unwrap();
     assert_eq!(c.store().len(b).unwrap(), len);
     assert_eq!(all(&c, b), want, "restored KV differs");
@@ -131,7 +141,10 @@ fn a_crash_during_save_leaves_the_previous_checkpoint_usable() {
     let e = denied.store().save_checkpoint("chat", d).unwrap_err();
     assert_eq!(e.kind, ErrorKind::PermissionDenied, "{}", e.message);
     let c2 = disk_cache(dir.path(), dir.path(), "m");
-    assert_eq!(c2.store().checkpoints().unwrap(), ["chat"]);
+    assert_eq!(
+        c2.store().checkpoints().unwrap(),
+        [("chat".to_string(), 90)]
+    );
     let b = c2.store().load_checkpoint("chat").unwrap();
     assert_eq!(all(&c2, b), want);
     // Saving again replaces the file atomically.
@@ -144,12 +157,15 @@ fn a_crash_during_save_leaves_the_previous_checkpoint_usable() {
     assert_eq!(c3.store().len(b).unwrap(), 91);
 }
 
-fn refusal(dir: &Path, model: &str, head_dim: u32) -> String {
+/// The error loading `doc` whose file becomes `bytes` after the cache opened (a file damaged at
+/// open is moved aside instead: `torn_and_corrupt_checkpoints_are_moved_aside_and_reported_once`).
+fn refusal(dir: &Path, model: &str, head_dim: u32, bytes: &[u8]) -> String {
     let config = Config {
         dir: Some(dir.to_str().unwrap().to_string()),
         ..Config::default()
     };
     let c = cache(config, Some(host(dir, "")), layout(2, 2, head_dim, model));
+    std::fs::write(dir.join("doc.ukv"), bytes).unwrap();
     let e = c.store().load_checkpoint("doc").unwrap_err();
     assert_eq!(e.kind, ErrorKind::InvalidInput, "{}", e.message);
     e.message.to_string()
@@ -182,8 +198,7 @@ fn damaged_or_foreign_files_are_refused_with_a_clear_error() {
         ("version", patch(&good, 8, &2u32.to_le_bytes()), "version 2"),
     ];
     for (what, bytes, expect) in cases {
-        std::fs::write(&path, &bytes).unwrap();
-        let msg = refusal(dir.path(), "model-a", 16);
+        let msg = refusal(dir.path(), "model-a", 16, &bytes);
         assert!(msg.contains(expect), "{what}: {msg}");
         assert!(
             msg.contains("doc.ukv"),
@@ -191,14 +206,13 @@ fn damaged_or_foreign_files_are_refused_with_a_clear_error() {
         );
         println!("{what}: {msg}");
     }
-    std::fs::write(&path, &good).unwrap();
-    let msg = refusal(dir.path(), "model-b", 16);
+    let msg = refusal(dir.path(), "model-b", 16, &good);
     assert!(
         msg.contains("model \"model-a\"") && msg.contains("\"model-b\""),
         "{msg}"
     );
     println!("foreign model: {msg}");
-    let msg = refusal(dir.path(), "model-a", 8);
+    let msg = refusal(dir.path(), "model-a", 8, &good);
     assert!(msg.contains("layout"), "{msg}");
     println!("other layout: {msg}");
 }
@@ -213,4 +227,46 @@ fn patch(b: &[u8], at: usize, with: &[u8]) -> Vec<u8> {
     let mut v = b.to_vec();
     v[at..at + with.len()].copy_from_slice(with);
     v
+}
+
+/// #16: a torn (truncated) or corrupt (flipped byte) checkpoint file is not listed after a
+/// restart: it is moved aside to `<name>.ukv.corrupt` and reported once in the log, while the
+/// good ones are listed with their tokens; loading the bad name is then a plain not-found.
+#[test]
+fn torn_and_corrupt_checkpoints_are_moved_aside_and_reported_once() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let c = disk_cache(dir.path(), dir.path(), "m");
+        for (name, tokens) in [("good", 70), ("torn", 40), ("rot", 65)] {
+            let a = filled(&c, tokens, 1, None);
+            c.store().save_checkpoint(name, a).unwrap();
+        }
+    }
+    let torn = dir.path().join("torn.ukv");
+    let bytes = std::fs::read(&torn).unwrap();
+    std::fs::write(&torn, &bytes[..bytes.len() - 100]).unwrap();
+    let rot = dir.path().join("rot.ukv");
+    let mut bytes = std::fs::read(&rot).unwrap();
+    let at = bytes.len() - 7;
+    bytes[at] ^= 0x40;
+    std::fs::write(&rot, bytes).unwrap();
+
+    let (c, logs) = disk_cache_logged(dir.path(), dir.path(), "m");
+    assert_eq!(c.store().checkpoints().unwrap(), [("good".to_string(), 70)]);
+    assert_eq!(c.store().checkpoints().unwrap().len(), 1, "listing again");
+    for (name, why) in [("torn", "truncated"), ("rot", "checksum")] {
+        assert!(!dir.path().join(format!("{name}.ukv")).exists());
+        assert!(dir.path().join(format!("{name}.ukv.corrupt")).exists());
+        let reports: Vec<String> = logs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(&format!("checkpoint \"{name}\" is unusable")))
+            .cloned()
+            .collect();
+        assert_eq!(reports.len(), 1, "{name}: {reports:?}");
+        assert!(reports[0].contains(why), "{reports:?}");
+        let e = c.store().load_checkpoint(name).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::NotFound, "{}", e.message);
+    }
 }

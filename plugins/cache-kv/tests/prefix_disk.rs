@@ -345,6 +345,7 @@ fn a_failed_segment_write_keeps_the_prefix_in_memory_and_says_so() {
 
 #[test]
 fn stale_temporary_files_of_dead_writers_are_removed_at_open() {
+    use std::os::fd::AsRawFd;
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     // A pid that is certainly gone: a child that has exited and been reaped.
@@ -355,16 +356,34 @@ fn stale_temporary_files_of_dead_writers_are_removed_at_open() {
     let stale = [
         format!(".p-0123.ukvp.tmp.{dead}.0"),
         format!(".chat.ukv.tmp.{dead}.7"),
+        // This process's pid, unlocked: an earlier process with the same pid (a restart in a
+        // container) died mid-save just before this one started.
+        format!(".chat.ukv.tmp.{ours}.4"),
+        // A live pid (1), unlocked and long untouched: a pid reused by an unrelated process.
+        ".chat.ukv.tmp.1.1".to_string(),
     ];
     let kept = [
-        format!(".chat.ukv.tmp.{ours}.3"), // a save in progress in this process
-        ".chat.ukv.tmp.1.0".to_string(),   // pid 1 is alive
+        format!(".chat.ukv.tmp.{ours}.3"), // a save in progress in this process (locked)
+        ".chat.ukv.tmp.1.0".to_string(),   // pid 1 is alive and the file is new
         format!(".notes.tmp.{dead}.0"),    // not ours
         format!(".chat.ukv.tmp.{dead}.x"), // not a temporary file name of ours
     ];
     for n in stale.iter().chain(&kept) {
         std::fs::write(d.join(n), b"partial").unwrap();
     }
+    let long_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(d.join(".chat.ukv.tmp.1.1"))
+        .unwrap()
+        .set_modified(long_ago)
+        .unwrap();
+    let in_progress = std::fs::File::open(d.join(format!(".chat.ukv.tmp.{ours}.3"))).unwrap();
+    // SAFETY: flock on a descriptor the file owns.
+    assert_eq!(
+        unsafe { libc::flock(in_progress.as_raw_fd(), libc::LOCK_EX) },
+        0
+    );
     let (_c, logs) = open(d, d, "m", None);
     for n in &stale {
         assert!(!d.join(n).exists(), "{n} should be removed");
@@ -376,6 +395,7 @@ fn stale_temporary_files_of_dead_writers_are_removed_at_open() {
     for n in &kept {
         assert!(d.join(n).exists(), "{n} should be kept");
     }
+    drop(in_progress);
 }
 
 // ---- The disk budget (`max_disk_bytes`) ----

@@ -92,6 +92,7 @@ fn minilm_embeddings_equal_sentence_transformers() -> Result<()> {
             messages: Default::default(),
             owner: Default::default(),
             overwrite: false,
+            admin: false,
         },
     )
     .unwrap_err();

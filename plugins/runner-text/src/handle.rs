@@ -271,28 +271,21 @@ impl EngineHandle {
         }])
     }
 
-    /// `List`: every checkpoint, with its length when this engine knows it.
+    /// `List`: every checkpoint, with the tokens it holds (the cache knows, after a restart too).
     fn list(&self) -> Result<Vec<CheckpointInfo>> {
-        let names = self
+        let all = self
             .cache()
             .checkpoints()
             .into_result()
             .map_err(|e| Error::plugin("cache.checkpoints", e))?;
-        let known = self.scheduler.checkpoints();
-        Ok(names
-            .into_iter()
-            .map(|name| CheckpointInfo {
-                tokens: known.get(name.as_str()).map_or(0, |t| t.len() as u64),
-                name,
-            })
-            .collect())
+        Ok(all.into_iter().collect())
     }
 
     /// An [`ErrorKind::AlreadyExists`](u_sdk::ErrorKind::AlreadyExists) error if checkpoint
     /// `stored` exists (`shown`: its name as the client wrote it).
     fn refuse_existing(&self, stored: &str, shown: &str) -> std::result::Result<(), UError> {
         let names = self.cache().checkpoints().into_result()?;
-        if names.iter().any(|n| n.as_str() == stored) {
+        if names.iter().any(|c| c.name.as_str() == stored) {
             return Err(UError::already_exists(format!(
                 "checkpoint `{shown}` exists: pass `overwrite: true` to replace it"
             )));
@@ -371,7 +364,7 @@ impl Engine for EngineHandle {
                 ROption::RSome(n) => Some(n as usize),
                 ROption::RNone => None,
             };
-            let owner = Owner::new(&request.owner);
+            let owner = Owner::new(&request.owner, false);
             if let (Some(name), false) = (request.save_as.as_ref().into_option(), request.overwrite)
             {
                 self.refuse_existing(&owner.stored(name)?, name)?;
@@ -471,7 +464,7 @@ impl Engine for EngineHandle {
         (|| {
             self.check_model(&request.model)?;
             // The owner's names as stored, and back (see `owner`).
-            let owner = Owner::new(&request.owner);
+            let owner = Owner::new(&request.owner, request.admin);
             let r = CheckpointRequest {
                 name: owner.stored(&request.name)?.into(),
                 source: owner.stored(&request.source)?.into(),

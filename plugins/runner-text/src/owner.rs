@@ -1,10 +1,10 @@
 //! Checkpoints belong to the client that saved them (`GenerateRequest::owner`,
-//! `CheckpointRequest::owner`): an owner's names are stored as `o-<16 hex>.<name>`, the hex an
-//! FNV-1a hash of the owner (stable across builds, so persisted checkpoints stay theirs), and
-//! every operation and listing sees only its owner's names, with the prefix taken off. Another
-//! owner's checkpoint is simply not found, so its existence is not revealed. Clients the
-//! transport cannot tell apart (empty owner) share the plain names, and may not use a name of
-//! the owned form.
+//! `CheckpointRequest::owner`): an owner's names are stored behind
+//! [`u_sdk::checkpoint_namespace`] (`o-<16 hex>.<name>`), and every operation and listing sees
+//! only its owner's names, with the prefix taken off. Another owner's checkpoint is simply not
+//! found, so its existence is not revealed. Clients the transport cannot tell apart (empty
+//! owner) share the plain names, and may not use a name of the owned form. The admin scope
+//! (`CheckpointRequest::admin`) sees and names every checkpoint as stored.
 //!
 //! Cached prompt prefixes are parted the same way ([`Sharing`]): by default each owner's
 //! prompts key the prefix cache through a secret per-owner mask, so another client's identical
@@ -78,36 +78,43 @@ impl PrefixKey {
 }
 
 /// The namespace of one owner's checkpoint names.
-pub(crate) struct Owner {
-    /// `o-<hash>.` for an owner; none for the shared namespace.
-    prefix: Option<String>,
+pub(crate) enum Owner {
+    /// Clients the transport cannot tell apart: plain names.
+    Shared,
+    /// One owner: names behind its prefix, `o-<hash>.`.
+    Client(String),
+    /// The admin scope: every stored name, as stored.
+    Admin,
 }
 
 impl Owner {
-    /// The namespace of `owner` (empty: the shared one).
-    pub(crate) fn new(owner: &str) -> Owner {
-        Owner {
-            prefix: (!owner.is_empty()).then(|| format!("o-{:016x}.", fnv1a(owner.as_bytes()))),
+    /// The namespace of `owner` (empty: the shared one), or every one for `admin`.
+    pub(crate) fn new(owner: &str, admin: bool) -> Owner {
+        match owner {
+            _ if admin => Owner::Admin,
+            "" => Owner::Shared,
+            o => Owner::Client(u_sdk::checkpoint_namespace(o)),
         }
     }
 
     /// The stored name of the owner's checkpoint `name` (empty stays empty: no checkpoint).
     pub(crate) fn stored(&self, name: &str) -> Result<String> {
-        match &self.prefix {
+        match self {
             _ if name.is_empty() => Ok(String::new()),
-            Some(p) => Ok(format!("{p}{name}")),
-            None if is_owned(name) => Err(Error::InvalidRequest(format!(
+            Owner::Client(p) => Ok(format!("{p}{name}")),
+            Owner::Shared if is_owned(name) => Err(Error::InvalidRequest(format!(
                 "checkpoint name `{name}`: names of the form o-<16 hex digits>.… are reserved"
             ))),
-            None => Ok(name.to_string()),
+            Owner::Shared | Owner::Admin => Ok(name.to_string()),
         }
     }
 
     /// The owner's name for stored name `stored`, if it is one of the owner's.
     pub(crate) fn visible(&self, stored: &str) -> Option<String> {
-        match &self.prefix {
-            Some(p) => stored.strip_prefix(p.as_str()).map(str::to_string),
-            None => (!is_owned(stored)).then(|| stored.to_string()),
+        match self {
+            Owner::Client(p) => stored.strip_prefix(p.as_str()).map(str::to_string),
+            Owner::Shared => (!is_owned(stored)).then(|| stored.to_string()),
+            Owner::Admin => Some(stored.to_string()),
         }
     }
 }
@@ -119,13 +126,6 @@ fn is_owned(name: &str) -> bool {
         && name.starts_with("o-")
         && b[2..18].iter().all(u8::is_ascii_hexdigit)
         && b[18] == b'.'
-}
-
-/// 64-bit FNV-1a: a fixed, documented hash, unlike the standard library's.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 #[cfg(test)]
@@ -149,10 +149,11 @@ mod tests {
 
     #[test]
     fn owners_see_only_their_own_names() {
-        let (a, b, shared) = (
-            Owner::new("key:alice"),
-            Owner::new("key:bob"),
-            Owner::new(""),
+        let (a, b, shared, admin) = (
+            Owner::new("key:alice", false),
+            Owner::new("key:bob", false),
+            Owner::new("", false),
+            Owner::new("key:bob", true),
         );
         let stored = a.stored("private").unwrap();
         assert!(is_owned(&stored), "{stored}");
@@ -165,8 +166,11 @@ mod tests {
         assert_eq!(a.visible("notes"), None);
         assert!(shared.stored(&stored).is_err(), "reserved for owners");
         assert_eq!(a.stored("").unwrap(), "");
+        // The admin scope names and sees every checkpoint as stored.
+        assert_eq!(admin.stored(&stored).unwrap(), stored);
+        assert_eq!(admin.visible(&stored).as_deref(), Some(stored.as_str()));
+        assert_eq!(admin.visible("notes").as_deref(), Some("notes"));
         // The same owner always gets the same namespace (persisted checkpoints stay theirs).
-        assert_eq!(fnv1a(b"key:alice"), 0x9463_fd14_32e8_8892);
         assert_eq!(stored, "o-9463fd1432e88892.private");
     }
 }

@@ -474,6 +474,7 @@ fn checkpoint(op: CheckpointOp, name: &str) -> CheckpointRequest {
         messages: Vec::new().into(),
         owner: Default::default(),
         overwrite: false,
+        admin: false,
     }
 }
 
@@ -535,7 +536,8 @@ fn a_resumed_checkpoint_continues_like_the_whole_prompt() -> Result<()> {
         ]
     );
     // Another engine on the same cache never saw these checkpoints' ids (as after a restart
-    // with checkpoints on disk): it still resumes them exactly, and lists them as unknown.
+    // with checkpoints on disk): it still resumes them exactly, and lists their length (the
+    // cache knows it).
     let other = EngineHandle::new("tiny", g.clone()).into_box();
     let (s3, seen3) = ask(
         &other,
@@ -546,7 +548,10 @@ fn a_resumed_checkpoint_continues_like_the_whole_prompt() -> Result<()> {
     )?;
     assert_eq!(s3.cached_tokens, s2.cached_tokens);
     assert_eq!(seen3.ids, seen2.ids);
-    assert_eq!(listed(&other)?[1], ("turn1".to_string(), 0));
+    assert_eq!(
+        listed(&other)?[1],
+        ("turn1".to_string(), (whole.len() + seen.ids.len()) as u64)
+    );
     drop(other);
     let missing = GenerateRequest {
         resume_from: RSome("nope".into()),

@@ -56,6 +56,16 @@ impl Keys {
         Ok(Self(keys))
     }
 
+    /// The keys, name and bytes, in the file's order.
+    pub fn entries(&self) -> &[(String, Vec<u8>)] {
+        &self.0
+    }
+
+    /// The keys' names, in the file's order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|(name, _)| name.as_str())
+    }
+
     /// The name of the key `headers` carry, or a 401.
     pub fn check(&self, headers: &HeaderMap) -> Result<&str, ApiError> {
         let bearer = headers

@@ -32,6 +32,7 @@ fn request(op: CheckpointOp, model: String) -> CheckpointRequest {
         messages: Default::default(),
         owner: Default::default(),
         overwrite: false,
+        admin: false,
     }
 }
 
@@ -153,6 +154,29 @@ pub fn answer(op: CheckpointOp, infos: &[CheckpointInfo]) -> Value {
     }
 }
 
+/// The answer to an admin's command: names as stored, and each listed checkpoint's `owner`,
+/// the client of `clients` whose namespace holds it, its namespace (`o-<16 hex>`) when no
+/// configured key names that client (a Unix peer), or null in the shared namespace.
+pub fn answer_for_admin(op: CheckpointOp, infos: &[CheckpointInfo], clients: &[String]) -> Value {
+    let mut v = answer(op, infos);
+    if let Some(items) = v["data"].as_array_mut() {
+        for item in items {
+            let name = item["name"].as_str().unwrap_or_default();
+            let known = clients.iter().find(|c| {
+                let ns = u_sdk::checkpoint_namespace(c);
+                name.starts_with(&ns)
+            });
+            let owner = match (known, name.split_once('.')) {
+                (Some(c), _) => json!(c),
+                (None, Some((ns, _))) if name.starts_with("o-") && ns.len() == 18 => json!(ns),
+                _ => Value::Null,
+            };
+            item["owner"] = owner;
+        }
+    }
+    v
+}
+
 /// A chat turn from parts (for tests and the Safebox mapping).
 pub fn turn(role: &str, content: &str) -> ChatTurn {
     ChatTurn {
@@ -164,6 +188,32 @@ pub fn turn(role: &str, content: &str) -> ChatTurn {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_admin_list_says_whose_each_checkpoint_is() {
+        let info = |name: &str| CheckpointInfo {
+            name: name.into(),
+            tokens: 3,
+        };
+        let alice = format!("{}private", u_sdk::checkpoint_namespace("key:alice"));
+        let uid = format!("{}notes", u_sdk::checkpoint_namespace("unix:uid=1000"));
+        let clients = ["key:bob".to_string(), "key:alice".to_string()];
+        let v = answer_for_admin(
+            CheckpointOp::List,
+            &[info(&alice), info(&uid), info("shared")],
+            &clients,
+        );
+        let owners: Vec<&Value> = v["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| &i["owner"])
+            .collect();
+        assert_eq!(owners[0], "key:alice");
+        assert_eq!(owners[1].as_str(), uid.split_once('.').map(|(ns, _)| ns));
+        assert_eq!(owners[2], &Value::Null);
+        assert_eq!(v["data"][0]["name"], alice.as_str());
+    }
 
     fn models() -> Vec<String> {
         vec!["tiny".into()]

@@ -96,7 +96,8 @@ impl ApiError {
                     ..Self::status(429, "rate_limit_error", e.message.to_string())
                 };
             }
-            _ => (500, "server_error"),
+            // The server's own trouble: the client learns what failed, not where on its disks.
+            _ => return Self::status(500, "server_error", without_paths(&e.message)),
         };
         Self::status(status, kind, e.message.to_string())
     }
@@ -135,9 +136,60 @@ impl ApiError {
     }
 }
 
+/// `message` with every absolute file path (a word starting with `/` that has another `/`)
+/// replaced by `<path>`, so 500-class answers do not tell clients the server's file layout.
+pub fn without_paths(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find('/') {
+        let starts_word = rest[..at]
+            .chars()
+            .next_back()
+            .is_none_or(|c| c.is_whitespace() || "\"'(`[{=:".contains(c));
+        let end = rest[at..]
+            .find(|c: char| c.is_whitespace() || "\"'`)]},;".contains(c))
+            .map_or(rest.len(), |e| at + e);
+        let word = rest[at..end].trim_end_matches([':', '.']);
+        out.push_str(&rest[..at]);
+        if starts_word && word[1..].contains('/') {
+            out.push_str("<path>");
+            rest = &rest[at + word.len()..];
+        } else {
+            out.push('/');
+            rest = &rest[at + 1..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn server_errors_do_not_show_server_paths() {
+        let e = u_sdk::UError::new(
+            ErrorKind::Io,
+            "cache-kv: mmap /srv/kv/o-9463fd1432e88892.private.ukv: Input/output error (read /srv/x/y: denied)",
+        );
+        let a = ApiError::from_engine(&e);
+        assert_eq!(a.status, 500);
+        assert_eq!(
+            a.message,
+            "cache-kv: mmap <path>: Input/output error (read <path>: denied)"
+        );
+        assert_eq!(
+            without_paths("top_p / temperature and a/b"),
+            "top_p / temperature and a/b"
+        );
+        assert_eq!(without_paths("at /tmp/k, then"), "at <path>, then");
+        let not_found = u_sdk::UError::not_found("no checkpoint named \"a/b\"");
+        assert_eq!(
+            ApiError::from_engine(&not_found).message,
+            "no checkpoint named \"a/b\""
+        );
+    }
 
     #[test]
     fn each_dialect_has_its_error_shape() {

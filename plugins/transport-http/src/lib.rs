@@ -28,8 +28,11 @@
 //! cut off), `body_read_timeout_ms` (default 30 s; 408), `default_max_tokens` (default 256),
 //! `shutdown_grace_ms` (default 60 s: how long in-flight streams may run after the shutdown
 //! signal before the connections are dropped), `hmac_secret_file` (a file under the plugin's
-//! `fs.read` grant; when set, every request must be signed), `hmac_window_s` (default 300: the
-//! replay window), `api_keys_file` and `cors_allow_origins` ([`access`]).
+//! `fs.read` grant; when set, every request must be signed) or `hmac_keys_file` (several named
+//! HMAC keys, `ID KEY` a line, each a client of its own), `hmac_window_s` (default 300: the
+//! replay window), `api_keys_file` and `cors_allow_origins` ([`access`]), `admin_clients`
+//! (clients in the admin scope, who list and manage every client's checkpoints: `key:NAME`
+//! for an API key, `hmac:ID` for an HMAC key, `unix:uid=N` for a Unix peer).
 //!
 //! Every request is logged through the host at info level on one line when it ends: method,
 //! path, status, for a generation its prompt, cached and generated tokens, and milliseconds.
@@ -100,6 +103,9 @@ pub struct Config {
     pub shutdown_grace_ms: u64,
     /// A file holding the HMAC secret; when set, every request must be signed.
     pub hmac_secret_file: Option<String>,
+    /// A file of named HMAC keys (`ID KEY` a line); when set, every request must be signed
+    /// with one, named in `x-safebox-key-id`.
+    pub hmac_keys_file: Option<String>,
     /// Largest allowed distance, seconds, between a signed request's timestamp and the clock.
     pub hmac_window_s: u64,
     /// A file of named API keys ([`access`]); when set, every request but `GET /health` needs
@@ -107,6 +113,8 @@ pub struct Config {
     pub api_keys_file: Option<String>,
     /// Origins browsers may call from (CORS, [`access`]); empty: no CORS.
     pub cors_allow_origins: Vec<String>,
+    /// Clients in the admin scope: `key:NAME`, `hmac:ID` or `unix:uid=N`.
+    pub admin_clients: Vec<String>,
 }
 
 impl Default for Config {
@@ -118,9 +126,11 @@ impl Default for Config {
             default_max_tokens: 256,
             shutdown_grace_ms: 60_000,
             hmac_secret_file: None,
+            hmac_keys_file: None,
             hmac_window_s: 300,
             api_keys_file: None,
             cors_allow_origins: Vec::new(),
+            admin_clients: Vec::new(),
         }
     }
 }
@@ -147,7 +157,7 @@ impl Config {
                 }
                 "shutdown_grace_ms" => c.shutdown_grace_ms = int()? as u64,
                 "hmac_window_s" => c.hmac_window_s = int()? as u64,
-                "hmac_secret_file" | "api_keys_file" => {
+                "hmac_secret_file" | "hmac_keys_file" | "api_keys_file" => {
                     let path = value
                         .as_str()
                         .filter(|s| !s.is_empty())
@@ -155,27 +165,37 @@ impl Config {
                         .to_string();
                     match key.as_str() {
                         "hmac_secret_file" => c.hmac_secret_file = Some(path),
+                        "hmac_keys_file" => c.hmac_keys_file = Some(path),
                         _ => c.api_keys_file = Some(path),
                     }
                 }
-                "cors_allow_origins" => {
-                    c.cors_allow_origins = value
+                "cors_allow_origins" | "admin_clients" => {
+                    let list = value
                         .as_array()
                         .and_then(|a| {
                             a.iter()
                                 .map(|o| o.as_str().filter(|o| !o.is_empty()).map(str::to_string))
                                 .collect::<Option<Vec<_>>>()
                         })
-                        .ok_or_else(|| format!("`{key}` must be an array of origins"))?
+                        .ok_or_else(|| format!("`{key}` must be an array of non-empty strings"))?;
+                    if key == "admin_clients" {
+                        c.admin_clients = list;
+                    } else {
+                        c.cors_allow_origins = list;
+                    }
                 }
                 other => {
                     return Err(format!(
                         "unknown key `{other}` (known: max_body_bytes, header_read_timeout_ms, \
                          body_read_timeout_ms, default_max_tokens, shutdown_grace_ms, \
-                         hmac_secret_file, hmac_window_s, api_keys_file, cors_allow_origins)"
+                         hmac_secret_file, hmac_keys_file, hmac_window_s, api_keys_file, \
+                         cors_allow_origins, admin_clients)"
                     ));
                 }
             }
+        }
+        if c.hmac_secret_file.is_some() && c.hmac_keys_file.is_some() {
+            return Err("set one of `hmac_secret_file` and `hmac_keys_file`, not both".into());
         }
         Ok(c)
     }
@@ -209,28 +229,38 @@ fn read_secret(host: &HostBox, path: &str) -> Result<Vec<u8>> {
 fn instantiate(host: HostBox) -> Result<PluginInstance> {
     let config = Config::parse(host.config().as_str())
         .map_err(|e| UError::invalid(format!("transport-http config: {e}")))?;
-    let secret = match &config.hmac_secret_file {
-        Some(path) => Some(read_secret(&host, path)?),
-        None => None,
+    let key_file = |path: &String| -> Result<access::Keys> {
+        let text = String::from_utf8(read_file(&host, path)?)
+            .map_err(|_| UError::invalid(format!("transport-http: {path} is not UTF-8 text")))?;
+        access::Keys::parse(&text)
+            .map_err(|e| UError::invalid(format!("transport-http: {path}: {e}")))
     };
-    let keys = match &config.api_keys_file {
-        Some(path) => {
-            let text = String::from_utf8(read_file(&host, path)?).map_err(|_| {
-                UError::invalid(format!("transport-http: {path} is not UTF-8 text"))
-            })?;
-            Some(
-                access::Keys::parse(&text)
-                    .map_err(|e| UError::invalid(format!("transport-http: {path}: {e}")))?,
-            )
-        }
-        None => None,
+    let secrets = match (&config.hmac_secret_file, &config.hmac_keys_file) {
+        (Some(path), _) => Some(safebox::Secrets::One(read_secret(&host, path)?)),
+        (None, Some(path)) => Some(safebox::Secrets::Named(key_file(path)?.entries().to_vec())),
+        (None, None) => None,
     };
-    Ok(PluginInstance::Transport(TransportBox::new(server::Http {
+    let keys = config.api_keys_file.as_ref().map(key_file).transpose()?;
+    let http = server::Http {
         host,
         config,
-        secret,
+        secrets,
         keys,
-    })))
+    };
+    let clients = http.clients();
+    for admin in &http.config.admin_clients {
+        let known = clients.contains(admin)
+            || admin
+                .strip_prefix("unix:uid=")
+                .is_some_and(|uid| uid.parse::<u32>().is_ok());
+        if !known {
+            return Err(UError::invalid(format!(
+                "transport-http config: admin_clients: `{admin}` is no configured client \
+                 (key:NAME of api_keys_file, hmac:ID of hmac_keys_file, or unix:uid=N)"
+            )));
+        }
+    }
+    Ok(PluginInstance::Transport(TransportBox::new(http)))
 }
 
 #[cfg(test)]
@@ -249,6 +279,15 @@ mod tests {
         assert_eq!(c.api_keys_file.as_deref(), Some("/k"));
         assert_eq!(c.cors_allow_origins, ["https://a.example"]);
         assert!(Config::parse("cors_allow_origins = \"*\"").is_err());
+        let c = Config::parse("hmac_keys_file = \"/h\"\nadmin_clients = [\"hmac:ops\"]").unwrap();
+        assert_eq!(c.hmac_keys_file.as_deref(), Some("/h"));
+        assert_eq!(c.admin_clients, ["hmac:ops"]);
+        assert!(
+            Config::parse("hmac_keys_file = \"/h\"\nhmac_secret_file = \"/s\"")
+                .unwrap_err()
+                .contains("not both")
+        );
+        assert!(Config::parse("admin_clients = [\"\"]").is_err());
         assert!(
             Config::parse("max_body = 1")
                 .unwrap_err()

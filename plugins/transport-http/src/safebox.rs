@@ -2,10 +2,11 @@
 //! body. The wire format is documented in `docs/safebox-protocol.md`.
 //!
 //! Authentication applies to every request on this transport once a secret is configured
-//! (`hmac_secret_file`): the client signs method, path (with query), timestamp, a nonce and
-//! the SHA-256 of the body with HMAC-SHA256; the server checks the signature in constant
-//! time, refuses timestamps outside the replay window and refuses a nonce it has already seen
-//! inside that window.
+//! (`hmac_secret_file`, one secret, or `hmac_keys_file`, several named keys, each a client of
+//! its own chosen by the `x-safebox-key-id` header): the client signs method, path (with
+//! query), timestamp, a nonce and the SHA-256 of the body with HMAC-SHA256; the server checks
+//! the signature in constant time, refuses timestamps outside the replay window and refuses a
+//! nonce it has already seen inside that window.
 
 use crate::{
     bridge::Piece,
@@ -31,6 +32,8 @@ pub const TIMESTAMP: &str = "x-safebox-timestamp";
 pub const NONCE: &str = "x-safebox-nonce";
 /// Header with `v1=` and the lowercase hex HMAC-SHA256.
 pub const SIGNATURE: &str = "x-safebox-signature";
+/// Header naming the key a request is signed with (`hmac_keys_file`).
+pub const KEY_ID: &str = "x-safebox-key-id";
 /// Most nonces remembered at once; requests beyond that wait for old ones to expire (503).
 const MAX_NONCES: usize = 1 << 20;
 
@@ -51,9 +54,19 @@ pub fn sign(secret: &[u8], canonical: &str) -> String {
 
 /// Checks request signatures and remembers nonces for the replay window.
 pub struct Verifier {
-    secret: Vec<u8>,
+    secrets: Secrets,
     window_s: u64,
     seen: Mutex<Seen>,
+}
+
+/// The keys requests may be signed with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Secrets {
+    /// One secret (`hmac_secret_file`): its holders are one client.
+    One(Vec<u8>),
+    /// Named keys (`hmac_keys_file`, `ID KEY` lines): each id is a client, named by the
+    /// request's `x-safebox-key-id`.
+    Named(Vec<(String, Vec<u8>)>),
 }
 
 #[derive(Default)]
@@ -70,33 +83,40 @@ pub struct Signed<'a> {
     pub nonce: Option<&'a str>,
     /// `x-safebox-signature`.
     pub signature: Option<&'a str>,
+    /// `x-safebox-key-id`.
+    pub key_id: Option<&'a str>,
 }
 
 impl Verifier {
-    /// A verifier for `secret` (at least 16 bytes) with a replay window of ± `window_s`.
-    pub fn new(secret: Vec<u8>, window_s: u64) -> Result<Self, String> {
-        if secret.len() < 16 {
-            return Err(format!(
-                "the HMAC secret is {} bytes; at least 16 are required",
-                secret.len()
-            ));
+    /// A verifier for `secrets` (each at least 16 bytes) with a replay window of ± `window_s`.
+    pub fn new(secrets: Secrets, window_s: u64) -> Result<Self, String> {
+        let short = match &secrets {
+            Secrets::One(s) => (s.len() < 16).then(|| ("the HMAC secret".to_string(), s.len())),
+            Secrets::Named(keys) => keys
+                .iter()
+                .find(|(_, k)| k.len() < 16)
+                .map(|(id, k)| (format!("HMAC key `{id}`"), k.len())),
+        };
+        if let Some((what, n)) = short {
+            return Err(format!("{what} is {n} bytes; at least 16 are required"));
         }
         Ok(Self {
-            secret,
+            secrets,
             window_s,
             seen: Mutex::default(),
         })
     }
 
-    /// Accepts or refuses a request arriving at `now` (Unix seconds).
-    pub fn check(
-        &self,
+    /// Accepts or refuses a request arriving at `now` (Unix seconds); accepted, the id of the
+    /// key it was signed with (`None` for the one secret).
+    pub fn check<'s>(
+        &'s self,
         method: &str,
         path: &str,
         headers: &Signed<'_>,
         body: &[u8],
         now: u64,
-    ) -> Result<(), ApiError> {
+    ) -> Result<Option<&'s str>, ApiError> {
         let (Some(ts), Some(nonce), Some(sig)) =
             (headers.timestamp, headers.nonce, headers.signature)
         else {
@@ -127,12 +147,31 @@ impl Verifier {
             .strip_prefix("v1=")
             .and_then(|h| hex::decode(h).ok())
             .ok_or_else(|| ApiError::unauthorized(format!("{SIGNATURE} must be `v1=` and hex")))?;
+        let (id, secret) = match (&self.secrets, headers.key_id) {
+            (Secrets::One(secret), None) => (None, secret),
+            (Secrets::One(_), Some(_)) => {
+                return Err(ApiError::unauthorized(format!(
+                    "this server has one HMAC secret: send no {KEY_ID}"
+                )));
+            }
+            (Secrets::Named(_), None) => {
+                return Err(ApiError::unauthorized(format!(
+                    "this server has several HMAC keys: name yours in {KEY_ID}"
+                )));
+            }
+            (Secrets::Named(keys), Some(wanted)) => keys
+                .iter()
+                .find(|(id, _)| id == wanted)
+                .map(|(id, secret)| (Some(id.as_str()), secret))
+                .ok_or_else(|| ApiError::unauthorized(format!("no HMAC key `{wanted}`")))?,
+        };
         let mut mac =
-            Hmac::<Sha256>::new_from_slice(&self.secret).expect("HMAC takes keys of any length");
+            Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes keys of any length");
         mac.update(canonical(method, path, ts, nonce, body).as_bytes());
         mac.verify_slice(&given)
             .map_err(|_| ApiError::unauthorized("the request signature does not match"))?;
-        self.remember(nonce, t, now)
+        self.remember(nonce, t, now)?;
+        Ok(id)
     }
 
     fn remember(&self, nonce: &str, t: u64, now: u64) -> Result<(), ApiError> {
@@ -350,17 +389,18 @@ mod tests {
             timestamp: Some(ts),
             nonce: Some(nonce),
             signature: Some(sig),
+            key_id: None,
         }
     }
 
     #[test]
     fn signatures_windows_and_nonces_are_enforced() {
-        let v = Verifier::new(SECRET.to_vec(), 300).unwrap();
+        let v = Verifier::new(Secrets::One(SECRET.to_vec()), 300).unwrap();
         let body = br#"{"userInput":"hi"}"#;
         let nonce = "nonce-0000000000000001";
         let sig = sign(SECRET, &canonical("POST", PATH, "1000", nonce, body));
         let h = headers("1000", nonce, &sig);
-        v.check("POST", PATH, &h, body, 1010).unwrap();
+        assert_eq!(v.check("POST", PATH, &h, body, 1010).unwrap(), None);
         let replay = v.check("POST", PATH, &h, body, 1011).unwrap_err();
         assert!(replay.message.contains("replay"), "{replay:?}");
         // A changed body, path, method or secret breaks the signature.
@@ -395,6 +435,7 @@ mod tests {
             timestamp: None,
             nonce: None,
             signature: None,
+            key_id: None,
         };
         assert_eq!(
             v.check("POST", PATH, &none, body, 1000).unwrap_err().status,
@@ -408,7 +449,64 @@ mod tests {
         // The refused attempts did not burn the nonce: the right request still passes once.
         v.check("POST", PATH, &headers("1000", n2, &sig2), body, 1000)
             .unwrap();
-        assert!(Verifier::new(b"short".to_vec(), 300).is_err());
+        assert!(Verifier::new(Secrets::One(b"short".to_vec()), 300).is_err());
+        let named = |id| Signed {
+            key_id: Some(id),
+            ..headers("1000", "nonce-0000000000000003", &sig2)
+        };
+        assert!(v.check("POST", PATH, &named("ops"), body, 1000).is_err());
+    }
+
+    #[test]
+    fn named_keys_tell_their_clients_apart() {
+        let (ops, app) = (b"ops-secret-0123456789".to_vec(), SECRET.to_vec());
+        let v = Verifier::new(
+            Secrets::Named(vec![
+                ("ops".into(), ops.clone()),
+                ("app".into(), app.clone()),
+            ]),
+            300,
+        )
+        .unwrap();
+        let body = b"{}";
+        let signed = |key: &[u8], nonce: &str| {
+            sign(key, &canonical("GET", "/v1/models", "1000", nonce, body))
+        };
+        let request = |id, nonce: &'static str, sig: &str| {
+            let h = Signed {
+                key_id: id,
+                ..headers("1000", nonce, sig)
+            };
+            v.check("GET", "/v1/models", &h, body, 1000)
+                .map(|id| id.map(str::to_string))
+        };
+        let (n1, n2, n3) = (
+            "nonce-named-000000001",
+            "nonce-named-000000002",
+            "nonce-named-000000003",
+        );
+        assert_eq!(
+            request(Some("app"), n1, &signed(&app, n1))
+                .unwrap()
+                .as_deref(),
+            Some("app")
+        );
+        assert_eq!(
+            request(Some("ops"), n2, &signed(&ops, n2))
+                .unwrap()
+                .as_deref(),
+            Some("ops")
+        );
+        // One key's signature under another's id, an unknown id, or no id: 401.
+        let e = request(Some("ops"), n3, &signed(&app, n3)).unwrap_err();
+        assert!(e.message.contains("does not match"), "{e:?}");
+        let e = request(Some("nobody"), n3, &signed(&app, n3)).unwrap_err();
+        assert!(e.message.contains("no HMAC key `nobody`"), "{e:?}");
+        let e = request(None, n3, &signed(&app, n3)).unwrap_err();
+        assert!(e.message.contains(KEY_ID), "{e:?}");
+        let short = Secrets::Named(vec![("a".into(), b"short".to_vec())]);
+        let e = Verifier::new(short, 300).err().unwrap();
+        assert!(e.contains("`a`"), "{e}");
     }
 
     #[test]

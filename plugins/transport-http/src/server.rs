@@ -50,7 +50,7 @@ type Body = BoxBody<Bytes, Infallible>;
 pub struct Http {
     pub(crate) host: HostBox,
     pub(crate) config: Config,
-    pub(crate) secret: Option<Vec<u8>>,
+    pub(crate) secrets: Option<safebox::Secrets>,
     pub(crate) keys: Option<access::Keys>,
 }
 
@@ -63,6 +63,11 @@ struct State {
     verifier: Option<Verifier>,
     keys: Option<access::Keys>,
     cors: access::Cors,
+    /// Clients in the admin scope (`admin_clients`).
+    admins: Vec<String>,
+    /// Every client identity the keys name (`key:NAME`, `hmac:ID`), to say whose an admin's
+    /// listed checkpoints are.
+    clients: Vec<String>,
 }
 
 enum AnyListener {
@@ -77,6 +82,22 @@ impl Transport for Http {
 }
 
 impl Http {
+    /// Every client identity the configured keys name: `key:NAME` and `hmac:ID`.
+    pub(crate) fn clients(&self) -> Vec<String> {
+        let keys = self
+            .keys
+            .iter()
+            .flat_map(|k| k.names())
+            .map(|n| format!("key:{n}"));
+        let hmac = match &self.secrets {
+            Some(safebox::Secrets::Named(named)) => {
+                named.iter().map(|(id, _)| format!("hmac:{id}")).collect()
+            }
+            _ => Vec::new(),
+        };
+        keys.chain(hmac).collect()
+    }
+
     fn run(&self, context: TransportContext) -> Result<(), UError> {
         let TransportContext {
             engine,
@@ -105,9 +126,9 @@ impl Http {
         http.keep_alive(true)
             .timer(TokioTimer::new())
             .header_read_timeout(Duration::from_millis(self.config.header_read_timeout_ms));
-        let verifier = match &self.secret {
-            Some(secret) => Some(
-                Verifier::new(secret.clone(), self.config.hmac_window_s)
+        let verifier = match &self.secrets {
+            Some(secrets) => Some(
+                Verifier::new(secrets.clone(), self.config.hmac_window_s)
                     .map_err(|e| UError::invalid(format!("transport-http: {e}")))?,
             ),
             None => None,
@@ -123,6 +144,8 @@ impl Http {
             cors: access::Cors {
                 origins: self.config.cors_allow_origins.clone(),
             },
+            admins: self.config.admin_clients.clone(),
+            clients: self.clients(),
         });
         let host = self.host.clone();
         runtime.block_on(serve_all(host, state, bound, shutdown));
@@ -565,17 +588,9 @@ async fn dispatch(
         }
         _ => None,
     };
-    let peer = key.as_deref().unwrap_or(peer);
-    let keyed = key.is_some();
-    // Checkpoints belong to a client the server can tell apart: an API key's name or a Unix
-    // peer's uid; unauthenticated TCP clients share one namespace.
-    let owner = if keyed || peer.starts_with("unix:") {
-        peer
-    } else {
-        ""
-    };
     let signed = signature_headers(req.headers());
     let body = read_body(state, req).await?;
+    let mut hmac_id = None;
     if let Some(v) = &state.verifier {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -585,9 +600,23 @@ async fn dispatch(
             timestamp: signed[0].as_deref(),
             nonce: signed[1].as_deref(),
             signature: signed[2].as_deref(),
+            key_id: signed[3].as_deref(),
         };
-        v.check(method.as_str(), &path_and_query, &headers, &body, now)?;
+        hmac_id = v
+            .check(method.as_str(), &path_and_query, &headers, &body, now)?
+            .map(|id| format!("hmac:{id}"));
     }
+    // The client: a named HMAC key's id, else an API key's name, else the connection's peer.
+    // Checkpoints belong to a client the server can tell apart (either key, or a Unix peer's
+    // uid); unauthenticated TCP clients and holders of one shared secret share one namespace.
+    let keyed = hmac_id.is_some() || key.is_some();
+    let peer = hmac_id.as_deref().or(key.as_deref()).unwrap_or(peer);
+    let owner = if keyed || peer.starts_with("unix:") {
+        peer
+    } else {
+        ""
+    };
+    let admin = !owner.is_empty() && state.admins.iter().any(|a| a == owner);
     let engine_error = |e: UError| ApiError::from_engine(&e);
     let models: Vec<String> = state
         .engine
@@ -735,6 +764,7 @@ async fn dispatch(
             };
             let request = CheckpointRequest {
                 owner: owner.into(),
+                admin,
                 ..request
             };
             let engine = state.engine.clone();
@@ -749,7 +779,12 @@ async fn dispatch(
             } else {
                 201
             };
-            Ok(json_response(status, &checkpoints::answer(op, &infos)).into())
+            let answer = if admin {
+                checkpoints::answer_for_admin(op, &infos, &state.clients)
+            } else {
+                checkpoints::answer(op, &infos)
+            };
+            Ok(json_response(status, &answer).into())
         }
         Route::Unknown | Route::MessagesOther => unreachable!("answered above"),
     }
@@ -765,9 +800,15 @@ fn from_peer(request: &mut GenerateRequest, (peer, owner): (&str, &str), keyed: 
     request.owner = owner.into();
 }
 
-/// The Safebox authentication headers, as text: timestamp, nonce, signature.
-fn signature_headers(h: &hyper::HeaderMap) -> [Option<String>; 3] {
-    [safebox::TIMESTAMP, safebox::NONCE, safebox::SIGNATURE].map(|name| {
+/// The Safebox authentication headers, as text: timestamp, nonce, signature, key id.
+fn signature_headers(h: &hyper::HeaderMap) -> [Option<String>; 4] {
+    [
+        safebox::TIMESTAMP,
+        safebox::NONCE,
+        safebox::SIGNATURE,
+        safebox::KEY_ID,
+    ]
+    .map(|name| {
         h.get(name)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string)

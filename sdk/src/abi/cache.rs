@@ -14,6 +14,7 @@ use crate::abi::{
     backend::{BackendBox, KV_INT8_GROUP, TensorDesc},
     dtype::DType,
     error::UError,
+    transport::CheckpointInfo,
 };
 use abi_stable::{
     StableAbi, sabi_trait,
@@ -165,8 +166,9 @@ pub trait KvCache: Send + Sync + Clone {
     /// Returns a new sequence forked from checkpoint `name`.
     fn load_checkpoint(&self, name: RStr<'_>) -> RResult<SeqId, UError>;
 
-    /// Names of all checkpoints.
-    fn checkpoints(&self) -> RResult<RVec<RString>, UError>;
+    /// All checkpoints with the tokens each holds (those in memory and those on disk, read
+    /// after a restart too); files that are torn or corrupt are not listed.
+    fn checkpoints(&self) -> RResult<RVec<CheckpointInfo>, UError>;
 
     /// Deletes checkpoint `name`.
     fn delete_checkpoint(&self, name: RStr<'_>) -> RResult<(), UError>;

@@ -120,10 +120,11 @@ pub struct GenerateRequest {
     /// `apply_chat_template(tools=…)`), and otherwise describes them in the system prompt
     /// (Qwen2.5's wording).
     pub tools: RString,
-    /// Who owns the checkpoints `resume_from` and `save_as` name: the authenticated client (an
-    /// API key's name, a Unix peer's uid), set by the transport; empty for clients it cannot
-    /// tell apart (unauthenticated TCP, one shared HMAC secret), who share one namespace. A
-    /// checkpoint is visible only to its owner: another owner's is simply not found.
+    /// Who owns the checkpoints `resume_from` and `save_as` name: the authenticated client (a
+    /// named HMAC key's id, an API key's name, a Unix peer's uid), set by the transport; empty
+    /// for clients it cannot tell apart (unauthenticated TCP, one shared HMAC secret), who
+    /// share one namespace. A checkpoint is visible only to its owner: another owner's is
+    /// simply not found.
     pub owner: RString,
     /// `save_as` may replace an existing checkpoint of that name (otherwise that is an
     /// [`AlreadyExists`](crate::abi::error::ErrorKind::AlreadyExists) error, before any work).
@@ -337,6 +338,23 @@ pub struct CheckpointRequest {
     /// `Save`, `Fork`, `Graft`: replace checkpoint `name` if it exists (otherwise that is an
     /// [`AlreadyExists`](crate::abi::error::ErrorKind::AlreadyExists) error).
     pub overwrite: bool,
+    /// The operator's scope (set by the transport for clients configured as admins): names
+    /// are the stored ones of every owner ([`checkpoint_namespace`] and the name), `owner` is
+    /// ignored, and `List` lists every owner's checkpoints.
+    pub admin: bool,
+}
+
+/// The prefix of `owner`'s checkpoint names as an engine stores them, `o-<16 hex>.`: the hex
+/// is the 64-bit FNV-1a hash of the owner (fixed, so persisted checkpoints stay theirs across
+/// builds); empty for the shared namespace. Stored names of this form are reserved for owners.
+pub fn checkpoint_namespace(owner: &str) -> String {
+    if owner.is_empty() {
+        return String::new();
+    }
+    let hash = owner.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("o-{hash:016x}.")
 }
 
 /// A checkpoint as listed.

@@ -2,7 +2,7 @@
 //! (so the model's multi-page path is exercised), no sharing, no prefix tree, no checkpoints.
 //! The real cache is `u-cache-kv`; this exists so the architecture's tests do not depend on it.
 
-use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RStr, RString, RVec};
+use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RStr, RVec};
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
@@ -229,7 +229,7 @@ impl KvCache for ReferenceCache {
         RResult::RErr(UError::unsupported("reference cache: no checkpoints"))
     }
 
-    fn checkpoints(&self) -> RResult<RVec<RString>, UError> {
+    fn checkpoints(&self) -> RResult<RVec<u_sdk::CheckpointInfo>, UError> {
         RResult::ROk(RVec::new())
     }
 

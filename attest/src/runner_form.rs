@@ -8,13 +8,16 @@
 //! which turns on HMAC authentication of every request. Without a secret the transport's
 //! `fs.read` grant is the socket path itself: nothing readable. The model answers to any name
 //! (Safebox clients send names like `local/nemotron-nano`).
+//!
+//! It lives here, beside the deployment, so that `u-attest inspect --runner-form` proves the
+//! very deployment `u-runner` serves in this form.
 
-use anyhow::{Context, Result};
-use std::path::{Path, PathBuf};
-use u_attest::{
+use crate::{
     Deployment,
     deployment::{NetAddress, PathGrant, PluginEntry, absolute},
 };
+use anyhow::{Context, Result};
+use std::path::{Path, PathBuf};
 
 /// The file name of the transport plugin the runner form serves with.
 const TRANSPORT: &str = "transport-http.so";
