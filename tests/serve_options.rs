@@ -975,3 +975,69 @@ fn cached_prefixes_serve_only_their_client_by_default() {
         );
     }
 }
+
+/// #15: with a vocabulary that has fill-in-the-middle tokens, `suffix` on `/v1/completions`
+/// becomes the FIM prompt `<|fim_prefix|>P<|fim_suffix|>S<|fim_middle|>`: the prompt grows by
+/// the suffix's characters and three single tokens (the tiny tokenizer is one token a
+/// character, so spelled out they would be 42), and the answer is the greedy continuation of
+/// exactly that prompt as `/tokenize` splits it.
+#[test]
+fn suffix_becomes_a_fill_in_the_middle_prompt_with_the_models_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model_dir(dir.path());
+    // The tiny tokenizer with its last three (unused) characters turned into FIM tokens.
+    let path = model.join("tokenizer.json");
+    let mut t: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let fim = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"];
+    let vocab = t["model"]["vocab"].as_object_mut().unwrap();
+    vocab.retain(|_, id| id.as_u64().unwrap() < 125);
+    for (i, name) in fim.iter().enumerate() {
+        vocab.insert(name.to_string(), json!(125 + i));
+    }
+    for (i, name) in fim.iter().enumerate() {
+        t["added_tokens"].as_array_mut().unwrap().push(json!({
+            "id": 125 + i, "content": name, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true}));
+    }
+    std::fs::write(&path, t.to_string()).unwrap();
+    let server = start_with(dir, &model, "loader-safetensors", &Options::default());
+    let ask = |extra: Value| {
+        let mut body = json!({"model": MODEL, "prompt": "def f(", "max_tokens": 4,
+            "temperature": 0});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let (s, v) = post(server.port, "/v1/completions", body.to_string().as_bytes());
+        assert_eq!(s, 200, "{v}");
+        v
+    };
+    let plain = ask(json!({}));
+    let filled = ask(json!({"suffix": ") end"}));
+    let tokens = |v: &Value| v["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(
+        tokens(&filled),
+        tokens(&plain) + 5 + 3,
+        "{filled} vs {plain}"
+    );
+    let (s, ids) = post(
+        server.port,
+        "/tokenize",
+        json!({"model": MODEL, "content": format!("{}def f({}) end{}", fim[0], fim[1], fim[2]),
+            "add_special": false, "parse_special": true})
+        .to_string()
+        .as_bytes(),
+    );
+    assert_eq!(s, 200, "{ids}");
+    let ids = ids["tokens"].as_array().unwrap();
+    assert_eq!(ids.len(), 14, "{ids:?}");
+    assert_eq!(
+        [&ids[0], &ids[7], &ids[13]].map(|i| i.as_u64().unwrap()),
+        [125, 126, 127]
+    );
+    let literal =
+        ask(json!({"prompt": [ids.iter().map(|i| i.as_u64().unwrap()).collect::<Vec<_>>()]}));
+    assert_eq!(
+        filled["choices"][0]["text"], literal["choices"][0]["text"],
+        "{filled} vs {literal}"
+    );
+}
