@@ -214,8 +214,16 @@ fn structured_outputs_follow_their_schema_regex_and_grammar() {
 
     for (what, free, schema) in [
         ("one client", "rate_free", "rate_schema"),
-        ("16 clients, half held to the schema", "batch_free", "batch_half"),
-        ("16 clients, all held to the schema", "batch_free", "batch_schema"),
+        (
+            "16 clients, half held to the schema",
+            "batch_free",
+            "batch_half",
+        ),
+        (
+            "16 clients, all held to the schema",
+            "batch_free",
+            "batch_schema",
+        ),
     ] {
         let (f, s) = (v[free][0].as_f64().unwrap(), v[schema][0].as_f64().unwrap());
         eprintln!(

@@ -73,6 +73,22 @@ for t in ch.message.tool_calls or []:
     check(t.function.name, t.function.arguments)
 out["auto"] = [ch.finish_reason, ch.message.content, len(ch.message.tool_calls or [])]
 
+# A plain answer with tools declared streams as it is made: text that cannot start a call is
+# sent at once, in several chunks, and adds up to the whole answer's content.
+hello = [{"role": "user", "content": "Say hello to Marie in three friendly sentences."}]
+r = c.chat.completions.create(model=MODEL, messages=hello, tools=tools, max_tokens=48, temperature=0)
+whole = r.choices[0].message
+parts = []
+for chunk in c.chat.completions.create(model=MODEL, messages=hello, tools=tools, max_tokens=48,
+        temperature=0, stream=True):
+    for d in chunk.choices:
+        if d.delta.content:
+            parts.append(d.delta.content)
+out["plain_stream"] = [len(parts), bool(whole.tool_calls)]
+if not whole.tool_calls:
+    assert len(parts) >= 3, parts
+    assert "".join(parts).strip() == whole.content.strip(), (parts, whole.content)
+
 a = anthropic_client()
 atools = [{"name": t["function"]["name"], "description": t["function"]["description"], "input_schema": t["function"]["parameters"]} for t in tools]
 m = a.messages.create(model=MODEL, max_tokens=80, messages=ask, tools=atools, tool_choice={"type": "tool", "name": "get_weather"},
@@ -134,5 +150,9 @@ fn tool_calls_parse_name_a_declared_tool_and_match_its_schema() {
         }
         assert_eq!(out["anthropic_bad"], 400);
         assert_eq!(out["after_bad"], 4);
+        assert_eq!(
+            out["plain_stream"][1], false,
+            "the plain question was answered with a call, so its streaming went unchecked: {out}"
+        );
     }
 }

@@ -137,8 +137,13 @@ fn describe(e: &Error) -> String {
     s
 }
 
+/// Instructions one render may run: far beyond what a chat template needs for a long
+/// conversation, so a template (which comes with the model file) cannot loop for ever.
+pub const FUEL: u64 = 50_000_000;
+
 fn environment() -> Environment<'static> {
     let mut env = Environment::new();
+    env.set_fuel(Some(FUEL));
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);

@@ -135,6 +135,34 @@ pub fn grammar(tools: &[Tool], parallel: bool) -> String {
     format!("start: call{more}\ncall: \"{OPEN}\\n\" body \"\\n{CLOSE}\"\nbody: %json {schema}\n")
 }
 
+/// How many leading bytes of `text` — the answer so far, or what follows the part already sent
+/// (`at_start` false) — can be streamed as plain text now: none of it can belong to a call in
+/// a format [`parse_calls`] reads. An answer that may still turn out to be a whole-answer call
+/// (it starts with `{`, `[`, `[TOOL_CALLS]` or `<|python_tag|>`) is held entirely; otherwise
+/// text is held from a `<tool_call>` on, or from a trailing partial `<tool_call`.
+pub fn streamable(text: &str, at_start: bool) -> usize {
+    if at_start {
+        let t = text.trim_start();
+        let whole_call = |m: &str| t.starts_with(m) || m.starts_with(t);
+        if t.is_empty()
+            || t.starts_with(['{', '['])
+            || ["[TOOL_CALLS]", "<|python_tag|>"]
+                .iter()
+                .any(|m| whole_call(m))
+        {
+            return 0;
+        }
+    }
+    if let Some(at) = text.find(OPEN) {
+        return at;
+    }
+    let partial = (1..OPEN.len())
+        .rev()
+        .find(|&n| text.ends_with(&OPEN[..n]))
+        .unwrap_or(0);
+    text.len() - partial
+}
+
 /// The calls in `text`, in whichever of the common formats a model's own template asked for,
 /// with the text outside them:
 /// - Hermes / Qwen2.5: every `<tool_call>` block whose body is a JSON object with a string
@@ -256,6 +284,27 @@ mod tests {
 
     /// Llama 3.x's bare JSON calls and Mistral's `[TOOL_CALLS]`, in both of its forms; text
     /// that only looks like them stays text.
+    #[test]
+    fn text_streams_up_to_where_a_call_could_begin() {
+        assert_eq!(streamable("Hello there", true), 11);
+        assert_eq!(streamable("Hello <tool_", true), 6);
+        assert_eq!(streamable("Hi <tool_call>\n{", true), 3);
+        for held in [
+            " ",
+            "{\"name\"",
+            "[TOOL_",
+            "[TOOL_CALLS]",
+            "<|python",
+            "<",
+            "[1]",
+        ] {
+            assert_eq!(streamable(held, true), 0, "{held:?}");
+        }
+        // After text was sent, only a Hermes block can still start.
+        assert_eq!(streamable("{not a call", false), 11);
+        assert_eq!(streamable(" more <", false), 6);
+    }
+
     #[test]
     fn llama_and_mistral_call_formats_parse() {
         let declared = vec!["get_weather".to_string(), "f".to_string()];

@@ -70,6 +70,26 @@ fn raise_exception_and_syntax_errors_are_errors() {
     );
 }
 
+/// A template comes with the model file, so a hostile one must not hang a request: nested loops
+/// of 10^15 steps stop at the fuel limit with a render error, quickly.
+#[test]
+fn a_template_that_would_run_for_ever_runs_out_of_fuel() {
+    let start = std::time::Instant::now();
+    let e = render(
+        "{% for a in range(100000) %}{% for b in range(100000) %}{% for c in range(100000) %}x{% endfor %}{% endfor %}{% endfor %}",
+        &[],
+        false,
+        "",
+        "",
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e, TemplateError::Render(m) if m.contains("fuel")),
+        "{e}"
+    );
+    assert!(start.elapsed().as_secs() < 30, "took {:?}", start.elapsed());
+}
+
 #[test]
 fn strftime_now_gives_a_date() {
     let out = render("{{ strftime_now('%d %b %Y') }}", &[], false, "", "").unwrap();

@@ -16,7 +16,7 @@ use crate::{
     tools,
 };
 use serde_json::{Map, Value, json};
-use u_chat_template::tools::{ToolCall, parse_calls, render_call};
+use u_chat_template::tools::{ToolCall, parse_calls, render_call, streamable};
 use u_sdk::{
     ChatTurn, Constraint, FinishReason, GenerateRequest, GenerateSummary, LogitBias,
     SamplingParams, TokenLogprob,
@@ -650,11 +650,15 @@ pub struct Meta {
     pub index: u32,
     /// Completions' `echo`: the prompt's text, sent before the completion.
     pub echo: Option<String>,
-    /// The declared tools' names. With some, the answer is parsed for calls to them, and a
-    /// stream holds its text back until the end (`held`), when it is sent as content or as
-    /// `tool_calls` deltas; none: the answer is only text.
+    /// The declared tools' names. With some, the answer is parsed for calls to them: a stream
+    /// sends text as soon as it cannot belong to a call ([`streamable`]) and holds the rest
+    /// (`held`) until the end, when it is sent as content or as `tool_calls` deltas; none: the
+    /// answer is only text.
     pub tools: Vec<String>,
     held: String,
+    /// Whether some of the answer was already streamed as text (a whole-answer call is then
+    /// no longer possible).
+    sent_text: bool,
 }
 
 impl Meta {
@@ -680,6 +684,7 @@ impl Meta {
                 Vec::new()
             },
             held: String::new(),
+            sent_text: false,
         }
     }
 
@@ -689,6 +694,8 @@ impl Meta {
             index,
             echo,
             streamed: 0,
+            held: String::new(),
+            sent_text: false,
             ..self.clone()
         }
     }
@@ -892,7 +899,14 @@ impl Reply for Meta {
         self.streamed += piece.text.len();
         if !self.tools.is_empty() {
             self.held.push_str(&piece.text);
-            return Vec::new();
+            let ready = streamable(&self.held, !self.sent_text);
+            if ready == 0 {
+                return Vec::new();
+            }
+            let text: String = self.held.drain(..ready).collect();
+            self.sent_text = true;
+            let chunk = self.chunk(Some(&text), false, None, self.usage_null(), Value::Null);
+            return vec![sse(None, &chunk)];
         }
         if piece.text.is_empty() && logprobs.is_null() {
             return Vec::new();
