@@ -101,6 +101,16 @@ with a.messages.stream(model=MODEL, max_tokens=80, messages=ask, tools=atools, t
 uses = [b for b in final.content if b.type == "tool_use"]
 assert final.stop_reason == "tool_use" and uses, final
 out["anthropic_stream"] = [check(b.name, b.input) for b in uses]
+whole = a.messages.create(model=MODEL, max_tokens=48, messages=hello, tools=atools, extra_body={"temperature": 0})
+deltas = []
+with a.messages.stream(model=MODEL, max_tokens=48, messages=hello, tools=atools, extra_body={"temperature": 0}) as s:
+    for event in s:
+        if event.type == "content_block_delta" and event.delta.type == "text_delta" and event.delta.text:
+            deltas.append(event.delta.text)
+out["anthropic_plain_stream"] = [len(deltas), whole.stop_reason]
+if whole.stop_reason != "tool_use":
+    assert len(deltas) >= 3, deltas
+    assert "".join(deltas).strip() == whole.content[0].text.strip(), (deltas, whole.content)
 m = a.messages.create(model=MODEL, max_tokens=30, extra_body={"temperature": 0}, tools=atools, messages=ask + [
     {"role": "assistant", "content": [{"type": "tool_use", "id": uses[0].id, "name": uses[0].name, "input": uses[0].input}]},
     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "21 degrees, sunny"}]}],
@@ -152,6 +162,10 @@ fn tool_calls_parse_name_a_declared_tool_and_match_its_schema() {
         assert_eq!(out["after_bad"], 4);
         assert_eq!(
             out["plain_stream"][1], false,
+            "the plain question was answered with a call, so its streaming went unchecked: {out}"
+        );
+        assert_ne!(
+            out["anthropic_plain_stream"][1], "tool_use",
             "the plain question was answered with a call, so its streaming went unchecked: {out}"
         );
     }

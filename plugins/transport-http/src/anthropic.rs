@@ -28,7 +28,7 @@ use crate::{
     tools::{self, Choice, Tools},
 };
 use serde_json::{Value, json};
-use u_chat_template::tools::{Tool, ToolCall, parse_calls, render_call};
+use u_chat_template::tools::{Tool, ToolCall, parse_calls, render_call, streamable};
 use u_sdk::{
     CacheBreakpoint, ChatTurn, Constraint, FinishReason, GenerateRequest, GenerateSummary,
 };
@@ -435,9 +435,13 @@ pub fn usage(s: &GenerateSummary) -> Value {
 pub struct Message {
     id: String,
     model: String,
-    /// The declared tools' names; none: the answer is only text.
+    /// The declared tools' names; none: the answer is only text. With some, a stream sends
+    /// text as soon as it cannot belong to a call ([`streamable`]) and holds the rest.
     tools: Vec<String>,
     held: String,
+    /// Whether the stream has opened its text block (with tools declared, at the first text
+    /// that is sent).
+    text_open: bool,
 }
 
 impl Message {
@@ -448,11 +452,12 @@ impl Message {
             model: model.to_string(),
             tools: Vec::new(),
             held: String::new(),
+            text_open: false,
         }
     }
 
     /// The same, answering a request that declares `tools` (their names): its calls become
-    /// `tool_use` blocks, and a stream holds the answer back until the end.
+    /// `tool_use` blocks, and a stream holds back what may be a call until the end.
     pub fn with_tools(self, tools: Vec<String>) -> Self {
         Self { tools, ..self }
     }
@@ -515,7 +520,22 @@ impl Reply for Message {
     fn piece(&mut self, piece: &Piece) -> Vec<String> {
         if !self.tools.is_empty() {
             self.held.push_str(&piece.text);
-            return Vec::new();
+            let ready = streamable(&self.held, !self.text_open);
+            if ready == 0 {
+                return Vec::new();
+            }
+            let text: String = self.held.drain(..ready).collect();
+            let mut frames = Vec::new();
+            if !self.text_open {
+                frames.push(text_start());
+                self.text_open = true;
+            }
+            frames.push(sse(
+                Some("content_block_delta"),
+                &json!({"type": "content_block_delta", "index": 0,
+                    "delta": {"type": "text_delta", "text": text}}),
+            ));
+            return frames;
         }
         if piece.text.is_empty() {
             return Vec::new();
@@ -534,8 +554,10 @@ impl Reply for Message {
             let held = std::mem::take(&mut self.held);
             let (text, uses) = self.content(held);
             let mut index = 0;
-            if !text.is_empty() || uses.is_empty() {
-                frames.push(text_start());
+            if self.text_open || !text.is_empty() || uses.is_empty() {
+                if !self.text_open {
+                    frames.push(text_start());
+                }
                 frames.push(sse(
                     Some("content_block_delta"),
                     &json!({"type": "content_block_delta", "index": 0,
