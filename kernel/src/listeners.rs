@@ -3,6 +3,7 @@
 //! Transports never create sockets: after lock-down `socket`, `bind` and `listen` fail. The host
 //! opens each granted `net.listen` address here and hands the descriptors to the transport.
 
+use nix::sys::stat::{Mode, umask};
 use std::{
     os::{
         fd::IntoRawFd,
@@ -20,12 +21,11 @@ pub fn open(address: &NetAddress) -> std::io::Result<Listener> {
     let fd = match address {
         NetAddress::Unix(path) => {
             remove_stale_socket(path)?;
-            // SAFETY: umask only swaps the process's file-creation mask; the host binds its
-            // sockets before any plugin runs, so no other thread creates files meanwhile.
-            let previous = unsafe { libc::umask(0o177) };
+            // umask swaps the process's file-creation mask; the host binds its sockets before
+            // any plugin runs, so no other thread creates files meanwhile.
+            let previous = umask(Mode::from_bits_truncate(0o177));
             let bound = std::os::unix::net::UnixListener::bind(path);
-            // SAFETY: as above, restoring the mask.
-            unsafe { libc::umask(previous) };
+            umask(previous);
             let l = bound?;
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
             l.into_raw_fd()

@@ -7,7 +7,11 @@
 //! host keeps going with the rest.
 
 use crate::services::PluginServices;
-use std::{ffi::CString, io::Write, os::fd::FromRawFd, path::PathBuf};
+use nix::{
+    fcntl::{FcntlArg, SealFlag, fcntl},
+    sys::memfd::{MFdFlags, memfd_create},
+};
+use std::{ffi::CString, io::Write, os::fd::IntoRawFd, path::PathBuf};
 use u_attest::{Deployment, PluginEntry, Verified, admission, deployment::Grants};
 use u_sdk::{PluginInfo, PluginInstance, PluginModRef};
 
@@ -206,26 +210,20 @@ fn load_sealed(bytes: &[u8], name: &str, symbol: &str) -> Result<PluginModRef, S
 }
 
 fn sealed_memfd(bytes: &[u8], name: &str) -> std::io::Result<i32> {
-    const MFD_EXEC: libc::c_uint = 0x10;
+    // MFD_EXEC (Linux 6.3) is not among nix's flags; the kernel's value.
+    const MFD_EXEC: MFdFlags = MFdFlags::from_bits_retain(0x10);
     let cname = CString::new(format!("u-plugin:{name}")).map_err(std::io::Error::other)?;
-    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
-    // SAFETY: valid NUL-terminated name; flags are plain integers.
-    let mut fd = unsafe { libc::memfd_create(cname.as_ptr(), flags | MFD_EXEC) };
-    if fd < 0 {
-        // Kernels before 6.3 do not know MFD_EXEC; their memfds are executable anyway.
-        // SAFETY: as above.
-        fd = unsafe { libc::memfd_create(cname.as_ptr(), flags) };
-    }
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh descriptor we own; ManuallyDrop keeps it open after writing.
-    let mut file = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
+    let flags = MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING;
+    // Kernels before 6.3 do not know MFD_EXEC; their memfds are executable anyway.
+    let fd = memfd_create(cname.as_c_str(), flags | MFD_EXEC)
+        .or_else(|_| memfd_create(cname.as_c_str(), flags))?;
+    let mut file = std::fs::File::from(fd);
     file.write_all(bytes)?;
-    let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
-    // SAFETY: fcntl on our own descriptor.
-    if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(fd)
+    let seals = SealFlag::F_SEAL_SEAL
+        | SealFlag::F_SEAL_SHRINK
+        | SealFlag::F_SEAL_GROW
+        | SealFlag::F_SEAL_WRITE;
+    fcntl(&file, FcntlArg::F_ADD_SEALS(seals))?;
+    // The descriptor stays open for the life of the process (see `load_sealed`).
+    Ok(file.into_raw_fd())
 }

@@ -17,6 +17,7 @@ use landlock::{
     ABI, Access, AccessFs, AccessNet, NetPort, Ruleset, RulesetAttr, RulesetCreatedAttr,
     RulesetStatus, path_beneath_rules,
 };
+use nix::errno::Errno;
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
     SeccompRule, TargetArch,
@@ -87,7 +88,7 @@ pub fn probe_support() -> Support {
             libc::SECCOMP_MODE_FILTER,
             std::ptr::null::<libc::c_void>(),
         ) == -1
-            && *libc::__errno_location() == libc::EFAULT
+            && Errno::last() == Errno::EFAULT
     };
     Support {
         landlock_abi: (abi > 0).then_some(abi),

@@ -7,6 +7,7 @@
 
 use crate::{OpenReport, instantiate, listeners, sandbox, wiring};
 use abi_stable::std_types::{RResult, RSlice, RStr, RVec};
+use nix::sys::signal::{SigHandler, Signal, signal};
 use std::{
     sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
@@ -20,7 +21,7 @@ use u_sdk::{
 
 static SHUTDOWN: AtomicBool = AtomicBool::new(false);
 
-extern "C" fn on_signal(_: libc::c_int) {
+extern "C" fn on_signal(_: std::ffi::c_int) {
     SHUTDOWN.store(true, Ordering::SeqCst);
 }
 
@@ -134,10 +135,10 @@ pub fn run(
                 .push(l);
         }
     }
-    // SAFETY: installs an async-signal-safe handler that only stores to an atomic.
-    unsafe {
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+        // SAFETY: installs an async-signal-safe handler that only stores to an atomic.
+        unsafe { signal(sig, SigHandler::Handler(on_signal)) }
+            .map_err(|e| anyhow::anyhow!("cannot handle {sig}: {e}"))?;
     }
     let status = sandbox::lock_down(&plan);
     let report = instantiate(opened, threads);

@@ -19,7 +19,7 @@
 //!   `u-runner generate --chat --model <cached model> --prompt PROMPT` (options such as
 //!   `--seed 1 -n 64` are passed on).
 //! - `fuzz [SECONDS]`: a short `cargo fuzz` run (default 30 s) of every parser target under
-//!   `plugins/*/fuzz`, seeded with the plugin's fixtures. Needs `cargo-fuzz` (installed on first
+//!   `plugins/*/fuzz`, `attest/fuzz` and `chat-template/fuzz`, seeded with the crate's fixtures. Needs `cargo-fuzz` (installed on first
 //!   use) and uses `RUSTC_BOOTSTRAP=1` because only the stable toolchain is available.
 //! - `test-aarch64`: the `u-kernels-cpu` tests cross-built for `aarch64-unknown-linux-gnu` and
 //!   run under `qemu-aarch64`, on qemu's default CPU (NEON with the dot-product extension) and on
@@ -311,8 +311,14 @@ fn fuzz(root: &Path, seconds: u32) -> Result<()> {
         cargo(root, &["install", "cargo-fuzz", "--locked"])?;
     }
     let mut failures = Vec::new();
-    for plugin in std::fs::read_dir(root.join("plugins"))? {
-        let plugin = plugin?.path();
+    // Every plugin's fuzz crate, and those of the host-side parsers (deployments, components,
+    // chat templates).
+    let mut crates: Vec<PathBuf> = std::fs::read_dir(root.join("plugins"))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<_>>()?;
+    crates.sort();
+    crates.extend(["attest", "chat-template"].map(|c| root.join(c)));
+    for plugin in crates {
         let targets = plugin.join("fuzz/fuzz_targets");
         let Ok(entries) = std::fs::read_dir(&targets) else {
             continue;

@@ -1,15 +1,17 @@
 //! Fuzzes every request-body parser of the transport (OpenAI chat and completions, Anthropic
-//! messages, Safebox, checkpoint commands) and the HMAC verifier: any bytes must give `Ok` or a
-//! 4xx `ApiError`, never a panic; whatever parses must render its error and reply shapes.
+//! messages, Safebox, SGLang's `/generate`, checkpoint commands), the HMAC verifier (one secret
+//! and named keys), the API-key file and the plugin configuration: any bytes must give `Ok` or a
+//! 4xx `ApiError` (or a configuration error), never a panic.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use u_sdk::CheckpointOp;
 use u_transport_http::{
-    anthropic, checkpoints,
+    Config, access, anthropic, checkpoints,
     error::Dialect,
     openai::{self, Endpoint},
-    safebox::{self, Signed, Verifier},
+    safebox::{self, Secrets, Signed, Verifier},
+    sglang,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -31,6 +33,9 @@ fuzz_target!(|data: &[u8]| {
     if let Err(e) = safebox::parse(data, &models, 16) {
         check(e);
     }
+    if let Err(e) = sglang::parse(data, &models) {
+        check(e);
+    }
     for op in [CheckpointOp::Save, CheckpointOp::Fork, CheckpointOp::Graft] {
         if let Err(e) = checkpoints::parse(op, data, &models) {
             check(e);
@@ -38,15 +43,22 @@ fuzz_target!(|data: &[u8]| {
     }
     // Header values cut from the input: the verifier refuses, never panics.
     let text = String::from_utf8_lossy(data);
-    let mut parts = text.splitn(3, '\n');
-    let (ts, nonce, sig) = (parts.next(), parts.next(), parts.next());
-    let v = Verifier::new(b"fuzzing-secret-0123456789".to_vec(), 300).expect("long secret");
-    let signed = Signed {
-        timestamp: ts,
-        nonce,
-        signature: sig,
-    };
-    if let Err(e) = v.check("POST", safebox::PATH, &signed, data, 1_000) {
-        check(e);
+    let mut parts = text.splitn(4, '\n');
+    let (ts, nonce, sig, id) = (parts.next(), parts.next(), parts.next(), parts.next());
+    let one = Secrets::One(b"fuzzing-secret-0123456789".to_vec());
+    let named = Secrets::Named(vec![("app".into(), b"fuzzing-secret-0123456789".to_vec())]);
+    for (secrets, key_id) in [(one, None), (named, id)] {
+        let v = Verifier::new(secrets, 300).expect("long secret");
+        let signed = Signed {
+            timestamp: ts,
+            nonce,
+            signature: sig,
+            key_id,
+        };
+        if let Err(e) = v.check("POST", safebox::PATH, &signed, data, 1_000) {
+            check(e);
+        }
     }
+    let _ = access::Keys::parse(&text);
+    let _ = Config::parse(&text);
 });
