@@ -43,6 +43,28 @@ fn make_writable_executable(bytes: &mut [u8]) {
     panic!("no executable PT_LOAD segment");
 }
 
+/// Turns two one-byte `int3` padding instructions in `.text` into a `syscall` instruction
+/// (same length, never executed), so the file contains a raw system call.
+fn plant_syscall(bytes: &mut [u8]) {
+    let facts = u_attest::elf::analyse(bytes).unwrap();
+    let (_, range) = facts
+        .code
+        .iter()
+        .find(|(name, _)| name == ".text")
+        .cloned()
+        .unwrap();
+    let mut at = range.start;
+    while at + 1 < range.end {
+        let d = u_attest::syscalls::decode_x86_64(&bytes[at..range.end]);
+        if d.len == 1 && bytes[at] == 0xCC && bytes[at + 1] == 0xCC {
+            bytes[at..at + 2].copy_from_slice(&[0x0F, 0x05]);
+            return;
+        }
+        at += d.len;
+    }
+    panic!("no int3 padding to plant a system call in");
+}
+
 /// Sets `sh_size` of the section starting at file offset `offset` (ELF64 little-endian).
 fn set_section_size(bytes: &mut [u8], offset: usize, size: u64) {
     let shoff = u64::from_le_bytes(bytes[0x28..0x30].try_into().unwrap()) as usize;
@@ -667,8 +689,9 @@ fn inspect_proves_the_runner_form_with_its_socket_and_model() {
 /// #16: `u-attest verify --deployment` judges each plugin with the host's own admission code,
 /// so it and `u-runner plugins` agree — same verdict, same reason — on every case: granted,
 /// ungranted (two kinds), over-granted, a wrong pinned name, a duplicate, an untrusted signer, a
-/// tampered file, a W+X segment, another ABI, the host itself, and an import surface beyond
-/// the manifest (loaded with a warning, refused when the deployment is strict).
+/// tampered file, a W+X segment, another ABI, the host itself, and an import surface or a raw
+/// system call beyond the manifest (loaded with a warning, refused when the deployment is
+/// strict).
 #[test]
 fn verify_and_the_host_agree_on_every_admission_case() {
     let dir = tempfile::tempdir().unwrap();
@@ -689,6 +712,10 @@ fn verify_and_the_host_agree_on_every_admission_case() {
     });
     let other_abi = copy_with(d, "other-abi.so", &plugin("loader-onnx"), |b| {
         rewrite_abi_and_sign(b, &dev)
+    });
+    let syscall = copy_with(d, "syscall.so", &plugin("loader-onnx"), |b| {
+        plant_syscall(b);
+        u_attest::sign_bytes(b, &dev).unwrap();
     });
     let pinned = format!(
         "[[plugins]]\nname = \"loader-onnx\"\npath = \"{}\"\n[plugins.grants]\n{read}\n\n",
@@ -774,10 +801,32 @@ fn verify_and_the_host_agree_on_every_admission_case() {
             "imports beyond, strict",
             plugin_block(&plugin("probe"), read),
             true,
-            vec![Some("import surface exceeds its manifest")],
+            vec![Some("observed surface exceeds its manifest")],
+        ),
+        (
+            "raw system call, default",
+            plugin_block(&syscall, read),
+            false,
+            vec![None],
+        ),
+        (
+            "raw system call, strict",
+            plugin_block(&syscall, read),
+            true,
+            vec![Some("contains 1 raw system-call instruction(s)")],
         ),
     ];
     assert!(cases.len() >= 10);
+    // The planted call is what `u-attest inspect` finds too (the same scan).
+    let v: Value = serde_json::from_slice(
+        &run(Command::new(bin("u-attest"))
+            .args(["inspect", "--json"])
+            .arg(&syscall))
+        .stdout,
+    )
+    .unwrap();
+    assert_eq!(v["surface"]["raw_syscalls"], 1, "{v}");
+    assert_eq!(v["ok"], false, "{v}");
     for (i, (case, blocks, strict, want)) in cases.iter().enumerate() {
         let dep = deployment(d, &format!("case{i}"), blocks);
         if *strict {
@@ -832,6 +881,17 @@ fn verify_and_the_host_agree_on_every_admission_case() {
         );
         let all_ok = want.iter().all(Option::is_none);
         assert_eq!(verify.status.success(), all_ok, "{case}: {lines}");
+        if *case == "raw system call, default" {
+            assert!(
+                lines.contains("warning: contains 1 raw system-call"),
+                "{lines}"
+            );
+            assert!(
+                text(&host).contains("contains 1 raw system-call"),
+                "{}",
+                text(&host)
+            );
+        }
         if *case == "imports beyond, default" {
             assert!(lines.contains("warning: imports `connect`"), "{lines}");
             assert!(

@@ -22,9 +22,10 @@ pub struct Admitted {
     pub over_granted: bool,
     /// The exported root-module symbol the host loads it by.
     pub root_symbol: String,
-    /// Imports beyond its declaration ([`surface::observe_imports`]), each a sentence naming
-    /// the symbol: refused under [`Policy::Strict`], otherwise loaded and reported loudly.
-    pub undeclared_imports: Vec<String>,
+    /// What it can do beyond its declaration — imports ([`surface::observe_imports`]) and raw
+    /// system-call instructions ([`surface::count_raw_syscalls`]), each said as a sentence:
+    /// refused under [`Policy::Strict`], otherwise loaded and reported loudly.
+    pub undeclared: Vec<String>,
 }
 
 /// How an observed import surface beyond the declaration is treated.
@@ -39,8 +40,8 @@ pub enum Policy {
 /// Checks `entry`'s file `bytes`: signed by a `trusted` key, built against this ABI, the plugin
 /// the entry pins (if it pins one), not a host component, not named like one of `taken` (the
 /// plugins admitted before it), granted every capability it requests, a sane ELF file, and
-/// exporting one root module, and — under [`Policy::Strict`] — importing nothing its manifest
-/// does not declare. The error is the reason, naming the capability where one is involved.
+/// exporting one root module, and — under [`Policy::Strict`] — neither importing what its
+/// manifest does not declare nor making raw system calls. The error is the reason, naming the capability where one is involved.
 pub fn admit(
     entry: &PluginEntry,
     bytes: &[u8],
@@ -80,11 +81,17 @@ pub fn admit(
     elf::check_sanity(bytes).map_err(|e| e.to_string())?;
     let facts = elf::analyse(bytes).map_err(|e| e.to_string())?;
     let root_symbol = root_symbol(&facts)?;
-    let undeclared_imports = surface::observe_imports(&facts.imports, manifest).violations;
-    if policy == Policy::Strict && !undeclared_imports.is_empty() {
+    let mut undeclared = surface::observe_imports(&facts.imports, manifest).violations;
+    let raw = surface::count_raw_syscalls(bytes, &facts);
+    if raw > 0 {
+        undeclared.push(format!(
+            "contains {raw} raw system-call instruction(s), which bypass every declared capability"
+        ));
+    }
+    if policy == Policy::Strict && !undeclared.is_empty() {
         return Err(format!(
-            "its import surface exceeds its manifest, and strict mode refuses that: {}",
-            undeclared_imports.join("; ")
+            "its observed surface exceeds its manifest, and strict mode refuses that: {}",
+            undeclared.join("; ")
         ));
     }
     let grants = entry.grants.restricted_to(manifest);
@@ -94,7 +101,7 @@ pub fn admit(
         grants,
         over_granted,
         root_symbol,
-        undeclared_imports,
+        undeclared,
     })
 }
 

@@ -4,8 +4,8 @@
 //! [deployment]
 //! name = "safebox-llm"
 //! threads = 2              # compute threads per plugin pool (default: all cores)
-//! strict = true            # refuse a plugin that imports more than its manifest declares
-//!                          # (default: load it and report the excess as an error)
+//! strict = true            # refuse a plugin that imports more than its manifest declares or
+//!                          # makes raw system calls (default: load it, report it as an error)
 //!
 //! [[trust]]
 //! name = "u-dev"
@@ -270,7 +270,8 @@ pub struct Deployment {
     pub name: String,
     /// Threads per plugin pool, if set.
     pub threads: Option<u32>,
-    /// Refuse a plugin whose import surface exceeds its manifest (`strict = true`), as
+    /// Refuse a plugin whose observed surface (imports, raw system calls) exceeds its manifest
+    /// (`strict = true`), as
     /// `u-runner serve --strict` does; otherwise it is loaded and reported as an error.
     pub strict: bool,
     /// Trusted publishers.

@@ -71,7 +71,7 @@ pub struct ElfFacts {
     /// Whether the file is a shared object (plugins) rather than an executable (`u-runner`).
     pub shared_object: bool,
     /// File ranges of executable sections, with their names.
-    pub code: Vec<(String, Range<usize>)>,
+    pub code: Sections,
     /// Undefined dynamic symbols (what the file imports), without version suffixes.
     pub imports: BTreeSet<String>,
     /// Defined dynamic symbols (what the file exports).
@@ -94,6 +94,47 @@ pub fn analyse(bytes: &[u8]) -> Result<ElfFacts, ElfError> {
             e_type.0
         )));
     }
+    let (meta, code) = section_ranges(&file, bytes)?;
+    let meta = meta.ok_or(ElfError::NoMeta)?;
+    let imports = file
+        .dynsyms
+        .iter()
+        .filter(|s| !s.defined)
+        .map(|s| s.name.split('@').next().unwrap_or(s.name).to_string())
+        .filter(|n| !n.is_empty())
+        .collect();
+    let exports = file
+        .dynsyms
+        .iter()
+        .filter(|s| s.defined)
+        .map(|s| s.name.to_string())
+        .collect();
+    Ok(ElfFacts {
+        exports,
+        meta,
+        machine,
+        shared_object: e_type == elf::ET_DYN,
+        code,
+        imports,
+    })
+}
+
+/// The executable sections of any 64-bit ELF file, by name and file range (for files that are
+/// not U components, such as the system's C library in the tests).
+pub fn executable_sections(bytes: &[u8]) -> Result<Sections, ElfError> {
+    let file = Elf::parse(bytes)?;
+    Ok(section_ranges(&file, bytes)?.1)
+}
+
+/// Sections by name and file range.
+pub type Sections = Vec<(String, Range<usize>)>;
+
+/// `.u.meta`'s range, if there is one, and the executable sections' names and ranges.
+fn section_ranges(
+    file: &Elf<'_>,
+    bytes: &[u8],
+) -> Result<(Option<Range<usize>>, Sections), ElfError> {
+    let e = file.endian;
     let mut meta = None;
     let mut code = Vec::new();
     for sh in file.sections.iter() {
@@ -126,28 +167,7 @@ pub fn analyse(bytes: &[u8]) -> Result<ElfFacts, ElfError> {
             code.push((name.to_string(), range));
         }
     }
-    let meta = meta.ok_or(ElfError::NoMeta)?;
-    let imports = file
-        .dynsyms
-        .iter()
-        .filter(|s| !s.defined)
-        .map(|s| s.name.split('@').next().unwrap_or(s.name).to_string())
-        .filter(|n| !n.is_empty())
-        .collect();
-    let exports = file
-        .dynsyms
-        .iter()
-        .filter(|s| s.defined)
-        .map(|s| s.name.to_string())
-        .collect();
-    Ok(ElfFacts {
-        exports,
-        meta,
-        machine,
-        shared_object: e_type == elf::ET_DYN,
-        code,
-        imports,
-    })
+    Ok((meta, code))
 }
 
 /// Checks the facts the host insists on before mapping a file: no W+X segment, no executable

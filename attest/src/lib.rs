@@ -9,7 +9,8 @@
 //!   no text relocations);
 //! - [`surface`]: observes what a component can do — imported symbols such as `socket`,
 //!   `connect`, `fork`, `execve`, `open`, and raw `syscall` instructions in its code — and compares
-//!   that with what its manifest declares;
+//!   that with what its manifest declares ([`syscalls`] finds the raw system calls, small
+//!   enough for the host);
 //! - [`admission`]: whether a deployment entry may be loaded, the host's checks in one place;
 //! - [`deployment`]: the deployment manifest (trusted keys, plugins, grants) that the host loads;
 //! - [`runner_form`]: the deployment the Safebox runner form `u-runner <model> <socket>` serves.
@@ -25,6 +26,7 @@ pub mod report;
 pub mod runner_form;
 pub mod signing;
 pub mod surface;
+pub mod syscalls;
 
 pub use deployment::{Deployment, DeploymentError, Grants, PluginEntry};
 pub use keys::{PublicKey, SecretKey};

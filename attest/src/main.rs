@@ -140,7 +140,7 @@ fn run(cli: Cli) -> Result<bool> {
                     match admitted {
                         Ok((a, _)) => {
                             print_ok(&entry.path, &a.verified);
-                            for excess in &a.undeclared_imports {
+                            for excess in &a.undeclared {
                                 println!("  warning: {excess}");
                             }
                         }

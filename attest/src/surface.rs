@@ -2,8 +2,9 @@
 //!
 //! Two observations: the dynamic symbols a component imports (`socket`, `connect`, `fork`,
 //! `execve`, `open`…), each mapped to the capability it needs, and the raw system-call
-//! instructions in its executable sections, found by decoding the code (x86-64 with a real
-//! instruction decoder; on aarch64 every `svc` word). Raw system calls bypass the import surface
+//! instructions in its executable sections, found by decoding the code instruction by
+//! instruction ([`syscalls`]: x86-64 lengths checked against iced-x86's; on aarch64 every
+//! `svc` word). Raw system calls bypass the import surface
 //! entirely, so any is a failure.
 //!
 //! This is a strong lint, not a proof: `dlsym("socket")` or libc's generic `syscall()` evade
@@ -13,8 +14,10 @@
 //! `fs.read`; any other file function still needs a declaration. The guarantee comes from the
 //! runtime layers (host services that check grants, Landlock and seccomp).
 
-use crate::elf::{self, ElfError, Machine};
-use iced_x86::{Decoder, DecoderOptions, Mnemonic};
+use crate::{
+    elf::{self, ElfError, Machine},
+    syscalls,
+};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use u_sdk::{
@@ -221,36 +224,16 @@ pub fn inspect_bytes(bytes: &[u8]) -> Result<SurfaceReport, InspectError> {
     })
 }
 
-/// Counts system-call instructions in every executable section.
-fn count_raw_syscalls(bytes: &[u8], facts: &elf::ElfFacts) -> usize {
+/// Counts system-call instructions in every executable section ([`syscalls`]).
+pub fn count_raw_syscalls(bytes: &[u8], facts: &elf::ElfFacts) -> usize {
     facts
         .code
         .iter()
         .map(|(_, range)| {
             let code = &bytes[range.clone()];
             match facts.machine {
-                Machine::X86_64 => {
-                    let mut decoder = Decoder::new(64, code, DecoderOptions::NONE);
-                    let mut count = 0;
-                    for instruction in &mut decoder {
-                        if matches!(
-                            instruction.mnemonic(),
-                            Mnemonic::Syscall | Mnemonic::Sysenter
-                        ) || (instruction.mnemonic() == Mnemonic::Int
-                            && instruction.immediate8() == 0x80)
-                        {
-                            count += 1;
-                        }
-                    }
-                    count
-                }
-                Machine::Aarch64 => code
-                    .chunks_exact(4)
-                    .filter(|w| {
-                        let word = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
-                        word & 0xFFE0_001F == 0xD400_0001
-                    })
-                    .count(),
+                Machine::X86_64 => syscalls::count_x86_64(code),
+                Machine::Aarch64 => syscalls::count_aarch64(code),
             }
         })
         .sum()

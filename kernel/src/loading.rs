@@ -145,10 +145,10 @@ fn open_one(
         grants,
         over_granted,
         root_symbol,
-        undeclared_imports,
+        undeclared,
     } = admitted;
     let manifest = &verified.manifest;
-    for excess in &undeclared_imports {
+    for excess in &undeclared {
         tracing::error!(
             plugin = %manifest.name,
             "{excess}: loaded because the deployment is not strict; the sandbox still denies \
