@@ -682,6 +682,32 @@ fn call_with(
     (status, serde_json::from_str(body).unwrap_or(Value::Null))
 }
 
+/// A completion resuming checkpoint `private`.
+fn resume_private() -> String {
+    format!(
+        r#"{{"model":"{MODEL}","prompt":" to","resume_from":"private","max_tokens":2,"temperature":0}}"#
+    )
+}
+
+/// Every use of checkpoint `private` besides listing: resume, fork, graft, delete, as
+/// (method, path, body).
+fn uses_of_private() -> [(&'static str, &'static str, String); 4] {
+    [
+        ("POST", "/v1/completions", resume_private()),
+        (
+            "POST",
+            "/v1/checkpoints/fork",
+            r#"{"source":"private","name":"mine"}"#.into(),
+        ),
+        (
+            "POST",
+            "/v1/checkpoints/graft",
+            r#"{"target":"private","source":"private","name":"g"}"#.into(),
+        ),
+        ("DELETE", "/v1/checkpoints/private", String::new()),
+    ]
+}
+
 fn checkpoint_names(v: &Value) -> Vec<String> {
     v["data"]
         .as_array()
@@ -719,23 +745,9 @@ fn checkpoints_belong_to_the_client_that_saved_them() {
     assert_eq!(checkpoint_names(&v), ["private"], "{v}");
     let (_, v) = call(tcp, "GET", "/v1/checkpoints", "", Some(bob));
     assert!(checkpoint_names(&v).is_empty(), "bob sees {v}");
-    let resume = format!(
-        r#"{{"model":"{MODEL}","prompt":" to","resume_from":"private","max_tokens":2,"temperature":0}}"#
-    );
-    for (method, path, body) in [
-        ("POST", "/v1/completions", resume.as_str()),
-        (
-            "POST",
-            "/v1/checkpoints/fork",
-            r#"{"source":"private","name":"mine"}"#,
-        ),
-        (
-            "POST",
-            "/v1/checkpoints/graft",
-            r#"{"target":"private","source":"private","name":"g"}"#,
-        ),
-        ("DELETE", "/v1/checkpoints/private", ""),
-    ] {
+    let resume = resume_private();
+    for (method, path, body) in uses_of_private() {
+        let body = body.as_str();
         let (s, v) = call(tcp, method, path, body, Some(bob));
         assert_eq!(s, 404, "bob {method} {path}: {v}");
         let (s_none, _) = call(
@@ -828,24 +840,8 @@ fn hmac_key_ids_own_checkpoints_and_the_admin_scope_sees_all() {
     assert_eq!(checkpoint_names(&v), ["private"], "{v}");
     let (_, v) = signed_call(tcp, "GET", "/v1/checkpoints", "", app2);
     assert!(checkpoint_names(&v).is_empty(), "app2 sees {v}");
-    let resume = format!(
-        r#"{{"model":"{MODEL}","prompt":" to","resume_from":"private","max_tokens":2,"temperature":0}}"#
-    );
-    for (method, path, body) in [
-        ("POST", "/v1/completions", resume.as_str()),
-        (
-            "POST",
-            "/v1/checkpoints/fork",
-            r#"{"source":"private","name":"mine"}"#,
-        ),
-        (
-            "POST",
-            "/v1/checkpoints/graft",
-            r#"{"target":"private","source":"private","name":"g"}"#,
-        ),
-        ("DELETE", "/v1/checkpoints/private", ""),
-    ] {
-        let (s, v) = signed_call(tcp, method, path, body, app2);
+    for (method, path, body) in uses_of_private() {
+        let (s, v) = signed_call(tcp, method, path, &body, app2);
         assert_eq!(s, 404, "app2 {method} {path}: {v}");
     }
     // Unsigned, or signed under another key's id: refused.
