@@ -27,7 +27,7 @@ use std::{
     path::PathBuf,
     time::Instant,
 };
-use u_runner::wiring;
+use u_runner::{progress, wiring};
 use u_sdk::{KvCacheBox, ModelBox, Output, Rows, Segment, SeqChunk, TokenizerBox};
 
 /// Options of `u-runner perplexity`.
@@ -400,42 +400,6 @@ fn print_kl_summary(s: &serde_json::Value) {
     );
 }
 
-/// A progress bar on stderr when it is a terminal.
-struct Progress {
-    shown: bool,
-    start: Instant,
-}
-
-impl Progress {
-    fn new() -> Progress {
-        use std::io::IsTerminal;
-        Progress {
-            shown: std::io::stderr().is_terminal(),
-            start: Instant::now(),
-        }
-    }
-    fn update(&self, done: usize, total: usize, ppl: f64) {
-        if !self.shown {
-            return;
-        }
-        let width = 30;
-        let filled = width * done / total.max(1);
-        let secs = self.start.elapsed().as_secs_f64();
-        let eta = secs / done.max(1) as f64 * (total - done) as f64;
-        eprint!(
-            "\r[{}{}] {done}/{total} chunks, PPL {ppl:.4}, {eta:.0} s left ",
-            "#".repeat(filled),
-            " ".repeat(width - filled)
-        );
-        let _ = std::io::stderr().flush();
-    }
-    fn finish(&self) {
-        if self.shown {
-            eprintln!();
-        }
-    }
-}
-
 /// Evaluates one chunk on a fresh sequence; calls `score(row_logits, next_token)` for each
 /// scored position (`c/2` to `c − 2`).
 fn eval_chunk(
@@ -645,7 +609,7 @@ pub fn run(args: PerplexityArgs) -> Result<i32> {
             config.family
         );
     }
-    let progress = Progress::new();
+    let progress = progress::Line::new(n_chunk as u64);
     let start = Instant::now();
     let mut sums = Sums::default();
     let mut kl = Kl::default();
@@ -701,7 +665,14 @@ pub fn run(args: PerplexityArgs) -> Result<i32> {
             if !args.json {
                 println!("{}", kl.line(c + 1));
             }
-            progress.update(c + 1, n_chunk, (kl.nll / kl.n as f64).exp());
+            progress.update(
+                (c + 1) as u64,
+                &format!(
+                    "{}/{n_chunk} chunks, PPL {:.4}",
+                    c + 1,
+                    (kl.nll / kl.n as f64).exp()
+                ),
+            );
         } else {
             let ppl = sums.ppl();
             running.push(ppl);
@@ -709,7 +680,10 @@ pub fn run(args: PerplexityArgs) -> Result<i32> {
                 print!("[{}]{ppl:.4},", c + 1);
                 let _ = std::io::stdout().flush();
             }
-            progress.update(c + 1, n_chunk, ppl);
+            progress.update(
+                (c + 1) as u64,
+                &format!("{}/{n_chunk} chunks, PPL {ppl:.4}", c + 1),
+            );
         }
     }
     progress.finish();

@@ -1,10 +1,11 @@
-//! A load progress bar on stderr, when stderr is a terminal and a model takes longer than a
-//! second to build.
+//! Progress bars on stderr, when stderr is a terminal: one [`gauge`] drawn by the load bar and
+//! by the long commands' [`Line`] (`quantize`, `perplexity`).
 //!
-//! The host hands the architecture plugin its weights through [`Watched`], a weight set that
-//! forwards every call to the loader's and counts the bytes of the tensors fetched against the
-//! bytes of all of them. The bar is one line, redrawn when the percentage moves, and cleared
-//! when the model is built (or building fails).
+//! The load bar appears when a model takes longer than a second to build. The host hands the
+//! architecture plugin its weights through [`Watched`], a weight set that forwards every call
+//! to the loader's and counts the bytes of the tensors fetched against the bytes of all of
+//! them. The bar is one line, redrawn when the percentage moves, and cleared when the model is
+//! built (or building fails).
 
 use abi_stable::{
     sabi_trait::TD_Opaque,
@@ -26,8 +27,8 @@ const QUIET: Duration = Duration::from_secs(1);
 /// The bar's width in characters.
 const WIDTH: usize = 30;
 
-/// The line drawn for `done` of `total` bytes after `secs` seconds.
-pub fn bar(done: u64, total: u64, secs: f64) -> String {
+/// `[####      ]  40%`: `done` of `total` as a bar and a percentage (all done when `total` is 0).
+pub fn gauge(done: u64, total: u64) -> String {
     let fraction = if total == 0 {
         1.0
     } else {
@@ -35,11 +36,58 @@ pub fn bar(done: u64, total: u64, secs: f64) -> String {
     };
     let filled = (fraction * WIDTH as f64) as usize;
     format!(
-        "\rloading model [{}{}] {:3.0}% {secs:.1} s",
+        "[{}{}] {:3.0}%",
         "#".repeat(filled),
         " ".repeat(WIDTH - filled),
-        fraction * 100.0
+        (fraction * 100.0).floor()
     )
+}
+
+/// The load bar's line for `done` of `total` bytes after `secs` seconds.
+pub fn bar(done: u64, total: u64, secs: f64) -> String {
+    format!("\rloading model {} {secs:.1} s", gauge(done, total))
+}
+
+/// A long command's progress line on stderr (drawn only when stderr is a terminal): the gauge,
+/// the time left at the rate so far, and what the command says it is doing.
+pub struct Line {
+    shown: bool,
+    total: u64,
+    start: Instant,
+}
+
+impl Line {
+    /// A line for work of `total` units.
+    pub fn new(total: u64) -> Line {
+        Line {
+            shown: std::io::stderr().is_terminal(),
+            total,
+            start: Instant::now(),
+        }
+    }
+
+    /// The line for `done` units after `secs` seconds, saying `what`.
+    pub fn render(&self, done: u64, secs: f64, what: &str) -> String {
+        let left = secs / done.max(1) as f64 * self.total.saturating_sub(done) as f64;
+        format!("\r{} {left:4.0} s left  {what}", gauge(done, self.total))
+    }
+
+    /// Redraws the line: `done` units, saying `what`.
+    pub fn update(&self, done: u64, what: &str) {
+        if self.shown {
+            let line = self.render(done, self.start.elapsed().as_secs_f64(), what);
+            let mut err = std::io::stderr().lock();
+            let _ = write!(err, "{line}");
+            let _ = err.flush();
+        }
+    }
+
+    /// Ends the line.
+    pub fn finish(&self) {
+        if self.shown {
+            eprintln!();
+        }
+    }
 }
 
 struct Count {
@@ -175,5 +223,19 @@ mod tests {
         );
         assert!(bar(200, 100, 3.0).contains(&format!("[{}] 100%", "#".repeat(30))));
         assert!(bar(0, 0, 0.0).contains("100%"));
+    }
+
+    #[test]
+    fn a_command_line_says_the_time_left_at_the_rate_so_far() {
+        let line = Line::new(8);
+        assert_eq!(
+            line.render(2, 10.0, "2/8 chunks, PPL 12.5000"),
+            format!(
+                "\r[{}{}]  25%   30 s left  2/8 chunks, PPL 12.5000",
+                "#".repeat(7),
+                " ".repeat(23)
+            )
+        );
+        assert!(line.render(8, 4.0, "done").contains("100%    0 s left"));
     }
 }

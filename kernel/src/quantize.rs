@@ -32,9 +32,8 @@ use std::{
     fs::File,
     io::{BufWriter, Write},
     path::PathBuf,
-    time::Instant,
 };
-use u_runner::wiring;
+use u_runner::{progress, wiring};
 use u_sdk::{DType, MetaValue, TokenizerBox, WeightSetBox, nn::Device};
 
 /// Options of `u-runner quantize`.
@@ -270,7 +269,7 @@ fn write(
     }
 
     let total: u64 = infos.iter().map(|t| t.byte_len).sum();
-    let progress = Progress::new(total);
+    let progress = progress::Line::new(total);
     let mut w = BufWriter::with_capacity(1 << 20, out);
     let failed_write = |err: std::io::Error| anyhow!("writing {}: {err}", args.output.display());
     w.write_all(&header).map_err(failed_write)?;
@@ -284,7 +283,7 @@ fn write(
         if p.target == p.stored {
             gguf::write_padded(&mut w, view.data.as_slice()).map_err(failed_write)?;
             done += view.data.len() as u64;
-            progress.update(done, &p.name);
+            progress.update(done, &format!("{:<40.40}", p.name));
         } else {
             let row = p.dims.last().copied().unwrap_or(1) as usize;
             let rows = p.dims.iter().rev().skip(1).product::<u64>() as usize;
@@ -311,7 +310,7 @@ fn write(
                     })
                     .map_err(|err| anyhow!("{}: converting to {}: {err}", p.name, p.target))?;
                 done += n as u64 * row_in;
-                progress.update(done, &p.name);
+                progress.update(done, &format!("{:<40.40}", p.name));
             }
             gguf::write_padded(&mut w, &buf).map_err(failed_write)?;
         }
@@ -335,46 +334,4 @@ fn write(
         chooser.fallbacks.len()
     );
     Ok(0)
-}
-
-/// A progress bar on stderr when it is a terminal.
-struct Progress {
-    shown: bool,
-    total: u64,
-    start: Instant,
-}
-
-impl Progress {
-    fn new(total: u64) -> Progress {
-        use std::io::IsTerminal;
-        Progress {
-            shown: std::io::stderr().is_terminal(),
-            total,
-            start: Instant::now(),
-        }
-    }
-
-    /// `done` of the input's tensor bytes, working on `name`.
-    fn update(&self, done: u64, name: &str) {
-        if !self.shown {
-            return;
-        }
-        let width = 30u64;
-        let filled = (width * done / self.total.max(1)).min(width) as usize;
-        let secs = self.start.elapsed().as_secs_f64();
-        let eta = secs / done.max(1) as f64 * self.total.saturating_sub(done) as f64;
-        eprint!(
-            "\r[{}{}] {:3}% {eta:4.0} s left  {name:<40.40}",
-            "#".repeat(filled),
-            " ".repeat(width as usize - filled),
-            100 * done / self.total.max(1)
-        );
-        let _ = std::io::stderr().flush();
-    }
-
-    fn finish(&self) {
-        if self.shown {
-            eprintln!();
-        }
-    }
 }
