@@ -18,8 +18,9 @@
 //!   deployment `manifests/dev.toml`, `fetch-model`, then a chat with the default model:
 //!   `u-runner generate --chat --model <cached model> --prompt PROMPT` (options such as
 //!   `--seed 1 -n 64` are passed on).
-//! - `fuzz [SECONDS]`: a short `cargo fuzz` run (default 30 s) of every parser target under
-//!   `plugins/*/fuzz`, `attest/fuzz` and `chat-template/fuzz`, seeded with the crate's fixtures. Needs `cargo-fuzz` (installed on first
+//! - `fuzz [SECONDS] [--quick]`: a short `cargo fuzz` run (default 30 s) of every parser target
+//!   under `plugins/*/fuzz`, `attest/fuzz` and `chat-template/fuzz`, seeded with the crate's
+//!   fixtures; `--quick` builds them unoptimised and without a sanitizer (CI's brief pass). Needs `cargo-fuzz` (installed on first
 //!   use) and uses `RUSTC_BOOTSTRAP=1` because only the stable toolchain is available.
 //! - `test-aarch64`: the `u-kernels-cpu` tests cross-built for `aarch64-unknown-linux-gnu` and
 //!   run under `qemu-aarch64`, on qemu's default CPU (NEON with the dot-product extension) and on
@@ -88,15 +89,16 @@ fn main() -> Result<()> {
             run_main_job(&root, &args[1..])
         }
         Some("fuzz") => {
-            let seconds = match args.get(1) {
+            let quick = args.iter().any(|a| a == "--quick");
+            let seconds = match args[1..].iter().find(|a| *a != "--quick") {
                 Some(s) => s.parse().context("fuzz SECONDS must be a whole number")?,
                 None => 30,
             };
-            fuzz(&root, seconds)
+            fuzz(&root, seconds, quick)
         }
         Some("test-aarch64") => test_aarch64(&root),
         _ => bail!(
-            "usage: cargo xtask <build | test | fetch-model | run [PROMPT] [OPTIONS] | fuzz [SECONDS] | test-aarch64>"
+            "usage: cargo xtask <build | test | fetch-model | run [PROMPT] [OPTIONS] | fuzz [SECONDS] [--quick] | test-aarch64>"
         ),
     }
 }
@@ -301,8 +303,10 @@ fn run_main_job(root: &Path, extra: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Runs every fuzz target for `seconds`, seeded with the fixtures of its plugin's format.
-fn fuzz(root: &Path, seconds: u32) -> Result<()> {
+/// Runs every fuzz target for `seconds`, seeded with the fixtures of its plugin's format;
+/// `quick` builds without optimisation or sanitizer (panics and Rust's own checks still
+/// fail a run), which builds several times faster: CI's brief pass.
+fn fuzz(root: &Path, seconds: u32, quick: bool) -> Result<()> {
     let has_cargo_fuzz = Command::new("cargo")
         .args(["fuzz", "--version"])
         .output()
@@ -347,8 +351,16 @@ fn fuzz(root: &Path, seconds: u32) -> Result<()> {
             let mut cmd = Command::new("cargo");
             cmd.current_dir(plugin.join("fuzz"))
                 .env("RUSTC_BOOTSTRAP", "1")
-                .args(["fuzz", "run", "--target-dir"])
-                .arg(root.join("target/fuzz"))
+                .args(["fuzz", "run"]);
+            if quick {
+                cmd.args(["--dev", "--sanitizer", "none"]);
+            }
+            cmd.arg("--target-dir")
+                .arg(root.join(if quick {
+                    "target/fuzz-quick"
+                } else {
+                    "target/fuzz"
+                }))
                 .arg(name)
                 .arg(&corpus);
             if seeds.is_dir() {
