@@ -713,9 +713,6 @@ impl Disk {
             checked: Default::default(),
         };
         disk.remove_stale_temps();
-        // Every checkpoint file is checked once now: an unusable one is moved aside and
-        // reported here, not at a client's request.
-        let _ = disk.list();
         disk
     }
 
