@@ -303,7 +303,8 @@ fn run_main_job(root: &Path, extra: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Runs every fuzz target for `seconds`, seeded with the fixtures of its plugin's format;
+/// Runs every fuzz target for `seconds`, seeded with the fixtures of its plugin's format and
+/// the inputs that crashed it before (`fuzz/regressions/<target>`, kept once fixed);
 /// `quick` builds without optimisation or sanitizer (panics and Rust's own checks still
 /// fail a run), which builds several times faster: CI's brief pass.
 fn fuzz(root: &Path, seconds: u32, quick: bool) -> Result<()> {
@@ -365,6 +366,11 @@ fn fuzz(root: &Path, seconds: u32, quick: bool) -> Result<()> {
                 .arg(&corpus);
             if seeds.is_dir() {
                 cmd.arg(&seeds);
+            }
+            // Inputs that once crashed the target, run first on every campaign.
+            let regressions = plugin.join("fuzz/regressions").join(name);
+            if regressions.is_dir() {
+                cmd.arg(&regressions);
             }
             cmd.arg("--")
                 .arg(format!("-max_total_time={seconds}"))

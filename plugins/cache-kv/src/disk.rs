@@ -295,13 +295,15 @@ pub fn parse(bytes: &[u8], kind: FileKind, g: &Geometry) -> Result<Parsed, Forma
             return Err(bad("a checkpoint stores every page"));
         }
         FileKind::Prefix
-            if start >= tokens || first_page != start / PAGE_TOKENS || label_len != 4 * tokens =>
+            if start >= tokens
+                || first_page != start / PAGE_TOKENS
+                || tokens.checked_mul(4) != Some(label_len) =>
         {
             return Err(bad("segment start, first page and token path disagree"));
         }
         _ => {}
     }
-    if count != (per_layer - first_page.min(per_layer)) * g.layers() {
+    if (per_layer - first_page.min(per_layer)).checked_mul(g.layers()) != Some(count) {
         return Err(bad("page count does not match tokens × layers"));
     }
     let table = align(label_end);
@@ -327,11 +329,14 @@ pub fn parse(bytes: &[u8], kind: FileKind, g: &Geometry) -> Result<Parsed, Forma
                 return Err(bad("page token count does not match the sequence length"));
             }
             let at = u64_at(bytes, e + 8) as usize;
-            let (offsets, size) = sections(kind, n, g.shape, at);
-            if !at.is_multiple_of(ALIGN)
-                || at < table_end
-                || at.checked_add(size).is_none_or(|e| e > bytes.len())
-            {
+            let misplaced = !at.is_multiple_of(ALIGN) || at < table_end || at > bytes.len();
+            // `at` is within the file, so the sections' offsets cannot overflow.
+            let (offsets, size) = if misplaced {
+                ([0; 4], usize::MAX)
+            } else {
+                sections(kind, n, g.shape, at)
+            };
+            if size > bytes.len() - at.min(bytes.len()) {
                 return Err(bad("page offset misaligned or out of bounds"));
             }
             pages.push(Entry {
@@ -544,6 +549,49 @@ pub fn check_integrity(bytes: &[u8], kind: FileKind) -> Result<u64, FormatError>
         return Err(FormatError::Checksum);
     }
     Ok(u64_at(bytes, 32))
+}
+
+/// Reads `bytes` as a file of `kind` for a cache of `layout` as restoring one does — integrity,
+/// header, page table, then every page mapped in place and read — and returns the tokens it
+/// holds and its label. For tools that check files, and the fuzz target of this format.
+pub fn check_file(
+    bytes: &[u8],
+    kind: FileKind,
+    layout: u_sdk::KvLayout,
+) -> Result<(u64, Vec<u8>), FormatError> {
+    check_integrity(bytes, kind)?;
+    let g = Geometry::new(layout, crate::page::Alloc::Heap)
+        .map_err(|e| FormatError::Malformed(e.to_string()))?;
+    let mut anon = memmap2::MmapMut::map_anon(bytes.len())
+        .map_err(|e| FormatError::Malformed(format!("cannot map {} bytes: {e}", bytes.len())))?;
+    anon.copy_from_slice(bytes);
+    let map = anon
+        .make_read_only()
+        .map_err(|e| FormatError::Malformed(e.to_string()))?;
+    let mapped = restore(Arc::new(map), kind, &g, &Arc::default())?;
+    for (p, page) in mapped
+        .pages
+        .iter()
+        .flat_map(|l| (mapped.first_page..).zip(l))
+    {
+        match page.view((mapped.tokens - p * PAGE_TOKENS).min(PAGE_TOKENS)) {
+            View::F32 { keys, values } => {
+                std::hint::black_box((keys.iter().sum::<f32>(), values.iter().sum::<f32>()));
+            }
+            View::I8 {
+                keys, key_scales, ..
+            } => {
+                std::hint::black_box((
+                    keys.iter().map(|&k| i32::from(k)).sum::<i32>(),
+                    key_scales.len(),
+                ));
+            }
+        }
+    }
+    if kind == FileKind::Prefix {
+        std::hint::black_box(mapped.token_path());
+    }
+    Ok((mapped.tokens as u64, mapped.label))
 }
 
 /// Builds pages that point into `map` (checked by [`parse`]).

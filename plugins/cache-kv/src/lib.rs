@@ -38,7 +38,7 @@ pub mod quant;
 mod radix;
 mod store;
 
-pub use disk::{FormatError, MAGIC, PREFIX_MAGIC, VERSION};
+pub use disk::{FileKind, FormatError, MAGIC, PREFIX_MAGIC, VERSION, check_file};
 pub use page::{Alloc, PAGE_TOKENS};
 pub use plugin::KvCachePlugin;
 pub use store::{Config, DEFAULT_DISK_BUDGET_MULTIPLE, KvDtype, SegmentStats, Store};

@@ -205,7 +205,7 @@ impl std::fmt::Debug for Alloc {
 }
 
 impl Geometry {
-    fn new(layout: KvLayout, alloc: Alloc) -> u_sdk::Result<Self> {
+    pub(crate) fn new(layout: KvLayout, alloc: Alloc) -> u_sdk::Result<Self> {
         let kind = kind_of(layout.dtype)?;
         if layout.layers == 0 || layout.kv_heads == 0 || layout.head_dim == 0 {
             return Err(UError::invalid(format!(

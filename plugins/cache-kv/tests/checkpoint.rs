@@ -270,3 +270,43 @@ fn torn_and_corrupt_checkpoints_are_moved_aside_and_reported_once() {
         assert_eq!(e.kind, ErrorKind::NotFound, "{}", e.message);
     }
 }
+
+/// `check_file` reads a saved checkpoint as a restore does (tokens and name back) and refuses a
+/// damaged one. The fuzz target's seeds (`fuzz/seeds`: its mode byte, then a checkpoint of f32
+/// and int8 pages) are such files and must stay readable as the format changes; set
+/// `U_WRITE_FUZZ_SEEDS=1` to write them anew.
+#[test]
+fn check_file_reads_saved_checkpoints_and_the_fuzz_seeds() {
+    use u_cache_kv::{FileKind, FormatError, check_file};
+    let dir = tempfile::tempdir().unwrap();
+    let c = disk_cache(dir.path(), dir.path(), "model-a");
+    let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
+    for (name, tokens, int8_after) in [("f32", 70, None), ("mixed", 100, Some(64))] {
+        let a = filled(&c, tokens, 9, int8_after);
+        c.store().save_checkpoint(name, a).unwrap();
+        let good = std::fs::read(dir.path().join(format!("{name}.ukv"))).unwrap();
+        let (n, label) = check_file(&good, FileKind::Checkpoint, layout(2, 2, 16, "model-a"))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!((n, label.as_slice()), (tokens as u64, name.as_bytes()));
+        let e = check_file(
+            &flip(&good, good.len() - 3),
+            FileKind::Checkpoint,
+            layout(2, 2, 16, "model-a"),
+        );
+        assert!(matches!(e, Err(FormatError::Checksum)), "{e:?}");
+        // Mode 0b110: a checkpoint read with an honest header and the layout it states.
+        let seed = [&[0b110u8][..], &good].concat();
+        let path = seeds.join(format!("{name}.ukv"));
+        if std::env::var_os("U_WRITE_FUZZ_SEEDS").is_some() {
+            std::fs::write(&path, &seed).unwrap();
+        }
+        let kept = std::fs::read(&path).unwrap();
+        let (n, _) = check_file(
+            &kept[1..],
+            FileKind::Checkpoint,
+            layout(2, 2, 16, "model-a"),
+        )
+        .unwrap_or_else(|e| panic!("seed {}: {e}", path.display()));
+        assert_eq!(n, tokens as u64);
+    }
+}
