@@ -148,6 +148,22 @@ impl<T: Model> Model for Guarded<T> {
     fn graft(&self, dst: SeqId, src: SeqId, from: u64, count: u64) -> RResult<(), UError> {
         run("model.graft", || self.0.graft(dst, src, from, count))
     }
+    fn load_adapter(
+        &self,
+        name: RStr<'_>,
+        weights: WeightSetBox,
+        config: RStr<'_>,
+    ) -> RResult<AdapterInfo, UError> {
+        run("model.load_adapter", || {
+            self.0.load_adapter(name, weights, config)
+        })
+    }
+    fn unload_adapter(&self, name: RStr<'_>) -> RResult<bool, UError> {
+        run("model.unload_adapter", || self.0.unload_adapter(name))
+    }
+    fn adapters(&self) -> RResult<RVec<AdapterInfo>, UError> {
+        run("model.adapters", || self.0.adapters())
+    }
 }
 
 impl<T: TokenizerFactory> TokenizerFactory for Guarded<T> {

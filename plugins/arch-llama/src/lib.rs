@@ -79,6 +79,7 @@
 
 pub mod config;
 pub mod gguf_view;
+pub mod lora;
 pub mod model;
 pub mod naming;
 pub mod weights;
@@ -87,10 +88,11 @@ pub use config::Config;
 pub use model::Llama;
 pub use weights::Weights;
 
-use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RString, RVec};
+use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RStr, RString, RVec};
 use u_sdk::{
-    Architecture, ArchitectureBox, BackendBox, BuildContext, HostBox, KvCacheBox, Model, ModelBox,
-    ModelConfig, PluginInfo, PluginInstance, SeqChunk, SeqId, UError, WeightSetBox, nn::Device,
+    AdapterInfo, Architecture, ArchitectureBox, BackendBox, BuildContext, HostBox, KvCacheBox,
+    Model, ModelBox, ModelConfig, PluginInfo, PluginInstance, SeqChunk, SeqId, UError,
+    WeightSetBox, nn::Device,
 };
 
 fn describe() -> PluginInfo {
@@ -212,6 +214,23 @@ impl Model for Llama {
 
     fn graft(&self, dst: SeqId, src: SeqId, from: u64, count: u64) -> RResult<(), UError> {
         Llama::graft(self, dst, src, from, count).into()
+    }
+
+    fn load_adapter(
+        &self,
+        name: RStr<'_>,
+        weights: WeightSetBox,
+        config: RStr<'_>,
+    ) -> RResult<AdapterInfo, UError> {
+        Llama::load_adapter(self, name.as_str(), &weights, config.as_str()).into()
+    }
+
+    fn unload_adapter(&self, name: RStr<'_>) -> RResult<bool, UError> {
+        RResult::ROk(Llama::unload_adapter(self, name.as_str()))
+    }
+
+    fn adapters(&self) -> RResult<RVec<AdapterInfo>, UError> {
+        RResult::ROk(Llama::adapters(self).into())
     }
 }
 

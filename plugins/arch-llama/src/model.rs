@@ -7,10 +7,15 @@
 
 use crate::{
     config::{Config, FfnActivation, MoeConfig, RopeConfig},
+    lora::{self, Adapter, Fit, Group, Target},
     naming::blk,
     weights::{Linear, Norm, Weights},
 };
 use abi_stable::std_types::ROption;
+use std::{
+    collections::HashMap,
+    sync::{Arc, RwLock},
+};
 use u_sdk::{
     Activation, AttentionMask, AttentionParams, DType, ErrorKind, KvCacheBox, KvLayout, KvPage,
     ModelConfig, ModelKind, Output, Pooling, Result, RopeParams, Rows, Segment, SeqChunk, SeqId,
@@ -45,6 +50,15 @@ pub(crate) struct Pass<'a> {
     spans: &'a [Span],
     /// The absolute position of every row (`I32`).
     positions: Tensor,
+    /// The rows that run under low-rank adapters.
+    adapters: Vec<Group>,
+}
+
+impl Pass<'_> {
+    /// Adds the adapters' deltas for projection `target` of `layer` (input `x`, output `y`).
+    fn adapt(&self, layer: u32, target: Target, x: &Tensor, y: &Tensor) -> Result<()> {
+        lora::adapt(&self.adapters, layer as usize, target, x, y)
+    }
 }
 
 /// The rotation of `heads` heads of `head_dim` values at a token's position.
@@ -258,9 +272,14 @@ impl Attention {
             Some(n) => n.forward(&x),
             None => Ok(x),
         };
-        let q = norm(&self.q_norm, self.q.forward(h)?)?;
-        let k = norm(&self.k_norm, self.k.forward(h)?)?;
-        let v = self.v.forward(h)?;
+        let project = |w: &Linear, target: Target| -> Result<Tensor> {
+            let y = w.forward(h)?;
+            pass.adapt(self.layer, target, h, &y)?;
+            Ok(y)
+        };
+        let q = norm(&self.q_norm, project(&self.q, Target::Q)?)?;
+        let k = norm(&self.k_norm, project(&self.k, Target::K)?)?;
+        let v = project(&self.v, Target::V)?;
         if let Some(c) = self.clip {
             for x in [&q, &k, &v] {
                 x.clamp_assign(-c, c)?;
@@ -307,7 +326,16 @@ impl Attention {
             q.rows_range(rows.clone())?
                 .attention_into(&spans, &params, &ctx.rows_range(rows)?)?;
         }
-        self.o.forward(&maybe(&self.sub_norm, &ctx)?)
+        let ctx = maybe(&self.sub_norm, &ctx)?;
+        let out = self.o.forward(&ctx)?;
+        pass.adapt(self.layer, Target::Output, &ctx, &out)?;
+        Ok(out)
+    }
+
+    /// `(inputs, outputs)` of each attention projection, for [`Target::Q`] to
+    /// [`Target::Output`].
+    fn projections(&self) -> [(usize, usize); 4] {
+        [&self.q, &self.k, &self.v, &self.o].map(|l| (l.inputs, l.outputs))
     }
 }
 
@@ -442,14 +470,35 @@ impl Mlp {
         }
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let up = self.up.forward(x)?;
+    /// `down(act(gate(x)) · up(x))`, with the adapters of `site` (a pass and its layer; none
+    /// for experts) added to each projection.
+    fn forward(&self, x: &Tensor, site: Option<(&Pass<'_>, u32)>) -> Result<Tensor> {
+        let project = |w: &Linear, target: Target, x: &Tensor| -> Result<Tensor> {
+            let y = w.forward(x)?;
+            if let Some((pass, layer)) = site {
+                pass.adapt(layer, target, x, &y)?;
+            }
+            Ok(y)
+        };
+        let up = project(&self.up, Target::Up, x)?;
         let h = match (&self.gate, self.act) {
-            (Some(gate), FfnActivation::Act(act)) => gate.forward(x)?.gated(act, &up)?,
-            (Some(gate), act) => activate(act, gate.forward(x)?)?.mul(&up)?,
+            (Some(gate), FfnActivation::Act(act)) => {
+                project(gate, Target::Gate, x)?.gated(act, &up)?
+            }
+            (Some(gate), act) => activate(act, project(gate, Target::Gate, x)?)?.mul(&up)?,
             (None, act) => activate(act, up)?,
         };
-        self.down.forward(&maybe(&self.sub_norm, &h)?)
+        project(&self.down, Target::Down, &maybe(&self.sub_norm, &h)?)
+    }
+
+    /// `(inputs, outputs)` of the gate (where there is one), up and down projections.
+    fn projections(&self) -> [Option<(usize, usize)>; 3] {
+        let dims = |l: &Linear| (l.inputs, l.outputs);
+        [
+            self.gate.as_ref().map(dims),
+            Some(dims(&self.up)),
+            Some(dims(&self.down)),
+        ]
     }
 }
 
@@ -566,12 +615,12 @@ impl MoE {
                 continue;
             }
             let ids = dev.from_i32(toks, &[toks.len() as u64])?;
-            let y = expert.forward(&x.get_rows(&ids)?)?;
+            let y = expert.forward(&x.get_rows(&ids)?, None)?;
             out.scatter_add_assign(&y, &ids, &dev.from_f32(gates, &[gates.len() as u64])?)?;
         }
 
         if let Some((mlp, gate)) = &self.shared {
-            let y = mlp.forward(x)?;
+            let y = mlp.forward(x, None)?;
             let g = match gate {
                 Some(gate) => {
                     let g = gate.forward(x)?;
@@ -602,9 +651,9 @@ pub enum FeedForward {
 }
 
 impl FeedForward {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, pass: &Pass<'_>, layer: u32) -> Result<Tensor> {
         match self {
-            FeedForward::Dense(mlp) => mlp.forward(x),
+            FeedForward::Dense(mlp) => mlp.forward(x, Some((pass, layer))),
             FeedForward::MoE(moe) => moe.forward(x),
         }
     }
@@ -685,12 +734,25 @@ impl Block {
                 Some(n) => n.forward(x)?,
                 None => a_in,
             };
-            let f = self.ffn.forward(&f_in)?;
+            let f = self.ffn.forward(&f_in, pass, self.attn.layer)?;
             return self.residual(&self.residual(x, &a)?, &f);
         }
         let h = self.residual(x, &a)?;
-        let f = self.ffn.forward(&maybe(&self.ffn_norm, &h)?)?;
+        let f = self
+            .ffn
+            .forward(&maybe(&self.ffn_norm, &h)?, pass, self.attn.layer)?;
         self.residual(&h, &maybe(&self.post_ffn_norm, &f)?)
+    }
+
+    /// `(inputs, outputs)` of each projection an adapter may change, in [`Target::ALL`] order
+    /// (`None` for an MoE layer's feed-forward).
+    fn projections(&self) -> [Option<(usize, usize)>; 7] {
+        let [q, k, v, o] = self.attn.projections().map(Some);
+        let [gate, up, down] = match &self.ffn {
+            FeedForward::Dense(mlp) => mlp.projections(),
+            FeedForward::MoE(_) => [None; 3],
+        };
+        [q, k, v, o, gate, up, down]
     }
 
     /// `x + s·y`.
@@ -717,6 +779,10 @@ pub struct Llama {
     embed: Tensor,
     /// Learned absolute position embeddings, `[context, hidden]` (GPT-2).
     positions: Option<Tensor>,
+    /// Low-rank adapters sequences may run under, by name.
+    adapters: RwLock<HashMap<String, Arc<Adapter>>>,
+    /// What an adapter must fit.
+    fit: Fit,
 }
 
 impl Llama {
@@ -795,6 +861,12 @@ impl Llama {
                 device.backend().clone(),
             )
             .into_result()?;
+        let fit = Fit {
+            arch: cfg.arch.clone(),
+            layers: blocks.iter().map(Block::projections).collect(),
+            permuted: weights.format() == "gguf" && crate::naming::converter_permutes_qk(&cfg.arch),
+            head_dim: cfg.head_dim,
+        };
         Ok(Llama {
             cfg,
             device,
@@ -804,6 +876,8 @@ impl Llama {
             lm_head,
             embed,
             positions,
+            adapters: RwLock::default(),
+            fit,
         })
     }
 
@@ -853,11 +927,6 @@ impl Llama {
             }
         }
         let x = &chunk.extras;
-        if !x.adapters.is_empty() {
-            return Err(UError::unsupported(
-                "arch-llama: per-sequence adapters are not implemented yet",
-            ));
-        }
         if x.cross.is_some() || !x.conditioning.is_empty() {
             return Err(UError::unsupported(
                 "arch-llama: a decoder-only model takes no cross-attention context or conditioning",
@@ -929,7 +998,8 @@ impl Llama {
         if offset == 0 {
             return Ok(());
         }
-        let result = self.run(batch, &spans, out);
+        let adapters = self.adapter_groups(batch, &spans)?;
+        let result = self.run(batch, &spans, adapters, out);
         if result.is_err() {
             for s in &spans {
                 let _ = self.cache.truncate(s.seq, s.start as u64);
@@ -973,7 +1043,81 @@ impl Llama {
         Ok(x)
     }
 
-    fn run(&self, batch: &[SeqChunk<'_>], spans: &[Span], out: &mut [f32]) -> Result<()> {
+    /// The rows of `batch` under each adapter it names: consecutive sequences under the same
+    /// adapter at the same scale as one range, so the adapter's matmuls run once over them.
+    fn adapter_groups(&self, batch: &[SeqChunk<'_>], spans: &[Span]) -> Result<Vec<Group>> {
+        let held = self.adapters.read().unwrap_or_else(|e| e.into_inner());
+        let mut groups: Vec<Group> = Vec::new();
+        for (chunk, span) in batch.iter().zip(spans) {
+            for asked in chunk.extras.adapters.iter() {
+                let Some(adapter) = held.get(asked.name.as_str()) else {
+                    return Err(UError::not_found(format!(
+                        "arch-llama: sequence {} asks for adapter `{}`, which is not loaded",
+                        chunk.seq, asked.name
+                    )));
+                };
+                if !asked.scale.is_finite() {
+                    return Err(UError::invalid(format!(
+                        "arch-llama: adapter `{}` at scale {}",
+                        asked.name, asked.scale
+                    )));
+                }
+                let extends = groups.iter_mut().rev().find(|g| {
+                    g.rows.end == span.offset
+                        && Arc::ptr_eq(&g.adapter, adapter)
+                        && g.strength == asked.scale
+                });
+                match extends {
+                    Some(g) => g.rows.end = span.offset + span.len,
+                    None => groups.push(Group {
+                        rows: span.rows(),
+                        adapter: adapter.clone(),
+                        strength: asked.scale,
+                    }),
+                }
+            }
+        }
+        Ok(groups)
+    }
+
+    /// Loads adapter `name` (see [`u_sdk::Model::load_adapter`]).
+    pub fn load_adapter(
+        &self,
+        name: &str,
+        weights: &u_sdk::WeightSetBox,
+        config: &str,
+    ) -> Result<u_sdk::AdapterInfo> {
+        if name.is_empty() {
+            return Err(UError::invalid("arch-llama: an adapter needs a name"));
+        }
+        let adapter = Adapter::load(name, weights, config, &self.fit, &self.device)?;
+        let info = adapter.info.clone();
+        let mut held = self.adapters.write().unwrap_or_else(|e| e.into_inner());
+        held.insert(name.to_string(), Arc::new(adapter));
+        Ok(info)
+    }
+
+    /// Forgets adapter `name`; whether it was held.
+    pub fn unload_adapter(&self, name: &str) -> bool {
+        let mut held = self.adapters.write().unwrap_or_else(|e| e.into_inner());
+        held.remove(name).is_some()
+    }
+
+    /// The adapters held, by name.
+    pub fn adapters(&self) -> Vec<u_sdk::AdapterInfo> {
+        let held = self.adapters.read().unwrap_or_else(|e| e.into_inner());
+        let mut all: Vec<_> = held.values().map(|a| a.info.clone()).collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    }
+
+    fn run(
+        &self,
+        batch: &[SeqChunk<'_>],
+        spans: &[Span],
+        adapters: Vec<Group>,
+        out: &mut [f32],
+    ) -> Result<()> {
         let dev = &self.device;
         let rows: usize = spans.iter().map(|s| s.len).sum();
         let positions: Vec<i32> = spans
@@ -984,6 +1128,7 @@ impl Llama {
             cache: self.cache.clone(),
             spans,
             positions: dev.from_i32(&positions, &[rows as u64])?,
+            adapters,
         };
         let wants_layer = |i: usize| {
             batch

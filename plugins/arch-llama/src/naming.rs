@@ -83,10 +83,15 @@ pub fn rope_style(format: &str, arch: &str) -> RopeStyle {
     match arch {
         // Cohere's own checkpoints rotate adjacent pairs too.
         "command-r" => RopeStyle::Normal,
-        // llama.cpp's converter permutes the Q/K rows of Llama-based conversions (Granite too).
-        "llama" | "granite" if format == "gguf" => RopeStyle::Normal,
+        a if format == "gguf" && converter_permutes_qk(a) => RopeStyle::Normal,
         _ => RopeStyle::NeoX,
     }
+}
+
+/// Whether llama.cpp's converter permutes the Q/K rows of `arch` into adjacent-pair order
+/// (Llama-based conversions, Granite too), so that GGUF files of it hold them so.
+pub fn converter_permutes_qk(arch: &str) -> bool {
+    matches!(arch, "llama" | "granite")
 }
 
 /// Canonical names of the stacked expert tensors (GGUF), per layer: gate, up, down.

@@ -15,7 +15,7 @@ use crate::abi::{
 };
 use abi_stable::{
     StableAbi, sabi_trait,
-    std_types::{RBox, ROption, RResult, RSlice, RSliceMut, RStr, RString},
+    std_types::{RBox, ROption, RResult, RSlice, RSliceMut, RStr, RString, RVec},
 };
 
 /// What kind of model a plugin built.
@@ -226,6 +226,23 @@ impl<'a> SeqChunk<'a> {
     }
 }
 
+/// What a model says of a low-rank adapter it holds.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq)]
+pub struct AdapterInfo {
+    /// The name sequences ask for it by ([`AdapterScale::name`]).
+    pub name: RString,
+    /// Its rank (the largest where modules differ).
+    pub rank: u32,
+    /// The factor its deltas are multiplied by before a sequence's scale (`alpha / rank`, or
+    /// `alpha / √rank` for rank-stabilised LoRA).
+    pub scaling: f32,
+    /// The projections it adapts, in the model's own names (`attn_q`, `ffn_down`…).
+    pub targets: RVec<RString>,
+    /// Bytes its matrices take in memory.
+    pub bytes: u64,
+}
+
 /// What an architecture builds a model from.
 #[repr(C)]
 #[derive(StableAbi)]
@@ -277,6 +294,37 @@ pub trait Model: Send + Sync {
     /// if computed there: position-dependent parts (RoPE-rotated keys) are moved to their new
     /// positions. The cache only stores; the model owns this math.
     fn graft(&self, dst: SeqId, src: SeqId, from: u64, count: u64) -> RResult<(), UError>;
+
+    /// Makes a low-rank adapter known as `name` (replacing one of that name) for sequences to
+    /// ask for in [`SeqExtras::adapters`]: `weights` as a loader read them (PEFT's
+    /// `adapter_model.safetensors`, a llama.cpp GGUF LoRA) and `config` (PEFT's
+    /// `adapter_config.json` text; empty for GGUF, whose metadata carries it). An adapter that
+    /// does not fit this model — another base's shapes, unknown modules, non-finite values — is
+    /// an error that says why, and the adapters already held stay. Models that take no
+    /// adapters keep this default.
+    fn load_adapter(
+        &self,
+        name: RStr<'_>,
+        weights: WeightSetBox,
+        config: RStr<'_>,
+    ) -> RResult<AdapterInfo, UError> {
+        let _ = (weights, config);
+        RResult::RErr(UError::unsupported(format!(
+            "this model takes no low-rank adapters (asked to load `{name}`)"
+        )))
+    }
+
+    /// Forgets adapter `name`; `false` if it held none of that name. Sequences that asked for it
+    /// in a pass already begun finish that pass with it.
+    fn unload_adapter(&self, name: RStr<'_>) -> RResult<bool, UError> {
+        let _ = name;
+        RResult::ROk(false)
+    }
+
+    /// The adapters it holds, by name.
+    fn adapters(&self) -> RResult<RVec<AdapterInfo>, UError> {
+        RResult::ROk(RVec::new())
+    }
 }
 
 /// An owned architecture object.

@@ -129,6 +129,20 @@ pub struct GenerateRequest {
     /// `save_as` may replace an existing checkpoint of that name (otherwise that is an
     /// [`AlreadyExists`](crate::abi::error::ErrorKind::AlreadyExists) error, before any work).
     pub overwrite: bool,
+    /// Low-rank adapters this request runs under, by the names the model holds them by, with
+    /// their scales (empty: the base model). Requests under different adapters share forward
+    /// passes; KV computed under one set of adapters is never reused under another.
+    pub adapters: RVec<AdapterUse>,
+}
+
+/// One adapter a request runs under.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq)]
+pub struct AdapterUse {
+    /// The adapter's name, as the model holds it.
+    pub name: RString,
+    /// Multiplier of its delta (1: as trained).
+    pub scale: f32,
 }
 
 /// What the generated text must match (compiled by the runner; an invalid one is refused).
@@ -197,6 +211,7 @@ impl GenerateRequest {
             tools: RString::new(),
             owner: RString::new(),
             overwrite: false,
+            adapters: RVec::new(),
         }
     }
 }
