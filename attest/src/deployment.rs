@@ -42,6 +42,7 @@
 use crate::keys::PublicKey;
 use serde::Deserialize;
 use std::{
+    collections::BTreeMap,
     fmt,
     path::{Component, Path, PathBuf},
 };
@@ -285,6 +286,9 @@ pub struct Deployment {
     pub architecture: Option<String>,
     /// How the model is served (batching and queueing), from the `[model]` table.
     pub serving: Serving,
+    /// Low-rank adapters loaded with the model (`[model.adapters]`: name = path), which
+    /// requests choose by name; their paths are read-granted as the model's are.
+    pub adapters: Vec<(String, PathBuf)>,
 }
 
 /// Batching and queueing limits of the served model (`None` keeps the engine's default) and the
@@ -350,6 +354,8 @@ struct RawModel {
     step_tokens: Option<u32>,
     #[serde(default)]
     aliases: Vec<String>,
+    #[serde(default)]
+    adapters: BTreeMap<String, String>,
 }
 
 impl Deployment {
@@ -442,6 +448,18 @@ impl Deployment {
                     }
                 }
                 None => Serving::default(),
+            },
+            adapters: match &raw.model {
+                Some(m) => m
+                    .adapters
+                    .iter()
+                    .map(|(name, path)| {
+                        check_adapter_name(name)
+                            .map_err(|why| invalid(format!("model.adapters: {why}")))?;
+                        Ok((name.clone(), resolve(&dir, path)))
+                    })
+                    .collect::<Result<_, DeploymentError>>()?,
+                None => Vec::new(),
             },
             architecture: raw.model.as_ref().and_then(|m| m.architecture.clone()),
             model: raw.model.and_then(|m| m.path).map(|p| resolve(&dir, &p)),
@@ -605,6 +623,17 @@ pub fn normalize(p: &Path) -> PathBuf {
         }
     }
     out
+}
+
+/// Checks the name of an adapter (`[model.adapters]`, `--lora`): requests name it in `model` as
+/// `base:name`, so it has no `:`, no control characters and is not empty.
+pub fn check_adapter_name(name: &str) -> Result<(), String> {
+    if name.trim().is_empty() || name.contains(':') || name.chars().any(char::is_control) {
+        return Err(format!(
+            "{name:?} is not an adapter name (not empty, no `:` or control characters)"
+        ));
+    }
+    Ok(())
 }
 
 /// Read grants covering a served `model`: the directory, or the file and a `tokenizer.json` /

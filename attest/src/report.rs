@@ -147,8 +147,12 @@ pub fn prove(deployment: &Deployment) -> DeploymentProof {
                 )
             {
                 readers.push(v.manifest.name.clone());
+                let adapters = deployment
+                    .adapters
+                    .iter()
+                    .flat_map(|(_, p)| model_grants(p));
                 let read = Grants {
-                    fs_read: model_grants(model),
+                    fs_read: model_grants(model).into_iter().chain(adapters).collect(),
                     ..Grants::default()
                 };
                 merge(&mut union, &read);

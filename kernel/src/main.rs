@@ -3,7 +3,7 @@
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use serde_json::json;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use tracing::Level;
 use tracing_subscriber::{filter::Targets, layer::SubscriberExt, util::SubscriberInitExt};
 use u_attest::deployment::{PathGrant, absolute};
@@ -203,10 +203,39 @@ struct GenerateArgs {
     /// Print one JSON object (tokens, text, timings) instead of streaming.
     #[arg(long)]
     json: bool,
+    /// Run under a low-rank adapter (repeatable): a PEFT directory, its
+    /// `adapter_model.safetensors`, or a llama.cpp GGUF LoRA, with an optional `:SCALE`
+    /// (default 1).
+    #[arg(long, value_name = "PATH[:SCALE]")]
+    lora: Vec<String>,
     /// The deployment [default: $U_DEPLOYMENT, else the build tree's manifests/dev.toml, else
     /// /etc/u/deployment.toml].
     #[arg(long)]
     deployment: Option<PathBuf>,
+}
+
+/// A `--lora PATH[:SCALE]`: the adapter's name (its directory's or file's, as models are
+/// named), path and scale.
+fn lora_arg(arg: &str) -> Result<(String, PathBuf, f32)> {
+    let (path, scale) = match arg.rsplit_once(':') {
+        Some((path, scale)) if scale.parse::<f32>().is_ok() => (path, scale.parse::<f32>()?),
+        _ => (arg, 1.0),
+    };
+    if !scale.is_finite() {
+        anyhow::bail!("--lora {arg}: the scale must be a finite number");
+    }
+    let path = absolute(Path::new(path));
+    let dir_or_file = match path
+        .file_name()
+        .is_some_and(|n| n == "adapter_model.safetensors")
+    {
+        true => path.parent().unwrap_or(&path).to_path_buf(),
+        false => path.clone(),
+    };
+    let name = wiring::served_name(&dir_or_file);
+    u_attest::deployment::check_adapter_name(&name)
+        .map_err(|why| anyhow::anyhow!("--lora {arg}: {why}"))?;
+    Ok((name, path, scale))
 }
 
 fn main() {
@@ -590,7 +619,15 @@ fn load_default(deployment: Option<PathBuf>) -> Result<Deployment> {
 
 fn generate(args: GenerateArgs) -> Result<i32> {
     use std::io::Write;
-    let d = load_default(args.deployment)?;
+    let mut d = load_default(args.deployment)?;
+    let adapters = args
+        .lora
+        .iter()
+        .map(|a| lora_arg(a))
+        .collect::<Result<Vec<_>>>()?;
+    for (name, path, _) in &adapters {
+        d.adapters.push((name.clone(), path.clone()));
+    }
     let threads = args.threads.unwrap_or_else(|| threads(&d)).max(1);
     let opened = wiring::open(&d, &args.model, threads, wiring::Want::Engine)?;
     let (runner, engine) = opened.engine.context("no engine was started")?;
@@ -623,6 +660,13 @@ fn generate(args: GenerateArgs) -> Result<i32> {
         request.messages = messages.into();
     }
     request.stop = args.stop.iter().map(|s| s.as_str().into()).collect();
+    request.adapters = adapters
+        .iter()
+        .map(|(name, _, scale)| u_sdk::AdapterUse {
+            name: name.as_str().into(),
+            scale: *scale,
+        })
+        .collect();
     let text = std::sync::Arc::<std::sync::Mutex<String>>::default();
     let sink = u_sdk::TokenSinkBox::new(StdoutSink {
         quiet: args.json,

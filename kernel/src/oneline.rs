@@ -125,5 +125,6 @@ pub fn deployment(
         model: Some(model),
         architecture: None,
         serving: Serving::default(),
+        adapters: Vec::new(),
     })
 }

@@ -120,6 +120,8 @@ pub fn run(
             anyhow::bail!("the deployment's model {} does not exist", model.display());
         }
         plan.read.extend(wiring::grant_model(&mut opened, model));
+        plan.read
+            .extend(wiring::grant_adapters(&mut opened, deployment));
     }
     let mut sockets_by_plugin = std::collections::BTreeMap::new();
     for plugin in &opened.opened {

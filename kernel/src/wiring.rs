@@ -69,7 +69,21 @@ pub use u_attest::deployment::model_grants;
 /// grants, which the host's own sandbox plan needs too (it reads the model's first bytes to pick
 /// a loader). `model` must be absolute.
 pub fn grant_model(opened: &mut OpenReport, model: &Path) -> Vec<PathGrant> {
-    let grants = model_grants(model);
+    grant_reads(opened, model_grants(model))
+}
+
+/// Grants read access to the deployment's adapters (`[model.adapters]`) as [`grant_model`]
+/// does to the model.
+pub fn grant_adapters(opened: &mut OpenReport, deployment: &Deployment) -> Vec<PathGrant> {
+    let grants = deployment
+        .adapters
+        .iter()
+        .flat_map(|(_, path)| model_grants(path))
+        .collect();
+    grant_reads(opened, grants)
+}
+
+fn grant_reads(opened: &mut OpenReport, grants: Vec<PathGrant>) -> Vec<PathGrant> {
     for p in &mut opened.opened {
         if matches!(
             p.verified.manifest.kind,
@@ -89,7 +103,8 @@ pub fn open(deployment: &Deployment, model: &Path, threads: u32, want: Want) -> 
         bail!("model {} does not exist", model.display());
     }
     let mut opened = open_deployment(deployment);
-    let grants = grant_model(&mut opened, &model);
+    let mut grants = grant_model(&mut opened, &model);
+    grants.extend(grant_adapters(&mut opened, deployment));
     let mut plan = sandbox::Plan::default();
     for p in &opened.opened {
         plan.add(&p.grants);
@@ -199,6 +214,9 @@ pub fn build(
         },
     )?;
     drop(watched);
+    for (adapter, path) in &deployment.adapters {
+        load_adapter(report, &model_box, adapter, path)?;
+    }
     if want == Want::Engine {
         opened.engine = Some(start_runner(
             report,
@@ -404,6 +422,39 @@ fn start_runner(
         RResult::ROk(engine) => Ok((runner_name, engine)),
         RResult::RErr(e) => bail!("{runner_name}: cannot serve `{name}`: {e}"),
     }
+}
+
+/// Loads adapter `name` from `path` into `model`: a PEFT directory (`adapter_model.safetensors`
+/// and `adapter_config.json`), its safetensors file (the config beside it), or a llama.cpp
+/// GGUF LoRA, opened by the deployment's loaders.
+fn load_adapter(report: &LoadReport, model: &ModelBox, name: &str, path: &Path) -> Result<()> {
+    let start = std::time::Instant::now();
+    let weights_path = match path.is_dir() {
+        true => path.join("adapter_model.safetensors"),
+        false => path.to_path_buf(),
+    };
+    let config_path = weights_path.with_file_name("adapter_config.json");
+    let gguf = weights_path.extension().is_some_and(|e| e == "gguf");
+    let config = match gguf {
+        true => String::new(),
+        false => std::fs::read_to_string(&config_path)
+            .with_context(|| format!("adapter `{name}`: {}", config_path.display()))?,
+    };
+    let (_, weights) = open_weights(&weights_path, &inspect::loaders(report))
+        .with_context(|| format!("adapter `{name}`"))?;
+    let info = model
+        .load_adapter(name.into(), weights, config.as_str().into())
+        .into_result()
+        .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    tracing::info!(
+        adapter = name,
+        rank = info.rank,
+        targets = %info.targets.iter().map(|t| t.as_str()).collect::<Vec<_>>().join(","),
+        bytes = info.bytes,
+        ms = format!("{:.1}", start.elapsed().as_secs_f64() * 1e3),
+        "adapter loaded"
+    );
+    Ok(())
 }
 
 fn open_weights(

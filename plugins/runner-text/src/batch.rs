@@ -8,7 +8,7 @@
 
 use crate::{Error, Generator, Result, constraint::Guide, sequence::Sequence};
 use abi_stable::std_types::{RSlice, RSliceMut};
-use u_sdk::{Output, Segment, SeqChunk};
+use u_sdk::{AdapterScale, Output, Segment, SeqChunk, SeqExtras};
 
 /// Running requests, each with the driver's tag `T` (where its output goes).
 pub(crate) struct Batch<T> {
@@ -96,10 +96,19 @@ impl<T> Batch<T> {
             }
             return Ok(false);
         }
+        let adapters: Vec<Vec<AdapterScale<'_>>> =
+            plan.iter().map(|&(i, ..)| slots[i].0.adapters()).collect();
         let chunks: Vec<SeqChunk<'_>> = plan
             .iter()
             .zip(&inputs)
-            .map(|(&(i, _, _, wanted), input)| SeqChunk::tokens(slots[i].0.seq(), input, wanted))
+            .zip(&adapters)
+            .map(|((&(i, _, _, wanted), input), adapters)| SeqChunk {
+                extras: SeqExtras {
+                    adapters: RSlice::from_slice(adapters),
+                    ..SeqExtras::default()
+                },
+                ..SeqChunk::tokens(slots[i].0.seq(), input, wanted)
+            })
             .collect();
         let vocab = g.config().vocab_size as usize;
         let rows = plan.iter().filter(|p| p.2).count();

@@ -369,6 +369,7 @@ impl Generator {
                 logit_bias: Vec::new(),
                 guide: None,
                 prefix: crate::owner::PrefixKey::Off,
+                adapters: Vec::new(),
             },
         )?;
         let mut batch = Batch::new(self.prefill_chunk);

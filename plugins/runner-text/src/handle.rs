@@ -10,7 +10,7 @@ use crate::{
     sequence::{Origin, Outcome, Spec},
 };
 use abi_stable::std_types::{ROption, RResult, RSlice, RStr, RString, RVec};
-use std::sync::Arc;
+use std::{hash::RandomState, sync::Arc};
 use u_sdk::{
     CheckpointInfo, CheckpointOp, CheckpointRequest, Constraint, Engine, EngineBox, EngineStats,
     GenerateRequest, GenerateSummary, GeneratedToken, KvCacheBox, SeqId, TokenSinkBox,
@@ -27,6 +27,9 @@ pub struct EngineHandle {
     aliases: Arc<[String]>,
     /// Which clients share cached prompt prefixes.
     sharing: Sharing,
+    /// Keys the prefix cache by adapter set (per process: an adapter name may hold other
+    /// weights after a restart).
+    adapter_keys: RandomState,
     scheduler: Arc<Scheduler>,
 }
 
@@ -43,6 +46,7 @@ impl EngineHandle {
             name: name.into().into(),
             aliases: Arc::new([]),
             sharing: Sharing::default(),
+            adapter_keys: RandomState::new(),
             scheduler: Arc::new(Scheduler::start(generator, limits)),
         }
     }
@@ -76,7 +80,7 @@ impl EngineHandle {
     }
 
     fn check_model(&self, model: &str) -> std::result::Result<(), UError> {
-        if model == &*self.name || u_sdk::serves(&self.aliases, model) {
+        if self.serves(model) || self.adapter_named(model).is_some() {
             Ok(())
         } else {
             Err(UError::not_found(format!(
@@ -84,6 +88,79 @@ impl EngineHandle {
                 self.name
             )))
         }
+    }
+
+    fn serves(&self, model: &str) -> bool {
+        model == &*self.name || u_sdk::serves(&self.aliases, model)
+    }
+
+    /// The adapter a model name asks for: `base:adapter` (the base one of this engine's
+    /// names) or the adapter's own name, as vLLM routes adapters by `model`.
+    fn adapter_named(&self, model: &str) -> Option<String> {
+        let held = self.generator().model().adapters().into_result().ok()?;
+        let holds = |a: &str| held.iter().any(|h| h.name == a);
+        match model.rsplit_once(':') {
+            Some((base, adapter)) if self.serves(base) && holds(adapter) => Some(adapter.into()),
+            _ if holds(model) && !self.serves(model) => Some(model.into()),
+            _ => None,
+        }
+    }
+
+    /// The adapters `request` runs under: those it names (`#N`: the `N`-th the model lists),
+    /// and the one its model name asks for (at scale 1 unless also named), each held by the
+    /// model. Scale 0 leaves one out.
+    fn adapters_of(&self, request: &GenerateRequest) -> Result<Vec<(String, f32)>> {
+        let held = self
+            .generator()
+            .model()
+            .adapters()
+            .into_result()
+            .map_err(|e| Error::plugin("model.adapters", e))?;
+        let mut adapters: Vec<(String, f32)> = Vec::new();
+        for a in request.adapters.iter() {
+            if !a.scale.is_finite() {
+                return Err(Error::InvalidRequest(format!(
+                    "adapter `{}` at scale {}",
+                    a.name, a.scale
+                )));
+            }
+            let name = match a.name.strip_prefix('#').map(str::parse::<usize>) {
+                Some(Ok(i)) => match held.get(i) {
+                    Some(h) => h.name.to_string(),
+                    None => {
+                        return Err(Error::NotFound(format!(
+                            "adapter #{i}: {} adapters are loaded",
+                            held.len()
+                        )));
+                    }
+                },
+                _ => a.name.to_string(),
+            };
+            match adapters.iter_mut().find(|(n, _)| *n == name) {
+                Some(seen) => seen.1 += a.scale,
+                None => adapters.push((name, a.scale)),
+            }
+        }
+        if let Some(name) = self.adapter_named(&request.model)
+            && !adapters.iter().any(|(n, _)| *n == name)
+        {
+            adapters.push((name, 1.0));
+        }
+        adapters.retain(|(_, scale)| *scale != 0.0);
+        if let Some((missing, _)) = adapters
+            .iter()
+            .find(|(n, _)| !held.iter().any(|h| h.name == n.as_str()))
+        {
+            return Err(Error::NotFound(format!(
+                "adapter `{missing}` is not loaded (loaded: {})",
+                held.iter()
+                    .map(|h| h.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        adapters.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(adapters)
     }
 
     /// The normalised embedding of `tokens`.
@@ -221,6 +298,7 @@ impl EngineHandle {
             logit_bias: Vec::new(),
             guide: None,
             prefix: self.sharing.key(&r.owner),
+            adapters: Vec::new(),
         };
         let out = self.run(spec, "", &mut |_| true)?;
         Ok(vec![CheckpointInfo {
@@ -343,8 +421,19 @@ impl Leased {
 
 impl Engine for EngineHandle {
     fn models(&self) -> RResult<RVec<RString>, UError> {
-        let names = std::iter::once(&*self.name).chain(self.aliases.iter().map(String::as_str));
-        RResult::ROk(names.map(RString::from).collect())
+        let aliases = self.aliases.iter().map(String::as_str);
+        let mut names: Vec<RString> = std::iter::once(&*self.name)
+            .chain(aliases.clone().filter(|a| *a != u_sdk::ANY_MODEL))
+            .map(RString::from)
+            .collect();
+        match self.generator().model().adapters().into_result() {
+            Ok(held) => names.extend(held.into_iter().map(|a| a.name)),
+            Err(e) => return RResult::RErr(e),
+        }
+        if aliases.clone().any(|a| a == u_sdk::ANY_MODEL) {
+            names.push(u_sdk::ANY_MODEL.into());
+        }
+        RResult::ROk(names.into())
     }
 
     fn generate(
@@ -364,7 +453,13 @@ impl Engine for EngineHandle {
                 ROption::RSome(n) => Some(n as usize),
                 ROption::RNone => None,
             };
-            let owner = Owner::new(&request.owner, false);
+            let adapters = self.adapters_of(request)?;
+            // Checkpoints saved under adapters live in a namespace of the owner and the
+            // adapter set: resumed only under the same adapters.
+            let owner = match adapters.is_empty() {
+                true => Owner::new(&request.owner, false),
+                false => Owner::new(&format!("{}\0adapters={adapters:?}", request.owner), false),
+            };
             if let (Some(name), false) = (request.save_as.as_ref().into_option(), request.overwrite)
             {
                 self.refuse_existing(&owner.stored(name)?, name)?;
@@ -416,7 +511,11 @@ impl Engine for EngineHandle {
                 },
                 logit_bias: request.logit_bias.iter().map(|b| (b.id, b.bias)).collect(),
                 guide,
-                prefix: self.sharing.key(&request.owner),
+                prefix: self
+                    .sharing
+                    .key(&request.owner)
+                    .under(&adapters, &self.adapter_keys),
+                adapters,
             };
             let out = self.run(spec, &request.client, &mut |t| sink.token(t))?;
             Ok(GenerateSummary {

@@ -97,6 +97,9 @@ pub enum Error {
         /// Most requests waiting.
         queued: usize,
     },
+    /// Something a request names is not there (an adapter that is not loaded).
+    #[error("{0}")]
+    NotFound(String),
     /// Something this model or engine cannot do (e.g. `suffix` without FIM tokens).
     #[error("{0}")]
     Unsupported(String),
@@ -141,6 +144,7 @@ impl Error {
                 ErrorKind::Unsupported
             }
             Error::ContextFull { .. } => ErrorKind::ResourceExhausted,
+            Error::NotFound(_) => ErrorKind::NotFound,
             Error::Busy { .. } => ErrorKind::Busy,
             Error::Stopped => ErrorKind::Internal,
             _ => ErrorKind::InvalidInput,

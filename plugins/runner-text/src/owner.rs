@@ -67,6 +67,24 @@ pub(crate) enum PrefixKey {
 }
 
 impl PrefixKey {
+    /// This key for a request under `adapters` (name, scale): KV computed under one set of
+    /// adapters is found only by requests under the same set, never by the base model's.
+    pub(crate) fn under(self, adapters: &[(String, f32)], secret: &RandomState) -> PrefixKey {
+        if adapters.is_empty() {
+            return self;
+        }
+        let set: Vec<(&str, u32)> = adapters
+            .iter()
+            .map(|(n, s)| (n.as_str(), s.to_bits()))
+            .collect();
+        let mask = secret.hash_one(set) as u32;
+        match self {
+            PrefixKey::Off => PrefixKey::Off,
+            PrefixKey::Shared => PrefixKey::Masked(mask.max(1)),
+            PrefixKey::Masked(m) => PrefixKey::Masked((m ^ mask).max(1)),
+        }
+    }
+
     /// The cache's key for `tokens`, or `None` when the request does not use the cache.
     pub(crate) fn of(self, tokens: &[u32]) -> Option<Vec<u32>> {
         match self {

@@ -51,8 +51,11 @@ pub(crate) struct Spec {
     pub logit_bias: Vec<(u32, f32)>,
     /// The compiled constraint the output must follow, if any.
     pub guide: Option<Guide>,
-    /// How the prompt keys the prefix cache (whose prefixes it may reuse and feed).
+    /// How the prompt keys the prefix cache (whose prefixes it may reuse and feed); already
+    /// keyed by the adapters too.
     pub prefix: PrefixKey,
+    /// Low-rank adapters the sequence runs under, with their scales.
+    pub adapters: Vec<(String, f32)>,
 }
 
 /// Text streamed for one generated token (`id: None`: held-back text flushed at the end).
@@ -122,6 +125,7 @@ pub(crate) struct Sequence {
     save_as: Option<String>,
     logit_bias: Vec<(u32, f32)>,
     guide: Option<Guide>,
+    adapters: Vec<(String, f32)>,
     stop_sequence: Option<String>,
     outbox: Vec<Piece>,
     error: Option<Error>,
@@ -235,6 +239,7 @@ impl Sequence {
             save_as: spec.save_as,
             logit_bias: spec.logit_bias,
             guide: spec.guide,
+            adapters: spec.adapters,
             stop_sequence: None,
             outbox: Vec::new(),
             error: None,
@@ -252,6 +257,17 @@ impl Sequence {
     }
 
     /// The cache sequence holding this request's KV.
+    /// The adapters it runs under, as the model interface names them.
+    pub(crate) fn adapters(&self) -> Vec<u_sdk::AdapterScale<'_>> {
+        self.adapters
+            .iter()
+            .map(|(name, scale)| u_sdk::AdapterScale {
+                name: name.as_str().into(),
+                scale: *scale,
+            })
+            .collect()
+    }
+
     pub(crate) fn seq(&self) -> SeqId {
         self.seq
     }

@@ -132,8 +132,9 @@ fn blocks(v: &Value, at: &str) -> Result<(String, Vec<u32>), ApiError> {
 
 /// The fields `/v1/messages` takes: Anthropic's that this server implements, its top-level
 /// `cache_control`, and the sampling extensions OpenAI-style servers accept.
-const SUPPORTED: [&str; 19] = [
+const SUPPORTED: [&str; 20] = [
     "model",
+    "lora",
     "tools",
     "tool_choice",
     "output_format",
@@ -233,6 +234,7 @@ pub fn parse(body: &[u8], models: &[String]) -> Result<Parsed, ApiError> {
     request.client = user.map(|u| format!("user:{u}")).unwrap_or_default().into();
     request.clamp_max_tokens = false;
     request.constraint = output_format(&o)?;
+    request.adapters = json::adapters(&o, "lora")?.into();
     let tools = anthropic_tools(&o)?;
     if let Some(t) = &tools {
         t.apply(&mut request)?;

@@ -166,3 +166,48 @@ pub fn max_tokens(o: &Obj, keys: &[&str], default: Option<u32>) -> Result<u32, A
     }
     default.ok_or_else(|| ApiError::param(keys[0], format!("you must provide `{}`", keys[0])))
 }
+
+/// llama.cpp's per-request `lora`: `[{"id": 0 | "name", "scale": 1.0}]`, the adapters a request
+/// runs under. A string id is the adapter's name; an integer id `N` is sent on as `#N`, the
+/// `N`-th adapter the engine lists (by name).
+pub fn adapters(o: &Obj, key: &str) -> Result<Vec<u_sdk::AdapterUse>, ApiError> {
+    let list = match o.get(key) {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(list)) => list,
+        Some(other) => {
+            return Err(ApiError::param(
+                key,
+                format!(
+                    "`{key}` must be an array of {{\"id\", \"scale\"}}, got {}",
+                    type_name(other)
+                ),
+            ));
+        }
+    };
+    list.iter()
+        .enumerate()
+        .map(|(i, entry)| {
+            let at = format!("{key}[{i}]");
+            let bad = |why: &str| ApiError::param(&at, format!("`{at}` {why}"));
+            let Value::Object(e) = entry else {
+                return Err(bad("must be an object {\"id\", \"scale\"}"));
+            };
+            let name = match e.get("id") {
+                Some(Value::String(s)) if !s.is_empty() => s.clone(),
+                Some(Value::Number(n)) if n.as_u64().is_some() => format!("#{n}"),
+                _ => return Err(bad("needs an `id`: the adapter's name or index")),
+            };
+            let scale = match e.get("scale") {
+                None | Some(Value::Null) => 1.0,
+                Some(v) => match v.as_f64() {
+                    Some(s) if s.is_finite() && s.abs() <= 1e3 => s as f32,
+                    _ => return Err(bad("has a `scale` that is not a number within ±1000")),
+                },
+            };
+            Ok(u_sdk::AdapterUse {
+                name: name.into(),
+                scale,
+            })
+        })
+        .collect()
+}

@@ -305,8 +305,9 @@ fn response_format(o: &Obj) -> Result<Constraint, ApiError> {
 
 /// Fields both endpoints take, OpenAI's and this server's extensions (`top_k`, `min_p`,
 /// `repetition_penalty`, `resume_from`, `save_as`, `overwrite`).
-const COMMON: [&str; 20] = [
+const COMMON: [&str; 21] = [
     "model",
+    "lora",
     "response_format",
     "frequency_penalty",
     "logit_bias",
@@ -494,6 +495,7 @@ pub fn parse(
     request.overwrite = json::boolean(&o, "overwrite")?;
     request.client = user.map(|u| format!("user:{u}")).unwrap_or_default().into();
     request.logit_bias = logit_bias(&o)?.into();
+    request.adapters = json::adapters(&o, "lora")?.into();
     request.constraint = response_format(&o)?;
     request.suffix = suffix.map(Into::into).into();
     request.clamp_max_tokens = !asked;

@@ -215,8 +215,9 @@ pub struct Parsed {
     pub stream: bool,
 }
 
-/// Parses `{model, system, userInput, blocks, max_tokens, temperature, top_p, stream}`. The
-/// system prompt and every block (unless `"cache": false`) end in a cache breakpoint.
+/// Parses `{model, system, userInput, blocks, max_tokens, temperature, top_p, stream,
+/// adapters}` (`adapters` as llama.cpp's `lora`: `[{"id", "scale"}]`). The system prompt and
+/// every block (unless `"cache": false`) end in a cache breakpoint.
 pub fn parse(body: &[u8], models: &[String], default_max_tokens: u32) -> Result<Parsed, ApiError> {
     let o = json::object(body)?;
     let model = checkpoints::model(json::string(&o, "model")?, models)?;
@@ -303,6 +304,7 @@ pub fn parse(body: &[u8], models: &[String], default_max_tokens: u32) -> Result<
     let mut request = GenerateRequest::new(&model, "", max_tokens, sampling);
     request.messages = turns.into();
     request.cache_breakpoints = breakpoints.into();
+    request.adapters = json::adapters(&o, "adapters")?.into();
     Ok(Parsed { request, stream })
 }
 

@@ -43,12 +43,19 @@ pub struct RunnerContext {
 /// lists it after the names when set, so transports know.
 pub const ANY_MODEL: &str = "*";
 
-/// Whether `models` (as [`Engine::models`](crate::abi::transport::Engine) lists them) serve
-/// `name`: one of them is it, or one is [`ANY_MODEL`].
+/// Whether `models` (as [`Engine::models`](crate::abi::transport::Engine) lists them: the
+/// model's names, then its adapters') serve `name`: one of them is it, one is [`ANY_MODEL`], or
+/// it is `base:adapter` with both listed (an adapter of the model, as vLLM names them).
 pub fn serves(models: &[impl AsRef<str>], name: &str) -> bool {
-    models
-        .iter()
-        .any(|m| m.as_ref() == name || m.as_ref() == ANY_MODEL)
+    let listed = |n: &str| {
+        models
+            .iter()
+            .any(|m| m.as_ref() == n || m.as_ref() == ANY_MODEL)
+    };
+    listed(name)
+        || name
+            .rsplit_once(':')
+            .is_some_and(|(base, adapter)| listed(base) && listed(adapter))
 }
 
 /// Entry interface of a `runner` plugin.

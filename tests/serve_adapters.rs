@@ -1,0 +1,187 @@
+//! Issue 17, low-rank adapters as an operator and clients use them: `u-runner generate --lora`
+//! from a PEFT directory or llama.cpp's GGUF LoRA (the same adapter gives the same tokens; scale 0
+//! is the base model), and `u-runner serve` with `[model.adapters]`, chosen per request by the
+//! official `openai` and `anthropic` clients — as the model name (`base:adapter` or the
+//! adapter's own), as llama.cpp's `lora: [{id, scale}]` and as the Safebox `adapters` field —
+//! with requests under different adapters answered in shared batches exactly as alone, and
+//! prompt KV computed under one adapter never reused under another.
+
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use u_conformance::{
+    root,
+    serving::{MODEL, Options, generate_json, model_dir, post, python_client, start_tiny},
+};
+
+fn lora(name: &str) -> PathBuf {
+    root()
+        .join("plugins/arch-llama/tests/fixtures/lora")
+        .join(name)
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn generate_runs_under_an_adapter_from_peft_or_gguf_and_scale_zero_is_the_base() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model_dir(dir.path());
+    let run = |extra: &[&str]| {
+        ids(&generate_json(
+            &model,
+            &[&["-p", "Hello, world", "-n", "12"], extra].concat(),
+        ))
+    };
+    let base = run(&[]);
+    let peft = lora("a").display().to_string();
+    let gguf = lora("a.gguf").display().to_string();
+    let under_a = run(&["--lora", &peft]);
+    assert_ne!(under_a, base, "the adapter changes the greedy tokens");
+    assert_eq!(
+        run(&["--lora", &gguf]),
+        under_a,
+        "llama.cpp's GGUF form of the same adapter"
+    );
+    assert_eq!(
+        run(&["--lora", &format!("{peft}:0")]),
+        base,
+        "scale 0 is the base"
+    );
+    let both = run(&["--lora", &peft, "--lora", &lora("b").display().to_string()]);
+    assert_ne!(both, under_a);
+    eprintln!("base {base:?}\nunder a {under_a:?}\nunder a+b {both:?}");
+}
+
+const SCRIPT: &str = r#"
+import json, os, concurrent.futures
+from openai import OpenAI
+import anthropic
+client = OpenAI(base_url=os.environ["U_BASE"], api_key="unused", max_retries=0)
+model = os.environ["U_MODEL"]
+listed = [m.id for m in client.models.list().data]
+
+def complete(prompt="Hello, world", **kw):
+    r = client.completions.create(model=kw.pop("model", model), prompt=prompt, max_tokens=12, temperature=0, **kw)
+    return r.choices[0].text, r.usage.prompt_tokens_details.cached_tokens if r.usage.prompt_tokens_details else None
+
+solo = {}
+for name in [None, "a", "b", "c"]:
+    solo[str(name)] = complete(model=model if name is None else f"{model}:{name}")[0]
+forms = {
+    "own name": complete(model="a")[0],
+    "lora by name": complete(extra_body={"lora": [{"id": "a", "scale": 1.0}]})[0],
+    "lora by index": complete(extra_body={"lora": [{"id": 0}]})[0],
+    "lora scale 0": complete(extra_body={"lora": [{"id": "a", "scale": 0}]})[0],
+}
+# 16 at once over the four settings: batched together, each as alone.
+settings = [None, "a", "b", "c"] * 4
+with concurrent.futures.ThreadPoolExecutor(16) as pool:
+    together = list(pool.map(lambda n: complete(model=model if n is None else f"{model}:{n}")[0], settings))
+mixed_ok = all(t == solo[str(n)] for t, n in zip(together, settings))
+
+# The prefix cache is keyed by the adapter set: a long prompt under `a`, then the base.
+long = "The quick brown fox jumps over the lazy dog. " * 2
+_, first_a = complete(long, model=f"{model}:a")
+_, base_after_a = complete(long)
+_, base_again = complete(long)
+_, a_again = complete(long, model=f"{model}:a")
+
+chat = client.chat.completions.create(model=f"{model}:b", messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0).choices[0].message.content
+ant = anthropic.Anthropic(base_url=os.environ["U_ROOT"], api_key="unused", max_retries=0)
+msg = ant.messages.create(model=model, max_tokens=8, messages=[{"role": "user", "content": "Hi"}], extra_body={"lora": [{"id": "b"}], "temperature": 0})
+errors = {}
+for what, kw in {"unknown model adapter": {"model": f"{model}:zzz"}, "unknown lora": {"extra_body": {"lora": [{"id": "zzz"}]}}, "lora index past the end": {"extra_body": {"lora": [{"id": 9}]}}, "bad lora": {"extra_body": {"lora": "a"}}}.items():
+    try:
+        complete(**kw)
+        errors[what] = None
+    except Exception as e:
+        errors[what] = [getattr(e, "status_code", None), str(e)]
+print(json.dumps({"listed": listed, "solo": solo, "forms": forms, "mixed_ok": mixed_ok, "together": together,
+  "cache": [first_a, base_after_a, base_again, a_again], "chat_b": chat, "anthropic_b": msg.content[0].text, "errors": errors}))
+"#;
+
+#[test]
+fn clients_choose_adapters_per_request_and_kv_is_never_shared_across_adapters() {
+    let options = Options {
+        model_config: format!(
+            "[model.adapters]\na = \"{}\"\nb = \"{}\"\nc = \"{}\"\n",
+            lora("a").display(),
+            lora("b").display(),
+            lora("c").display()
+        ),
+        ..Options::default()
+    };
+    let server = start_tiny(&options);
+    let env = [
+        ("U_MODEL", MODEL.to_string()),
+        ("U_BASE", server.url()),
+        ("U_ROOT", format!("http://127.0.0.1:{}", server.port)),
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let v = python_client(SCRIPT, &env, &server);
+    eprintln!("{}", serde_json::to_string_pretty(&v).unwrap());
+    assert_eq!(v["listed"], json!([MODEL, "a", "b", "c"]));
+    let solo = &v["solo"];
+    let texts: std::collections::HashSet<&str> = ["None", "a", "b", "c"]
+        .iter()
+        .map(|k| solo[k].as_str().unwrap())
+        .collect();
+    assert_eq!(texts.len(), 4, "each adapter answers differently: {solo}");
+    for form in ["own name", "lora by name", "lora by index"] {
+        assert_eq!(v["forms"][form], solo["a"], "{form}");
+    }
+    assert_eq!(v["forms"]["lora scale 0"], solo["None"]);
+    assert_eq!(v["mixed_ok"], true, "{}", v["together"]);
+    // The base run after `a` finds no more of the long prompt cached than the first run under
+    // `a` did (the BOS every earlier request of its own adapter set shares); a repeat under
+    // the same adapters reuses the whole prompt.
+    let cache: Vec<u64> = v["cache"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_u64().unwrap_or(0))
+        .collect();
+    assert!(
+        cache[1] <= cache[0] && cache[0] <= 1,
+        "a base request reused KV computed under adapter a: {cache:?}"
+    );
+    assert!(cache[2] > 40 && cache[3] > 40, "{cache:?}");
+    assert_eq!(
+        v["chat_b"], v["anthropic_b"],
+        "OpenAI and Anthropic agree under adapter b"
+    );
+    for (what, e) in v["errors"].as_object().unwrap() {
+        let status = e[0].as_u64();
+        assert!(matches!(status, Some(400 | 404)), "{what}: {e}");
+    }
+    // The Safebox protocol's `adapters` field, through its endpoint, equals the OpenAI chat
+    // under the same adapter (same rendered conversation).
+    let (status, safebox) = post(
+        server.port,
+        "/v1/safebox/llm",
+        br#"{"userInput": "Hi", "max_tokens": 8, "temperature": 0, "adapters": [{"id": "b"}]}"#,
+    );
+    assert_eq!(status, 200, "{safebox}");
+    assert_eq!(safebox["text"], v["chat_b"], "{safebox}");
+    // generate --lora gives the server's answer under the same adapter.
+    let dir = tempfile::tempdir().unwrap();
+    let model = model_dir(dir.path());
+    let cli = generate_json(
+        &model,
+        &[
+            "-p",
+            "Hello, world",
+            "-n",
+            "12",
+            "--lora",
+            &lora("a").display().to_string(),
+        ],
+    );
+    assert_eq!(cli["text"], solo["a"]);
+}
