@@ -424,6 +424,18 @@ impl Tensor {
         self.device.run(Op::ScatterAdd, &[rows, ids, weights], self)
     }
 
+    /// `self[i] += Σ sₑ·Bᵀ[c..c+r]ᵀ·(A[c..c+r]·x[i])` over row `i`'s entries of `table`, in
+    /// place: adapters' low-rank deltas (see [`Op::LowRank`]).
+    pub fn low_rank_assign(
+        &self,
+        x: &Tensor,
+        a: &Tensor,
+        bt: &Tensor,
+        table: &Tensor,
+    ) -> Result<()> {
+        self.device.run(Op::LowRank, &[x, a, bt, table], self)
+    }
+
     /// Indices of the `k` largest values of each row, largest first (`I32` `[rows, k]`).
     pub fn top_k(&self, k: usize) -> Result<Tensor> {
         self.device.compute(

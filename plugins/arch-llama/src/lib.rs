@@ -226,7 +226,7 @@ impl Model for Llama {
     }
 
     fn unload_adapter(&self, name: RStr<'_>) -> RResult<bool, UError> {
-        RResult::ROk(Llama::unload_adapter(self, name.as_str()))
+        Llama::unload_adapter(self, name.as_str()).into()
     }
 
     fn adapters(&self) -> RResult<RVec<AdapterInfo>, UError> {

@@ -1,9 +1,11 @@
 //! Low-rank adapters (LoRA; Hu et al. 2021). A projection `y = W·x` of a sequence that runs
 //! under adapters becomes `y = W·x + Σₐ sₐ·kₐ·Bₐ·(Aₐ·x)`: `A` is `[r, in]`, `B` is `[out, r]`,
 //! `kₐ` the adapter's scaling (`alpha / r`, or `alpha / √r` rank-stabilised) and `sₐ` the scale
-//! the sequence asks for. The base matmul runs once over every row of the batch; each adapter's
-//! two small matmuls run over the rows of the sequences using it (consecutive sequences under the
-//! same adapter as one range), and their product is added to those rows in place.
+//! the sequence asks for. The base matmul runs once over every row of the batch; then one
+//! [`Op::LowRank`](u_sdk::Op::LowRank) per projection adds every row's own adapters' deltas,
+//! reading them from the [`Stack`] of all resident adapters (`A`s stacked, `Bᵀ`s stacked) at
+//! the columns a per-pass table gives each row — one operation per projection however the
+//! adapters interleave in the batch, with no copy of any weight per sequence.
 //!
 //! Two file forms are read:
 //! - PEFT (`adapter_model.safetensors` + `adapter_config.json`): tensors
@@ -20,7 +22,7 @@
 use crate::naming::{self, ARCHITECTURE_KEY};
 use std::{ops::Range, sync::Arc};
 use u_sdk::{
-    AdapterInfo, Result, UError, WeightSetBox,
+    AdapterInfo, ErrorKind, Result, UError, WeightSetBox,
     nn::{Device, Tensor},
 };
 
@@ -86,11 +88,12 @@ pub struct Fit {
     pub head_dim: usize,
 }
 
-/// One projection's pair, in the backend as `F32`: `A` `[r, in]`, `B` `[out, r]` with the
-/// adapter's scaling folded in.
+/// One projection's pair as read: `A` `[r, in]`, and `Bᵀ` `[r, out]` with the adapter's
+/// scaling folded in (kept to build the [`Stack`] again when the resident set changes).
 struct LowRank {
-    a: Tensor,
-    b: Tensor,
+    rank: usize,
+    a: Vec<f32>,
+    bt: Vec<f32>,
 }
 
 /// A loaded adapter.
@@ -206,14 +209,8 @@ fn permute_rows(b: &[f32], r: usize, head_dim: usize, to_pairs: bool) -> Vec<f32
 
 impl Adapter {
     /// Reads adapter `name` from `set` (and, for PEFT, its `config` text), checked against
-    /// `fit`, into `device`.
-    pub fn load(
-        name: &str,
-        set: &WeightSetBox,
-        config: &str,
-        fit: &Fit,
-        device: &Device,
-    ) -> Result<Adapter> {
+    /// `fit`.
+    pub fn load(name: &str, set: &WeightSetBox, config: &str, fit: &Fit) -> Result<Adapter> {
         let bad = |why: String| UError::invalid(format!("adapter `{name}`: {why}"));
         let format = set.format().into_result()?.into_string();
         let meta = |k: &str| set.metadata(k.into()).into_result().ok()?.into_option();
@@ -339,16 +336,19 @@ impl Adapter {
                     }
                     _ => b,
                 };
-                let b: Vec<f32> = b.iter().map(|v| v * k).collect();
-                bytes += 4 * (a.len() + b.len()) as u64;
+                // Bᵀ, scaled: row `c` holds column `c` of B times the scaling.
+                let mut bt = vec![0f32; b.len()];
+                for (o, row) in b.chunks_exact(r).enumerate() {
+                    for (c, v) in row.iter().enumerate() {
+                        bt[c * outputs + o] = v * k;
+                    }
+                }
+                bytes += 4 * (a.len() + bt.len()) as u64;
                 max_rank = max_rank.max(r);
                 if !targets.contains(&target.name()) {
                     targets.push(target.name());
                 }
-                built[target as usize] = Some(LowRank {
-                    a: device.from_f32(&a, &[r as u64, inputs as u64])?,
-                    b: device.from_f32(&b, &[outputs as u64, r as u64])?,
-                });
+                built[target as usize] = Some(LowRank { rank: r, a, bt });
             }
             layers.push(built);
         }
@@ -363,52 +363,151 @@ impl Adapter {
             },
         })
     }
+}
 
-    /// `y += strength · B·(A·x)` (scaling folded into `B`) where this adapter changes `target`
-    /// of `layer`; `x` and `y` are the same rows of the projection's input and output.
-    fn apply(
-        &self,
-        layer: usize,
-        target: Target,
-        x: &Tensor,
-        y: &Tensor,
-        strength: f32,
-    ) -> Result<()> {
-        let Some(pair) = self
-            .layers
-            .get(layer)
-            .and_then(|l| l[target as usize].as_ref())
-        else {
-            return Ok(());
-        };
-        let delta = x.matmul_t(&pair.a)?.matmul_t(&pair.b)?;
-        y.add_scaled_assign(&delta, strength)
+impl Adapter {
+    /// Its pair for projection `target` of `layer`, if it adapts that one.
+    fn pair(&self, layer: usize, target: Target) -> Option<&LowRank> {
+        self.layers.get(layer)?[target as usize].as_ref()
+    }
+}
+
+/// Every resident adapter's pairs stacked, per projection: `A`s `[ΣR, in]` and `Bᵀ`s
+/// `[ΣR, out]` (an adapter without that projection contributes zero rows), so that one
+/// [`Op::LowRank`](u_sdk::Op::LowRank) applies any mix of them.
+pub struct Stack {
+    /// The adapters, each with its first row in the stacks.
+    members: Vec<(Arc<Adapter>, usize)>,
+    layers: Vec<[Option<(Tensor, Tensor)>; 7]>,
+}
+
+impl Stack {
+    /// Stacks `adapters` for a model of `fit` (`None` when there are none).
+    pub fn build(adapters: &[Arc<Adapter>], fit: &Fit, device: &Device) -> Result<Option<Stack>> {
+        if adapters.is_empty() {
+            return Ok(None);
+        }
+        let mut members = Vec::with_capacity(adapters.len());
+        let mut columns = 0;
+        for a in adapters {
+            members.push((a.clone(), columns));
+            columns += a.info.rank as usize;
+        }
+        let mut layers = Vec::with_capacity(fit.layers.len());
+        for (layer, dims) in fit.layers.iter().enumerate() {
+            let mut built: [Option<(Tensor, Tensor)>; 7] = Default::default();
+            for target in Target::ALL {
+                let Some((inputs, outputs)) = dims[target as usize] else {
+                    continue;
+                };
+                if adapters.iter().all(|a| a.pair(layer, target).is_none()) {
+                    continue;
+                }
+                let mut a_all = vec![0f32; columns * inputs];
+                let mut bt_all = vec![0f32; columns * outputs];
+                for (member, first) in &members {
+                    if let Some(p) = member.pair(layer, target) {
+                        a_all[first * inputs..(first + p.rank) * inputs].copy_from_slice(&p.a);
+                        bt_all[first * outputs..(first + p.rank) * outputs].copy_from_slice(&p.bt);
+                    }
+                }
+                built[target as usize] = Some((
+                    device.from_f32(&a_all, &[columns as u64, inputs as u64])?,
+                    device.from_f32(&bt_all, &[columns as u64, outputs as u64])?,
+                ));
+            }
+            layers.push(built);
+        }
+        Ok(Some(Stack { members, layers }))
+    }
+
+    /// The first row of `adapter` in the stacks, if it is a member.
+    fn first(&self, adapter: &Arc<Adapter>) -> Option<usize> {
+        self.members
+            .iter()
+            .find(|(m, _)| Arc::ptr_eq(m, adapter))
+            .map(|(_, first)| *first)
     }
 }
 
 /// Rows of a pass that run under one adapter at one scale.
 pub struct Group {
-    /// Rows of the batch (consecutive sequences under the same adapter and scale merged).
+    /// Rows of the batch (one sequence's).
     pub rows: Range<usize>,
     /// The adapter.
     pub adapter: Arc<Adapter>,
-    /// The scale the sequences asked for.
+    /// The scale the sequence asked for.
     pub strength: f32,
 }
 
-/// Adds, for layer `layer`'s projection `target` with input `x` and output `y` over the whole
-/// batch, each group's delta to its rows.
-pub fn adapt(groups: &[Group], layer: usize, target: Target, x: &Tensor, y: &Tensor) -> Result<()> {
-    for g in groups {
-        g.adapter.apply(
-            layer,
-            target,
-            &x.rows_range(g.rows.clone())?,
-            &y.rows_range(g.rows.clone())?,
-            g.strength,
-        )?;
+/// How a pass applies its sequences' adapters.
+pub enum Plan {
+    /// None of its sequences uses one.
+    None,
+    /// Through the stack of resident adapters.
+    Stacked {
+        /// The stack.
+        stack: Arc<Stack>,
+        /// `[rows, 3·k]`: each row's adapters (first row in the stacks, rank, scale).
+        table: Tensor,
+    },
+}
+
+impl Plan {
+    /// The plan for `groups` over a batch of `rows` rows, read from `stack`, which holds every
+    /// adapter they name.
+    pub fn new(
+        groups: &[Group],
+        stack: Option<Arc<Stack>>,
+        rows: usize,
+        device: &Device,
+    ) -> Result<Plan> {
+        let Some(stack) = stack.filter(|_| !groups.is_empty()) else {
+            return Ok(Plan::None);
+        };
+        let mut per_row = vec![0usize; rows];
+        for g in groups {
+            for r in g.rows.clone() {
+                per_row[r] += 1;
+            }
+        }
+        let k = per_row.iter().copied().max().unwrap_or(0);
+        let mut table = vec![0f32; rows * 3 * k];
+        per_row.fill(0);
+        for g in groups {
+            let first = stack.first(&g.adapter).ok_or_else(|| {
+                UError::new(
+                    ErrorKind::Internal,
+                    format!("adapter `{}` is not in the stack", g.adapter.info.name),
+                )
+            })?;
+            for r in g.rows.clone() {
+                let e = &mut table[(r * k + per_row[r]) * 3..][..3];
+                e.copy_from_slice(&[first as f32, g.adapter.info.rank as f32, g.strength]);
+                per_row[r] += 1;
+            }
+        }
+        Ok(Plan::Stacked {
+            stack,
+            table: device.from_f32(&table, &[rows as u64, 3 * k as u64])?,
+        })
     }
-    Ok(())
+
+    /// Adds, for layer `layer`'s projection `target` with input `x` and output `y` over the
+    /// whole batch, each row's adapter deltas.
+    pub fn adapt(&self, layer: usize, target: Target, x: &Tensor, y: &Tensor) -> Result<()> {
+        let Plan::Stacked { stack, table } = self else {
+            return Ok(());
+        };
+        match stack
+            .layers
+            .get(layer)
+            .and_then(|l| l[target as usize].as_ref())
+        {
+            Some((a, bt)) => y.low_rank_assign(x, a, bt, table),
+            None => Ok(()),
+        }
+    }
 }
 
 #[cfg(test)]

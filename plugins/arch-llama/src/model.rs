@@ -7,7 +7,7 @@
 
 use crate::{
     config::{Config, FfnActivation, MoeConfig, RopeConfig},
-    lora::{self, Adapter, Fit, Group, Target},
+    lora::{Adapter, Fit, Group, Plan, Stack, Target},
     naming::blk,
     weights::{Linear, Norm, Weights},
 };
@@ -50,14 +50,14 @@ pub(crate) struct Pass<'a> {
     spans: &'a [Span],
     /// The absolute position of every row (`I32`).
     positions: Tensor,
-    /// The rows that run under low-rank adapters.
-    adapters: Vec<Group>,
+    /// How the rows that run under low-rank adapters get their deltas.
+    adapters: Plan,
 }
 
 impl Pass<'_> {
     /// Adds the adapters' deltas for projection `target` of `layer` (input `x`, output `y`).
     fn adapt(&self, layer: u32, target: Target, x: &Tensor, y: &Tensor) -> Result<()> {
-        lora::adapt(&self.adapters, layer as usize, target, x, y)
+        self.adapters.adapt(layer as usize, target, x, y)
     }
 }
 
@@ -764,6 +764,25 @@ impl Block {
     }
 }
 
+/// The adapters a model holds.
+#[derive(Default)]
+struct Resident {
+    /// By name.
+    by_name: HashMap<String, Arc<Adapter>>,
+    /// All of them stacked, for passes that mix them (rebuilt when one loads or unloads).
+    stack: Option<Arc<Stack>>,
+}
+
+impl Resident {
+    fn restack(&mut self, fit: &Fit, device: &Device) -> Result<()> {
+        let mut all: Vec<(&String, &Arc<Adapter>)> = self.by_name.iter().collect();
+        all.sort_by(|a, b| a.0.cmp(b.0));
+        let all: Vec<Arc<Adapter>> = all.into_iter().map(|(_, a)| a.clone()).collect();
+        self.stack = Stack::build(&all, fit, device)?.map(Arc::new);
+        Ok(())
+    }
+}
+
 /// The decoder: embedding (scaled, plus learned positions where the model has them), blocks,
 /// final norm, LM head (the embedding matrix when `output.weight` is absent: tied embeddings),
 /// logits scaled and soft-capped where the model says so.
@@ -779,8 +798,8 @@ pub struct Llama {
     embed: Tensor,
     /// Learned absolute position embeddings, `[context, hidden]` (GPT-2).
     positions: Option<Tensor>,
-    /// Low-rank adapters sequences may run under, by name.
-    adapters: RwLock<HashMap<String, Arc<Adapter>>>,
+    /// Low-rank adapters sequences may run under, by name, and their stack.
+    adapters: RwLock<Resident>,
     /// What an adapter must fit.
     fit: Fit,
 }
@@ -998,7 +1017,7 @@ impl Llama {
         if offset == 0 {
             return Ok(());
         }
-        let adapters = self.adapter_groups(batch, &spans)?;
+        let adapters = self.adapter_plan(batch, &spans, offset)?;
         let result = self.run(batch, &spans, adapters, out);
         if result.is_err() {
             for s in &spans {
@@ -1043,10 +1062,12 @@ impl Llama {
         Ok(x)
     }
 
-    /// The rows of `batch` under each adapter it names: consecutive sequences under the same
-    /// adapter at the same scale as one range, so the adapter's matmuls run once over them.
-    fn adapter_groups(&self, batch: &[SeqChunk<'_>], spans: &[Span]) -> Result<Vec<Group>> {
-        let held = self.adapters.read().unwrap_or_else(|e| e.into_inner());
+    /// How `batch` (of `rows` rows) applies the adapters it names: the rows under each (as
+    /// ranges, consecutive sequences under the same adapter at the same scale merged), through
+    /// the stack when there are several ([`Plan::new`]).
+    fn adapter_plan(&self, batch: &[SeqChunk<'_>], spans: &[Span], rows: usize) -> Result<Plan> {
+        let resident = self.adapters.read().unwrap_or_else(|e| e.into_inner());
+        let held = &resident.by_name;
         let mut groups: Vec<Group> = Vec::new();
         for (chunk, span) in batch.iter().zip(spans) {
             for asked in chunk.extras.adapters.iter() {
@@ -1077,7 +1098,7 @@ impl Llama {
                 }
             }
         }
-        Ok(groups)
+        Plan::new(&groups, resident.stack.clone(), rows, &self.device)
     }
 
     /// Loads adapter `name` (see [`u_sdk::Model::load_adapter`]).
@@ -1090,23 +1111,35 @@ impl Llama {
         if name.is_empty() {
             return Err(UError::invalid("arch-llama: an adapter needs a name"));
         }
-        let adapter = Adapter::load(name, weights, config, &self.fit, &self.device)?;
+        let adapter = Adapter::load(name, weights, config, &self.fit)?;
         let info = adapter.info.clone();
-        let mut held = self.adapters.write().unwrap_or_else(|e| e.into_inner());
-        held.insert(name.to_string(), Arc::new(adapter));
+        let mut resident = self.adapters.write().unwrap_or_else(|e| e.into_inner());
+        let replaced = resident.by_name.insert(name.to_string(), Arc::new(adapter));
+        if let Err(e) = resident.restack(&self.fit, &self.device) {
+            match replaced {
+                Some(old) => resident.by_name.insert(name.to_string(), old),
+                None => resident.by_name.remove(name),
+            };
+            resident.restack(&self.fit, &self.device)?;
+            return Err(e);
+        }
         Ok(info)
     }
 
     /// Forgets adapter `name`; whether it was held.
-    pub fn unload_adapter(&self, name: &str) -> bool {
-        let mut held = self.adapters.write().unwrap_or_else(|e| e.into_inner());
-        held.remove(name).is_some()
+    pub fn unload_adapter(&self, name: &str) -> Result<bool> {
+        let mut resident = self.adapters.write().unwrap_or_else(|e| e.into_inner());
+        let gone = resident.by_name.remove(name).is_some();
+        if gone {
+            resident.restack(&self.fit, &self.device)?;
+        }
+        Ok(gone)
     }
 
     /// The adapters held, by name.
     pub fn adapters(&self) -> Vec<u_sdk::AdapterInfo> {
-        let held = self.adapters.read().unwrap_or_else(|e| e.into_inner());
-        let mut all: Vec<_> = held.values().map(|a| a.info.clone()).collect();
+        let resident = self.adapters.read().unwrap_or_else(|e| e.into_inner());
+        let mut all: Vec<_> = resident.by_name.values().map(|a| a.info.clone()).collect();
         all.sort_by(|a, b| a.name.cmp(&b.name));
         all
     }
@@ -1115,7 +1148,7 @@ impl Llama {
         &self,
         batch: &[SeqChunk<'_>],
         spans: &[Span],
-        adapters: Vec<Group>,
+        adapters: Plan,
         out: &mut [f32],
     ) -> Result<()> {
         let dev = &self.device;

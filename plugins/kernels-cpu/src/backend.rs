@@ -405,6 +405,26 @@ impl CpuBackend {
                 let row = rows.desc.shape.row_len() as usize;
                 routing::scatter_add(rows.f32()?, ids.i32()?, w.f32()?, row, dst.f32_mut()?)
             }
+            Op::LowRank => {
+                need(4)?;
+                let (x, a, bt, table) = (
+                    Region::of(srcs[0])?,
+                    Region::of(srcs[1])?,
+                    Region::of(srcs[2])?,
+                    Region::of(srcs[3])?,
+                );
+                dst.apart(&[&x, &a, &bt, &table])?;
+                let inputs = x.desc.shape.row_len() as usize;
+                crate::low_rank::low_rank(
+                    &self.eng().vec,
+                    x.f32()?,
+                    a.f32()?,
+                    bt.f32()?,
+                    table.f32()?,
+                    inputs,
+                    dst.f32_mut()?,
+                )
+            }
             Op::TopK(k) => {
                 need(1)?;
                 let x = Region::of(srcs[0])?;

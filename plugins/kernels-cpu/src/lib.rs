@@ -31,6 +31,7 @@ pub mod elementwise;
 mod engine;
 mod exp;
 pub mod isa;
+pub mod low_rank;
 pub mod matmul;
 pub mod ops;
 pub mod quantize;

@@ -301,6 +301,12 @@ pub enum Op<'a> {
     /// The `k` largest values of each row of `src0`: `dst` `[rows, k]` `I32` indices, largest
     /// first, ties to the lower index (as `torch.topk`).
     TopK(u32),
+    /// Low-rank adapter deltas, row by row, added to `dst` `[rows, out]` in place:
+    /// `dst[i] += Σₑ sₑ · Bᵀ[c..c+r]ᵀ · (A[c..c+r] · src0[i])` over row `i`'s entries `e` of
+    /// `src3` (`F32` `[rows, 3·k]`: first column `c`, rank `r` (0: unused entry), scale `s`),
+    /// with `src1` every adapter's `A` stacked `[ΣR, in]` and `src2` their `Bᵀ` stacked
+    /// `[ΣR, out]`: requests under different adapters in one pass (S-LoRA's gathered matmul).
+    LowRank,
     /// 1-D convolution of `src0` `[c_in, length]` with `src1` `[c_out, c_in, kernel]`, bias
     /// `src2` `[c_out]` (optional: two sources), into `dst` `[c_out, length_out]`.
     Conv1d {
@@ -366,6 +372,8 @@ pub enum OpKind {
     ScatterAdd,
     /// [`Op::TopK`].
     TopK,
+    /// [`Op::LowRank`].
+    LowRank,
     /// [`Op::Conv1d`].
     Conv1d,
     /// [`Op::Conv2d`].
@@ -397,6 +405,7 @@ impl Op<'_> {
             Op::GetRows => OpKind::GetRows,
             Op::ScatterAdd => OpKind::ScatterAdd,
             Op::TopK(_) => OpKind::TopK,
+            Op::LowRank => OpKind::LowRank,
             Op::Conv1d { .. } => OpKind::Conv1d,
             Op::Conv2d { .. } => OpKind::Conv2d,
             Op::Upsample(_) => OpKind::Upsample,
