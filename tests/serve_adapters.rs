@@ -9,8 +9,11 @@
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use u_conformance::{
-    root,
-    serving::{MODEL, Options, generate_json, model_dir, post, python_client, start_tiny},
+    bin, root, run,
+    serving::{
+        MODEL, Options, bias_lora_path, generate_json, model_dir, post, python_client, start_tiny,
+    },
+    text,
 };
 
 fn lora(name: &str) -> PathBuf {
@@ -184,4 +187,30 @@ fn clients_choose_adapters_per_request_and_kv_is_never_shared_across_adapters() 
         ],
     );
     assert_eq!(cli["text"], solo["a"]);
+}
+
+/// A real PEFT adapter from a registry package — rank 16 on t5-large's `q` and `v` — parses,
+/// and is refused by name on the tiny Llama: its modules are no projection of this model.
+#[test]
+fn a_real_adapter_for_another_base_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model_dir(dir.path());
+    let adapter = bias_lora_path();
+    let out = run(std::process::Command::new(bin("u-runner"))
+        .args(["generate", "-p", "Hi", "-n", "4", "--lora"])
+        .arg(&adapter)
+        .arg("--model")
+        .arg(&model)
+        .arg("--deployment")
+        .arg(root().join("manifests/dev.toml")));
+    let said = text(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("adapter `bias-detector-lora`")
+            && said.contains(".SelfAttention.")
+            && said.contains("names no projection of this llama model")
+            && said.contains("trained on `t5-large`"),
+        "{said}"
+    );
+    eprintln!("{}", said.lines().last().unwrap_or_default());
 }

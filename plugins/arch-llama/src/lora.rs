@@ -112,6 +112,8 @@ struct PeftConfig {
     alpha: f64,
     rank: f64,
     rslora: bool,
+    /// The base model the adapter was trained on, as its config names it.
+    base: Option<String>,
 }
 
 fn peft_config(name: &str, text: &str) -> Result<PeftConfig> {
@@ -167,6 +169,9 @@ fn peft_config(name: &str, text: &str) -> Result<PeftConfig> {
         alpha,
         rank,
         rslora: set("use_rslora"),
+        base: field("base_model_name_or_path")
+            .and_then(|b| b.as_str())
+            .map(str::to_string),
     })
 }
 
@@ -216,7 +221,7 @@ impl Adapter {
         let meta = |k: &str| set.metadata(k.into()).into_result().ok()?.into_option();
         let text = |k: &str| meta(k).and_then(|v| v.as_str().map(str::to_string));
         let gguf = format == "gguf";
-        let (alpha, rank, rslora, arch) = if gguf {
+        let (alpha, rank, rslora, arch, base) = if gguf {
             if text("general.type").as_deref() != Some("adapter")
                 || text("adapter.type").as_deref() != Some("lora")
             {
@@ -225,10 +230,14 @@ impl Adapter {
             let alpha = meta("adapter.lora.alpha")
                 .and_then(|a| a.as_f64())
                 .unwrap_or(0.0);
-            (alpha, None, false, text(ARCHITECTURE_KEY))
+            (alpha, None, false, text(ARCHITECTURE_KEY), None)
         } else {
             let c = peft_config(name, config)?;
-            (c.alpha, Some(c.rank), c.rslora, None)
+            (c.alpha, Some(c.rank), c.rslora, None, c.base)
+        };
+        let trained_on = match &base {
+            Some(b) => format!("it was trained on `{b}`"),
+            None => "an adapter for another model?".into(),
         };
         if let Some(arch) = &arch
             && *arch != fit.arch
@@ -258,8 +267,8 @@ impl Adapter {
             };
             let Some((layer, target, is_b)) = slot else {
                 return Err(bad(format!(
-                    "tensor `{stored}` names no projection of this {} model's layers (an adapter \
-                     for another model?)",
+                    "tensor `{stored}` names no projection of this {} model's layers \
+                     ({trained_on})",
                     fit.arch
                 )));
             };
