@@ -214,3 +214,96 @@ fn a_real_adapter_for_another_base_is_refused_by_name() {
     );
     eprintln!("{}", said.lines().last().unwrap_or_default());
 }
+
+fn steering(name: &str) -> PathBuf {
+    root()
+        .join("plugins/arch-llama/tests/fixtures/steering")
+        .join(name)
+}
+
+/// Control vectors and soft prompts as operators load them (`[model.control_vectors]`,
+/// `[model.soft_prompts]`, `generate --control-vector/--soft-prompt`) and clients ask for them
+/// (`control_vectors`, `soft_prompt`): strength 0 is the base; a soft prompt's virtual tokens
+/// count in the usage and never appear in the text; `generate` and the server agree.
+#[test]
+fn control_vectors_and_soft_prompts_per_request() {
+    let options = Options {
+        model_config: format!(
+            "[model.control_vectors]\ncvec = \"{}\"\n[model.soft_prompts]\nsoft = \"{}\"\n",
+            steering("cvec.safetensors").display(),
+            steering("soft").display()
+        ),
+        ..Options::default()
+    };
+    let server = start_tiny(&options);
+    let ask = |extra: &str| {
+        let body = format!(
+            r#"{{"model": "{MODEL}", "prompt": "Hello, world", "max_tokens": 12, "temperature": 0, "logprobs": 1{extra}}}"#
+        );
+        let (status, v) = post(server.port, "/v1/completions", body.as_bytes());
+        assert_eq!(status, 200, "{v}");
+        // The tiny model's greedy text is one letter over and over; the first token's
+        // log-probability (deterministic) shows a change too small to turn it.
+        (
+            v["choices"][0]["text"].as_str().unwrap().to_string(),
+            v["usage"]["prompt_tokens"].as_u64().unwrap(),
+            v["choices"][0]["logprobs"]["token_logprobs"][0]
+                .as_f64()
+                .unwrap(),
+        )
+    };
+    let base = ask("");
+    let steered = ask(r#", "control_vectors": [{"name": "cvec", "strength": 4}]"#);
+    let zero = ask(r#", "control_vectors": [{"name": "cvec", "strength": 0}]"#);
+    let outside =
+        ask(r#", "control_vectors": [{"name": "cvec", "strength": 4, "layers": [0, 0]}]"#);
+    let soft = ask(r#", "soft_prompt": "soft""#);
+    eprintln!("base {base:?}\nsteered {steered:?}\nsoft {soft:?}");
+    assert_ne!(steered.2, base.2, "the vector moves the logits");
+    assert_eq!(zero, base, "strength 0");
+    assert_eq!(outside, base, "block 1's vector outside the range [0, 0]");
+    assert_ne!(soft.2, base.2, "the soft prompt moves the logits");
+    assert_eq!(
+        soft.1,
+        base.1 + 4,
+        "four virtual tokens counted in the prompt"
+    );
+    for (extra, says) in [
+        (r#", "control_vectors": [{"name": "nope"}]"#, "not loaded"),
+        (r#", "soft_prompt": "nope""#, "not loaded"),
+        (
+            r#", "control_vectors": [{"name": "cvec", "layers": [2, 1]}]"#,
+            "layers",
+        ),
+    ] {
+        let body = format!(r#"{{"model": "{MODEL}", "prompt": "Hi", "max_tokens": 2{extra}}}"#);
+        let (status, v) = post(server.port, "/v1/completions", body.as_bytes());
+        assert!(
+            matches!(status, 400 | 404) && v.to_string().contains(says),
+            "{status} {v}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let model = model_dir(dir.path());
+    let run = |extra: &[&str]| {
+        generate_json(
+            &model,
+            &[&["-p", "Hello, world", "-n", "12"], extra].concat(),
+        )["text"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let cvec = format!("{}:40", steering("cvec.gguf").display());
+    let strong = ask(r#", "control_vectors": [{"name": "cvec", "strength": 40}]"#);
+    assert_ne!(strong.0, base.0);
+    assert_eq!(
+        run(&["--control-vector", &cvec]),
+        strong.0,
+        "GGUF via generate = safetensors via serve"
+    );
+    assert_eq!(
+        run(&["--soft-prompt", &steering("soft").display().to_string()]),
+        soft.0
+    );
+}

@@ -289,6 +289,22 @@ pub struct Deployment {
     /// Low-rank adapters loaded with the model (`[model.adapters]`: name = path), which
     /// requests choose by name; their paths are read-granted as the model's are.
     pub adapters: Vec<(String, PathBuf)>,
+    /// Control vectors requests may run under (`[model.control_vectors]`: name = path).
+    pub control_vectors: Vec<(String, PathBuf)>,
+    /// Soft prompts requests may start with (`[model.soft_prompts]`: name = path).
+    pub soft_prompts: Vec<(String, PathBuf)>,
+}
+
+impl Deployment {
+    /// Every file loaded beside the model — adapters, control vectors, soft prompts — whose
+    /// paths are read-granted as the model's are.
+    pub fn model_extras(&self) -> impl Iterator<Item = &Path> {
+        self.adapters
+            .iter()
+            .chain(&self.control_vectors)
+            .chain(&self.soft_prompts)
+            .map(|(_, p)| p.as_path())
+    }
 }
 
 /// Batching and queueing limits of the served model (`None` keeps the engine's default) and the
@@ -356,6 +372,10 @@ struct RawModel {
     aliases: Vec<String>,
     #[serde(default)]
     adapters: BTreeMap<String, String>,
+    #[serde(default)]
+    control_vectors: BTreeMap<String, String>,
+    #[serde(default)]
+    soft_prompts: BTreeMap<String, String>,
 }
 
 impl Deployment {
@@ -380,6 +400,17 @@ impl Deployment {
         let invalid = |message: String| DeploymentError::Invalid {
             path: shown.clone(),
             message,
+        };
+        let named_paths = |table: Option<&BTreeMap<String, String>>, key: &str| {
+            table
+                .into_iter()
+                .flatten()
+                .map(|(name, path)| {
+                    check_adapter_name(name)
+                        .map_err(|why| invalid(format!("model.{key}: {why}")))?;
+                    Ok((name.clone(), resolve(&dir, path)))
+                })
+                .collect::<Result<Vec<_>, DeploymentError>>()
         };
         if raw.deployment.threads == Some(0) {
             return Err(invalid("deployment.threads must be at least 1".into()));
@@ -449,18 +480,12 @@ impl Deployment {
                 }
                 None => Serving::default(),
             },
-            adapters: match &raw.model {
-                Some(m) => m
-                    .adapters
-                    .iter()
-                    .map(|(name, path)| {
-                        check_adapter_name(name)
-                            .map_err(|why| invalid(format!("model.adapters: {why}")))?;
-                        Ok((name.clone(), resolve(&dir, path)))
-                    })
-                    .collect::<Result<_, DeploymentError>>()?,
-                None => Vec::new(),
-            },
+            adapters: named_paths(raw.model.as_ref().map(|m| &m.adapters), "adapters")?,
+            control_vectors: named_paths(
+                raw.model.as_ref().map(|m| &m.control_vectors),
+                "control_vectors",
+            )?,
+            soft_prompts: named_paths(raw.model.as_ref().map(|m| &m.soft_prompts), "soft_prompts")?,
             architecture: raw.model.as_ref().and_then(|m| m.architecture.clone()),
             model: raw.model.and_then(|m| m.path).map(|p| resolve(&dir, &p)),
         })

@@ -147,10 +147,7 @@ pub fn prove(deployment: &Deployment) -> DeploymentProof {
                 )
             {
                 readers.push(v.manifest.name.clone());
-                let adapters = deployment
-                    .adapters
-                    .iter()
-                    .flat_map(|(_, p)| model_grants(p));
+                let adapters = deployment.model_extras().flat_map(model_grants);
                 let read = Grants {
                     fs_read: model_grants(model).into_iter().chain(adapters).collect(),
                     ..Grants::default()

@@ -208,14 +208,21 @@ struct GenerateArgs {
     /// (default 1).
     #[arg(long, value_name = "PATH[:SCALE]")]
     lora: Vec<String>,
+    /// Run under a control vector (repeatable): llama.cpp's or repeng's GGUF (or the same
+    /// `direction.{L}` tensors as safetensors), with an optional `:STRENGTH` (default 1).
+    #[arg(long, value_name = "PATH[:STRENGTH]")]
+    control_vector: Vec<String>,
+    /// Start the prompt with a soft prompt: a PEFT prompt-tuning directory.
+    #[arg(long, value_name = "PATH")]
+    soft_prompt: Option<PathBuf>,
     /// The deployment [default: $U_DEPLOYMENT, else the build tree's manifests/dev.toml, else
     /// /etc/u/deployment.toml].
     #[arg(long)]
     deployment: Option<PathBuf>,
 }
 
-/// A `--lora PATH[:SCALE]`: the adapter's name (its directory's or file's, as models are
-/// named), path and scale.
+/// A `--lora PATH[:SCALE]` (or `--control-vector PATH[:STRENGTH]`, `--soft-prompt PATH`): the
+/// name (its directory's or file's, as models are named), path and scale.
 fn lora_arg(arg: &str) -> Result<(String, PathBuf, f32)> {
     let (path, scale) = match arg.rsplit_once(':') {
         Some((path, scale)) if scale.parse::<f32>().is_ok() => (path, scale.parse::<f32>()?),
@@ -628,6 +635,22 @@ fn generate(args: GenerateArgs) -> Result<i32> {
     for (name, path, _) in &adapters {
         d.adapters.push((name.clone(), path.clone()));
     }
+    let vectors = args
+        .control_vector
+        .iter()
+        .map(|a| lora_arg(a))
+        .collect::<Result<Vec<_>>>()?;
+    for (name, path, _) in &vectors {
+        d.control_vectors.push((name.clone(), path.clone()));
+    }
+    let soft_prompt = match &args.soft_prompt {
+        Some(p) => {
+            let (name, path, _) = lora_arg(&p.display().to_string())?;
+            d.soft_prompts.push((name.clone(), path));
+            name
+        }
+        None => String::new(),
+    };
     let threads = args.threads.unwrap_or_else(|| threads(&d)).max(1);
     let opened = wiring::open(&d, &args.model, threads, wiring::Want::Engine)?;
     let (runner, engine) = opened.engine.context("no engine was started")?;
@@ -667,6 +690,16 @@ fn generate(args: GenerateArgs) -> Result<i32> {
             scale: *scale,
         })
         .collect();
+    request.control_vectors = vectors
+        .iter()
+        .map(|(name, _, strength)| u_sdk::ControlUse {
+            name: name.as_str().into(),
+            strength: *strength,
+            first_layer: 0,
+            last_layer: u32::MAX,
+        })
+        .collect();
+    request.soft_prompt = soft_prompt.into();
     let text = std::sync::Arc::<std::sync::Mutex<String>>::default();
     let sink = u_sdk::TokenSinkBox::new(StdoutSink {
         quiet: args.json,

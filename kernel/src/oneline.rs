@@ -126,5 +126,7 @@ pub fn deployment(
         architecture: None,
         serving: Serving::default(),
         adapters: Vec::new(),
+        control_vectors: Vec::new(),
+        soft_prompts: Vec::new(),
     })
 }

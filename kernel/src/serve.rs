@@ -121,7 +121,7 @@ pub fn run(
         }
         plan.read.extend(wiring::grant_model(&mut opened, model));
         plan.read
-            .extend(wiring::grant_adapters(&mut opened, deployment));
+            .extend(wiring::grant_extras(&mut opened, deployment));
     }
     let mut sockets_by_plugin = std::collections::BTreeMap::new();
     for plugin in &opened.opened {

@@ -17,9 +17,9 @@ use u_attest::{
     deployment::{PathGrant, Serving, absolute},
 };
 use u_sdk::{
-    ArchitectureBox, BackendBox, BackendInfo, BuildContext, EngineBox, KvCacheBox, ModelBox,
-    ModelConfig, ModelKind, PluginInstance, RunnerBox, RunnerContext, ServingLimits, TokenizerBox,
-    TokenizerFactoryBox, WeightSetBox,
+    ArchitectureBox, BackendBox, BackendInfo, BuildContext, EngineBox, ExtraKind, KvCacheBox,
+    ModelBox, ModelConfig, ModelKind, PluginInstance, RunnerBox, RunnerContext, RunnerExtra,
+    ServingLimits, TokenizerBox, TokenizerFactoryBox, WeightSetBox,
     manifest::{PluginKind, Task},
 };
 
@@ -72,14 +72,10 @@ pub fn grant_model(opened: &mut OpenReport, model: &Path) -> Vec<PathGrant> {
     grant_reads(opened, model_grants(model))
 }
 
-/// Grants read access to the deployment's adapters (`[model.adapters]`) as [`grant_model`]
-/// does to the model.
-pub fn grant_adapters(opened: &mut OpenReport, deployment: &Deployment) -> Vec<PathGrant> {
-    let grants = deployment
-        .adapters
-        .iter()
-        .flat_map(|(_, path)| model_grants(path))
-        .collect();
+/// Grants read access to the deployment's adapters, control vectors and soft prompts
+/// ([`Deployment::model_extras`]) as [`grant_model`] does to the model.
+pub fn grant_extras(opened: &mut OpenReport, deployment: &Deployment) -> Vec<PathGrant> {
+    let grants = deployment.model_extras().flat_map(model_grants).collect();
     grant_reads(opened, grants)
 }
 
@@ -104,7 +100,7 @@ pub fn open(deployment: &Deployment, model: &Path, threads: u32, want: Want) -> 
     }
     let mut opened = open_deployment(deployment);
     let mut grants = grant_model(&mut opened, &model);
-    grants.extend(grant_adapters(&mut opened, deployment));
+    grants.extend(grant_extras(&mut opened, deployment));
     let mut plan = sandbox::Plan::default();
     for p in &opened.opened {
         plan.add(&p.grants);
@@ -225,6 +221,7 @@ pub fn build(
             &config,
             opened.tokenizer.clone(),
             &deployment.serving,
+            runner_extras(report, deployment)?,
         )?);
     } else {
         opened.model = Some(model_box);
@@ -389,6 +386,7 @@ fn start_runner(
     config: &ModelConfig,
     tokenizer: Option<TokenizerBox>,
     serving: &Serving,
+    extras: Vec<RunnerExtra>,
 ) -> Result<(String, EngineBox)> {
     let task = task_for(config.kind).ok_or_else(|| {
         anyhow!(
@@ -417,6 +415,7 @@ fn start_runner(
             step_tokens: serving.step_tokens.unwrap_or(0),
         },
         aliases: serving.aliases.iter().map(|a| a.as_str().into()).collect(),
+        extras: extras.into(),
     };
     match runner.start(context) {
         RResult::ROk(engine) => Ok((runner_name, engine)),
@@ -424,24 +423,61 @@ fn start_runner(
     }
 }
 
-/// Loads adapter `name` from `path` into `model`: a PEFT directory (`adapter_model.safetensors`
-/// and `adapter_config.json`), its safetensors file (the config beside it), or a llama.cpp
-/// GGUF LoRA, opened by the deployment's loaders.
-fn load_adapter(report: &LoadReport, model: &ModelBox, name: &str, path: &Path) -> Result<()> {
-    let start = std::time::Instant::now();
+/// The weights and config text of a file loaded beside the model: a PEFT directory
+/// (`adapter_model.safetensors` and `adapter_config.json`), its safetensors file (the config
+/// beside it, when there is one), or a GGUF file (its metadata is its config), opened by the
+/// deployment's loaders.
+fn open_extra(report: &LoadReport, what: &str, path: &Path) -> Result<(WeightSetBox, String)> {
     let weights_path = match path.is_dir() {
         true => path.join("adapter_model.safetensors"),
         false => path.to_path_buf(),
     };
     let config_path = weights_path.with_file_name("adapter_config.json");
-    let gguf = weights_path.extension().is_some_and(|e| e == "gguf");
-    let config = match gguf {
+    let config = match weights_path.extension().is_some_and(|e| e == "gguf") {
         true => String::new(),
+        false if !path.is_dir() && !config_path.exists() => String::new(),
         false => std::fs::read_to_string(&config_path)
-            .with_context(|| format!("adapter `{name}`: {}", config_path.display()))?,
+            .with_context(|| format!("{what}: {}", config_path.display()))?,
     };
-    let (_, weights) = open_weights(&weights_path, &inspect::loaders(report))
-        .with_context(|| format!("adapter `{name}`"))?;
+    let (_, weights) =
+        open_weights(&weights_path, &inspect::loaders(report)).with_context(|| what.to_string())?;
+    Ok((weights, config))
+}
+
+/// The deployment's control vectors and soft prompts, read for the runner.
+fn runner_extras(report: &LoadReport, deployment: &Deployment) -> Result<Vec<RunnerExtra>> {
+    let kinds = [
+        (
+            ExtraKind::ControlVector,
+            &deployment.control_vectors,
+            "control vector",
+        ),
+        (
+            ExtraKind::SoftPrompt,
+            &deployment.soft_prompts,
+            "soft prompt",
+        ),
+    ];
+    let mut extras = Vec::new();
+    for (kind, list, what) in kinds {
+        for (name, path) in list {
+            let (weights, config) = open_extra(report, &format!("{what} `{name}`"), path)?;
+            extras.push(RunnerExtra {
+                name: name.as_str().into(),
+                kind,
+                weights,
+                config: config.into(),
+            });
+        }
+    }
+    Ok(extras)
+}
+
+/// Loads adapter `name` from `path` into `model` (see [`open_extra`] for the forms a path
+/// takes: a PEFT directory, its safetensors file, a llama.cpp GGUF LoRA).
+fn load_adapter(report: &LoadReport, model: &ModelBox, name: &str, path: &Path) -> Result<()> {
+    let start = std::time::Instant::now();
+    let (weights, config) = open_extra(report, &format!("adapter `{name}`"), path)?;
     let info = model
         .load_adapter(name.into(), weights, config.as_str().into())
         .into_result()

@@ -8,7 +8,7 @@
 
 use crate::{Error, Generator, Result, constraint::Guide, sequence::Sequence};
 use abi_stable::std_types::{RSlice, RSliceMut};
-use u_sdk::{AdapterScale, Output, Segment, SeqChunk, SeqExtras};
+use u_sdk::{AdapterScale, Output, Segment, SeqChunk, SeqExtras, Steering};
 
 /// Running requests, each with the driver's tag `T` (where its output goes).
 pub(crate) struct Batch<T> {
@@ -88,7 +88,13 @@ impl<T> Batch<T> {
                 prefill_left -= tokens.len();
             }
             plan.push((i, tokens.len(), wanted != Output::Nothing, wanted));
-            inputs.push([Segment::Tokens(RSlice::from_slice(tokens))]);
+            inputs.push(match s.soft_rows() {
+                Some(rows) => vec![
+                    Segment::Embeddings(RSlice::from_slice(rows)),
+                    Segment::Tokens(RSlice::from_slice(tokens)),
+                ],
+                None => vec![Segment::Tokens(RSlice::from_slice(tokens))],
+            });
         }
         if plan.is_empty() {
             for (i, guide) in guides {
@@ -98,17 +104,22 @@ impl<T> Batch<T> {
         }
         let adapters: Vec<Vec<AdapterScale<'_>>> =
             plan.iter().map(|&(i, ..)| slots[i].0.adapters()).collect();
+        let steering: Vec<Vec<Steering<'_>>> =
+            plan.iter().map(|&(i, ..)| slots[i].0.steering()).collect();
         let chunks: Vec<SeqChunk<'_>> = plan
             .iter()
             .zip(&inputs)
-            .zip(&adapters)
-            .map(|((&(i, _, _, wanted), input), adapters)| SeqChunk {
-                extras: SeqExtras {
-                    adapters: RSlice::from_slice(adapters),
-                    ..SeqExtras::default()
+            .zip(adapters.iter().zip(&steering))
+            .map(
+                |((&(i, _, _, wanted), input), (adapters, steering))| SeqChunk {
+                    extras: SeqExtras {
+                        adapters: RSlice::from_slice(adapters),
+                        steering: RSlice::from_slice(steering),
+                        ..SeqExtras::default()
+                    },
+                    ..SeqChunk::tokens(slots[i].0.seq(), input, wanted)
                 },
-                ..SeqChunk::tokens(slots[i].0.seq(), input, wanted)
-            })
+            )
             .collect();
         let vocab = g.config().vocab_size as usize;
         let rows = plan.iter().filter(|p| p.2).count();

@@ -370,6 +370,8 @@ impl Generator {
                 guide: None,
                 prefix: crate::owner::PrefixKey::Off,
                 adapters: Vec::new(),
+                steer: Default::default(),
+                soft_prompt: None,
             },
         )?;
         let mut batch = Batch::new(self.prefill_chunk);

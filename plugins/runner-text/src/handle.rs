@@ -2,6 +2,7 @@
 
 use crate::{
     Error, GenerateOptions, Generator, Limits, Result,
+    extras::Extras,
     logprobs::MAX_TOP_LOGPROBS,
     owner::{Owner, Sharing},
     prompt::Prompt,
@@ -30,6 +31,8 @@ pub struct EngineHandle {
     /// Keys the prefix cache by adapter set (per process: an adapter name may hold other
     /// weights after a restart).
     adapter_keys: RandomState,
+    /// Control vectors and soft prompts, by name.
+    extras: Arc<Extras>,
     scheduler: Arc<Scheduler>,
 }
 
@@ -47,8 +50,16 @@ impl EngineHandle {
             aliases: Arc::new([]),
             sharing: Sharing::default(),
             adapter_keys: RandomState::new(),
+            extras: Arc::default(),
             scheduler: Arc::new(Scheduler::start(generator, limits)),
         }
+    }
+
+    /// The same engine, serving requests with the deployment's control vectors and soft
+    /// prompts (each checked against the model).
+    pub fn with_extras(mut self, extras: Vec<u_sdk::RunnerExtra>) -> Result<Self> {
+        self.extras = Arc::new(Extras::read(extras, self.generator().config())?);
+        Ok(self)
     }
 
     /// The same engine, sharing cached prompt prefixes as `sharing` says.
@@ -299,6 +310,8 @@ impl EngineHandle {
             guide: None,
             prefix: self.sharing.key(&r.owner),
             adapters: Vec::new(),
+            steer: Default::default(),
+            soft_prompt: None,
         };
         let out = self.run(spec, "", &mut |_| true)?;
         Ok(vec![CheckpointInfo {
@@ -454,6 +467,23 @@ impl Engine for EngineHandle {
                 ROption::RNone => None,
             };
             let adapters = self.adapters_of(request)?;
+            let steer = self.extras.steer(&request.control_vectors)?;
+            let soft_prompt = self.extras.soft_prompt(&request.soft_prompt)?;
+            // KV computed under adapters or control vectors is found only by requests under
+            // the same ones.
+            let mut keyed = adapters.clone();
+            keyed.extend(
+                request
+                    .control_vectors
+                    .iter()
+                    .filter(|c| c.strength != 0.0)
+                    .map(|c| {
+                        (
+                            format!("\0control:{}:{}-{}", c.name, c.first_layer, c.last_layer),
+                            c.strength,
+                        )
+                    }),
+            );
             // Checkpoints saved under adapters live in a namespace of the owner and the
             // adapter set: resumed only under the same adapters.
             let owner = match adapters.is_empty() {
@@ -495,6 +525,8 @@ impl Engine for EngineHandle {
                 prompt: tokens,
                 origin: match resume {
                     Some(name) => Origin::Checkpoint { name, tokens: None },
+                    // Soft-prompt rows come first: no cached prefix of tokens fits before them.
+                    None if soft_prompt.is_some() => Origin::Fresh,
                     None => Origin::Prefix,
                 },
                 options: GenerateOptions {
@@ -514,8 +546,10 @@ impl Engine for EngineHandle {
                 prefix: self
                     .sharing
                     .key(&request.owner)
-                    .under(&adapters, &self.adapter_keys),
+                    .under(&keyed, &self.adapter_keys),
                 adapters,
+                steer,
+                soft_prompt,
             };
             let out = self.run(spec, &request.client, &mut |t| sink.token(t))?;
             Ok(GenerateSummary {

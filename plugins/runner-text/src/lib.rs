@@ -31,6 +31,7 @@
 
 mod batch;
 mod constraint;
+pub mod extras;
 mod generator;
 mod handle;
 mod logprobs;

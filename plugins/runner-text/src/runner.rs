@@ -27,10 +27,12 @@ impl Runner for TextRunner {
                 step_tokens: pick(l.step_tokens, defaults.step_tokens),
             };
             let aliases = context.aliases.iter().map(|a| a.to_string()).collect();
+            let extras = context.extras.into_vec();
             Ok(
                 EngineHandle::with_limits(context.name.as_str(), Arc::new(generator), limits)
                     .with_aliases(aliases)
                     .with_sharing(self.sharing.clone())
+                    .with_extras(extras)?
                     .into_box(),
             )
         })()

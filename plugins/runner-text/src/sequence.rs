@@ -7,6 +7,7 @@
 //! (saved by another process) holds `unknown` leading positions without ids; everything that
 //! needs ids (prefix caching, penalties) then sees only the known tail.
 
+use crate::extras::Steer;
 use crate::owner::PrefixKey;
 use crate::{
     Error, GenerateOptions, Generator, Result,
@@ -15,7 +16,7 @@ use crate::{
     sampler::Sampler,
     stream::{StopCheck, StopMatcher, Utf8Stream},
 };
-use std::{collections::HashSet, time::Instant};
+use std::{collections::HashSet, sync::Arc, time::Instant};
 use u_sdk::{FinishReason, KvCacheBox, Output, Rows, SeqId, TokenLogprob};
 
 /// Where a sequence's KV starts from.
@@ -56,6 +57,10 @@ pub(crate) struct Spec {
     pub prefix: PrefixKey,
     /// Low-rank adapters the sequence runs under, with their scales.
     pub adapters: Vec<(String, f32)>,
+    /// Control vectors added after blocks, for every row it runs.
+    pub steer: Steer,
+    /// Soft-prompt rows that stand before the prompt (with [`Origin::Fresh`]).
+    pub soft_prompt: Option<Arc<[f32]>>,
 }
 
 /// Text streamed for one generated token (`id: None`: held-back text flushed at the end).
@@ -126,6 +131,9 @@ pub(crate) struct Sequence {
     logit_bias: Vec<(u32, f32)>,
     guide: Option<Guide>,
     adapters: Vec<(String, f32)>,
+    steer: Steer,
+    /// Soft-prompt rows not yet run: positions `0..unknown` of the sequence.
+    soft_prompt: Option<Arc<[f32]>>,
     stop_sequence: Option<String>,
     outbox: Vec<Piece>,
     error: Option<Error>,
@@ -150,7 +158,8 @@ impl Sequence {
         if spec.prompt.is_empty() {
             return Err(Error::EmptyPrompt);
         }
-        let share = !matches!(spec.origin, Origin::Fresh) && spec.prefix != PrefixKey::Off;
+        let fresh = matches!(spec.origin, Origin::Fresh);
+        let share = !fresh && spec.prefix != PrefixKey::Off;
         let cache = g.cache().clone();
         let plugin = |op| move |e| Error::plugin(op, e);
         let (seq, cached, unknown, mut tokens) = match spec.origin {
@@ -197,6 +206,18 @@ impl Sequence {
                 }
             }
         };
+        // A soft prompt's rows are the first positions, without token ids.
+        let unknown = match &spec.soft_prompt {
+            Some(rows) if fresh => rows.len() / (g.config().hidden as usize).max(1),
+            Some(_) => {
+                let _ = cache.release(seq);
+                return Err(Error::InvalidRequest(
+                    "a soft prompt starts a fresh sequence (not a checkpoint or a cached prefix)"
+                        .into(),
+                ));
+            }
+            None => unknown,
+        };
         let base = unknown + tokens.len();
         let context = match g.config().context_length {
             0 => usize::MAX,
@@ -240,6 +261,8 @@ impl Sequence {
             logit_bias: spec.logit_bias,
             guide: spec.guide,
             adapters: spec.adapters,
+            steer: spec.steer,
+            soft_prompt: spec.soft_prompt,
             stop_sequence: None,
             outbox: Vec::new(),
             error: None,
@@ -256,7 +279,6 @@ impl Sequence {
         Ok(s)
     }
 
-    /// The cache sequence holding this request's KV.
     /// The adapters it runs under, as the model interface names them.
     pub(crate) fn adapters(&self) -> Vec<u_sdk::AdapterScale<'_>> {
         self.adapters
@@ -268,6 +290,28 @@ impl Sequence {
             .collect()
     }
 
+    /// The control vectors of its rows, as the model interface takes them.
+    pub(crate) fn steering(&self) -> Vec<u_sdk::Steering<'_>> {
+        self.steer
+            .entries
+            .iter()
+            .map(|(layer, strength, v)| u_sdk::Steering {
+                first_layer: *layer,
+                last_layer: *layer,
+                strength: *strength,
+                vector: v.as_ref().into(),
+            })
+            .collect()
+    }
+
+    /// The soft-prompt rows the next pass must run before its tokens, if not yet run.
+    pub(crate) fn soft_rows(&self) -> Option<&[f32]> {
+        self.soft_prompt
+            .as_deref()
+            .filter(|_| self.computed < self.unknown)
+    }
+
+    /// The cache sequence holding this request's KV.
     pub(crate) fn seq(&self) -> SeqId {
         self.seq
     }
@@ -326,13 +370,16 @@ impl Sequence {
             State::Flush(_) => (self.unknown + self.tokens.len(), Output::Nothing),
             State::Done(_) => return (&[], Output::Nothing),
         };
-        let end = target.min(self.computed.saturating_add(max.max(1)));
+        // Positions before `unknown` without a pending soft prompt are already computed; with
+        // one, its rows run in the same pass as the first tokens.
+        let first = self.computed.max(self.unknown);
+        let end = target.min(first.saturating_add(max.max(1)));
         let logits = if end == target {
             logits
         } else {
             Output::Nothing
         };
-        let tokens = &self.tokens[self.computed - self.unknown..end - self.unknown];
+        let tokens = &self.tokens[first - self.unknown..end - self.unknown];
         (tokens, logits)
     }
 
@@ -344,6 +391,9 @@ impl Sequence {
         n: usize,
         logits: Option<&mut [f32]>,
     ) -> Result<()> {
+        if self.soft_rows().is_some() {
+            self.computed = self.unknown;
+        }
         self.computed += n;
         while let Some(&b) = self.breakpoints.first()
             && b <= self.computed

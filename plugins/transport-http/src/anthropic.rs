@@ -132,9 +132,11 @@ fn blocks(v: &Value, at: &str) -> Result<(String, Vec<u32>), ApiError> {
 
 /// The fields `/v1/messages` takes: Anthropic's that this server implements, its top-level
 /// `cache_control`, and the sampling extensions OpenAI-style servers accept.
-const SUPPORTED: [&str; 20] = [
+const SUPPORTED: [&str; 22] = [
     "model",
     "lora",
+    "control_vectors",
+    "soft_prompt",
     "tools",
     "tool_choice",
     "output_format",
@@ -235,6 +237,8 @@ pub fn parse(body: &[u8], models: &[String]) -> Result<Parsed, ApiError> {
     request.clamp_max_tokens = false;
     request.constraint = output_format(&o)?;
     request.adapters = json::adapters(&o, "lora")?.into();
+    request.control_vectors = json::control_vectors(&o, "control_vectors")?.into();
+    request.soft_prompt = json::string(&o, "soft_prompt")?.unwrap_or_default().into();
     let tools = anthropic_tools(&o)?;
     if let Some(t) = &tools {
         t.apply(&mut request)?;

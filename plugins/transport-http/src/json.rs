@@ -211,3 +211,65 @@ pub fn adapters(o: &Obj, key: &str) -> Result<Vec<u_sdk::AdapterUse>, ApiError> 
         })
         .collect()
 }
+
+/// `control_vectors`: `[{"name", "strength", "layers": [first, last]}]`, the control vectors a
+/// request runs under (strength 1 and every block unless given).
+pub fn control_vectors(o: &Obj, key: &str) -> Result<Vec<u_sdk::ControlUse>, ApiError> {
+    let list = match o.get(key) {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(list)) => list,
+        Some(other) => {
+            return Err(ApiError::param(
+                key,
+                format!(
+                    "`{key}` must be an array of {{\"name\", \"strength\", \"layers\"}}, got {}",
+                    type_name(other)
+                ),
+            ));
+        }
+    };
+    list.iter()
+        .enumerate()
+        .map(|(i, entry)| {
+            let at = format!("{key}[{i}]");
+            let bad = |why: &str| ApiError::param(&at, format!("`{at}` {why}"));
+            let Value::Object(e) = entry else {
+                return Err(bad(
+                    "must be an object {\"name\", \"strength\", \"layers\"}",
+                ));
+            };
+            let name = match e.get("name") {
+                Some(Value::String(s)) if !s.is_empty() => s.clone(),
+                _ => return Err(bad("needs a `name`")),
+            };
+            let strength = match e.get("strength") {
+                None | Some(Value::Null) => 1.0,
+                Some(v) => match v.as_f64() {
+                    Some(s) if s.is_finite() && s.abs() <= 1e3 => s as f32,
+                    _ => return Err(bad("has a `strength` that is not a number within ±1000")),
+                },
+            };
+            let (first_layer, last_layer) = match e.get("layers") {
+                None | Some(Value::Null) => (0, u32::MAX),
+                Some(Value::Array(r)) => match (
+                    r.first().and_then(Value::as_u64),
+                    r.get(1).and_then(Value::as_u64),
+                ) {
+                    (Some(a), Some(b)) if r.len() == 2 && a <= b && b < u64::from(u32::MAX) => {
+                        (a as u32, b as u32)
+                    }
+                    _ => return Err(bad("has `layers` that are not [first, last] block numbers")),
+                },
+                Some(_) => {
+                    return Err(bad("has `layers` that are not [first, last] block numbers"));
+                }
+            };
+            Ok(u_sdk::ControlUse {
+                name: name.into(),
+                strength,
+                first_layer,
+                last_layer,
+            })
+        })
+        .collect()
+}

@@ -305,9 +305,11 @@ fn response_format(o: &Obj) -> Result<Constraint, ApiError> {
 
 /// Fields both endpoints take, OpenAI's and this server's extensions (`top_k`, `min_p`,
 /// `repetition_penalty`, `resume_from`, `save_as`, `overwrite`).
-const COMMON: [&str; 21] = [
+const COMMON: [&str; 23] = [
     "model",
     "lora",
+    "control_vectors",
+    "soft_prompt",
     "response_format",
     "frequency_penalty",
     "logit_bias",
@@ -496,6 +498,8 @@ pub fn parse(
     request.client = user.map(|u| format!("user:{u}")).unwrap_or_default().into();
     request.logit_bias = logit_bias(&o)?.into();
     request.adapters = json::adapters(&o, "lora")?.into();
+    request.control_vectors = json::control_vectors(&o, "control_vectors")?.into();
+    request.soft_prompt = json::string(&o, "soft_prompt")?.unwrap_or_default().into();
     request.constraint = response_format(&o)?;
     request.suffix = suffix.map(Into::into).into();
     request.clamp_max_tokens = !asked;

@@ -216,7 +216,8 @@ pub struct Parsed {
 }
 
 /// Parses `{model, system, userInput, blocks, max_tokens, temperature, top_p, stream,
-/// adapters}` (`adapters` as llama.cpp's `lora`: `[{"id", "scale"}]`). The system prompt and
+/// adapters, control_vectors, soft_prompt}` (`adapters` as llama.cpp's `lora`: `[{"id",
+/// "scale"}]`; `control_vectors` `[{"name", "strength", "layers"}]`; `soft_prompt` a name). The system prompt and
 /// every block (unless `"cache": false`) end in a cache breakpoint.
 pub fn parse(body: &[u8], models: &[String], default_max_tokens: u32) -> Result<Parsed, ApiError> {
     let o = json::object(body)?;
@@ -305,6 +306,8 @@ pub fn parse(body: &[u8], models: &[String], default_max_tokens: u32) -> Result<
     request.messages = turns.into();
     request.cache_breakpoints = breakpoints.into();
     request.adapters = json::adapters(&o, "adapters")?.into();
+    request.control_vectors = json::control_vectors(&o, "control_vectors")?.into();
+    request.soft_prompt = json::string(&o, "soft_prompt")?.unwrap_or_default().into();
     Ok(Parsed { request, stream })
 }
 

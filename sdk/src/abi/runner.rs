@@ -4,7 +4,10 @@
 //! plugin, so the host only verifies, grants, wires and locks down. The tasks a runner serves
 //! are declared in its signed manifest (`tasks = […]`).
 
-use crate::abi::{error::UError, model::ModelBox, tokenizer::TokenizerBox, transport::EngineBox};
+use crate::abi::{
+    error::UError, loader::WeightSetBox, model::ModelBox, tokenizer::TokenizerBox,
+    transport::EngineBox,
+};
 use abi_stable::{
     StableAbi, sabi_trait,
     std_types::{RBox, ROption, RResult, RString, RVec},
@@ -37,6 +40,36 @@ pub struct RunnerContext {
     /// Other names clients may ask for the model by (`[model] aliases`); [`ANY_MODEL`] accepts
     /// any name (the Safebox runner form: its clients name models their own way).
     pub aliases: RVec<RString>,
+    /// What the deployment loads beside the model for requests to ask for by name (control
+    /// vectors, soft prompts).
+    pub extras: RVec<RunnerExtra>,
+}
+
+/// What a [`RunnerExtra`] is.
+#[repr(u8)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExtraKind {
+    /// A control (steering) vector: llama.cpp's or repeng's `direction.{L}` tensors, one per
+    /// block `L` whose output it is added to (GGUF `general.architecture = controlvector`, or
+    /// the same tensors as safetensors).
+    ControlVector,
+    /// A soft prompt: PEFT prompt tuning's `prompt_embeddings` `[virtual tokens, hidden]`, rows
+    /// that stand before the prompt's own embeddings.
+    SoftPrompt,
+}
+
+/// A named extra the runner serves requests with, as a loader read it.
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct RunnerExtra {
+    /// The name requests ask for it by.
+    pub name: RString,
+    /// What it is.
+    pub kind: ExtraKind,
+    /// Its tensors and metadata.
+    pub weights: WeightSetBox,
+    /// The text of its config file beside it (PEFT's `adapter_config.json`), or empty.
+    pub config: RString,
 }
 
 /// The alias that makes an engine answer to any model name. [`Engine::models`](crate::abi::transport::Engine)

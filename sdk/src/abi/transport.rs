@@ -133,6 +133,25 @@ pub struct GenerateRequest {
     /// their scales (empty: the base model). Requests under different adapters share forward
     /// passes; KV computed under one set of adapters is never reused under another.
     pub adapters: RVec<AdapterUse>,
+    /// Control vectors this request runs under, by the names the deployment loaded them as.
+    pub control_vectors: RVec<ControlUse>,
+    /// The soft prompt (by name) whose rows stand before the prompt; empty for none. Its
+    /// virtual tokens count in the prompt's tokens but are never in the text.
+    pub soft_prompt: RString,
+}
+
+/// One control vector a request runs under.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq)]
+pub struct ControlUse {
+    /// The vector's name.
+    pub name: RString,
+    /// Its multiplier (0 changes nothing).
+    pub strength: f32,
+    /// The first block it applies after.
+    pub first_layer: u32,
+    /// The last block it applies after (inclusive; `u32::MAX`: through the last).
+    pub last_layer: u32,
 }
 
 /// One adapter a request runs under.
@@ -212,6 +231,8 @@ impl GenerateRequest {
             owner: RString::new(),
             overwrite: false,
             adapters: RVec::new(),
+            control_vectors: RVec::new(),
+            soft_prompt: RString::new(),
         }
     }
 }
