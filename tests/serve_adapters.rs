@@ -307,3 +307,143 @@ fn control_vectors_and_soft_prompts_per_request() {
         soft.0
     );
 }
+
+/// Raw POST returning the status and body text (the adapter endpoints answer in plain text, as
+/// vLLM's do).
+fn post_text(port: u16, path: &str, body: &str) -> (u16, String) {
+    let raw = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    u_conformance::serving::http(port, raw.as_bytes()).unwrap()
+}
+
+/// vLLM's runtime endpoints: `POST /v1/load_lora_adapter` loads an adapter from a directory the
+/// deployment allows (`[model] adapter_dirs`), the model then serves it by name with no reload;
+/// past `adapter_budget_mb` the least recently used idle run-time adapter is unloaded; the
+/// deployment's own adapters are pinned; paths outside the allowed directories are refused.
+#[test]
+fn adapters_load_and_unload_at_run_time_within_a_budget() {
+    let options = Options {
+        model_config: format!(
+            "adapter_dirs = [\"{}\"]\nadapter_budget_mb = 0.02\n[model.adapters]\nb = \"{}\"\n",
+            lora("").display(),
+            lora("b").display()
+        ),
+        ..Options::default()
+    };
+    let server = start_tiny(&options);
+    let models = || {
+        let (_, v) = u_conformance::serving::http(
+            server.port,
+            b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .unwrap();
+        let v: Value = serde_json::from_str(&v).unwrap();
+        v["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    let complete = |model: &str| {
+        let body = format!(
+            r#"{{"model": "{model}", "prompt": "Hello, world", "max_tokens": 12, "temperature": 0}}"#
+        );
+        let (status, v) = post(server.port, "/v1/completions", body.as_bytes());
+        (
+            status,
+            v["choices"][0]["text"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        )
+    };
+    assert_eq!(models(), [MODEL, "b"]);
+    let load = |name: &str, dir: &str| {
+        let path = lora(dir).display().to_string();
+        post_text(
+            server.port,
+            "/v1/load_lora_adapter",
+            &format!(r#"{{"lora_name": "{name}", "lora_path": "{path}"}}"#),
+        )
+    };
+    let (status, said) = load("a", "a");
+    assert_eq!(
+        (status, said.as_str()),
+        (200, "Success: LoRA adapter 'a' added successfully.")
+    );
+    assert_eq!(models(), [MODEL, "a", "b"]);
+    let dir = tempfile::tempdir().unwrap();
+    let model = model_dir(dir.path());
+    let cli = generate_json(
+        &model,
+        &[
+            "-p",
+            "Hello, world",
+            "-n",
+            "12",
+            "--lora",
+            &lora("a").display().to_string(),
+        ],
+    );
+    assert_eq!(
+        complete(&format!("{MODEL}:a")),
+        (200, cli["text"].as_str().unwrap().to_string())
+    );
+    let (status, said) = load("a", "a");
+    assert_eq!(status, 400, "{said}");
+    assert!(said.contains("already been loaded"), "{said}");
+    // `c` does not fit beside `a` in 0.02 MB: `a`, idle, makes room; `b` is pinned.
+    let (status, said) = load("c", "c");
+    assert_eq!(status, 200, "{said}");
+    assert_eq!(models(), [MODEL, "b", "c"]);
+    assert_eq!(complete(&format!("{MODEL}:a")).0, 404);
+    // Outside the allowed directory, another base's adapter, a pinned one.
+    let outside = root().join("plugins/arch-llama/tests/fixtures/steering/soft");
+    let (status, said) = post_text(
+        server.port,
+        "/v1/load_lora_adapter",
+        &format!(
+            r#"{{"lora_name": "x", "lora_path": "{}"}}"#,
+            outside.display()
+        ),
+    );
+    assert_eq!(status, 403, "{said}");
+    assert!(
+        said.contains("not in a directory the deployment allows"),
+        "{said}"
+    );
+    // A file of the allowed directory that is no adapter: refused, the others serve on.
+    let (status, said) = load("bad", "logits.bin");
+    assert_eq!(status, 400, "{said}");
+    assert_eq!(complete(&format!("{MODEL}:c")).0, 200);
+    let (status, said) = post_text(
+        server.port,
+        "/v1/unload_lora_adapter",
+        r#"{"lora_name": "b"}"#,
+    );
+    assert_eq!(status, 400, "{said}");
+    let (status, said) = post_text(
+        server.port,
+        "/v1/unload_lora_adapter",
+        r#"{"lora_name": "c"}"#,
+    );
+    assert_eq!(
+        (status, said.as_str()),
+        (200, "Success: LoRA adapter 'c' removed successfully.")
+    );
+    let (status, _) = post_text(
+        server.port,
+        "/v1/unload_lora_adapter",
+        r#"{"lora_name": "c"}"#,
+    );
+    assert_eq!(status, 404);
+    assert_eq!(models(), [MODEL, "b"]);
+    assert_eq!(
+        complete(&format!("{MODEL}:b")).0,
+        200,
+        "the pinned adapter still serves"
+    );
+}

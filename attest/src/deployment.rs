@@ -293,17 +293,22 @@ pub struct Deployment {
     pub control_vectors: Vec<(String, PathBuf)>,
     /// Soft prompts requests may start with (`[model.soft_prompts]`: name = path).
     pub soft_prompts: Vec<(String, PathBuf)>,
+    /// Directories adapters may be loaded from at run time (`[model] adapter_dirs`; none: no
+    /// loading at run time).
+    pub adapter_dirs: Vec<PathBuf>,
 }
 
 impl Deployment {
-    /// Every file loaded beside the model — adapters, control vectors, soft prompts — whose
-    /// paths are read-granted as the model's are.
+    /// Every file loaded beside the model — adapters, control vectors, soft prompts — and the
+    /// directories of adapters loaded at run time, whose paths are read-granted as the model's
+    /// are.
     pub fn model_extras(&self) -> impl Iterator<Item = &Path> {
         self.adapters
             .iter()
             .chain(&self.control_vectors)
             .chain(&self.soft_prompts)
             .map(|(_, p)| p.as_path())
+            .chain(self.adapter_dirs.iter().map(PathBuf::as_path))
     }
 }
 
@@ -319,6 +324,9 @@ pub struct Serving {
     pub step_tokens: Option<u32>,
     /// Other names clients may ask for the model by; `*` accepts any name.
     pub aliases: Vec<String>,
+    /// Bytes the adapters loaded at run time may take (`adapter_budget_mb`; `None`: no
+    /// limit).
+    pub adapter_budget_bytes: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -372,6 +380,9 @@ struct RawModel {
     aliases: Vec<String>,
     #[serde(default)]
     adapters: BTreeMap<String, String>,
+    #[serde(default)]
+    adapter_dirs: Vec<String>,
+    adapter_budget_mb: Option<f64>,
     #[serde(default)]
     control_vectors: BTreeMap<String, String>,
     #[serde(default)]
@@ -451,6 +462,13 @@ impl Deployment {
             plugins,
             serving: match &raw.model {
                 Some(m) => {
+                    if m.adapter_budget_mb
+                        .is_some_and(|mb| !(mb > 0.0 && mb.is_finite()))
+                    {
+                        return Err(invalid(
+                            "model.adapter_budget_mb must be a positive number".into(),
+                        ));
+                    }
                     for (key, v) in [
                         ("max_running", m.max_running),
                         ("max_queued", m.max_queued),
@@ -476,6 +494,7 @@ impl Deployment {
                         max_queued: m.max_queued,
                         step_tokens: m.step_tokens,
                         aliases: m.aliases.clone(),
+                        adapter_budget_bytes: m.adapter_budget_mb.map(|mb| (mb * 1048576.0) as u64),
                     }
                 }
                 None => Serving::default(),
@@ -486,6 +505,11 @@ impl Deployment {
                 "control_vectors",
             )?,
             soft_prompts: named_paths(raw.model.as_ref().map(|m| &m.soft_prompts), "soft_prompts")?,
+            adapter_dirs: raw
+                .model
+                .as_ref()
+                .map(|m| m.adapter_dirs.iter().map(|d| resolve(&dir, d)).collect())
+                .unwrap_or_default(),
             architecture: raw.model.as_ref().and_then(|m| m.architecture.clone()),
             model: raw.model.and_then(|m| m.path).map(|p| resolve(&dir, &p)),
         })

@@ -128,5 +128,6 @@ pub fn deployment(
         adapters: Vec::new(),
         control_vectors: Vec::new(),
         soft_prompts: Vec::new(),
+        adapter_dirs: Vec::new(),
     })
 }

@@ -14,7 +14,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use std::path::{Path, PathBuf};
 use u_attest::{
     Deployment,
-    deployment::{PathGrant, Serving, absolute},
+    deployment::{PathGrant, absolute},
 };
 use u_sdk::{
     ArchitectureBox, BackendBox, BackendInfo, BuildContext, EngineBox, ExtraKind, KvCacheBox,
@@ -220,8 +220,7 @@ pub fn build(
             model_box,
             &config,
             opened.tokenizer.clone(),
-            &deployment.serving,
-            runner_extras(report, deployment)?,
+            deployment,
         )?);
     } else {
         opened.model = Some(model_box);
@@ -378,16 +377,17 @@ fn task_for(kind: ModelKind) -> Option<Task> {
     }
 }
 
-/// Starts the first loaded runner whose signed manifest declares the model's task.
+/// Starts the first loaded runner whose signed manifest declares the model's task, with the
+/// deployment's serving limits, control vectors, soft prompts and adapter directories.
 fn start_runner(
     report: &LoadReport,
     name: &str,
     model: ModelBox,
     config: &ModelConfig,
     tokenizer: Option<TokenizerBox>,
-    serving: &Serving,
-    extras: Vec<RunnerExtra>,
+    deployment: &Deployment,
 ) -> Result<(String, EngineBox)> {
+    let serving = &deployment.serving;
     let task = task_for(config.kind).ok_or_else(|| {
         anyhow!(
             "no runner task serves a {:?} model (`{}`) yet",
@@ -413,9 +413,11 @@ fn start_runner(
             max_running: serving.max_running.unwrap_or(0),
             max_queued: serving.max_queued.unwrap_or(0),
             step_tokens: serving.step_tokens.unwrap_or(0),
+            adapter_bytes: serving.adapter_budget_bytes.unwrap_or(0),
         },
         aliases: serving.aliases.iter().map(|a| a.as_str().into()).collect(),
-        extras: extras.into(),
+        extras: runner_extras(report, deployment)?.into(),
+        adapter_opener: adapter_opener(report, deployment).into(),
     };
     match runner.start(context) {
         RResult::ROk(engine) => Ok((runner_name, engine)),
@@ -427,7 +429,11 @@ fn start_runner(
 /// (`adapter_model.safetensors` and `adapter_config.json`), its safetensors file (the config
 /// beside it, when there is one), or a GGUF file (its metadata is its config), opened by the
 /// deployment's loaders.
-fn open_extra(report: &LoadReport, what: &str, path: &Path) -> Result<(WeightSetBox, String)> {
+fn open_extra(
+    loaders: &[(String, u_sdk::LoaderBox)],
+    what: &str,
+    path: &Path,
+) -> Result<(WeightSetBox, String)> {
     let weights_path = match path.is_dir() {
         true => path.join("adapter_model.safetensors"),
         false => path.to_path_buf(),
@@ -439,9 +445,67 @@ fn open_extra(report: &LoadReport, what: &str, path: &Path) -> Result<(WeightSet
         false => std::fs::read_to_string(&config_path)
             .with_context(|| format!("{what}: {}", config_path.display()))?,
     };
-    let (_, weights) =
-        open_weights(&weights_path, &inspect::loaders(report)).with_context(|| what.to_string())?;
+    let (_, weights) = open_weights(&weights_path, loaders).with_context(|| what.to_string())?;
     Ok((weights, config))
+}
+
+/// Opens adapters for the runner at run time: the deployment's loaders, only under its
+/// `adapter_dirs` (read-granted, so the sandbox lets the loaders read them).
+#[derive(Clone)]
+struct DirOpener {
+    loaders: Vec<(String, u_sdk::LoaderBox)>,
+    dirs: Vec<PathBuf>,
+}
+
+impl u_sdk::AdapterOpener for DirOpener {
+    fn open(
+        &self,
+        path: abi_stable::std_types::RStr<'_>,
+    ) -> RResult<u_sdk::OpenedAdapter, u_sdk::UError> {
+        let path = Path::new(path.as_str());
+        let inside =
+            std::fs::canonicalize(path).is_ok_and(|p| self.dirs.iter().any(|d| p.starts_with(d)));
+        if !inside {
+            return RResult::RErr(u_sdk::UError::new(
+                u_sdk::ErrorKind::PermissionDenied,
+                format!(
+                    "{} is not in a directory the deployment allows adapters from ({})",
+                    path.display(),
+                    self.dirs
+                        .iter()
+                        .map(|d| d.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        match open_extra(&self.loaders, &format!("adapter {}", path.display()), path) {
+            Ok((weights, config)) => RResult::ROk(u_sdk::OpenedAdapter {
+                weights,
+                config: config.into(),
+            }),
+            Err(e) => RResult::RErr(u_sdk::UError::invalid(format!("{e:#}"))),
+        }
+    }
+}
+
+/// The runner's adapter opener, when the deployment allows adapter directories.
+fn adapter_opener(report: &LoadReport, deployment: &Deployment) -> Option<u_sdk::AdapterOpenerBox> {
+    if deployment.adapter_dirs.is_empty() {
+        return None;
+    }
+    let dirs = deployment
+        .adapter_dirs
+        .iter()
+        .map(|d| std::fs::canonicalize(d).unwrap_or_else(|_| d.clone()))
+        .collect();
+    Some(u_sdk::AdapterOpenerBox::from_value(
+        DirOpener {
+            loaders: inspect::loaders(report),
+            dirs,
+        },
+        abi_stable::sabi_trait::TD_Opaque,
+    ))
 }
 
 /// The deployment's control vectors and soft prompts, read for the runner.
@@ -461,7 +525,8 @@ fn runner_extras(report: &LoadReport, deployment: &Deployment) -> Result<Vec<Run
     let mut extras = Vec::new();
     for (kind, list, what) in kinds {
         for (name, path) in list {
-            let (weights, config) = open_extra(report, &format!("{what} `{name}`"), path)?;
+            let (weights, config) =
+                open_extra(&inspect::loaders(report), &format!("{what} `{name}`"), path)?;
             extras.push(RunnerExtra {
                 name: name.as_str().into(),
                 kind,
@@ -477,7 +542,11 @@ fn runner_extras(report: &LoadReport, deployment: &Deployment) -> Result<Vec<Run
 /// takes: a PEFT directory, its safetensors file, a llama.cpp GGUF LoRA).
 fn load_adapter(report: &LoadReport, model: &ModelBox, name: &str, path: &Path) -> Result<()> {
     let start = std::time::Instant::now();
-    let (weights, config) = open_extra(report, &format!("adapter `{name}`"), path)?;
+    let (weights, config) = open_extra(
+        &inspect::loaders(report),
+        &format!("adapter `{name}`"),
+        path,
+    )?;
     let info = model
         .load_adapter(name.into(), weights, config.as_str().into())
         .into_result()

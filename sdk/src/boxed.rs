@@ -308,6 +308,12 @@ impl<T: Engine> Engine for Guarded<T> {
     fn flush_cache(&self, model: RStr<'_>) -> RResult<u64, UError> {
         run("engine.flush_cache", || self.0.flush_cache(model))
     }
+    fn load_adapter(&self, name: RStr<'_>, path: RStr<'_>) -> RResult<AdapterInfo, UError> {
+        run("engine.load_adapter", || self.0.load_adapter(name, path))
+    }
+    fn unload_adapter(&self, name: RStr<'_>) -> RResult<bool, UError> {
+        run("engine.unload_adapter", || self.0.unload_adapter(name))
+    }
 }
 
 impl<T: TokenSink> TokenSink for Guarded<T> {

@@ -3,6 +3,7 @@
 use crate::{
     Error, GenerateOptions, Generator, Limits, Result,
     extras::Extras,
+    ledger::Ledger,
     logprobs::MAX_TOP_LOGPROBS,
     owner::{Owner, Sharing},
     prompt::Prompt,
@@ -13,9 +14,9 @@ use crate::{
 use abi_stable::std_types::{ROption, RResult, RSlice, RStr, RString, RVec};
 use std::{hash::RandomState, sync::Arc};
 use u_sdk::{
-    CheckpointInfo, CheckpointOp, CheckpointRequest, Constraint, Engine, EngineBox, EngineStats,
-    GenerateRequest, GenerateSummary, GeneratedToken, KvCacheBox, SeqId, TokenSinkBox,
-    TokenizeRequest, UError,
+    AdapterInfo, AdapterOpenerBox, CheckpointInfo, CheckpointOp, CheckpointRequest, Constraint,
+    Engine, EngineBox, EngineStats, ErrorKind, GenerateRequest, GenerateSummary, GeneratedToken,
+    KvCacheBox, SeqId, TokenSinkBox, TokenizeRequest, UError,
 };
 
 /// A model served under one name through the ABI's [`Engine`] interface: requests from any
@@ -33,6 +34,11 @@ pub struct EngineHandle {
     adapter_keys: RandomState,
     /// Control vectors and soft prompts, by name.
     extras: Arc<Extras>,
+    /// The adapters held, pinned or loaded at run time, and who uses them.
+    ledger: Arc<Ledger>,
+    /// Opens adapters at run time (when the deployment allows it) and the byte budget of
+    /// those (0: none).
+    adapter_loading: Option<(AdapterOpenerBox, u64)>,
     scheduler: Arc<Scheduler>,
 }
 
@@ -51,6 +57,8 @@ impl EngineHandle {
             sharing: Sharing::default(),
             adapter_keys: RandomState::new(),
             extras: Arc::default(),
+            ledger: Arc::default(),
+            adapter_loading: None,
             scheduler: Arc::new(Scheduler::start(generator, limits)),
         }
     }
@@ -73,6 +81,84 @@ impl EngineHandle {
     pub fn with_aliases(mut self, aliases: Vec<String>) -> Self {
         self.aliases = aliases.into();
         self
+    }
+
+    /// The same engine, loading adapters at run time through `opener` within `budget` bytes
+    /// (0: no limit); the adapters the model holds now are pinned.
+    pub fn with_adapter_loading(mut self, opener: Option<AdapterOpenerBox>, budget: u64) -> Self {
+        if let Ok(held) = self.generator().model().adapters().into_result() {
+            self.ledger
+                .pin(held.into_iter().map(|a| a.name.into_string()));
+        }
+        self.adapter_loading = opener.map(|o| (o, budget));
+        self
+    }
+
+    /// Loads adapter `name` from `path` at run time (see [`Engine::load_adapter`]).
+    fn load_at_run_time(&self, name: &str, path: &str) -> std::result::Result<AdapterInfo, UError> {
+        let Some((opener, budget)) = &self.adapter_loading else {
+            return Err(UError::unsupported(
+                "loading adapters at run time is off: the deployment allows no adapter_dirs",
+            ));
+        };
+        if name.is_empty() || name.contains(':') || self.serves(name) {
+            return Err(UError::invalid(format!(
+                "`{name}` is not a name an adapter can take"
+            )));
+        }
+        if self.ledger.holds(name) {
+            return Err(UError::new(
+                ErrorKind::AlreadyExists,
+                format!("the adapter `{name}` has already been loaded"),
+            ));
+        }
+        let opened = opener.open(path.into()).into_result()?;
+        let model = self.generator().model();
+        let info = model
+            .load_adapter(name.into(), opened.weights, opened.config.as_str().into())
+            .into_result()?;
+        match self.ledger.add(name, info.bytes, *budget) {
+            Ok(evicted) => {
+                for old in evicted {
+                    model.unload_adapter(old.as_str().into()).into_result()?;
+                }
+                Ok(info)
+            }
+            Err(short) => {
+                model.unload_adapter(name.into()).into_result()?;
+                Err(UError::new(
+                    ErrorKind::ResourceExhausted,
+                    format!(
+                        "adapter `{name}` ({} bytes) does not fit in the adapter budget of {budget} bytes: \
+                         {short} bytes more are held by adapters in use",
+                        info.bytes
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// Unloads run-time adapter `name` (see [`Engine::unload_adapter`]).
+    fn unload_at_run_time(&self, name: &str) -> std::result::Result<bool, UError> {
+        if self.ledger.is_pinned(name) {
+            return Err(UError::invalid(format!(
+                "the adapter `{name}` is the deployment's ([model.adapters]); it stays loaded"
+            )));
+        }
+        if !self.ledger.holds(name) {
+            return Ok(false);
+        }
+        if self.ledger.users(name) > 0 {
+            return Err(UError::new(
+                ErrorKind::Busy,
+                format!("requests are running under the adapter `{name}`; retry when they end"),
+            ));
+        }
+        self.ledger.remove(name);
+        self.generator()
+            .model()
+            .unload_adapter(name.into())
+            .into_result()
     }
 
     /// The limits in force.
@@ -467,6 +553,8 @@ impl Engine for EngineHandle {
                 ROption::RNone => None,
             };
             let adapters = self.adapters_of(request)?;
+            let names: Vec<String> = adapters.iter().map(|(n, _)| n.clone()).collect();
+            let _using = self.ledger.using(&names);
             let steer = self.extras.steer(&request.control_vectors)?;
             let soft_prompt = self.extras.soft_prompt(&request.soft_prompt)?;
             // KV computed under adapters or control vectors is found only by requests under
@@ -684,5 +772,13 @@ impl Engine for EngineHandle {
             Ok(self.embed_ids(tokens.as_slice())?)
         })()
         .into()
+    }
+
+    fn load_adapter(&self, name: RStr<'_>, path: RStr<'_>) -> RResult<AdapterInfo, UError> {
+        self.load_at_run_time(name.as_str(), path.as_str()).into()
+    }
+
+    fn unload_adapter(&self, name: RStr<'_>) -> RResult<bool, UError> {
+        self.unload_at_run_time(name.as_str()).into()
     }
 }

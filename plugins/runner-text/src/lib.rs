@@ -34,6 +34,7 @@ mod constraint;
 pub mod extras;
 mod generator;
 mod handle;
+mod ledger;
 mod logprobs;
 pub mod owner;
 mod prompt;

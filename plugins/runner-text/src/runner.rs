@@ -33,6 +33,10 @@ impl Runner for TextRunner {
                     .with_aliases(aliases)
                     .with_sharing(self.sharing.clone())
                     .with_extras(extras)?
+                    .with_adapter_loading(
+                        context.adapter_opener.into_option(),
+                        context.limits.adapter_bytes,
+                    )
                     .into_box(),
             )
         })()

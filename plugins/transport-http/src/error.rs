@@ -86,6 +86,8 @@ impl ApiError {
         let (status, kind) = match e.kind {
             ErrorKind::NotFound => (404, "invalid_request_error"),
             ErrorKind::AlreadyExists => (409, "invalid_request_error"),
+            // What the deployment does not allow (an adapter outside its directories).
+            ErrorKind::PermissionDenied => (403, "permission_error"),
             ErrorKind::InvalidInput | ErrorKind::Unsupported | ErrorKind::ResourceExhausted => {
                 (400, "invalid_request_error")
             }

@@ -368,6 +368,8 @@ enum Route {
     SglGenerate,
     SglModelInfo,
     SglFlushCache,
+    LoadAdapter,
+    UnloadAdapter,
     Unknown,
 }
 
@@ -392,6 +394,8 @@ impl Route {
             "/generate" => Route::SglGenerate,
             "/get_model_info" => Route::SglModelInfo,
             "/flush_cache" => Route::SglFlushCache,
+            "/v1/load_lora_adapter" => Route::LoadAdapter,
+            "/v1/unload_lora_adapter" => Route::UnloadAdapter,
             p if p.starts_with("/v1/models/") => Route::Model,
             p if p.starts_with("/v1/messages/") => Route::MessagesOther,
             p if p.starts_with("/v1/checkpoints/") => Route::Checkpoint,
@@ -423,6 +427,8 @@ impl Route {
             Route::SglGenerate => "/generate",
             Route::SglModelInfo => "/get_model_info",
             Route::SglFlushCache => "/flush_cache",
+            Route::LoadAdapter => "/v1/load_lora_adapter",
+            Route::UnloadAdapter => "/v1/unload_lora_adapter",
             Route::Unknown => "other",
         }
     }
@@ -721,6 +727,59 @@ async fn dispatch(
                 }
             }
             let text = format!("Cache flushed ({flushed} cached prefixes dropped).\n");
+            let mut r = Response::new(Full::new(Bytes::from(text)).boxed());
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; charset=utf-8"),
+            );
+            Ok(r.into())
+        }
+        Route::LoadAdapter | Route::UnloadAdapter => {
+            // vLLM's runtime adapter endpoints; with admin clients configured, theirs alone.
+            if !state.admins.is_empty() && !admin {
+                return Err(ApiError::status(
+                    403,
+                    "permission_error",
+                    "loading and unloading adapters is for the admin clients (admin_clients)",
+                ));
+            }
+            let o = crate::json::object(&body)?;
+            let name = crate::json::required_string(&o, "lora_name")?;
+            let text = if route == Route::LoadAdapter {
+                let path = crate::json::required_string(&o, "lora_path")?;
+                let engine = state.engine.clone();
+                let (n, p) = (name.clone(), path.clone());
+                tokio::task::spawn_blocking(move || {
+                    engine
+                        .load_adapter(n.as_str().into(), p.as_str().into())
+                        .into_result()
+                })
+                .await
+                .map_err(|e| ApiError::status(500, "api_error", e.to_string()))?
+                .map_err(|e| match e.kind {
+                    u_sdk::ErrorKind::AlreadyExists => {
+                        ApiError::status(400, "invalid_request_error", e.message)
+                    }
+                    _ => engine_error(e),
+                })?;
+                format!("Success: LoRA adapter '{name}' added successfully.")
+            } else {
+                match state
+                    .engine
+                    .unload_adapter(name.as_str().into())
+                    .into_result()
+                {
+                    Ok(true) => format!("Success: LoRA adapter '{name}' removed successfully."),
+                    Ok(false) => {
+                        return Err(ApiError::status(
+                            404,
+                            "not_found_error",
+                            format!("The lora adapter '{name}' cannot be found."),
+                        ));
+                    }
+                    Err(e) => return Err(engine_error(e)),
+                }
+            };
             let mut r = Response::new(Full::new(Bytes::from(text)).boxed());
             r.headers_mut().insert(
                 header::CONTENT_TYPE,

@@ -10,7 +10,7 @@ use crate::abi::{
 };
 use abi_stable::{
     StableAbi, sabi_trait,
-    std_types::{RBox, ROption, RResult, RString, RVec},
+    std_types::{RBox, ROption, RResult, RStr, RString, RVec},
 };
 
 /// How much work a runner takes on at once; 0 leaves a field to the runner's default.
@@ -23,6 +23,9 @@ pub struct ServingLimits {
     pub max_queued: u32,
     /// Tokens per forward pass (decodes first, the rest to prefill).
     pub step_tokens: u32,
+    /// Bytes the low-rank adapters loaded at run time may take beside those the deployment
+    /// loads (0: no limit); the least recently used one not in use makes room.
+    pub adapter_bytes: u64,
 }
 
 /// What a runner starts an engine from.
@@ -43,7 +46,31 @@ pub struct RunnerContext {
     /// What the deployment loads beside the model for requests to ask for by name (control
     /// vectors, soft prompts).
     pub extras: RVec<RunnerExtra>,
+    /// Opens adapters at run time, when the deployment allows directories of them.
+    pub adapter_opener: ROption<AdapterOpenerBox>,
 }
+
+/// An adapter's files as a loader read them.
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct OpenedAdapter {
+    /// Its tensors and metadata.
+    pub weights: WeightSetBox,
+    /// The text of its `adapter_config.json` (empty for GGUF).
+    pub config: RString,
+}
+
+/// Opens adapter files for a runner, on the host's side: the deployment's loaders, within the
+/// directories it allows.
+#[sabi_trait]
+pub trait AdapterOpener: Send + Sync + Clone {
+    /// Opens the adapter at `path` (a PEFT directory, its safetensors file, a llama.cpp GGUF
+    /// LoRA); a path outside the allowed directories is refused.
+    fn open(&self, path: RStr<'_>) -> RResult<OpenedAdapter, UError>;
+}
+
+/// An owned adapter opener.
+pub type AdapterOpenerBox = AdapterOpener_TO<'static, RBox<()>>;
 
 /// What a [`RunnerExtra`] is.
 #[repr(u8)]

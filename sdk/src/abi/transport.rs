@@ -4,7 +4,7 @@
 //! (`net.listen`) before the process is locked down, and passes their file descriptors in the
 //! [`TransportContext`].
 
-use crate::abi::error::UError;
+use crate::abi::{error::UError, model::AdapterInfo};
 use abi_stable::{
     StableAbi, sabi_trait,
     std_types::{RBox, ROption, RResult, RSlice, RStr, RString, RVec},
@@ -442,6 +442,25 @@ pub trait Engine: Send + Sync + Clone {
 
     /// As [`Engine::embed`], from token ids used as they are.
     fn embed_tokens(&self, model: RStr<'_>, tokens: RSlice<'_, u32>) -> RResult<RVec<f32>, UError>;
+
+    /// Loads low-rank adapter `name` at run time from `path` (vLLM's `POST
+    /// /v1/load_lora_adapter`), which must lie in a directory the deployment allows; within the
+    /// deployment's adapter byte budget, the least recently used adapter loaded this way makes
+    /// room. Engines without adapters keep this default.
+    fn load_adapter(&self, name: RStr<'_>, path: RStr<'_>) -> RResult<AdapterInfo, UError> {
+        let _ = path;
+        RResult::RErr(UError::unsupported(format!(
+            "this engine loads no adapters at run time (asked to load `{name}`)"
+        )))
+    }
+
+    /// Forgets an adapter loaded at run time; `false` if there was none of that name. Refused
+    /// ([`Busy`](crate::abi::error::ErrorKind::Busy)) while requests run under it, and for the
+    /// deployment's own adapters.
+    fn unload_adapter(&self, name: RStr<'_>) -> RResult<bool, UError> {
+        let _ = name;
+        RResult::ROk(false)
+    }
 }
 
 /// Tells a transport when the host wants it to stop.
