@@ -558,8 +558,11 @@ impl Engine for EngineHandle {
             let steer = self.extras.steer(&request.control_vectors)?;
             let soft_prompt = self.extras.soft_prompt(&request.soft_prompt)?;
             // KV computed under adapters or control vectors is found only by requests under
-            // the same ones.
-            let mut keyed = adapters.clone();
+            // the same ones — the same loading of each adapter, should a name be reloaded.
+            let mut keyed: Vec<(String, f32)> = adapters
+                .iter()
+                .map(|(n, s)| (format!("{n}\0{}", self.ledger.generation(n)), *s))
+                .collect();
             keyed.extend(
                 request
                     .control_vectors

@@ -13,6 +13,8 @@ use std::{
 struct Loaded {
     bytes: u64,
     last_used: Instant,
+    /// Which load of the engine it was: another load under the same name has another.
+    generation: u64,
 }
 
 #[derive(Default)]
@@ -20,6 +22,8 @@ struct State {
     pinned: HashSet<String>,
     loaded: HashMap<String, Loaded>,
     in_use: HashMap<String, usize>,
+    /// Loads so far; each run-time adapter's is its generation.
+    loads: u64,
 }
 
 /// The engine's adapter book-keeping.
@@ -92,11 +96,14 @@ impl Ledger {
     /// limit); `Err` with the bytes still needed when the unused ones are not enough.
     pub(crate) fn add(&self, name: &str, bytes: u64, budget: u64) -> Result<Vec<String>, u64> {
         let mut s = self.lock();
+        s.loads += 1;
+        let generation = s.loads;
         s.loaded.insert(
             name.to_string(),
             Loaded {
                 bytes,
                 last_used: Instant::now(),
+                generation,
             },
         );
         let total: u64 = s.loaded.values().map(|l| l.bytes).sum();
@@ -128,6 +135,12 @@ impl Ledger {
         Ok(evict)
     }
 
+    /// Which load `name` is (0 for the deployment's adapters): part of the prefix-cache key,
+    /// so that KV computed under an unloaded adapter is never found under a new one of its name.
+    pub(crate) fn generation(&self, name: &str) -> u64 {
+        self.lock().loaded.get(name).map_or(0, |l| l.generation)
+    }
+
     /// Forgets run-time adapter `name`; whether it was one.
     pub(crate) fn remove(&self, name: &str) -> bool {
         self.lock().loaded.remove(name).is_some()
@@ -153,5 +166,11 @@ mod tests {
         assert_eq!(l.add("d", 40, 100), Err(20));
         assert!(l.holds("a") && l.holds("c") && !l.holds("d") && l.holds("base"));
         assert_eq!(l.users("a"), 1);
+        // A name loaded again is another generation.
+        let first = l.generation("c");
+        drop(_busy);
+        assert!(l.remove("c"));
+        assert_eq!(l.add("c", 10, 100), Ok(vec![]));
+        assert!(l.generation("c") > first && l.generation("base") == 0);
     }
 }
