@@ -424,6 +424,20 @@ impl Tensor {
         self.device.run(Op::ScatterAdd, &[rows, ids, weights], self)
     }
 
+    /// `selfᵀ` (2-D `F32`).
+    pub fn transpose(&self) -> Result<Tensor> {
+        let d = self.dims();
+        if d.len() != 2 {
+            return Err(UError::invalid(format!(
+                "transpose of a {}-D tensor",
+                d.len()
+            )));
+        }
+        let out = self.device.alloc(DType::F32, &[d[1], d[0]])?;
+        self.device.run(Op::Transpose, &[self], &out)?;
+        Ok(out)
+    }
+
     /// `self[i] += Σ sₑ·Bᵀ[c..c+r]ᵀ·(A[c..c+r]·x[i])` over row `i`'s entries of `table`, in
     /// place: adapters' low-rank deltas (see [`Op::LowRank`]).
     pub fn low_rank_assign(

@@ -405,6 +405,27 @@ impl CpuBackend {
                 let row = rows.desc.shape.row_len() as usize;
                 routing::scatter_add(rows.f32()?, ids.i32()?, w.f32()?, row, dst.f32_mut()?)
             }
+            Op::Transpose => {
+                need(1)?;
+                let x = Region::of(srcs[0])?;
+                dst.apart(&[&x])?;
+                let (rows, cols) = match x.desc.shape.dims() {
+                    &[r, c] if dst.desc.shape.dims() == [c, r] => (r as usize, c as usize),
+                    d => {
+                        return Err(UError::invalid(format!(
+                            "kernels-cpu transpose: {d:?} into {:?}",
+                            dst.desc.shape.dims()
+                        )));
+                    }
+                };
+                let (src, out) = (x.f32()?, dst.f32_mut()?);
+                for (i, row) in src.chunks_exact(cols).enumerate().take(rows) {
+                    for (j, &v) in row.iter().enumerate() {
+                        out[j * rows + i] = v;
+                    }
+                }
+                Ok(())
+            }
             Op::LowRank => {
                 need(4)?;
                 let (x, a, bt, table) = (

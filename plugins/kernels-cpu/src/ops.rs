@@ -244,6 +244,10 @@ macro_rules! with_activation {
                 let $f = f32::tanh;
                 $body
             }
+            u_sdk::Activation::Step => {
+                let $f = |v: f32| if v > 0.0 { 1.0 } else { 0.0 };
+                $body
+            }
         }
     };
 }

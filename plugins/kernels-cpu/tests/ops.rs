@@ -140,6 +140,7 @@ fn activations_and_softmax() {
         Activation::Sigmoid,
         Activation::Relu,
         Activation::Tanh,
+        Activation::Step,
     ] {
         let mut y = x.clone();
         kern.activation(&mut y, act).expect("act");
@@ -162,6 +163,7 @@ fn activations_and_softmax() {
                     Activation::Sigmoid => 1.0 / (1.0 + (-v).exp()),
                     Activation::Relu => v.max(0.0),
                     Activation::Tanh => v.tanh(),
+                    Activation::Step => f64::from(u8::from(v > 0.0)),
                 }
             })
             .collect();

@@ -172,6 +172,8 @@ pub enum Activation {
     Relu,
     /// `tanh(x)`.
     Tanh,
+    /// `1` where `x > 0`, else `0`: the derivative of [`Activation::Relu`] (backward passes).
+    Step,
 }
 
 /// How rotary embeddings pair dimensions.
@@ -301,6 +303,9 @@ pub enum Op<'a> {
     /// The `k` largest values of each row of `src0`: `dst` `[rows, k]` `I32` indices, largest
     /// first, ties to the lower index (as `torch.topk`).
     TopK(u32),
+    /// `dst[j, i] = src0[i, j]`: a 2-D `F32` tensor transposed (backward passes: `dx = dy·W`,
+    /// `dW = dyᵀ·x` through [`Op::MatMul`]).
+    Transpose,
     /// Low-rank adapter deltas, row by row, added to `dst` `[rows, out]` in place:
     /// `dst[i] += Σₑ sₑ · Bᵀ[c..c+r]ᵀ · (A[c..c+r] · src0[i])` over row `i`'s entries `e` of
     /// `src3` (`F32` `[rows, 3·k]`: first column `c`, rank `r` (0: unused entry), scale `s`),
@@ -372,6 +377,8 @@ pub enum OpKind {
     ScatterAdd,
     /// [`Op::TopK`].
     TopK,
+    /// [`Op::Transpose`].
+    Transpose,
     /// [`Op::LowRank`].
     LowRank,
     /// [`Op::Conv1d`].
@@ -405,6 +412,7 @@ impl Op<'_> {
             Op::GetRows => OpKind::GetRows,
             Op::ScatterAdd => OpKind::ScatterAdd,
             Op::TopK(_) => OpKind::TopK,
+            Op::Transpose => OpKind::Transpose,
             Op::LowRank => OpKind::LowRank,
             Op::Conv1d { .. } => OpKind::Conv1d,
             Op::Conv2d { .. } => OpKind::Conv2d,
