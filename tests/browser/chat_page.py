@@ -21,21 +21,33 @@ def answer_of(page, n):
     return turns.nth(n).inner_text() if turns.count() > n else ""
 
 
+# Every distinct text each assistant turn shows, recorded in the page as the DOM changes (so a
+# busy machine polling slowly still sees each streamed step).
+RECORD = """() => {
+  window.__seen = [];
+  new MutationObserver(() => {
+    document.querySelectorAll('.turn.assistant .text').forEach((el, i) => {
+      const seen = (window.__seen[i] = window.__seen[i] || []);
+      const t = el.innerText;
+      if (t && seen[seen.length - 1] !== t) seen.push(t);
+    });
+  }).observe(document.body, {subtree: true, childList: true, characterData: true});
+}"""
+
+
 def wait_done(page, n, timeout=120):
-    """Waits for the n-th assistant turn to finish; returns every distinct partial text seen."""
-    seen = []
+    """Waits for the n-th assistant turn to finish; returns every distinct partial text it
+    showed, as the page recorded them."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        text = answer_of(page, n)
-        if text and (not seen or seen[-1] != text):
-            seen.append(text)
         if page.locator(".turn.assistant.done").count() > n:
+            seen = page.evaluate("(n) => window.__seen[n] || []", n)
             final = answer_of(page, n)
             if not seen or seen[-1] != final:
                 seen.append(final)
             return seen
         time.sleep(0.01)
-    raise TimeoutError(f"turn {n} did not finish; seen {seen!r}")
+    raise TimeoutError(f"turn {n} did not finish")
 
 
 with sync_playwright() as p:
@@ -45,6 +57,7 @@ with sync_playwright() as p:
     page.on("pageerror", lambda e: errors.append(str(e)))
     response = page.goto(os.environ["U_URL"])
     page.wait_for_function("document.querySelector('#model').options.length > 0")
+    page.evaluate(RECORD)
     model = page.input_value("#model")
     page.fill("#system", "You are a helpful assistant. Answer briefly.")
     page.fill("#max_tokens", "48")
