@@ -167,10 +167,14 @@ pub fn max_tokens(o: &Obj, keys: &[&str], default: Option<u32>) -> Result<u32, A
     default.ok_or_else(|| ApiError::param(keys[0], format!("you must provide `{}`", keys[0])))
 }
 
-/// llama.cpp's per-request `lora`: `[{"id": 0 | "name", "scale": 1.0}]`, the adapters a request
-/// runs under. A string id is the adapter's name; an integer id `N` is sent on as `#N`, the
-/// `N`-th adapter the engine lists (by name).
-pub fn adapters(o: &Obj, key: &str) -> Result<Vec<u_sdk::AdapterUse>, ApiError> {
+/// An optional array `key` of objects of `shape` (e.g. `{"id", "scale"}`), each read by
+/// `each`, which is given the object and a maker of errors naming `key[i]`.
+fn objects<T>(
+    o: &Obj,
+    key: &str,
+    shape: &str,
+    each: impl Fn(&Obj, &dyn Fn(&str) -> ApiError) -> Result<T, ApiError>,
+) -> Result<Vec<T>, ApiError> {
     let list = match o.get(key) {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(Value::Array(list)) => list,
@@ -178,7 +182,7 @@ pub fn adapters(o: &Obj, key: &str) -> Result<Vec<u_sdk::AdapterUse>, ApiError> 
             return Err(ApiError::param(
                 key,
                 format!(
-                    "`{key}` must be an array of {{\"id\", \"scale\"}}, got {}",
+                    "`{key}` must be an array of {shape}, got {}",
                     type_name(other)
                 ),
             ));
@@ -189,87 +193,74 @@ pub fn adapters(o: &Obj, key: &str) -> Result<Vec<u_sdk::AdapterUse>, ApiError> 
         .map(|(i, entry)| {
             let at = format!("{key}[{i}]");
             let bad = |why: &str| ApiError::param(&at, format!("`{at}` {why}"));
-            let Value::Object(e) = entry else {
-                return Err(bad("must be an object {\"id\", \"scale\"}"));
-            };
-            let name = match e.get("id") {
-                Some(Value::String(s)) if !s.is_empty() => s.clone(),
-                Some(Value::Number(n)) if n.as_u64().is_some() => format!("#{n}"),
-                _ => return Err(bad("needs an `id`: the adapter's name or index")),
-            };
-            let scale = match e.get("scale") {
-                None | Some(Value::Null) => 1.0,
-                Some(v) => match v.as_f64() {
-                    Some(s) if s.is_finite() && s.abs() <= 1e3 => s as f32,
-                    _ => return Err(bad("has a `scale` that is not a number within ±1000")),
-                },
-            };
-            Ok(u_sdk::AdapterUse {
-                name: name.into(),
-                scale,
-            })
+            match entry {
+                Value::Object(e) => each(e, &bad),
+                _ => Err(bad(&format!("must be an object {shape}"))),
+            }
         })
         .collect()
+}
+
+/// Multiplier `key` of an entry: 1 when absent, else a finite number within ±1000.
+fn multiplier(e: &Obj, key: &str, bad: &dyn Fn(&str) -> ApiError) -> Result<f32, ApiError> {
+    match e.get(key) {
+        None | Some(Value::Null) => Ok(1.0),
+        Some(v) => match v.as_f64() {
+            Some(s) if s.is_finite() && s.abs() <= 1e3 => Ok(s as f32),
+            _ => Err(bad(&format!(
+                "has a `{key}` that is not a number within ±1000"
+            ))),
+        },
+    }
+}
+
+/// llama.cpp's per-request `lora`: `[{"id": 0 | "name", "scale": 1.0}]`, the adapters a request
+/// runs under. A string id is the adapter's name; an integer id `N` is sent on as `#N`, the
+/// `N`-th adapter the engine lists (by name).
+pub fn adapters(o: &Obj, key: &str) -> Result<Vec<u_sdk::AdapterUse>, ApiError> {
+    objects(o, key, r#"{"id", "scale"}"#, |e, bad| {
+        let name = match e.get("id") {
+            Some(Value::String(s)) if !s.is_empty() => s.clone(),
+            Some(Value::Number(n)) if n.as_u64().is_some() => format!("#{n}"),
+            _ => return Err(bad("needs an `id`: the adapter's name or index")),
+        };
+        Ok(u_sdk::AdapterUse {
+            name: name.into(),
+            scale: multiplier(e, "scale", bad)?,
+        })
+    })
 }
 
 /// `control_vectors`: `[{"name", "strength", "layers": [first, last]}]`, the control vectors a
 /// request runs under (strength 1 and every block unless given).
 pub fn control_vectors(o: &Obj, key: &str) -> Result<Vec<u_sdk::ControlUse>, ApiError> {
-    let list = match o.get(key) {
-        None | Some(Value::Null) => return Ok(Vec::new()),
-        Some(Value::Array(list)) => list,
-        Some(other) => {
-            return Err(ApiError::param(
-                key,
-                format!(
-                    "`{key}` must be an array of {{\"name\", \"strength\", \"layers\"}}, got {}",
-                    type_name(other)
-                ),
-            ));
-        }
-    };
-    list.iter()
-        .enumerate()
-        .map(|(i, entry)| {
-            let at = format!("{key}[{i}]");
-            let bad = |why: &str| ApiError::param(&at, format!("`{at}` {why}"));
-            let Value::Object(e) = entry else {
-                return Err(bad(
-                    "must be an object {\"name\", \"strength\", \"layers\"}",
-                ));
-            };
-            let name = match e.get("name") {
-                Some(Value::String(s)) if !s.is_empty() => s.clone(),
-                _ => return Err(bad("needs a `name`")),
-            };
-            let strength = match e.get("strength") {
-                None | Some(Value::Null) => 1.0,
-                Some(v) => match v.as_f64() {
-                    Some(s) if s.is_finite() && s.abs() <= 1e3 => s as f32,
-                    _ => return Err(bad("has a `strength` that is not a number within ±1000")),
-                },
-            };
-            let (first_layer, last_layer) = match e.get("layers") {
-                None | Some(Value::Null) => (0, u32::MAX),
-                Some(Value::Array(r)) => match (
-                    r.first().and_then(Value::as_u64),
-                    r.get(1).and_then(Value::as_u64),
-                ) {
-                    (Some(a), Some(b)) if r.len() == 2 && a <= b && b < u64::from(u32::MAX) => {
-                        (a as u32, b as u32)
-                    }
-                    _ => return Err(bad("has `layers` that are not [first, last] block numbers")),
-                },
-                Some(_) => {
-                    return Err(bad("has `layers` that are not [first, last] block numbers"));
+    objects(o, key, r#"{"name", "strength", "layers"}"#, |e, bad| {
+        let name = match e.get("name") {
+            Some(Value::String(s)) if !s.is_empty() => s.clone(),
+            _ => return Err(bad("needs a `name`")),
+        };
+        let strength = multiplier(e, "strength", bad)?;
+        let layers = match e.get("layers") {
+            None | Some(Value::Null) => Some((0, u32::MAX)),
+            Some(Value::Array(r)) => match (
+                r.first().and_then(Value::as_u64),
+                r.get(1).and_then(Value::as_u64),
+            ) {
+                (Some(a), Some(b)) if r.len() == 2 && a <= b && b < u64::from(u32::MAX) => {
+                    Some((a as u32, b as u32))
                 }
-            };
-            Ok(u_sdk::ControlUse {
-                name: name.into(),
-                strength,
-                first_layer,
-                last_layer,
-            })
+                _ => None,
+            },
+            Some(_) => None,
+        };
+        let Some((first_layer, last_layer)) = layers else {
+            return Err(bad("has `layers` that are not [first, last] block numbers"));
+        };
+        Ok(u_sdk::ControlUse {
+            name: name.into(),
+            strength,
+            first_layer,
+            last_layer,
         })
-        .collect()
+    })
 }
