@@ -13,7 +13,7 @@
 
 use crate::abi::{
     backend::*, cache::*, error::UError, loader::*, model::*, runner::*, tensor::*, tokenizer::*,
-    transport::*,
+    train::*, transport::*,
 };
 use crate::guard::panic_error;
 use abi_stable::{
@@ -163,6 +163,33 @@ impl<T: Model> Model for Guarded<T> {
     }
     fn adapters(&self) -> RResult<RVec<AdapterInfo>, UError> {
         run("model.adapters", || self.0.adapters())
+    }
+    fn trainer(&self, spec: TrainSpec) -> RResult<TrainerBox, UError> {
+        run("model.trainer", || self.0.trainer(spec))
+    }
+}
+
+impl<T: Trainer> Trainer for Guarded<T> {
+    fn accumulate(&mut self, tokens: RSlice<'_, u32>) -> RResult<f32, UError> {
+        run("trainer.accumulate", || self.0.accumulate(tokens))
+    }
+    fn loss(&self, tokens: RSlice<'_, u32>) -> RResult<f32, UError> {
+        run("trainer.loss", || self.0.loss(tokens))
+    }
+    fn step(&mut self, learning_rate: f32) -> RResult<f32, UError> {
+        run("trainer.step", || self.0.step(learning_rate))
+    }
+    fn gradients(&self) -> RResult<RVec<NamedValues>, UError> {
+        run("trainer.gradients", || self.0.gradients())
+    }
+    fn state(&self) -> RResult<RVec<NamedValues>, UError> {
+        run("trainer.state", || self.0.state())
+    }
+    fn restore(&mut self, state: RVec<NamedValues>) -> RResult<(), UError> {
+        run("trainer.restore", || self.0.restore(state))
+    }
+    fn export(&self) -> RResult<Trained, UError> {
+        run("trainer.export", || self.0.export())
     }
 }
 
@@ -367,6 +394,10 @@ guarded_box!(
 guarded_box!(
     /// A model, panic-guarded.
     ModelBox = Model_TO<RBox>: Model
+);
+guarded_box!(
+    /// A trainer, panic-guarded.
+    TrainerBox = Trainer_TO<RBox>: Trainer
 );
 guarded_box!(
     /// A tokenizer factory, panic-guarded.

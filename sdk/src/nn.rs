@@ -360,6 +360,17 @@ impl Tensor {
         self.binary(Op::RmsNorm(eps), weight)
     }
 
+    /// The gradient of [`Tensor::rms_norm`] with respect to `self` (its input), given the
+    /// output's gradient `dy`.
+    pub fn rms_norm_backward(&self, weight: &Tensor, dy: &Tensor, eps: f32) -> Result<Tensor> {
+        self.device.compute(
+            Op::RmsNormBackward(eps),
+            &[self, weight, dy],
+            DType::F32,
+            self.dims(),
+        )
+    }
+
     /// Row-wise layer normalisation with scale `weight` and shift `bias`.
     pub fn layer_norm(&self, weight: &Tensor, bias: &Tensor, eps: f32) -> Result<Tensor> {
         self.device.compute(
@@ -407,6 +418,12 @@ impl Tensor {
     /// Row-wise softmax, in place.
     pub fn softmax_assign(&self) -> Result<()> {
         self.device.run(Op::Softmax, &[self], self)
+    }
+
+    /// The gradient of a row-wise softmax with respect to its input, from its output `self`
+    /// and the output's gradient `dy`.
+    pub fn softmax_backward(&self, dy: &Tensor) -> Result<Tensor> {
+        self.binary(Op::SoftmaxBackward, dy)
     }
 
     /// Rows `ids` (`I32`) of this table, dequantized to `F32`: `[ids, row_len]`.

@@ -14,15 +14,27 @@
 //! | `y = σ(x)` | `dx = dy ⊙ (y − y²)` |
 //! | cross-entropy of `softmax(z)` with class targets, mean over rows | `dz = (softmax(z) − onehot) / n` |
 //! | mean squared error against targets | `dy = 2·(y − t) / N` |
+//! | `y = x·Wᵀ`, `W` frozen ([`Frozen`]) | `dx = dy·W` (from `Wᵀ`, kept) |
+//! | `y = a + b`, `y = a ⊙ b`, `y = c·x` | `da = dy`, `db = dy`; `da = dy ⊙ b`, `db = dy ⊙ a`; `dx = c·dy` |
+//! | `y = silu(x) = x·σ(x)` | `dx = dy ⊙ (σ + (x − x·σ)·σ)` |
+//! | `y = rms_norm(x)·w`, `w` frozen | [`Op::RmsNormBackward`](u_sdk::Op::RmsNormBackward) |
+//! | `y = rope(x, p)` (a rotation scaled by the YaRN factor) | `dx = rope(dy, −p)` (its transpose) |
+//! | causal attention `softmax(s·QKᵀ + M)·V`, grouped KV heads | see [`attention`] |
+//! | rows of `a` then rows of `b` | each its rows of `dy` |
+//! | some rows of `x` | `dy` in those rows, zeros elsewhere |
+//!
+//! Values that take no gradient (frozen weights, token embeddings) are [`Graph::constant`]s:
+//! the backward pass computes gradients only toward leaves made with [`Graph::leaf`].
 //!
 //! [`optim`] holds SGD (with momentum), Adam and AdamW (decoupled weight decay), as PyTorch
 //! defines them, and clipping by the global gradient norm.
 
+pub mod attention;
 pub mod optim;
 
 use std::cell::RefCell;
 use u_sdk::{
-    Activation, Result, UError,
+    Activation, DType, Result, RopeParams, UError,
     nn::{Device, Tensor},
 };
 
@@ -32,10 +44,40 @@ pub struct Var(usize);
 
 /// How a node's inputs get their gradients from its output's.
 enum Backward {
-    /// A leaf: a parameter or an input.
+    /// A leaf: a parameter, an input or a constant.
     Leaf,
     /// `y = x·Wᵀ`.
     MatMulT { x: Var, w: Var },
+    /// `y = x·Wᵀ` with `W` frozen; `wt` is `Wᵀ`.
+    Frozen { x: Var, wt: Tensor },
+    /// `y = a + b`.
+    Add { a: Var, b: Var },
+    /// `y = a ⊙ b`.
+    Mul { a: Var, b: Var },
+    /// `y = factor · x`.
+    Scale { x: Var, factor: f32 },
+    /// `y = x·σ(x)`.
+    Silu { x: Var },
+    /// `y = rms_norm(x)·weight`.
+    RmsNorm { x: Var, weight: Tensor, eps: f32 },
+    /// `y = rope(x, positions)`; `back` holds the negated positions.
+    Rope {
+        x: Var,
+        back: Tensor,
+        params: RopeParams,
+    },
+    /// Causal attention; `probs` are each head's attention weights.
+    Attention {
+        q: Var,
+        k: Var,
+        v: Var,
+        probs: Vec<Tensor>,
+        shape: attention::Shape,
+    },
+    /// `y` = rows of `a`, then rows of `b`.
+    Concat { a: Var, b: Var },
+    /// `y` = rows `start..` of `x` (as many as `y` has).
+    Rows { x: Var, start: usize },
     /// `y = x + b`, `b` one row.
     AddRow { x: Var, b: Var },
     /// `y = relu(x)`.
@@ -49,7 +91,36 @@ enum Backward {
 struct Node {
     value: Tensor,
     backward: Backward,
+    /// Whether a [`Graph::leaf`] depends on it (only those nodes get gradients).
+    needs_grad: bool,
     grad: Option<Tensor>,
+}
+
+/// A frozen weight `W` `[out, in]` (any dtype) with `Wᵀ` in `F32`, which the backward pass
+/// of `x·Wᵀ` needs (`dx = dy·W`).
+pub struct Frozen {
+    /// `W`, as the model holds it.
+    pub weight: Tensor,
+    /// `Wᵀ` `[in, out]`, dequantized.
+    pub transposed: Tensor,
+}
+
+impl Frozen {
+    /// `weight` and its transpose (dequantizing a block-quantized weight).
+    pub fn new(weight: &Tensor) -> Result<Frozen> {
+        let dev = weight.device();
+        let rows = weight.rows();
+        let ids: Vec<i32> = (0..rows as i32).collect();
+        let ids = dev.from_i32(&ids, &[rows as u64])?;
+        let dense = match weight.dtype() {
+            DType::F32 => weight.clone(),
+            _ => weight.get_rows(&ids)?,
+        };
+        Ok(Frozen {
+            weight: weight.clone(),
+            transposed: dense.transpose()?,
+        })
+    }
 }
 
 /// A tape of operations on one device, from leaves to a loss.
@@ -73,18 +144,45 @@ impl Graph {
     }
 
     fn push(&self, value: Tensor, backward: Backward) -> Var {
+        let inputs: Vec<Var> = match &backward {
+            Backward::Leaf => Vec::new(),
+            Backward::MatMulT { x, w } => vec![*x, *w],
+            Backward::Frozen { x, .. }
+            | Backward::Scale { x, .. }
+            | Backward::Silu { x }
+            | Backward::RmsNorm { x, .. }
+            | Backward::Rope { x, .. }
+            | Backward::Rows { x, .. }
+            | Backward::Relu { x }
+            | Backward::Sigmoid { x } => vec![*x],
+            Backward::Loss { input, .. } => vec![*input],
+            Backward::AddRow { x, b } => vec![*x, *b],
+            Backward::Add { a, b } | Backward::Mul { a, b } | Backward::Concat { a, b } => {
+                vec![*a, *b]
+            }
+            Backward::Attention { q, k, v, .. } => vec![*q, *k, *v],
+        };
         let mut nodes = self.nodes.borrow_mut();
+        let needs_grad = inputs.iter().any(|v| nodes[v.0].needs_grad);
         nodes.push(Node {
             value,
             backward,
+            needs_grad,
             grad: None,
         });
         Var(nodes.len() - 1)
     }
 
-    /// A leaf holding `values` of shape `dims`.
+    /// A leaf holding `values` of shape `dims`: a value gradients are computed for.
     pub fn leaf(&self, values: &[f32], dims: &[u64]) -> Result<Var> {
-        Ok(self.push(self.device.from_f32(values, dims)?, Backward::Leaf))
+        let v = self.push(self.device.from_f32(values, dims)?, Backward::Leaf);
+        self.nodes.borrow_mut()[v.0].needs_grad = true;
+        Ok(v)
+    }
+
+    /// A value that takes no gradient (an input, a frozen weight).
+    pub fn constant(&self, value: Tensor) -> Var {
+        self.push(value, Backward::Leaf)
     }
 
     /// The value of `v`.
@@ -113,6 +211,114 @@ impl Graph {
     pub fn linear(&self, x: Var, w: Var, b: Var) -> Result<Var> {
         let y = self.matmul_t(x, w)?;
         self.add_row(y, b)
+    }
+
+    /// `x·Wᵀ` with `W` frozen: no gradient toward the weight.
+    pub fn frozen_matmul_t(&self, x: Var, w: &Frozen) -> Result<Var> {
+        let y = self.value(x).matmul_t(&w.weight)?;
+        Ok(self.push(
+            y,
+            Backward::Frozen {
+                x,
+                wt: w.transposed.clone(),
+            },
+        ))
+    }
+
+    /// `a + b` (same shapes).
+    pub fn add(&self, a: Var, b: Var) -> Result<Var> {
+        let y = self.value(a).add(&self.value(b))?;
+        Ok(self.push(y, Backward::Add { a, b }))
+    }
+
+    /// `a ⊙ b` (same shapes).
+    pub fn mul(&self, a: Var, b: Var) -> Result<Var> {
+        let y = self.value(a).mul(&self.value(b))?;
+        Ok(self.push(y, Backward::Mul { a, b }))
+    }
+
+    /// `factor · x`.
+    pub fn scale(&self, x: Var, factor: f32) -> Result<Var> {
+        let y = self.value(x).scale(factor)?;
+        Ok(self.push(y, Backward::Scale { x, factor }))
+    }
+
+    /// `x·σ(x)` (SiLU, the gate of SwiGLU).
+    pub fn silu(&self, x: Var) -> Result<Var> {
+        let y = self.value(x).activation(Activation::Silu)?;
+        Ok(self.push(y, Backward::Silu { x }))
+    }
+
+    /// `x / sqrt(mean(x²) + eps) · weight` row by row, `weight` frozen.
+    pub fn rms_norm(&self, x: Var, weight: &Tensor, eps: f32) -> Result<Var> {
+        let y = self.value(x).rms_norm(weight, eps)?;
+        Ok(self.push(
+            y,
+            Backward::RmsNorm {
+                x,
+                weight: weight.clone(),
+                eps,
+            },
+        ))
+    }
+
+    /// Rotary embedding of `x` `[tokens, heads × head_dim]` at `positions` (one per row).
+    pub fn rope(&self, x: Var, positions: &[i32], params: &RopeParams) -> Result<Var> {
+        let n = positions.len() as u64;
+        let y = self.value(x).scale(1.0)?;
+        y.rope_assign(&self.device.from_i32(positions, &[n])?, params)?;
+        let back: Vec<i32> = positions.iter().map(|p| -p).collect();
+        let back = self.device.from_i32(&back, &[n])?;
+        Ok(self.push(
+            y,
+            Backward::Rope {
+                x,
+                back,
+                params: params.clone(),
+            },
+        ))
+    }
+
+    /// Causal self-attention of `q` over `k`, `v` (see [`attention`]).
+    pub fn attention(&self, q: Var, k: Var, v: Var, shape: attention::Shape) -> Result<Var> {
+        let (y, probs) =
+            attention::forward(&self.value(q), &self.value(k), &self.value(v), &shape)?;
+        Ok(self.push(
+            y,
+            Backward::Attention {
+                q,
+                k,
+                v,
+                probs,
+                shape,
+            },
+        ))
+    }
+
+    /// The rows of `a` followed by those of `b` (same row length).
+    pub fn concat_rows(&self, a: Var, b: Var) -> Result<Var> {
+        let (av, bv) = (self.value(a), self.value(b));
+        if av.row_len() != bv.row_len() {
+            return Err(UError::invalid(format!(
+                "concat_rows: rows of {} and of {}",
+                av.row_len(),
+                bv.row_len()
+            )));
+        }
+        let (n, m) = (av.rows(), bv.rows());
+        let y = self
+            .device
+            .alloc(DType::F32, &[(n + m) as u64, av.row_len() as u64])?;
+        av.copy_into(None, &y.rows_range(0..n)?)?;
+        bv.copy_into(None, &y.rows_range(n..n + m)?)?;
+        Ok(self.push(y, Backward::Concat { a, b }))
+    }
+
+    /// Rows `range` of `x`.
+    pub fn rows(&self, x: Var, range: std::ops::Range<usize>) -> Result<Var> {
+        let start = range.start;
+        let y = self.value(x).rows_range(range)?.scale(1.0)?;
+        Ok(self.push(y, Backward::Rows { x, start }))
     }
 
     /// `max(x, 0)`.
@@ -206,20 +412,93 @@ impl Graph {
         let one = self.device.from_f32(&[1.0], &[1])?;
         self.accumulate(loss, one)?;
         for i in (0..=loss.0).rev() {
+            if !self.nodes.borrow()[i].needs_grad {
+                continue;
+            }
             let Some(dy) = self.grad(Var(i)) else {
                 continue;
             };
             let step = {
                 let nodes = self.nodes.borrow();
+                let needs = |v: &Var| nodes[v.0].needs_grad;
                 match &nodes[i].backward {
                     Backward::Leaf => Vec::new(),
                     Backward::MatMulT { x, w } => {
                         let (xv, wv) = (nodes[x.0].value.clone(), nodes[w.0].value.clone());
+                        let mut out = Vec::new();
+                        if needs(x) {
+                            out.push((*x, dy.matmul_t(&wv.transpose()?)?));
+                        }
+                        if needs(w) {
+                            out.push((*w, dy.transpose()?.matmul_t(&xv.transpose()?)?));
+                        }
+                        out
+                    }
+                    Backward::Frozen { x, wt } => vec![(*x, dy.matmul_t(wt)?)],
+                    Backward::Add { a, b } => vec![(*a, dy.clone()), (*b, dy.clone())],
+                    Backward::Mul { a, b } => {
+                        let (av, bv) = (&nodes[a.0].value, &nodes[b.0].value);
+                        let mut out = Vec::new();
+                        if needs(a) {
+                            out.push((*a, dy.mul(bv)?));
+                        }
+                        if needs(b) {
+                            out.push((*b, dy.mul(av)?));
+                        }
+                        out
+                    }
+                    Backward::Scale { x, factor } => vec![(*x, dy.scale(*factor)?)],
+                    Backward::Silu { x } => {
+                        let xv = &nodes[x.0].value;
+                        let s = xv.activation(Activation::Sigmoid)?;
+                        // σ + (x − x·σ)·σ
+                        let t = xv.scale(1.0)?;
+                        t.add_scaled_assign(&xv.mul(&s)?, -1.0)?;
+                        let slope = s.add(&t.mul(&s)?)?;
+                        vec![(*x, dy.mul(&slope)?)]
+                    }
+                    Backward::RmsNorm { x, weight, eps } => {
+                        vec![(*x, nodes[x.0].value.rms_norm_backward(weight, &dy, *eps)?)]
+                    }
+                    Backward::Rope { x, back, params } => {
+                        let dx = dy.scale(1.0)?;
+                        dx.rope_assign(back, params)?;
+                        vec![(*x, dx)]
+                    }
+                    Backward::Attention {
+                        q,
+                        k,
+                        v,
+                        probs,
+                        shape,
+                    } => {
+                        let [dq, dk, dv] = attention::backward(
+                            &nodes[q.0].value,
+                            &nodes[k.0].value,
+                            &nodes[v.0].value,
+                            probs,
+                            &dy,
+                            shape,
+                        )?;
+                        vec![(*q, dq), (*k, dk), (*v, dv)]
+                    }
+                    Backward::Rows { x, start } => {
+                        let xv = &nodes[x.0].value;
+                        let dx = self
+                            .device
+                            .from_f32(&vec![0.0; xv.desc().shape.elements() as usize], xv.dims())?;
+                        dy.copy_into(None, &dx.rows_range(*start..*start + dy.rows())?)?;
+                        vec![(*x, dx)]
+                    }
+                    Backward::Concat { a, b } => {
+                        let n = nodes[a.0].value.rows();
+                        let rows = dy.rows();
                         vec![
-                            (*x, dy.matmul_t(&wv.transpose()?)?),
-                            (*w, dy.transpose()?.matmul_t(&xv.transpose()?)?),
+                            (*a, dy.rows_range(0..n)?.scale(1.0)?),
+                            (*b, dy.rows_range(n..rows)?.scale(1.0)?),
                         ]
                     }
+                    Backward::AddRow { x, b } if !needs(b) => vec![(*x, dy.clone())],
                     Backward::AddRow { x, b } => {
                         let ones = self
                             .device
@@ -245,7 +524,9 @@ impl Graph {
                 }
             };
             for (v, g) in step {
-                self.accumulate(v, g)?;
+                if self.nodes.borrow()[v.0].needs_grad {
+                    self.accumulate(v, g)?;
+                }
             }
         }
         Ok(())

@@ -111,6 +111,24 @@ impl Adam {
         }
     }
 
+    /// Sets the learning rate of the steps to come (a schedule).
+    pub fn set_lr(&mut self, lr: f32) {
+        self.lr = lr;
+    }
+
+    /// The steps taken and the first and second moments of each parameter (empty before the
+    /// first step), for a checkpoint.
+    pub fn moments(&self) -> (i32, &[Vec<f32>], &[Vec<f32>]) {
+        (self.t, &self.m, &self.v)
+    }
+
+    /// Resumes from what [`Adam::moments`] gave.
+    pub fn set_moments(&mut self, steps: i32, m: Vec<Vec<f32>>, v: Vec<Vec<f32>>) {
+        self.t = steps;
+        self.m = m;
+        self.v = v;
+    }
+
     /// One step of every parameter.
     pub fn step(&mut self, params: &mut [Param], grads: &[Vec<f32>]) -> Result<()> {
         check(params, grads)?;

@@ -82,6 +82,7 @@ pub mod gguf_view;
 pub mod lora;
 pub mod model;
 pub mod naming;
+pub mod train;
 pub mod weights;
 
 pub use config::Config;
@@ -89,10 +90,11 @@ pub use model::Llama;
 pub use weights::Weights;
 
 use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RStr, RString, RVec};
+use std::sync::Arc;
 use u_sdk::{
     AdapterInfo, Architecture, ArchitectureBox, BackendBox, BuildContext, HostBox, KvCacheBox,
-    Model, ModelBox, ModelConfig, PluginInfo, PluginInstance, SeqChunk, SeqId, UError,
-    WeightSetBox, nn::Device,
+    Model, ModelBox, ModelConfig, PluginInfo, PluginInstance, SeqChunk, SeqId, TrainSpec,
+    TrainerBox, UError, WeightSetBox, nn::Device,
 };
 
 fn describe() -> PluginInfo {
@@ -176,7 +178,8 @@ impl LlamaArchitecture {
     ) -> u_sdk::Result<ModelBox> {
         let weights = Weights::new(weights)?;
         let device = Device::new(backend)?;
-        Ok(ModelBox::new(Llama::load(weights, device, cache, self)?))
+        let model = Llama::load(weights, device, cache, self)?;
+        Ok(ModelBox::new(LlamaModel(Arc::new(model))))
     }
 }
 
@@ -195,13 +198,16 @@ impl Architecture for LlamaArchitecture {
     }
 }
 
-impl Model for Llama {
+/// The built model, shared with the trainers made over it.
+struct LlamaModel(Arc<Llama>);
+
+impl Model for LlamaModel {
     fn config(&self) -> RResult<ModelConfig, UError> {
-        RResult::ROk(self.model_config())
+        RResult::ROk(self.0.model_config())
     }
 
     fn cache(&self) -> RResult<ROption<KvCacheBox>, UError> {
-        RResult::ROk(ROption::RSome(Llama::cache(self).clone()))
+        RResult::ROk(ROption::RSome(self.0.cache().clone()))
     }
 
     fn forward(
@@ -209,11 +215,11 @@ impl Model for Llama {
         batch: RSlice<'_, SeqChunk<'_>>,
         mut out: RSliceMut<'_, f32>,
     ) -> RResult<(), UError> {
-        Llama::forward(self, batch.as_slice(), out.as_mut_slice()).into()
+        self.0.forward(batch.as_slice(), out.as_mut_slice()).into()
     }
 
     fn graft(&self, dst: SeqId, src: SeqId, from: u64, count: u64) -> RResult<(), UError> {
-        Llama::graft(self, dst, src, from, count).into()
+        self.0.graft(dst, src, from, count).into()
     }
 
     fn load_adapter(
@@ -222,15 +228,23 @@ impl Model for Llama {
         weights: WeightSetBox,
         config: RStr<'_>,
     ) -> RResult<AdapterInfo, UError> {
-        Llama::load_adapter(self, name.as_str(), &weights, config.as_str()).into()
+        self.0
+            .load_adapter(name.as_str(), &weights, config.as_str())
+            .into()
     }
 
     fn unload_adapter(&self, name: RStr<'_>) -> RResult<bool, UError> {
-        Llama::unload_adapter(self, name.as_str()).into()
+        self.0.unload_adapter(name.as_str()).into()
     }
 
     fn adapters(&self) -> RResult<RVec<AdapterInfo>, UError> {
-        RResult::ROk(Llama::adapters(self).into())
+        RResult::ROk(self.0.adapters().into())
+    }
+
+    fn trainer(&self, spec: TrainSpec) -> RResult<TrainerBox, UError> {
+        train::LlamaTrainer::new(self.0.clone(), spec)
+            .map(TrainerBox::new)
+            .into()
     }
 }
 

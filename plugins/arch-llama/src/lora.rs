@@ -27,7 +27,7 @@ use u_sdk::{
 };
 
 /// The projections an adapter can change, by the model's (GGUF) names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Target {
     /// Attention query projection.
     Q,
@@ -72,6 +72,26 @@ impl Target {
 
     fn from_name(name: &str) -> Option<Target> {
         Target::ALL.into_iter().find(|t| t.name() == name)
+    }
+
+    /// The module PEFT and Hugging Face name it by (`self_attn.q_proj`, `mlp.down_proj`…).
+    pub fn hf_module(self) -> &'static str {
+        match self {
+            Target::Q => "self_attn.q_proj",
+            Target::K => "self_attn.k_proj",
+            Target::V => "self_attn.v_proj",
+            Target::Output => "self_attn.o_proj",
+            Target::Gate => "mlp.gate_proj",
+            Target::Up => "mlp.up_proj",
+            Target::Down => "mlp.down_proj",
+        }
+    }
+
+    /// The target of a PEFT `target_modules` entry (`q_proj`…).
+    pub fn from_hf_module(name: &str) -> Option<Target> {
+        Target::ALL
+            .into_iter()
+            .find(|t| t.hf_module().rsplit('.').next() == Some(name))
     }
 }
 
@@ -195,7 +215,7 @@ fn gguf_slot(name: &str) -> Option<(usize, Target)> {
 
 /// Reorders the rows of `b` (`[out, r]`, heads of `head_dim` rows) between Hugging Face's
 /// order and llama.cpp's adjacent-pair order (`to_pairs`) or back.
-fn permute_rows(b: &[f32], r: usize, head_dim: usize, to_pairs: bool) -> Vec<f32> {
+pub(crate) fn permute_rows(b: &[f32], r: usize, head_dim: usize, to_pairs: bool) -> Vec<f32> {
     let half = head_dim / 2;
     let mut out = vec![0.0; b.len()];
     for (row, dst) in out.chunks_exact_mut(r).enumerate() {

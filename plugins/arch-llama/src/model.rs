@@ -131,7 +131,7 @@ fn maybe(norm: &Option<Norm>, x: &Tensor) -> Result<Tensor> {
 
 /// The norm of each query/key head (Qwen3; Cohere, with a scale per head), or over the whole
 /// projection (OLMoE, OLMo 2).
-struct QkNorm {
+pub(crate) struct QkNorm {
     norm: Norm,
     /// Values per normalised row: `head_dim` (per head) or the whole projection.
     width: u64,
@@ -203,22 +203,22 @@ impl QkNorm {
 /// OLMoE's Q/K/V clamp, and BitNet's sub-layer norm of the attention output before its
 /// projection.
 pub struct Attention {
-    layer: u32,
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    o: Linear,
-    q_norm: Option<QkNorm>,
-    k_norm: Option<QkNorm>,
-    sub_norm: Option<Norm>,
-    rope: Option<(RopeParams, RopeParams)>,
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    window: u32,
-    scale: f32,
-    softcap: Option<f32>,
-    clip: Option<f32>,
+    pub(crate) layer: u32,
+    pub(crate) q: Linear,
+    pub(crate) k: Linear,
+    pub(crate) v: Linear,
+    pub(crate) o: Linear,
+    pub(crate) q_norm: Option<QkNorm>,
+    pub(crate) k_norm: Option<QkNorm>,
+    pub(crate) sub_norm: Option<Norm>,
+    pub(crate) rope: Option<(RopeParams, RopeParams)>,
+    pub(crate) heads: usize,
+    pub(crate) kv_heads: usize,
+    pub(crate) head_dim: usize,
+    pub(crate) window: u32,
+    pub(crate) scale: f32,
+    pub(crate) softcap: Option<f32>,
+    pub(crate) clip: Option<f32>,
 }
 
 impl Attention {
@@ -379,11 +379,11 @@ fn kv_spans(dev: &Device, pages: &[KvPage]) -> Result<(Vec<TensorDesc>, DType)> 
 /// up rows may be fused in one `ffn_up` tensor (Phi-3), gate first. BitNet b1.58 normalises
 /// the hidden values before `down` (its sub-layer norm).
 pub struct Mlp {
-    gate: Option<Linear>,
-    up: Linear,
-    down: Linear,
-    act: FfnActivation,
-    sub_norm: Option<Norm>,
+    pub(crate) gate: Option<Linear>,
+    pub(crate) up: Linear,
+    pub(crate) down: Linear,
+    pub(crate) act: FfnActivation,
+    pub(crate) sub_norm: Option<Norm>,
 }
 
 impl Mlp {
@@ -667,14 +667,14 @@ impl FeedForward {
 /// `x + s·Attention(norm₁(x)) + s·FFN(norm₂(x))`, with `norm₂ = norm₁` when the block has one
 /// input norm. BitNet b1.58's sub-layer norms sit inside [`Attention`] and [`Mlp`].
 pub struct Block {
-    attn_norm: Option<Norm>,
-    attn: Attention,
-    post_attn_norm: Option<Norm>,
-    ffn_norm: Option<Norm>,
-    ffn: FeedForward,
-    post_ffn_norm: Option<Norm>,
-    parallel: bool,
-    residual_scale: f32,
+    pub(crate) attn_norm: Option<Norm>,
+    pub(crate) attn: Attention,
+    pub(crate) post_attn_norm: Option<Norm>,
+    pub(crate) ffn_norm: Option<Norm>,
+    pub(crate) ffn: FeedForward,
+    pub(crate) post_ffn_norm: Option<Norm>,
+    pub(crate) parallel: bool,
+    pub(crate) residual_scale: f32,
 }
 
 impl Block {
@@ -789,19 +789,19 @@ impl Resident {
 pub struct Llama {
     /// Hyper-parameters.
     pub cfg: Config,
-    device: Device,
+    pub(crate) device: Device,
     cache: KvCacheBox,
-    blocks: Vec<Block>,
-    norm: Norm,
-    lm_head: Linear,
+    pub(crate) blocks: Vec<Block>,
+    pub(crate) norm: Norm,
+    pub(crate) lm_head: Linear,
     /// The embedding table, `[vocab, hidden]`.
-    embed: Tensor,
+    pub(crate) embed: Tensor,
     /// Learned absolute position embeddings, `[context, hidden]` (GPT-2).
-    positions: Option<Tensor>,
+    pub(crate) positions: Option<Tensor>,
     /// Low-rank adapters sequences may run under, by name, and their stack.
     adapters: RwLock<Resident>,
     /// What an adapter must fit.
-    fit: Fit,
+    pub(crate) fit: Fit,
 }
 
 impl Llama {

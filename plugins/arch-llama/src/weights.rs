@@ -261,10 +261,10 @@ impl Weights {
 /// in llama.cpp's files) and an optional bias. Quantized weights stay in their blocks:
 /// quantization belongs to this layer, not to the model.
 pub struct Linear {
-    weight: Tensor,
+    pub(crate) weight: Tensor,
     /// The output scale, where the weight has one.
-    scale: Option<f32>,
-    bias: Option<Tensor>,
+    pub(crate) scale: Option<f32>,
+    pub(crate) bias: Option<Tensor>,
     /// Input features.
     pub inputs: usize,
     /// Output features.
@@ -448,10 +448,10 @@ pub enum NormKind {
 
 /// A normalisation layer of [`NormKind`] with its learned scale (and shift).
 pub struct Norm {
-    weight: Tensor,
+    pub(crate) weight: Tensor,
     /// The shift of a layer normalisation; `None` for RMS normalisation.
-    bias: Option<Tensor>,
-    eps: f32,
+    pub(crate) bias: Option<Tensor>,
+    pub(crate) eps: f32,
 }
 
 impl Norm {

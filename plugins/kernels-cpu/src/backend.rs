@@ -13,7 +13,7 @@ use crate::{
     conv::{self, Conv},
     elementwise::{self, Binary},
     engine::{CpuKernels, Engine},
-    matmul, ops, quantize, routing,
+    grad, matmul, ops, quantize, routing,
 };
 use abi_stable::std_types::{RResult, RSlice, RSliceMut};
 use std::{
@@ -307,6 +307,16 @@ impl CpuBackend {
                 dst.apart(&[&x, &w])?;
                 ops::rms_norm(self.eng(), x.f32()?, w.f32()?, *eps, dst.f32_mut()?)
             }
+            Op::RmsNormBackward(eps) => {
+                need(3)?;
+                let (x, w, dy) = (
+                    Region::of(srcs[0])?,
+                    Region::of(srcs[1])?,
+                    Region::of(srcs[2])?,
+                );
+                dst.apart(&[&x, &w, &dy])?;
+                grad::rms_norm_backward(x.f32()?, w.f32()?, dy.f32()?, *eps, dst.f32_mut()?)
+            }
             Op::LayerNorm(eps) => {
                 need(3)?;
                 let (x, w, b) = (
@@ -382,6 +392,14 @@ impl CpuBackend {
                 dst.in_place_or_apart(&[&x])?;
                 let row = x.desc.shape.row_len() as usize;
                 ops::softmax(dst.copied_from(&x)?, row)
+            }
+            Op::SoftmaxBackward => {
+                need(2)?;
+                let (y, dy) = (Region::of(srcs[0])?, Region::of(srcs[1])?);
+                dst.apart(&[&y])?;
+                dst.in_place_or_apart(&[&dy])?;
+                let row = y.desc.shape.row_len() as usize;
+                grad::softmax_backward(y.f32()?, dst.copied_from(&dy)?, row)
             }
             Op::GetRows => {
                 need(2)?;

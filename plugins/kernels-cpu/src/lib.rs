@@ -30,6 +30,7 @@ pub mod conv;
 pub mod elementwise;
 mod engine;
 mod exp;
+pub mod grad;
 pub mod isa;
 pub mod low_rank;
 pub mod matmul;

@@ -269,6 +269,11 @@ pub enum Op<'a> {
     },
     /// `dst = src0 / sqrt(mean(src0²) + eps) · src1` row by row (`src1`: one row).
     RmsNorm(f32),
+    /// The gradient of [`Op::RmsNorm`] with respect to its input, row by row: `src0` the input
+    /// `x`, `src1` the scale `w` (one row), `src2` the output's gradient `dy`; with
+    /// `r = 1 / sqrt(mean(x²) + eps)` and `g = dy ⊙ w`,
+    /// `dst = r · g − x · r³ · mean(g ⊙ x)`.
+    RmsNormBackward(f32),
     /// `dst = (src0 − mean) / sqrt(var + eps) · src1 + src2` row by row.
     LayerNorm(f32),
     /// Group normalisation of `src0` `[channels, …]` in `groups` groups, scale `src1` and
@@ -294,6 +299,10 @@ pub enum Op<'a> {
     Gated(Activation),
     /// Row-wise softmax of `src0`. May run in place.
     Softmax,
+    /// The gradient of [`Op::Softmax`] with respect to its input, row by row: `src0` the
+    /// softmax's output `y`, `src1` the output's gradient `dy`;
+    /// `dst = y ⊙ (dy − Σ dy ⊙ y)`. May run in place of `src1`.
+    SoftmaxBackward,
     /// `dst[i] = src0[src1[i]]`: rows of `src0` (any dtype, dequantized) at the `I32` indices of
     /// `src1` (embedding lookup, MoE token gathering).
     GetRows,
@@ -357,6 +366,8 @@ pub enum OpKind {
     Clamp,
     /// [`Op::RmsNorm`].
     RmsNorm,
+    /// [`Op::RmsNormBackward`].
+    RmsNormBackward,
     /// [`Op::LayerNorm`].
     LayerNorm,
     /// [`Op::GroupNorm`].
@@ -371,6 +382,8 @@ pub enum OpKind {
     Gated,
     /// [`Op::Softmax`].
     Softmax,
+    /// [`Op::SoftmaxBackward`].
+    SoftmaxBackward,
     /// [`Op::GetRows`].
     GetRows,
     /// [`Op::ScatterAdd`].
@@ -402,6 +415,7 @@ impl Op<'_> {
             Op::AddScaled(_) => OpKind::AddScaled,
             Op::Clamp { .. } => OpKind::Clamp,
             Op::RmsNorm(_) => OpKind::RmsNorm,
+            Op::RmsNormBackward(_) => OpKind::RmsNormBackward,
             Op::LayerNorm(_) => OpKind::LayerNorm,
             Op::GroupNorm { .. } => OpKind::GroupNorm,
             Op::Rope(_) => OpKind::Rope,
@@ -409,6 +423,7 @@ impl Op<'_> {
             Op::Activation(_) => OpKind::Activation,
             Op::Gated(_) => OpKind::Gated,
             Op::Softmax => OpKind::Softmax,
+            Op::SoftmaxBackward => OpKind::SoftmaxBackward,
             Op::GetRows => OpKind::GetRows,
             Op::ScatterAdd => OpKind::ScatterAdd,
             Op::TopK(_) => OpKind::TopK,

@@ -15,6 +15,7 @@ pub mod root;
 pub mod runner;
 pub mod tensor;
 pub mod tokenizer;
+pub mod train;
 pub mod transport;
 
 pub use backend::*;
@@ -28,6 +29,7 @@ pub use root::*;
 pub use runner::*;
 pub use tensor::*;
 pub use tokenizer::*;
+pub use train::*;
 pub use transport::*;
 
 /// The ABI major version. Bumped by hand for deliberate breaking changes; [`ABI_HASH`] catches

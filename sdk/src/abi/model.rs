@@ -12,6 +12,7 @@ use crate::abi::{
     cache::{KvCacheBox, SeqId},
     error::UError,
     loader::WeightSetBox,
+    train::{TrainSpec, TrainerBox},
 };
 use abi_stable::{
     StableAbi, sabi_trait,
@@ -324,6 +325,13 @@ pub trait Model: Send + Sync {
     /// The adapters it holds, by name.
     fn adapters(&self) -> RResult<RVec<AdapterInfo>, UError> {
         RResult::ROk(RVec::new())
+    }
+
+    /// A trainer of what `spec` asks for over this model, the model itself frozen (see
+    /// [`crate::Trainer`]). Models that cannot train it say so.
+    fn trainer(&self, spec: TrainSpec) -> RResult<TrainerBox, UError> {
+        let _ = spec;
+        RResult::RErr(UError::unsupported("this model cannot be trained"))
     }
 }
 
