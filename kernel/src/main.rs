@@ -13,6 +13,7 @@ use u_runner::{inspect, load_deployment, oneline, open_deployment, sandbox, serv
 mod bench;
 mod perplexity;
 mod quantize;
+mod train;
 
 // The host carries a signed manifest like every plugin, so `u-attest inspect` can prove its
 // surface too.
@@ -89,6 +90,10 @@ enum Command {
     /// importance matrix (the same tensor types, byte-identical blocks), through the
     /// deployment's loader and kernels plugins; progress on stderr.
     Quantize(quantize::QuantizeArgs),
+    /// Train what changes a model's behaviour without touching its weights: a LoRA or a soft
+    /// prompt on a text (PEFT's files; progress, checkpoints, `--resume`), or a control vector
+    /// from contrasting prompts (llama.cpp's GGUF).
+    Train(train::TrainArgs),
     /// Tokenize text with a model's tokenizer (from its GGUF metadata or a tokenizer.json in or
     /// beside it), or with `--decode` turn token ids back into text.
     Tokenize {
@@ -256,6 +261,7 @@ fn main() {
                 | Command::Bench(_)
                 | Command::Perplexity(_)
                 | Command::Quantize(_)
+                | Command::Train(_)
         )
     );
     // `RUST_LOG` takes `level` or `target=level,...` (no regular expressions: the host stays
@@ -493,6 +499,7 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Bench(args) => bench::run(args),
         Command::Perplexity(args) => perplexity::run(args),
         Command::Quantize(args) => quantize::run(args),
+        Command::Train(args) => train::run(args),
         Command::Tokenize {
             model,
             text,

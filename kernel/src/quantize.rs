@@ -22,7 +22,7 @@
 //! - The file is GGUF v3 with 32-byte alignment, tensors in llama.cpp's order (by layer, then
 //!   by name), their dimensions counted as ggml counts them (outer dimensions of 1 dropped).
 
-mod gguf;
+pub(crate) mod gguf;
 mod policy;
 
 use crate::{load_default, threads};

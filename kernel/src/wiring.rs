@@ -94,6 +94,18 @@ fn grant_reads(opened: &mut OpenReport, grants: Vec<PathGrant>) -> Vec<PathGrant
 /// Verifies the deployment, grants `model` to its loaders and tokenizers, locks the process
 /// down, instantiates the plugins and opens the model.
 pub fn open(deployment: &Deployment, model: &Path, threads: u32, want: Want) -> Result<Opened> {
+    open_writing(deployment, model, threads, want, Vec::new())
+}
+
+/// [`open`], with the host itself also left able to write beneath `writes` after lock-down
+/// (where a command such as `train` puts its checkpoints and results).
+pub fn open_writing(
+    deployment: &Deployment,
+    model: &Path,
+    threads: u32,
+    want: Want,
+    writes: Vec<PathGrant>,
+) -> Result<Opened> {
     let model = absolute(model);
     if !model.exists() {
         bail!("model {} does not exist", model.display());
@@ -106,6 +118,8 @@ pub fn open(deployment: &Deployment, model: &Path, threads: u32, want: Want) -> 
         plan.add(&p.grants);
     }
     plan.read.extend(grants);
+    plan.read.extend(writes.iter().cloned());
+    plan.write.extend(writes);
     let status = sandbox::lock_down(&plan);
     let report = instantiate(opened, threads);
     for r in &report.refused {
