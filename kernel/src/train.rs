@@ -26,6 +26,7 @@ use abi_stable::std_types::{RSlice, RSliceMut, RVec};
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Value, json};
 use std::{
+    io::IsTerminal,
     path::{Path, PathBuf},
     sync::atomic::{AtomicBool, Ordering},
     time::Instant,
@@ -350,6 +351,7 @@ fn fit(r: Run, target: TrainTarget, init_text: Option<String>, default_lr: f32) 
     let resumed_at = step;
     let line = progress::Line::new(total.saturating_sub(step) as u64);
     let started = Instant::now();
+    let terminal = std::io::stderr().is_terminal();
     let (mut tokens, mut first_loss, mut last_loss) = (0u64, None, f32::NAN);
     let mut interrupted = false;
     while step < total {
@@ -381,8 +383,10 @@ fn fit(r: Run, target: TrainTarget, init_text: Option<String>, default_lr: f32) 
             &format!("step {step}/{total} loss {last_loss:.4} {tps:.0} tok/s"),
         );
         if r.log_every > 0 && (step % r.log_every == 0 || step == total) {
+            // On a terminal, the line clears the progress line it replaces.
+            let clear = if terminal { "\r\x1b[2K" } else { "" };
             eprintln!(
-                "step {step}/{total} loss {last_loss:.4} lr {rate:.3e} grad-norm {norm:.3} {tps:.0} tok/s"
+                "{clear}step {step}/{total} loss {last_loss:.4} lr {rate:.3e} grad-norm {norm:.3} {tps:.0} tok/s"
             );
         }
         interrupted = INTERRUPTED.load(Ordering::SeqCst);
@@ -506,82 +510,16 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
 }
 
-/// A safetensors file of `F32` tensors.
+/// Writes `tensors` as a safetensors file (see [`u_train::state`]).
 fn write_safetensors(path: &Path, tensors: &[NamedValues]) -> Result<()> {
-    let mut header = serde_json::Map::new();
-    let mut offset = 0usize;
-    for t in tensors.iter() {
-        let end = offset + 4 * t.values.len();
-        header.insert(
-            t.name.to_string(),
-            json!({"dtype": "F32", "shape": t.dims.as_slice(), "data_offsets": [offset, end]}),
-        );
-        offset = end;
-    }
-    let mut header = serde_json::to_vec(&header)?;
-    header.resize(header.len().next_multiple_of(8), b' ');
-    let mut file = Vec::with_capacity(8 + header.len() + offset);
-    file.extend_from_slice(&(header.len() as u64).to_le_bytes());
-    file.extend_from_slice(&header);
-    for t in tensors.iter() {
-        file.extend(t.values.iter().flat_map(|v| v.to_le_bytes()));
-    }
-    write_atomic(path, &file)
+    let bytes = u_train::state::encode(tensors).map_err(|e| anyhow!("{e}"))?;
+    write_atomic(path, &bytes)
 }
 
-/// The `F32` tensors of a safetensors file [`write_safetensors`] wrote.
+/// The tensors of a safetensors file [`write_safetensors`] wrote.
 fn read_safetensors(path: &Path) -> Result<Vec<NamedValues>> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let bad = |why: &str| anyhow!("{}: {why}", path.display());
-    let len = bytes
-        .get(..8)
-        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-        .ok_or_else(|| bad("shorter than a safetensors header"))?;
-    let start = usize::try_from(len)
-        .ok()
-        .and_then(|l| l.checked_add(8))
-        .filter(|&s| s <= bytes.len())
-        .ok_or_else(|| bad("the header runs past the end of the file"))?;
-    let header: serde_json::Map<String, Value> =
-        serde_json::from_slice(&bytes[8..start]).map_err(|_| bad("the header is not JSON"))?;
-    let data = &bytes[start..];
-    let mut out = Vec::new();
-    for (name, t) in header {
-        if name == "__metadata__" {
-            continue;
-        }
-        if t["dtype"] != "F32" {
-            return Err(bad(&format!("{name} is not F32")));
-        }
-        let dims: Vec<u64> = t["shape"]
-            .as_array()
-            .and_then(|a| a.iter().map(Value::as_u64).collect())
-            .ok_or_else(|| bad(&format!("{name} has no shape")))?;
-        let [a, b] = t["data_offsets"]
-            .as_array()
-            .and_then(|o| Some([o.first()?.as_u64()?, o.get(1)?.as_u64()?]))
-            .ok_or_else(|| bad(&format!("{name} has no data offsets")))?;
-        let count = dims
-            .iter()
-            .try_fold(1u64, |n, &d| n.checked_mul(d))
-            .ok_or_else(|| bad(&format!("{name}'s shape overflows")))?;
-        let range = usize::try_from(a).ok().zip(usize::try_from(b).ok());
-        let Some((a, b)) = range.filter(|&(a, b)| {
-            a <= b && b <= data.len() && (b - a) as u64 == count.saturating_mul(4)
-        }) else {
-            return Err(bad(&format!("{name}'s data offsets do not fit its shape")));
-        };
-        let values = data[a..b]
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-            .collect();
-        out.push(NamedValues {
-            name: name.into(),
-            dims: dims.into(),
-            values,
-        });
-    }
-    Ok(out)
+    u_train::state::decode(&bytes).map_err(|e| anyhow!("{}: {e}", path.display()))
 }
 
 /// The hidden state after each of blocks `1..layers` at the last token of `tokens`.
@@ -807,33 +745,6 @@ mod tests {
         assert_eq!(sorted, (0..10).collect::<Vec<_>>());
         assert_eq!(a, order(10, 3, 0));
         assert_ne!(a, order(10, 3, 1));
-    }
-
-    #[test]
-    fn checkpoint_files_round_trip_and_bad_ones_are_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("s.safetensors");
-        let t = vec![
-            NamedValues {
-                name: "a".into(),
-                dims: vec![2, 3].into(),
-                values: (0..6).map(|i| i as f32 * 0.5).collect(),
-            },
-            NamedValues {
-                name: "step".into(),
-                dims: vec![1].into(),
-                values: vec![7.0].into(),
-            },
-        ];
-        write_safetensors(&path, &t).unwrap();
-        let mut back = read_safetensors(&path).unwrap();
-        back.sort_by(|a, b| a.name.cmp(&b.name));
-        assert_eq!(back, t);
-        let bytes = std::fs::read(&path).unwrap();
-        for cut in [3, 20, bytes.len() - 1] {
-            std::fs::write(&path, &bytes[..cut]).unwrap();
-            assert!(read_safetensors(&path).is_err(), "cut at {cut}");
-        }
     }
 
     #[test]

@@ -31,6 +31,7 @@
 
 pub mod attention;
 pub mod optim;
+pub mod state;
 
 use std::cell::RefCell;
 use u_sdk::{
