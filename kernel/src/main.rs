@@ -740,6 +740,8 @@ fn generate(args: GenerateArgs) -> Result<i32> {
                     "generated_tokens_per_s": gen_tps,
                     "prompt_ms": summary.prompt_ms,
                     "generate_ms": summary.generate_ms,
+                    "draft_tokens": summary.draft_tokens,
+                    "accepted_draft_tokens": summary.accepted_tokens,
                 },
             }))?
         );

@@ -2,13 +2,16 @@
 //! one its last token, a prefilling one as much of its prompt as the step's token budget leaves
 //! (oldest first), so long prompts never stall the decodes running beside them.
 //!
+//! A decoding request may run a prompt-lookup draft after its last token (see
+//! [`crate::lookup`]) while the pass carries few decodes.
+//!
 //! Constrained requests' next-token masks are computed on a worker thread while the forward
 //! pass runs (llguidance's mask takes about as long as a small model's decode step), so a
 //! batch that mixes constrained and free requests waits for neither in turn.
 
 use crate::{Error, Generator, Result, constraint::Guide, sequence::Sequence};
 use abi_stable::std_types::{RSlice, RSliceMut};
-use u_sdk::{AdapterScale, Output, Segment, SeqChunk, SeqExtras, Steering};
+use u_sdk::{AdapterScale, Output, Rows, Segment, SeqChunk, SeqExtras, Steering};
 
 /// Running requests, each with the driver's tag `T` (where its output goes).
 pub(crate) struct Batch<T> {
@@ -71,6 +74,18 @@ impl<T> Batch<T> {
             .iter()
             .filter(|(s, _)| !s.is_done() && !s.is_prefilling())
             .count();
+        // Drafts pay while the pass is small: decode reads every weight once whatever its rows.
+        let draft = match decoding <= g.speculation().max_running {
+            true => g.speculation().draft_tokens,
+            false => 0,
+        };
+        let context = match g.config().context_length {
+            0 => usize::MAX,
+            n => n as usize,
+        };
+        for (s, _) in slots.iter_mut() {
+            s.plan_draft(draft, context);
+        }
         let mut prefill_left = step_tokens.saturating_sub(decoding).max(1);
         let mut plan = Vec::with_capacity(slots.len());
         let mut inputs = Vec::with_capacity(slots.len());
@@ -122,7 +137,12 @@ impl<T> Batch<T> {
             )
             .collect();
         let vocab = g.config().vocab_size as usize;
-        let rows = plan.iter().filter(|p| p.2).count();
+        let rows_of = |n: usize, wanted: Output| match wanted {
+            Output::Logits(Rows::All) => n,
+            Output::Nothing => 0,
+            _ => 1,
+        };
+        let rows: usize = plan.iter().map(|&(_, n, _, w)| rows_of(n, w)).sum();
         logits.resize(rows * vocab, 0.0);
         let mut forward = || {
             g.model()
@@ -153,11 +173,12 @@ impl<T> Batch<T> {
             slots[i].0.put_guide(guide);
         }
         ran?;
-        let mut rows = logits.chunks_exact_mut(vocab.max(1));
-        for (i, n, wants, _) in plan {
-            let row = if wants { rows.next() } else { None };
+        let mut rest: &mut [f32] = logits;
+        for (i, n, wants, wanted) in plan {
+            let (mine, after) = std::mem::take(&mut rest).split_at_mut(rows_of(n, wanted) * vocab);
+            rest = after;
             let s = &mut slots[i].0;
-            if let Err(e) = s.advance(g, n, row) {
+            if let Err(e) = s.advance(g, n, wants.then_some(mine)) {
                 s.fail(e);
             }
         }

@@ -57,6 +57,10 @@ pub struct Timings {
     pub prompt_ms: f64,
     /// Decode loop wall time, milliseconds.
     pub generate_ms: f64,
+    /// Tokens drafted by prompt lookup.
+    pub draft_tokens: u32,
+    /// Drafted tokens kept.
+    pub accepted_tokens: u32,
 }
 
 /// The result of one generation.
@@ -92,7 +96,26 @@ pub struct Generator {
     special: SpecialTokens,
     template: Option<String>,
     prefill_chunk: usize,
+    speculation: Speculation,
     grammars: OnceLock<Result<Grammars>>,
+}
+
+/// Prompt-lookup speculative decoding's settings (see [`crate::lookup`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Speculation {
+    /// Most tokens drafted per pass (0: off).
+    pub draft_tokens: usize,
+    /// Drafts run only while a pass carries at most this many decoding requests.
+    pub max_running: usize,
+}
+
+impl Default for Speculation {
+    fn default() -> Self {
+        Speculation {
+            draft_tokens: 4,
+            max_running: 4,
+        }
+    }
 }
 
 impl Generator {
@@ -145,6 +168,7 @@ impl Generator {
             special,
             template,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            speculation: Speculation::default(),
             grammars: OnceLock::new(),
         })
     }
@@ -153,6 +177,17 @@ impl Generator {
     pub fn with_prefill_chunk(mut self, tokens: usize) -> Self {
         self.prefill_chunk = tokens.max(1);
         self
+    }
+
+    /// Sets prompt-lookup speculative decoding.
+    pub fn with_speculation(mut self, speculation: Speculation) -> Self {
+        self.speculation = speculation;
+        self
+    }
+
+    /// Prompt-lookup speculative decoding's settings.
+    pub fn speculation(&self) -> Speculation {
+        self.speculation
     }
 
     /// The model's hyper-parameters.
@@ -398,6 +433,8 @@ impl Generator {
                         generated_tokens_per_s: rate(out.tokens.len(), out.decode_s),
                         prompt_ms: out.prompt_s * 1e3,
                         generate_ms: out.decode_s * 1e3,
+                        draft_tokens: out.drafted as u32,
+                        accepted_tokens: out.accepted as u32,
                     },
                     tokens: out.tokens,
                     text,

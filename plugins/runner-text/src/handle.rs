@@ -653,6 +653,8 @@ impl Engine for EngineHandle {
                 stop_sequence: out.stop_sequence.map(RString::from).into(),
                 prompt_ms: out.prompt_s * 1e3,
                 generate_ms: out.decode_s * 1e3,
+                draft_tokens: out.drafted as u32,
+                accepted_tokens: out.accepted as u32,
             })
         })()
         .into()

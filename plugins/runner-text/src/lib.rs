@@ -36,6 +36,7 @@ mod generator;
 mod handle;
 mod ledger;
 mod logprobs;
+mod lookup;
 pub mod owner;
 mod prompt;
 mod runner;
@@ -44,7 +45,9 @@ mod scheduler;
 mod sequence;
 pub mod stream;
 
-pub use generator::{DEFAULT_PREFILL_CHUNK, GenerateOptions, Generation, Generator, Timings};
+pub use generator::{
+    DEFAULT_PREFILL_CHUNK, GenerateOptions, Generation, Generator, Speculation, Timings,
+};
 pub use handle::EngineHandle;
 pub use logprobs::MAX_TOP_LOGPROBS;
 pub use runner::TextRunner;

@@ -1,6 +1,6 @@
 //! The plugin glue: [`TextRunner`] starts an [`EngineHandle`] for the model the host built.
 
-use crate::{EngineHandle, Generator, Limits, owner::Sharing};
+use crate::{EngineHandle, Generator, Limits, Speculation, owner::Sharing};
 use abi_stable::std_types::{RResult, RVec};
 use std::sync::Arc;
 use u_sdk::{
@@ -12,12 +12,15 @@ use u_sdk::{
 pub struct TextRunner {
     /// Which clients share cached prompt prefixes (`share_prefixes`).
     pub sharing: Sharing,
+    /// Prompt-lookup speculative decoding (`draft_tokens`, `draft_max_running`).
+    pub speculation: Speculation,
 }
 
 impl Runner for TextRunner {
     fn start(&self, context: RunnerContext) -> RResult<EngineBox, UError> {
         (|| {
-            let generator = Generator::new(context.model, context.tokenizer.into_option())?;
+            let generator = Generator::new(context.model, context.tokenizer.into_option())?
+                .with_speculation(self.speculation);
             let defaults = Limits::default();
             let pick = |v: u32, d: usize| if v == 0 { d } else { v as usize };
             let l = context.limits;
@@ -54,7 +57,9 @@ fn describe() -> PluginInfo {
 }
 
 /// Creates the runner (the root module's `instantiate`) from its settings: `share_prefixes =
-/// "all" | "client" | "none"` (default `client`: see [`Sharing`]).
+/// "all" | "client" | "none"` (default `client`: see [`Sharing`]); `draft_tokens = N` (most
+/// tokens a prompt-lookup draft proposes per pass, 0 turns speculation off; default 4) and
+/// `draft_max_running = N` (drafts run while a pass decodes at most N requests; default 4).
 fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
     let config: toml::Table = host
         .config()
@@ -63,7 +68,15 @@ fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
         .map_err(|e| UError::invalid(format!("runner-text config: {e}")))?;
     let mut runner = TextRunner::default();
     for (key, value) in &config {
+        let count = || match value.as_integer() {
+            Some(n @ 0..=64) => Ok(n as usize),
+            _ => Err(UError::invalid(format!(
+                "runner-text config: {key} must be a whole number from 0 to 64, not {value}"
+            ))),
+        };
         match (key.as_str(), value.as_str().and_then(Sharing::parse)) {
+            ("draft_tokens", _) => runner.speculation.draft_tokens = count()?,
+            ("draft_max_running", _) => runner.speculation.max_running = count()?,
             ("share_prefixes", Some(sharing)) => runner.sharing = sharing,
             ("share_prefixes", None) => {
                 return Err(UError::invalid(

@@ -86,6 +86,8 @@ struct Counters {
     cached_tokens: AtomicU64,
     generated_tokens: AtomicU64,
     forward_passes: AtomicU64,
+    draft_tokens: AtomicU64,
+    accepted_tokens: AtomicU64,
 }
 
 struct Queue {
@@ -231,6 +233,8 @@ impl Scheduler {
             generated_tokens: c.generated_tokens.load(Ordering::Relaxed),
             forward_passes: c.forward_passes.load(Ordering::Relaxed),
             kv_bytes: 0,
+            draft_tokens: c.draft_tokens.load(Ordering::Relaxed),
+            accepted_tokens: c.accepted_tokens.load(Ordering::Relaxed),
         }
     }
 }
@@ -394,6 +398,10 @@ fn retire(shared: &Shared, outcome: Result<Outcome>, events: &Sender<Event>) {
             .fetch_add(o.cached_tokens as u64, Ordering::Relaxed);
         c.generated_tokens
             .fetch_add(o.tokens.len() as u64, Ordering::Relaxed);
+        c.draft_tokens
+            .fetch_add(o.drafted as u64, Ordering::Relaxed);
+        c.accepted_tokens
+            .fetch_add(o.accepted as u64, Ordering::Relaxed);
         if let Some((name, ids)) = &o.saved {
             let mut known = lock(&shared.checkpoints);
             match ids {

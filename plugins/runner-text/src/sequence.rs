@@ -13,6 +13,7 @@ use crate::{
     Error, GenerateOptions, Generator, Result,
     constraint::Guide,
     logprobs::LogSoftmax,
+    lookup::{self, Lookup},
     sampler::Sampler,
     stream::{StopCheck, StopMatcher, Utf8Stream},
 };
@@ -95,6 +96,10 @@ pub(crate) struct Outcome {
     pub decode_s: f64,
     /// The checkpoint written and its token ids (`None` when some are unknown).
     pub saved: Option<(String, Option<Vec<u32>>)>,
+    /// Tokens drafted by prompt lookup, and of those the ones kept.
+    pub drafted: usize,
+    /// See `drafted`.
+    pub accepted: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -139,6 +144,10 @@ pub(crate) struct Sequence {
     error: Option<Error>,
     started: Instant,
     prefilled: Option<Instant>,
+    /// Prompt-lookup drafting and its counts.
+    lookup: Lookup,
+    /// This pass's input when it drafts: the last token, then the draft.
+    drafted: Vec<u32>,
 }
 
 impl Drop for Sequence {
@@ -268,6 +277,8 @@ impl Sequence {
             error: None,
             started: Instant::now(),
             prefilled: None,
+            lookup: Lookup::default(),
+            drafted: Vec::new(),
         };
         // Checked once `s` exists, so that dropping it releases the sequence.
         if prompt_len >= context {
@@ -361,9 +372,36 @@ impl Sequence {
         std::mem::take(&mut self.outbox)
     }
 
+    /// Plans this pass's draft: up to `max` tokens by prompt lookup (0: none this pass), when
+    /// the request decodes one token at a time unconstrained and has room for them. Called
+    /// before every pass, it also forgets the last pass's draft.
+    pub(crate) fn plan_draft(&mut self, max: usize, context: usize) {
+        self.drafted.clear();
+        let pending = self.unknown + self.tokens.len() - self.computed;
+        if self.state != State::Decode || self.guide.is_some() || pending != 1 || max == 0 {
+            return;
+        }
+        let room = self
+            .budget
+            .saturating_sub(self.generated + 1)
+            .min(context.saturating_sub(self.computed + 1));
+        if room == 0 || !self.lookup.ready() {
+            return;
+        }
+        let draft = lookup::propose(&self.tokens, max.min(room));
+        if !draft.is_empty() {
+            self.drafted
+                .push(*self.tokens.last().expect("one pending token"));
+            self.drafted.extend(draft);
+        }
+    }
+
     /// The tokens this request runs in the next pass, at most `max` of them, and which logits
     /// it needs (empty when it is done).
     pub(crate) fn next_chunk(&self, max: usize) -> (&[u32], Output) {
+        if !self.drafted.is_empty() {
+            return (&self.drafted, Output::Logits(Rows::All));
+        }
         let (target, logits) = match self.state {
             State::Prefill => (self.prompt_len, Output::Logits(Rows::Last)),
             State::Decode => (self.unknown + self.tokens.len(), Output::Logits(Rows::Last)),
@@ -383,14 +421,17 @@ impl Sequence {
         (tokens, logits)
     }
 
-    /// Records that the last pass ran `n` of this request's tokens; `logits` is the row it
-    /// asked for, if any.
+    /// Records that the last pass ran `n` of this request's tokens; `logits` holds the rows it
+    /// asked for, if any (one, or one per token of a draft pass).
     pub(crate) fn advance(
         &mut self,
         g: &Generator,
         n: usize,
         logits: Option<&mut [f32]>,
     ) -> Result<()> {
+        if !self.drafted.is_empty() {
+            return self.verify(g, logits.unwrap_or_default());
+        }
         if self.soft_rows().is_some() {
             self.computed = self.unknown;
         }
@@ -414,16 +455,54 @@ impl Sequence {
             _ => {}
         }
         if let (State::Decode, Some(logits)) = (self.state, logits) {
-            self.decode(g, logits)?;
+            self.decode(g, logits, None)?;
         }
         Ok(())
     }
 
-    /// Samples the next token from `logits` and streams its text.
-    fn decode(&mut self, g: &Generator, logits: &mut [f32]) -> Result<()> {
+    /// Takes the tokens of a draft pass: row `i` of `logits` follows the `i`-th token of the
+    /// pass, so each row picks the next token, checked against the draft, until the sampler
+    /// disagrees (its token stands instead) or the request ends; the KV of the rejected rest
+    /// is dropped.
+    fn verify(&mut self, g: &Generator, logits: &mut [f32]) -> Result<()> {
+        let draft = std::mem::take(&mut self.drafted);
+        let vocab = g.config().vocab_size as usize;
+        let mut kept = 0;
+        for (i, row) in logits.chunks_exact_mut(vocab.max(1)).enumerate() {
+            let proposed = draft.get(i + 1).copied();
+            let picked = self.decode(g, row, proposed)?;
+            match (picked, proposed) {
+                (Some(t), Some(d)) if t == d && self.state == State::Decode => kept += 1,
+                _ => break,
+            }
+        }
+        self.lookup.record(draft.len() - 1, kept);
+        self.computed += 1 + kept;
+        if 1 + kept < draft.len() {
+            self.cache
+                .truncate(self.seq, self.computed as u64)
+                .into_result()
+                .map_err(|e| Error::plugin("cache.truncate", e))?;
+        }
+        if let State::Flush(reason) = self.state
+            && self.computed == self.unknown + self.tokens.len()
+        {
+            self.state = State::Done(reason);
+        }
+        Ok(())
+    }
+
+    /// Samples the next token from `logits` (checked against `draft` when a draft proposed
+    /// one) and streams its text; the token taken, if generation went on.
+    fn decode(
+        &mut self,
+        g: &Generator,
+        logits: &mut [f32],
+        draft: Option<u32>,
+    ) -> Result<Option<u32>> {
         if self.generated >= self.budget {
             self.finish(FinishReason::Length);
-            return Ok(());
+            return Ok(None);
         }
         // Log-probabilities come from the raw logits, before the sampler's penalties.
         let ranked = self
@@ -443,12 +522,15 @@ impl Sequence {
             && !guide.apply(logits)?
         {
             self.finish(FinishReason::Stop);
-            return Ok(());
+            return Ok(None);
         }
-        let id = self.sampler.sample(logits, &self.tokens);
+        let id = match draft {
+            Some(d) => self.sampler.verify(logits, &self.tokens, d),
+            None => self.sampler.sample(logits, &self.tokens),
+        };
         if self.eos.contains(&id) {
             self.finish(FinishReason::Stop);
-            return Ok(());
+            return Ok(None);
         }
         let complete = match &mut self.guide {
             Some(guide) => guide.commit(id)?,
@@ -493,7 +575,7 @@ impl Sequence {
         } else if self.generated >= self.budget {
             self.finish(FinishReason::Length);
         }
-        Ok(())
+        Ok(Some(id))
     }
 
     /// Ends generation without a stop string so far: flushes the held-back text first (which
@@ -575,6 +657,8 @@ impl Sequence {
             prompt_s: (prefilled - self.started).as_secs_f64(),
             decode_s: (now - prefilled).as_secs_f64(),
             saved,
+            drafted: self.lookup.drafted,
+            accepted: self.lookup.accepted,
         })
     }
 }

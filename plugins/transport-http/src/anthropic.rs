@@ -846,6 +846,8 @@ mod tests {
             stop_sequence: abi_stable::std_types::ROption::RSome("END".into()),
             prompt_ms: 1.0,
             generate_ms: 2.0,
+            draft_tokens: 0,
+            accepted_tokens: 0,
         };
         let u = usage(&s);
         assert_eq!(u["input_tokens"], 10);

@@ -106,7 +106,7 @@ impl Metrics {
                 &format!("route=\"{route}\""),
             );
         }
-        let engine: [(&str, &str, &str, u64); 10] = [
+        let engine: [(&str, &str, &str, u64); 12] = [
             (
                 "u_engine_requests_total",
                 "counter",
@@ -160,6 +160,18 @@ impl Metrics {
                 "counter",
                 "Batched forward passes run.",
                 stats.forward_passes,
+            ),
+            (
+                "u_draft_tokens_total",
+                "counter",
+                "Tokens drafted by speculative decoding (prompt lookup).",
+                stats.draft_tokens,
+            ),
+            (
+                "u_draft_accepted_tokens_total",
+                "counter",
+                "Drafted tokens the sampler kept.",
+                stats.accepted_tokens,
             ),
             (
                 "u_kv_cache_bytes",

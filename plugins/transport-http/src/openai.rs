@@ -1313,6 +1313,8 @@ mod tests {
             stop_sequence: Default::default(),
             prompt_ms: 1.0,
             generate_ms: 2.0,
+            draft_tokens: 0,
+            accepted_tokens: 0,
         }
     }
 

@@ -298,6 +298,10 @@ pub struct GenerateSummary {
     pub prompt_ms: f64,
     /// Decode wall time (sampling included), milliseconds.
     pub generate_ms: f64,
+    /// Tokens drafted by speculative decoding (prompt lookup).
+    pub draft_tokens: u32,
+    /// Drafted tokens the sampler kept.
+    pub accepted_tokens: u32,
 }
 
 /// Receives generated text as it is produced.
@@ -332,6 +336,10 @@ pub struct EngineStats {
     pub forward_passes: u64,
     /// Bytes of KV held by the cache.
     pub kv_bytes: u64,
+    /// Tokens drafted by speculative decoding.
+    pub draft_tokens: u64,
+    /// Drafted tokens the sampler kept.
+    pub accepted_tokens: u64,
 }
 
 /// What to do with KV checkpoints.
