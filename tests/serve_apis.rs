@@ -476,6 +476,15 @@ fn logprobs_checkpoints_metrics_and_back_pressure() {
     assert!(metric(port, "u_engine_rejected_total") >= busy as f64);
     assert!(metric(port, "u_generated_tokens_total") > 0.0);
     assert_eq!(metric(port, "u_engine_running"), 0.0);
+    // The tiny model repeats itself: prompt-lookup drafts were proposed, and some kept.
+    let (drafted, kept) = (
+        metric(port, "u_draft_tokens_total"),
+        metric(port, "u_draft_accepted_tokens_total"),
+    );
+    assert!(
+        drafted > 0.0 && kept > 0.0 && kept <= drafted,
+        "{kept} of {drafted}"
+    );
     let (_, all) = http(
         port,
         b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
