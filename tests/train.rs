@@ -47,19 +47,41 @@ fn train(kind: &str, out: &Path, args: &[&str]) -> Value {
 
 /// [`train`] on `model`.
 fn train_on(model: &Path, kind: &str, out: &Path, args: &[&str]) -> Value {
+    let o = run(train_command(model, kind, &data(), out, args).arg("--json"));
+    assert!(o.status.success(), "{}", text(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// `u-runner train KIND --model MODEL --data DATA --out OUT ARGS` on the development
+/// deployment.
+fn train_command(model: &Path, kind: &str, data: &Path, out: &Path, args: &[&str]) -> Command {
     let mut cmd = Command::new(bin("u-runner"));
     cmd.args(["train", kind, "--model"])
         .arg(model)
         .arg("--data")
-        .arg(data())
+        .arg(data)
         .arg("--out")
         .arg(out)
         .args(args)
-        .args(["--json", "--deployment"])
+        .arg("--deployment")
         .arg(root().join("manifests/dev.toml"));
-    let o = run(&mut cmd);
-    assert!(o.status.success(), "{}", text(&o));
-    serde_json::from_slice(&o.stdout).unwrap()
+    cmd
+}
+
+/// `u-runner train control-vector` on SmolLM2 with these prompt files.
+fn control_vector_command(pos: &Path, neg: &Path, out: &Path) -> Command {
+    let mut cmd = Command::new(bin("u-runner"));
+    cmd.args(["train", "control-vector", "--model"])
+        .arg(smollm2_path())
+        .arg("--positive")
+        .arg(pos)
+        .arg("--negative")
+        .arg(neg)
+        .arg("--out")
+        .arg(out)
+        .arg("--deployment")
+        .arg(root().join("manifests/dev.toml"));
+    cmd
 }
 
 /// The L2 norm of every tensor of a safetensors file of F32 tensors.
@@ -248,16 +270,7 @@ fn an_interrupted_run_resumes_to_the_adapter_of_an_uninterrupted_one() {
     train("lora", &whole, &settings);
 
     let cut = dir.path().join("cut");
-    let mut child = Command::new(bin("u-runner"))
-        .args(["train", "lora", "--model"])
-        .arg(smollm2_path())
-        .arg("--data")
-        .arg(data())
-        .arg("--out")
-        .arg(&cut)
-        .args(settings)
-        .arg("--deployment")
-        .arg(root().join("manifests/dev.toml"))
+    let mut child = train_command(&smollm2_path(), "lora", &data(), &cut, &settings)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -298,16 +311,13 @@ fn an_interrupted_run_resumes_to_the_adapter_of_an_uninterrupted_one() {
     let mut other = settings.to_vec();
     other[1] = "4";
     other.push("--resume");
-    let o = run(Command::new(bin("u-runner"))
-        .args(["train", "lora", "--model"])
-        .arg(smollm2_path())
-        .arg("--data")
-        .arg(data())
-        .arg("--out")
-        .arg(&cut)
-        .args(&other)
-        .arg("--deployment")
-        .arg(root().join("manifests/dev.toml")));
+    let o = run(&mut train_command(
+        &smollm2_path(),
+        "lora",
+        &data(),
+        &cut,
+        &other,
+    ));
     assert!(!o.status.success());
     assert!(
         text(&o).contains("taken for other data or settings"),
@@ -391,17 +401,7 @@ fn a_control_vector_from_contrasting_prompts_steers_generation() {
         ],
     );
     let vector = dir.path().join("happy.gguf");
-    let o = run(Command::new(bin("u-runner"))
-        .args(["train", "control-vector", "--model"])
-        .arg(smollm2_path())
-        .arg("--positive")
-        .arg(&pos)
-        .arg("--negative")
-        .arg(&neg)
-        .arg("--out")
-        .arg(&vector)
-        .args(["--json", "--deployment"])
-        .arg(root().join("manifests/dev.toml")));
+    let o = run(control_vector_command(&pos, &neg, &vector).arg("--json"));
     assert!(o.status.success(), "{}", text(&o));
     let summary: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(
@@ -433,17 +433,7 @@ fn a_control_vector_from_contrasting_prompts_steers_generation() {
 
     // Unpaired prompts are refused.
     let short = write("short.txt", &["only one line"]);
-    let o = run(Command::new(bin("u-runner"))
-        .args(["train", "control-vector", "--model"])
-        .arg(smollm2_path())
-        .arg("--positive")
-        .arg(&pos)
-        .arg("--negative")
-        .arg(&short)
-        .arg("--out")
-        .arg(&vector)
-        .arg("--deployment")
-        .arg(root().join("manifests/dev.toml")));
+    let o = run(&mut control_vector_command(&pos, &short, &vector));
     assert!(!o.status.success());
     assert!(text(&o).contains("paired line by line"), "{}", text(&o));
 }
@@ -452,16 +442,14 @@ fn a_control_vector_from_contrasting_prompts_steers_generation() {
 fn bad_training_input_is_refused_clearly() {
     let dir = tempfile::tempdir().unwrap();
     let refuse = |args: &[&str], data: &Path, says: &str| {
-        let o = run(Command::new(bin("u-runner"))
-            .args(["train", "lora", "--model"])
-            .arg(smollm2_path())
-            .arg("--data")
-            .arg(data)
-            .arg("--out")
-            .arg(dir.path().join("out"))
-            .args(args)
-            .arg("--deployment")
-            .arg(root().join("manifests/dev.toml")));
+        let out = dir.path().join("out");
+        let o = run(&mut train_command(
+            &smollm2_path(),
+            "lora",
+            data,
+            &out,
+            args,
+        ));
         assert!(!o.status.success(), "{args:?} succeeded");
         assert!(text(&o).contains(says), "{args:?}: {}", text(&o));
     };

@@ -110,6 +110,13 @@ struct Run {
     /// Print a plain line every this many steps (0: none).
     #[arg(long, default_value_t = 10)]
     log_every: usize,
+    #[command(flatten)]
+    host: Host,
+}
+
+/// How every `train` command runs.
+#[derive(clap::Args)]
+struct Host {
     /// Compute threads [default: the deployment's, else all cores].
     #[arg(long, short = 't')]
     threads: Option<u32>,
@@ -180,15 +187,8 @@ struct ControlVectorArgs {
     /// How a block's direction is taken from the differences.
     #[arg(long, value_enum, default_value_t = Method::Pca)]
     method: Method,
-    /// Compute threads [default: the deployment's, else all cores].
-    #[arg(long, short = 't')]
-    threads: Option<u32>,
-    /// Print a JSON summary at the end.
-    #[arg(long)]
-    json: bool,
-    /// The deployment [default: as for `generate`].
-    #[arg(long)]
-    deployment: Option<PathBuf>,
+    #[command(flatten)]
+    host: Host,
 }
 
 /// How a control vector's direction is taken from the positive − negative differences.
@@ -299,8 +299,8 @@ fn fit(r: Run, target: TrainTarget, init_text: Option<String>, default_lr: f32) 
     if r.seq_len < 2 || r.batch == 0 || r.epochs == 0 {
         bail!("--seq-len must be at least 2, --batch and --epochs at least 1");
     }
-    let d = load_default(r.deployment.clone())?;
-    let threads = r.threads.unwrap_or_else(|| threads(&d)).max(1);
+    let d = load_default(r.host.deployment.clone())?;
+    let threads = r.host.threads.unwrap_or_else(|| threads(&d)).max(1);
     let text = std::fs::read_to_string(&r.data)
         .with_context(|| format!("reading {}", r.data.display()))?;
     let grant = output_grant(&r.out)?;
@@ -431,7 +431,7 @@ fn fit(r: Run, target: TrainTarget, init_text: Option<String>, default_lr: f32) 
         "tokens_per_second": tokens as f64 / secs.max(1e-9),
         "out": r.out.display().to_string(),
     });
-    if r.json {
+    if r.host.json {
         println!("{summary}");
     } else {
         let show = |l: Option<f32>| l.map_or("-".to_string(), |l| format!("{l:.4}"));
@@ -602,8 +602,8 @@ fn lines(path: &Path) -> Result<Vec<String>> {
 
 /// `train control-vector` (see the module documentation).
 fn control_vector(a: ControlVectorArgs) -> Result<i32> {
-    let d = load_default(a.deployment.clone())?;
-    let threads = a.threads.unwrap_or_else(|| threads(&d)).max(1);
+    let d = load_default(a.host.deployment.clone())?;
+    let threads = a.host.threads.unwrap_or_else(|| threads(&d)).max(1);
     let (pos, neg) = (lines(&a.positive)?, lines(&a.negative)?);
     if pos.is_empty() || pos.len() != neg.len() {
         bail!(
@@ -671,7 +671,7 @@ fn control_vector(a: ControlVectorArgs) -> Result<i32> {
         "seconds": started.elapsed().as_secs_f64(),
         "out": a.out.display().to_string(),
     });
-    if a.json {
+    if a.host.json {
         println!("{summary}");
     } else {
         eprintln!(

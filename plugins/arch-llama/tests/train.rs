@@ -226,26 +226,6 @@ fn inference_loss(model: &ModelBox, tokens: &[u32], name: &str) -> Result<f32> {
     Ok((sum / (tokens.len() - 1) as f64) as f32)
 }
 
-/// Writes `tensors` as a safetensors file.
-fn write_safetensors(path: &Path, tensors: &[NamedValues]) -> Result<()> {
-    let mut header = serde_json::Map::new();
-    let mut data = Vec::new();
-    for t in tensors {
-        let start = data.len();
-        data.extend(t.values.iter().flat_map(|v| v.to_le_bytes()));
-        header.insert(
-            t.name.to_string(),
-            serde_json::json!({"dtype": "F32", "shape": t.dims.as_slice(), "data_offsets": [start, data.len()]}),
-        );
-    }
-    let header = serde_json::to_vec(&header)?;
-    let mut file = (header.len() as u64).to_le_bytes().to_vec();
-    file.extend(header);
-    file.extend(data);
-    std::fs::write(path, file)?;
-    Ok(())
-}
-
 #[test]
 fn steps_lower_the_loss_resume_exactly_and_export_what_inference_loads() -> Result<()> {
     let tokens = tokens(&reference()?);
@@ -300,7 +280,7 @@ fn steps_lower_the_loss_resume_exactly_and_export_what_inference_loads() -> Resu
             std::env::temp_dir().join(format!("u-train-export-{base}-{}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let file = dir.join("adapter_model.safetensors");
-        write_safetensors(&file, &trained.tensors)?;
+        std::fs::write(&file, u_train::state::encode(&trained.tensors)?)?;
         use u_loader_safetensors::{SafetensorsModel, SafetensorsWeights, StdFs};
         let weights = SafetensorsWeights::new(SafetensorsModel::open(&StdFs, &file)?).into_box();
         model
