@@ -447,3 +447,86 @@ fn adapters_load_and_unload_at_run_time_within_a_budget() {
         "the pinned adapter still serves"
     );
 }
+
+/// The metrics the Gateway API Inference Extension's endpoint picker reads, under vLLM's names
+/// (issue 21): while one request runs and others wait, `vllm:num_requests_running` and
+/// `vllm:num_requests_waiting` count them and `vllm:lora_requests_info` names their adapters;
+/// once they are done both are 0 and no adapter is in use; `max_lora` is the resident count.
+#[test]
+fn the_endpoint_pickers_metrics_follow_the_load() {
+    let options = Options {
+        model_config: format!(
+            "max_running = 1\nmax_queued = 8\n[model.adapters]\na = \"{}\"\nb = \"{}\"\n",
+            lora("a").display(),
+            lora("b").display()
+        ),
+        ..Options::default()
+    };
+    let server = start_tiny(&options);
+    let port = server.port;
+    let scrape = || {
+        let (_, text) = u_conformance::serving::http(
+            port,
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .unwrap();
+        let value = |name: &str| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in {text}"))
+        };
+        let info = text
+            .lines()
+            .find(|l| l.starts_with("vllm:lora_requests_info{"))
+            .unwrap_or_else(|| panic!("no vllm:lora_requests_info in {text}"))
+            .to_string();
+        (
+            value("vllm:num_requests_running"),
+            value("vllm:num_requests_waiting"),
+            value("vllm:kv_cache_usage_perc"),
+            info,
+        )
+    };
+    let idle = scrape();
+    assert_eq!((idle.0, idle.1), (0.0, 0.0));
+    assert!(
+        idle.3
+            .contains(r#"max_lora="2",running_lora_adapters="",waiting_lora_adapters="""#),
+        "{}",
+        idle.3
+    );
+    let busy = std::thread::scope(|s| {
+        for i in 0..6 {
+            s.spawn(move || {
+                let adapter = if i % 2 == 0 { "a" } else { "b" };
+                let body = format!(
+                    r#"{{"model":"{MODEL}:{adapter}","prompt":"Hello number {i}","max_tokens":200,"temperature":0}}"#
+                );
+                let (status, v) = post(port, "/v1/completions", body.as_bytes());
+                assert_eq!(status, 200, "{v}");
+            });
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let m = scrape();
+            let named = !m.3.contains(r#"running_lora_adapters="""#)
+                && !m.3.contains(r#"waiting_lora_adapters="""#);
+            if m.0 == 1.0 && m.1 >= 1.0 && named {
+                return Some(m);
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+        }
+    });
+    let busy = busy.expect("never saw one request running and others waiting");
+    assert!((0.0..=1.0).contains(&busy.2), "KV usage {}", busy.2);
+    let after = scrape();
+    assert_eq!((after.0, after.1), (0.0, 0.0), "{:?}", after);
+    assert!(
+        after
+            .3
+            .contains(r#"running_lora_adapters="",waiting_lora_adapters="""#)
+    );
+}

@@ -789,6 +789,7 @@ impl Store {
             prefix_nodes,
             checkpoints: names.len() as u64,
             evictions,
+            capacity_bytes: self.config.max_bytes.unwrap_or(0),
         }
     }
 

@@ -661,9 +661,21 @@ impl Engine for EngineHandle {
     }
 
     fn stats(&self) -> RResult<EngineStats, UError> {
-        let kv_bytes = self.cache().stats().into_result().map_or(0, |s| s.bytes);
+        let (kv_bytes, kv_capacity_bytes) = self
+            .cache()
+            .stats()
+            .into_result()
+            .map_or((0, 0), |s| (s.bytes, s.capacity_bytes));
+        let resident = self
+            .generator()
+            .model()
+            .adapters()
+            .into_result()
+            .map_or(0, |a| a.len() as u32);
         RResult::ROk(EngineStats {
             kv_bytes,
+            kv_capacity_bytes,
+            resident_adapters: resident,
             ..self.scheduler.stats()
         })
     }

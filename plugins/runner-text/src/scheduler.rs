@@ -15,6 +15,7 @@ use crate::{
     batch::Batch,
     sequence::{Origin, Outcome, Piece, Sequence, Spec},
 };
+use abi_stable::std_types::{RString, RVec};
 use std::{
     collections::{HashMap, VecDeque},
     sync::{
@@ -106,6 +107,8 @@ struct Shared {
     wake: Condvar,
     counters: Counters,
     checkpoints: Mutex<HashMap<String, Vec<u32>>>,
+    /// The adapters the running requests use, as of the last pass.
+    running_adapters: Mutex<Vec<String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -148,6 +151,7 @@ impl Scheduler {
             wake: Condvar::new(),
             counters: Counters::default(),
             checkpoints: Mutex::new(HashMap::new()),
+            running_adapters: Mutex::new(Vec::new()),
         });
         let worker = shared.clone();
         let thread = std::thread::Builder::new()
@@ -221,7 +225,19 @@ impl Scheduler {
     /// Counters (all but `kv_bytes`, which the cache knows).
     pub(crate) fn stats(&self) -> EngineStats {
         let c = &self.shared.counters;
-        let queued = lock(&self.shared.queue).pending.len();
+        let (queued, waiting) = {
+            let q = lock(&self.shared.queue);
+            let names = q
+                .pending
+                .iter()
+                .flat_map(|j| j.spec.adapters.iter().map(|(n, _)| n.as_str()));
+            (q.pending.len(), distinct(names))
+        };
+        let running = distinct(
+            lock(&self.shared.running_adapters)
+                .iter()
+                .map(String::as_str),
+        );
         EngineStats {
             requests: c.requests.load(Ordering::Relaxed),
             rejected: c.rejected.load(Ordering::Relaxed),
@@ -235,8 +251,17 @@ impl Scheduler {
             kv_bytes: 0,
             draft_tokens: c.draft_tokens.load(Ordering::Relaxed),
             accepted_tokens: c.accepted_tokens.load(Ordering::Relaxed),
+            running_adapters: running,
+            waiting_adapters: waiting,
+            ..EngineStats::default()
         }
     }
+}
+
+/// The distinct `names`, sorted.
+fn distinct<'a>(names: impl Iterator<Item = &'a str>) -> RVec<RString> {
+    let set: std::collections::BTreeSet<&str> = names.collect();
+    set.into_iter().map(RString::from).collect()
 }
 
 /// Where a running request's output goes, and whose it is.
@@ -280,10 +305,7 @@ fn run(shared: &Shared) {
                 seq.cancel();
             }
         }
-        shared
-            .counters
-            .running
-            .store(batch.len() as u32, Ordering::Relaxed);
+        publish_running(shared, &mut batch);
         match batch.step(g) {
             Ok(true) => {
                 shared
@@ -306,14 +328,23 @@ fn run(shared: &Shared) {
             }
         }
         let done = batch.take_done();
-        shared
-            .counters
-            .running
-            .store(batch.len() as u32, Ordering::Relaxed);
+        publish_running(shared, &mut batch);
         for (seq, tag) in done {
             retire(shared, seq.close(), &tag.events);
         }
     }
+}
+
+/// Records how many requests run and which adapters they use, for [`Scheduler::stats`].
+fn publish_running(shared: &Shared, batch: &mut Batch<Tag>) {
+    shared
+        .counters
+        .running
+        .store(batch.len() as u32, Ordering::Relaxed);
+    *lock(&shared.running_adapters) = batch
+        .slots_mut()
+        .flat_map(|(seq, _)| seq.adapter_names())
+        .collect();
 }
 
 /// Takes a cache sequence for `job` and adds it to the batch (or reports why not).

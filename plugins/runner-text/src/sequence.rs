@@ -290,6 +290,11 @@ impl Sequence {
         Ok(s)
     }
 
+    /// The names of the adapters it runs under.
+    pub(crate) fn adapter_names(&self) -> Vec<String> {
+        self.adapters.iter().map(|(n, _)| n.clone()).collect()
+    }
+
     /// The adapters it runs under, as the model interface names them.
     pub(crate) fn adapters(&self) -> Vec<u_sdk::AdapterScale<'_>> {
         self.adapters

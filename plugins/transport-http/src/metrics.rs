@@ -186,8 +186,69 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
             );
         }
+        inference_extension(stats, &mut out);
         out
     }
+}
+
+/// The model-server metrics the Kubernetes Gateway API Inference Extension's endpoint picker
+/// reads, under vLLM's names: requests running and waiting, the KV cache's fill (a fraction of
+/// its byte budget), and which adapters are in use (`max_lora`: the adapters resident, all of
+/// which one pass may mix; the value is the time of the reading, as vLLM reports it).
+fn inference_extension(stats: &EngineStats, out: &mut String) {
+    let usage = match stats.kv_capacity_bytes {
+        0 => 0.0,
+        cap => (stats.kv_bytes as f64 / cap as f64).min(1.0),
+    };
+    let gauges = [
+        (
+            "vllm:num_requests_running",
+            "Requests prefilling or decoding.",
+            f64::from(stats.running),
+        ),
+        (
+            "vllm:num_requests_waiting",
+            "Requests waiting for a slot.",
+            f64::from(stats.queued),
+        ),
+        (
+            "vllm:kv_cache_usage_perc",
+            "KV cache usage (1 means its byte budget is full).",
+            usage,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+        );
+    }
+    let list = |names: &[abi_stable::std_types::RString]| {
+        names
+            .iter()
+            .map(|n| label_value(n))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let _ = writeln!(
+        out,
+        "# HELP vllm:lora_requests_info Adapters resident, in use and asked for.\n\
+         # TYPE vllm:lora_requests_info gauge\n\
+         vllm:lora_requests_info{{max_lora=\"{}\",running_lora_adapters=\"{}\",waiting_lora_adapters=\"{}\"}} {now}",
+        stats.resident_adapters,
+        list(&stats.running_adapters),
+        list(&stats.waiting_adapters),
+    );
+}
+
+/// `v` escaped for a Prometheus label value (backslash, double quote, newline).
+fn label_value(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 #[cfg(test)]
@@ -203,9 +264,24 @@ mod tests {
         m.first_token("/v1/messages", Duration::from_millis(20));
         let text = m.render(&EngineStats {
             queued: 3,
+            running: 2,
             cached_tokens: 42,
+            kv_bytes: 250,
+            kv_capacity_bytes: 1000,
+            resident_adapters: 3,
+            running_adapters: vec!["sql".into(), "a\"b".into()].into(),
+            waiting_adapters: vec!["chat".into()].into(),
             ..Default::default()
         });
+        assert!(text.contains("\nvllm:num_requests_running 2\n"), "{text}");
+        assert!(text.contains("\nvllm:num_requests_waiting 3\n"), "{text}");
+        assert!(text.contains("\nvllm:kv_cache_usage_perc 0.25\n"), "{text}");
+        assert!(
+            text.contains(
+                "vllm:lora_requests_info{max_lora=\"3\",running_lora_adapters=\"sql,a\\\"b\",waiting_lora_adapters=\"chat\"} "
+            ),
+            "{text}"
+        );
         assert!(text.contains("u_http_requests_total{route=\"/v1/messages\",status=\"200\"} 2"));
         assert!(text.contains("u_http_requests_total{route=\"/v1/messages\",status=\"429\"} 1"));
         assert!(

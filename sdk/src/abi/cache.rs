@@ -100,6 +100,8 @@ pub struct KvStats {
     pub checkpoints: u64,
     /// Prefix-tree entries evicted so far to stay within the byte budget.
     pub evictions: u64,
+    /// The byte budget of KV in memory (0: none).
+    pub capacity_bytes: u64,
 }
 
 /// The deepest cached prefix found for a token sequence.

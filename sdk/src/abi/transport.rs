@@ -340,6 +340,14 @@ pub struct EngineStats {
     pub draft_tokens: u64,
     /// Drafted tokens the sampler kept.
     pub accepted_tokens: u64,
+    /// The byte budget of KV in memory (0: none).
+    pub kv_capacity_bytes: u64,
+    /// Low-rank adapters resident (every one of them may run in the same pass).
+    pub resident_adapters: u32,
+    /// Adapters the running requests use.
+    pub running_adapters: RVec<RString>,
+    /// Adapters the waiting requests ask for.
+    pub waiting_adapters: RVec<RString>,
 }
 
 /// What to do with KV checkpoints.
