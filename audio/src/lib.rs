@@ -13,7 +13,10 @@
 //! 4. `log10(max(x, 1e-10))`, floored at the maximum minus 8, then `(x + 4) / 4`.
 //!
 //! The result is `[n_mels, frames]`, row-major, `frames = (len + padding) / 160`.
+//!
+//! [`decode`] reads WAV, FLAC and MP3 files and resamples them to 16 kHz mono.
 
+pub mod decode;
 pub mod mel;
 
 use realfft::RealFftPlanner;

@@ -343,12 +343,12 @@ fn fuzz(root: &Path, seconds: u32, quick: bool) -> Result<()> {
     }
     let mut failures = Vec::new();
     // Every plugin's fuzz crate, and those of the host-side parsers (deployments, components,
-    // chat templates, training state).
+    // chat templates, training state, audio).
     let mut crates: Vec<PathBuf> = std::fs::read_dir(root.join("plugins"))?
         .map(|e| e.map(|e| e.path()))
         .collect::<std::io::Result<_>>()?;
     crates.sort();
-    crates.extend(["attest", "chat-template", "train"].map(|c| root.join(c)));
+    crates.extend(["attest", "audio", "chat-template", "train"].map(|c| root.join(c)));
     for plugin in crates {
         let targets = plugin.join("fuzz/fuzz_targets");
         let Ok(entries) = std::fs::read_dir(&targets) else {
