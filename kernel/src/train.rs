@@ -281,13 +281,17 @@ fn output_grant(out: &Path) -> Result<PathGrant> {
 
 /// What a checkpoint must agree with to be resumed.
 fn run_identity(spec: &TrainSpec, data: &[u32], r: &Run) -> Value {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    data.hash(&mut h);
+    // FNV-1a over the tokens: stable across builds, unlike std's hasher.
+    let hash = data
+        .iter()
+        .flat_map(|t| t.to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
     json!({
         "spec": format!("{spec:?}"),
         "data_tokens": data.len(),
-        "data_hash": format!("{:016x}", h.finish()),
+        "data_hash": format!("{hash:016x}"),
         "seq_len": r.seq_len,
         "batch": r.batch,
         "seed": r.seed,
