@@ -62,8 +62,16 @@ fn main() -> Result<()> {
             // Test-time Python packages (e.g. the `openai` client that tests/serve.rs drives)
             // and the browser of the chat page's test; the tests themselves install nothing.
             pip_install_requirements(&root)?;
-            ensure_chromium()?;
-            ensure_systemd_analyze()?;
+            ensure_tool(
+                "chromium",
+                "chromium",
+                "the chat page's browser test needs Debian's chromium",
+            )?;
+            ensure_tool(
+                "systemd-analyze",
+                "systemd",
+                "tests/deploy.rs needs systemd-analyze (Debian's systemd)",
+            )?;
             let env: Vec<(&str, &std::ffi::OsStr)> =
                 env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
             build_example(&root)?;
@@ -432,35 +440,16 @@ fn apt_install(packages: &[&str], why: &str) -> Result<()> {
     Ok(())
 }
 
-/// Debian's Chromium for the chat page's browser test (`tests/chat_page.rs`), unless there.
-fn ensure_chromium() -> Result<()> {
-    let there = Command::new("chromium")
+/// Debian's `package` when `tool --version` does not answer (`why` says who needs it).
+fn ensure_tool(tool: &str, package: &str, why: &str) -> Result<()> {
+    let there = Command::new(tool)
         .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success());
     if there {
         return Ok(());
     }
-    apt_install(
-        &["chromium"],
-        "the chat page's browser test needs Debian's chromium",
-    )
-}
-
-/// Debian's systemd (for `systemd-analyze`, which tests/deploy.rs checks the shipped units
-/// with), unless there.
-fn ensure_systemd_analyze() -> Result<()> {
-    let there = Command::new("systemd-analyze")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if there {
-        return Ok(());
-    }
-    apt_install(
-        &["systemd"],
-        "tests/deploy.rs needs systemd-analyze (Debian's systemd)",
-    )
+    apt_install(&[package], why)
 }
 
 /// Runs the `u-kernels-cpu` tests for aarch64 under qemu-user, with and without the dot-product
