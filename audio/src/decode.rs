@@ -77,11 +77,38 @@ fn defuse_flac(bytes: &mut [u8]) {
     }
 }
 
-/// Decodes a whole WAV, FLAC or MP3 file held in `bytes`.
-pub fn decode(mut bytes: Vec<u8>) -> Result<Audio, DecodeError> {
+/// Refuses a WAV file whose format chunk gives a sample rate of 0 (symphonia panics building
+/// its time base from it). The chunks after `RIFF….WAVE` are walked while they fit.
+fn check_wav(bytes: &[u8]) -> Result<(), DecodeError> {
+    if bytes.len() < 12 || &bytes[..4] != b"RIFF" || &bytes[8..12] != b"WAVE" {
+        return Ok(());
+    }
+    let mut at = 12;
+    while let Some(header) = bytes.get(at..at + 8) {
+        let len = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes")) as usize;
+        if &header[..4] == b"fmt "
+            && let Some(rate) = bytes.get(at + 12..at + 16)
+            && u32::from_le_bytes(rate.try_into().expect("4 bytes")) == 0
+        {
+            return Err(fail("corrupt WAV file: a sample rate of 0 Hz"));
+        }
+        at = at.saturating_add(8).saturating_add(len + (len & 1));
+    }
+    Ok(())
+}
+
+/// Decodes a whole WAV, FLAC or MP3 file held in `bytes`. A panic inside the decoding
+/// libraries (on input no check here foresaw) is an error too.
+pub fn decode(bytes: Vec<u8>) -> Result<Audio, DecodeError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode_bytes(bytes)))
+        .unwrap_or_else(|_| Err(fail("corrupt audio file (the decoder gave up on it)")))
+}
+
+fn decode_bytes(mut bytes: Vec<u8>) -> Result<Audio, DecodeError> {
     if bytes.is_empty() {
         return Err(fail("empty audio file"));
     }
+    check_wav(&bytes)?;
     defuse_flac(&mut bytes);
     let source = MediaSourceStream::new(Box::new(std::io::Cursor::new(bytes)), Default::default());
     let probed = symphonia::default::get_probe()
@@ -149,6 +176,11 @@ pub fn decode(mut bytes: Vec<u8>) -> Result<Audio, DecodeError> {
     let channels = spec.channels.count();
     if samples.is_empty() || channels == 0 || spec.rate == 0 {
         return Err(fail("the file holds no audio samples"));
+    }
+    if samples.iter().any(|x| !x.is_finite()) {
+        return Err(fail(
+            "corrupt audio data: samples that are not finite numbers",
+        ));
     }
     Ok(Audio {
         sample_rate: spec.rate,
