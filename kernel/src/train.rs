@@ -358,13 +358,18 @@ fn fit(r: Run, target: TrainTarget, init_text: Option<String>, default_lr: f32) 
     let terminal = std::io::stderr().is_terminal();
     let (mut tokens, mut first_loss, mut last_loss) = (0u64, None, f32::NAN);
     let mut interrupted = false;
+    // The shuffled window order of the epoch being read, made once per epoch.
+    let mut shuffled: Option<(usize, Vec<usize>)> = None;
     while step < total {
         let mut loss = 0f32;
         let mut shown = 0;
         for j in 0..r.batch {
             let i = step * r.batch + j;
             let epoch = i / windows.len();
-            let w = windows[order(windows.len(), r.seed, epoch)[i % windows.len()]];
+            if shuffled.as_ref().is_none_or(|(e, _)| *e != epoch) {
+                shuffled = Some((epoch, order(windows.len(), r.seed, epoch)));
+            }
+            let w = windows[shuffled.as_ref().expect("made above").1[i % windows.len()]];
             loss += trainer
                 .accumulate(RSlice::from_slice(w))
                 .into_result()
