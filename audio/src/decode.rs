@@ -177,9 +177,9 @@ fn decode_bytes(mut bytes: Vec<u8>) -> Result<Audio, DecodeError> {
     if samples.is_empty() || channels == 0 || spec.rate == 0 {
         return Err(fail("the file holds no audio samples"));
     }
-    if samples.iter().any(|x| !x.is_finite()) {
+    if samples.iter().any(|x| !x.is_finite() || x.abs() > 1e3) {
         return Err(fail(
-            "corrupt audio data: samples that are not finite numbers",
+            "corrupt audio data: samples that are not finite numbers or lie far outside ±1",
         ));
     }
     Ok(Audio {
