@@ -442,6 +442,7 @@ impl Gemma3 {
             experts: 0,
             attention: AttentionMask::Causal,
             pooling: Pooling::Mean,
+            context_shape: [0, 0],
         }
     }
 

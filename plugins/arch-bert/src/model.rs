@@ -326,6 +326,7 @@ impl Bert {
             experts: 0,
             attention: AttentionMask::Bidirectional,
             pooling: c.pooling,
+            context_shape: [0, 0],
         }
     }
 

@@ -913,6 +913,7 @@ impl Llama {
             experts: c.moe.map_or(0, |m| m.experts) as u32,
             attention: AttentionMask::Causal,
             pooling: Pooling::Mean,
+            context_shape: [0, 0],
         }
     }
 

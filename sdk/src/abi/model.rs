@@ -73,6 +73,10 @@ pub struct ModelConfig {
     /// How the model summarises a sequence when asked for [`Output::Pooled`] without a
     /// preference (the checkpoint's own recipe where it states one).
     pub pooling: Pooling,
+    /// The cross-attention context a [`ModelKind::CrossDecoder`] reads
+    /// ([`CrossContext::rows`]): `[rows, width]` floats, row-major (Whisper: its log-mel
+    /// spectrogram, `[n_mels, 3000]`); `[0, 0]` for other kinds.
+    pub context_shape: [u32; 2],
 }
 
 /// Which rows of a chunk an output covers.
@@ -168,14 +172,16 @@ pub struct Steering<'a> {
 }
 
 /// A context this sequence cross-attends to, computed once per request (e.g. the audio
-/// encoder's output for Whisper's decoder): its keys and values are computed from `rows` on the
-/// first pass and kept in the cache sequence `kv` for every later pass.
+/// encoder's output for Whisper's decoder): the model encodes `rows` on the first pass and keeps
+/// the keys and values of every cross-attention layer in the cache sequence `kv` for every later
+/// pass (and for every sequence that names the same `kv`, such as beams).
 #[repr(C)]
 #[derive(StableAbi, Clone, Copy, Debug)]
 pub struct CrossContext<'a> {
     /// The cache sequence holding (or receiving) the context's static KV.
     pub kv: SeqId,
-    /// The context rows (`hidden`-wide); empty once `kv` holds them.
+    /// The context, shaped as [`ModelConfig::context_shape`] says; empty once `kv` holds its
+    /// keys and values.
     pub rows: RSlice<'a, f32>,
 }
 

@@ -138,6 +138,7 @@ impl Model for Toy {
             experts: 0,
             attention: AttentionMask::Causal,
             pooling: Pooling::Last,
+            context_shape: [0, 0],
         })
     }
 
