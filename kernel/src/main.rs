@@ -14,6 +14,7 @@ mod bench;
 mod perplexity;
 mod quantize;
 mod train;
+mod transcribe;
 
 // The host carries a signed manifest like every plugin, so `u-attest inspect` can prove its
 // surface too.
@@ -94,6 +95,10 @@ enum Command {
     /// prompt on a text (PEFT's files; progress, checkpoints, `--resume`), or a control vector
     /// from contrasting prompts (llama.cpp's GGUF).
     Train(train::TrainArgs),
+    /// Transcribe (or translate) speech with a Whisper-style model, wired as for `generate`:
+    /// 30 s windows, timestamps, temperature fallback as openai-whisper does; text, JSON, SRT or
+    /// WebVTT on stdout, speed on stderr.
+    Transcribe(transcribe::TranscribeArgs),
     /// Tokenize text with a model's tokenizer (from its GGUF metadata or a tokenizer.json in or
     /// beside it), or with `--decode` turn token ids back into text.
     Tokenize {
@@ -262,6 +267,7 @@ fn main() {
                 | Command::Perplexity(_)
                 | Command::Quantize(_)
                 | Command::Train(_)
+                | Command::Transcribe(_)
         )
     );
     // `RUST_LOG` takes `level` or `target=level,...` (no regular expressions: the host stays
@@ -301,7 +307,7 @@ fn default_deployment() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/etc/u/deployment.toml"))
 }
 
-fn threads(deployment: &Deployment) -> u32 {
+pub(crate) fn threads(deployment: &Deployment) -> u32 {
     deployment.threads.unwrap_or_else(|| {
         std::thread::available_parallelism()
             .map(|n| n.get() as u32)
@@ -500,6 +506,7 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Perplexity(args) => perplexity::run(args),
         Command::Quantize(args) => quantize::run(args),
         Command::Train(args) => train::run(args),
+        Command::Transcribe(args) => transcribe::run(args),
         Command::Tokenize {
             model,
             text,
@@ -626,7 +633,7 @@ fn serve_deployment(d: Deployment, strict: bool, proof: bool) -> Result<i32> {
     Ok(if refused == 0 { 0 } else { 1 })
 }
 
-fn load_default(deployment: Option<PathBuf>) -> Result<Deployment> {
+pub(crate) fn load_default(deployment: Option<PathBuf>) -> Result<Deployment> {
     let path = deployment.unwrap_or_else(default_deployment);
     Deployment::load(&path).with_context(|| format!("loading deployment {}", path.display()))
 }

@@ -387,7 +387,8 @@ fn task_for(kind: ModelKind) -> Option<Task> {
     match kind {
         ModelKind::Decoder => Some(Task::TextGeneration),
         ModelKind::Encoder => Some(Task::Embeddings),
-        ModelKind::CrossDecoder | ModelKind::Denoiser | ModelKind::Autoencoder => None,
+        ModelKind::CrossDecoder => Some(Task::Transcription),
+        ModelKind::Denoiser | ModelKind::Autoencoder => None,
     }
 }
 

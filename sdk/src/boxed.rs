@@ -341,6 +341,9 @@ impl<T: Engine> Engine for Guarded<T> {
     fn unload_adapter(&self, name: RStr<'_>) -> RResult<bool, UError> {
         run("engine.unload_adapter", || self.0.unload_adapter(name))
     }
+    fn transcribe(&self, request: &TranscribeRequest) -> RResult<Transcript, UError> {
+        run("engine.transcribe", || self.0.transcribe(request))
+    }
 }
 
 impl<T: TokenSink> TokenSink for Guarded<T> {

@@ -40,6 +40,7 @@ pub mod manifest;
 pub mod meta;
 pub mod nn;
 pub mod quant;
+pub mod subtitles;
 pub mod weights;
 
 pub use abi::*;

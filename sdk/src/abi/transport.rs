@@ -350,6 +350,70 @@ pub struct EngineStats {
     pub waiting_adapters: RVec<RString>,
 }
 
+/// One transcription request (OpenAI's `POST /v1/audio/transcriptions`, `u-runner
+/// transcribe`).
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq)]
+pub struct TranscribeRequest {
+    /// The model name the client asked for.
+    pub model: RString,
+    /// The audio file's bytes as uploaded (WAV, FLAC or MP3); the runner decodes them.
+    pub audio: RVec<u8>,
+    /// The spoken language as an ISO-639-1 code (`en`), or empty to detect it (multilingual
+    /// models only).
+    pub language: RString,
+    /// Translate the speech to English instead of transcribing it (multilingual models only).
+    pub translate: bool,
+    /// Text that conditions the first window, as the previous window's text does later
+    /// (OpenAI's `prompt`).
+    pub prompt: RString,
+    /// The first sampling temperature; 0 is greedy. On a window whose output looks like a
+    /// failure (repetitive, unlikely) the runner retries at higher temperatures, as
+    /// openai-whisper does.
+    pub temperature: f32,
+    /// Predict segment timestamps (openai-whisper's default); without them each 30 s window is
+    /// one segment.
+    pub timestamps: bool,
+    /// Who is asking, for fair queueing (see [`GenerateRequest::client`]).
+    pub client: RString,
+}
+
+/// A stretch of transcribed speech.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq)]
+pub struct TranscriptSegment {
+    /// Start, in seconds from the beginning of the audio.
+    pub start: f64,
+    /// End, in seconds.
+    pub end: f64,
+    /// The text.
+    pub text: RString,
+    /// The text's token ids (timestamp tokens included when predicted).
+    pub tokens: RVec<u32>,
+    /// The temperature the window was decoded at.
+    pub temperature: f32,
+    /// Mean log-probability of the window's tokens (the end token included).
+    pub avg_logprob: f64,
+    /// How much the window's text compresses with zlib (repetitive text compresses well).
+    pub compression_ratio: f64,
+    /// The probability the model gave its no-speech token at the window's start.
+    pub no_speech_prob: f64,
+}
+
+/// The result of a transcription.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq)]
+pub struct Transcript {
+    /// The whole text.
+    pub text: RString,
+    /// The language, as asked or detected (ISO-639-1).
+    pub language: RString,
+    /// Length of the audio in seconds.
+    pub duration: f64,
+    /// The segments, in order.
+    pub segments: RVec<TranscriptSegment>,
+}
+
 /// What to do with KV checkpoints.
 #[repr(u8)]
 #[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq)]
@@ -476,6 +540,14 @@ pub trait Engine: Send + Sync + Clone {
     fn unload_adapter(&self, name: RStr<'_>) -> RResult<bool, UError> {
         let _ = name;
         RResult::ROk(false)
+    }
+
+    /// Transcribes (or translates) speech. Engines of other tasks keep this default.
+    fn transcribe(&self, request: &TranscribeRequest) -> RResult<Transcript, UError> {
+        RResult::RErr(UError::unsupported(format!(
+            "`{}` does not transcribe audio (a speech model such as Whisper does)",
+            request.model
+        )))
     }
 }
 

@@ -1,0 +1,128 @@
+//! `u-runner transcribe`: speech to text with a Whisper-style model, wired as for `generate`
+//! (loader, architecture, kernels, cache, tokenizer, the transcription runner), the audio file
+//! read before the process is locked down.
+
+use anyhow::{Context, Result, bail};
+use serde_json::json;
+use std::{io::Read, path::PathBuf, time::Instant};
+use u_runner::wiring;
+
+/// The largest audio file read (1 GiB).
+const MAX_AUDIO_BYTES: u64 = 1 << 30;
+
+/// Arguments of `u-runner transcribe`.
+#[derive(clap::Args)]
+pub struct TranscribeArgs {
+    /// The audio file: WAV, FLAC or MP3.
+    file: PathBuf,
+    /// The model: a CTranslate2 Whisper folder, a Hugging Face Whisper folder.
+    #[arg(long)]
+    model: PathBuf,
+    /// The spoken language (ISO-639-1, e.g. `de`) [default: detected; `en` for English-only
+    /// models].
+    #[arg(long, default_value = "")]
+    language: String,
+    /// Translate the speech to English.
+    #[arg(long)]
+    translate: bool,
+    /// Text that conditions the first window (spellings, names, style).
+    #[arg(long, default_value = "")]
+    prompt: String,
+    /// The first sampling temperature (0 is greedy; raised on windows that fail).
+    #[arg(long = "temp", default_value_t = 0.0)]
+    temperature: f32,
+    /// Output: `text`, `json` (text only), `verbose_json` (segments, timings), `srt`, `vtt`.
+    #[arg(long, default_value = "text")]
+    format: String,
+    /// Do not predict timestamps (each 30 s window becomes one segment).
+    #[arg(long)]
+    no_timestamps: bool,
+    /// Compute threads [default: the deployment's, else all cores].
+    #[arg(long)]
+    threads: Option<u32>,
+    /// The deployment [default: as for `generate`].
+    #[arg(long)]
+    deployment: Option<PathBuf>,
+}
+
+/// Transcribes the file and prints it in the chosen format; speed goes to stderr.
+pub fn run(args: TranscribeArgs) -> Result<i32> {
+    if !["text", "json", "verbose_json", "srt", "vtt"].contains(&args.format.as_str()) {
+        bail!(
+            "--format {}: one of text, json, verbose_json, srt, vtt",
+            args.format
+        );
+    }
+    let mut audio = Vec::new();
+    std::fs::File::open(&args.file)
+        .with_context(|| format!("opening {}", args.file.display()))?
+        .take(MAX_AUDIO_BYTES + 1)
+        .read_to_end(&mut audio)
+        .with_context(|| format!("reading {}", args.file.display()))?;
+    if audio.len() as u64 > MAX_AUDIO_BYTES {
+        bail!(
+            "{} is larger than {MAX_AUDIO_BYTES} bytes",
+            args.file.display()
+        );
+    }
+    let d = crate::load_default(args.deployment)?;
+    let threads = args.threads.unwrap_or_else(|| crate::threads(&d)).max(1);
+    let opened = wiring::open(&d, &args.model, threads, wiring::Want::Engine)?;
+    let (runner, engine) = opened.engine.context("no engine was started")?;
+    let request = u_sdk::TranscribeRequest {
+        model: wiring::served_name(&u_attest::deployment::absolute(&args.model)).into(),
+        audio: audio.into(),
+        language: args.language.into(),
+        translate: args.translate,
+        prompt: args.prompt.into(),
+        temperature: args.temperature,
+        timestamps: !args.no_timestamps,
+        client: "".into(),
+    };
+    let start = Instant::now();
+    let t = engine
+        .transcribe(&request)
+        .into_result()
+        .map_err(|e| anyhow::anyhow!("{runner}: {e}"))?;
+    let seconds = start.elapsed().as_secs_f64();
+    let rtf = if t.duration > 0.0 {
+        seconds / t.duration
+    } else {
+        0.0
+    };
+    match args.format.as_str() {
+        "text" => println!("{}", t.text),
+        "json" => println!("{}", json!({ "text": t.text.as_str() })),
+        "srt" => print!("{}", u_sdk::subtitles::srt(&t)),
+        "vtt" => print!("{}", u_sdk::subtitles::vtt(&t)),
+        _ => {
+            let segments: Vec<_> = t
+                .segments
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    json!({
+                        "id": i, "start": s.start, "end": s.end, "text": s.text.as_str(),
+                        "tokens": s.tokens.as_slice(), "temperature": s.temperature,
+                        "avg_logprob": s.avg_logprob, "compression_ratio": s.compression_ratio,
+                        "no_speech_prob": s.no_speech_prob,
+                    })
+                })
+                .collect();
+            println!(
+                "{}",
+                json!({
+                    "task": if request.translate { "translate" } else { "transcribe" },
+                    "language": t.language.as_str(), "duration": t.duration,
+                    "text": t.text.as_str(), "segments": segments,
+                    "timings": { "seconds": seconds, "real_time_factor": rtf, "threads": threads },
+                })
+            );
+        }
+    }
+    eprintln!(
+        "transcribed {:.1} s of audio in {seconds:.2} s (real-time factor {rtf:.3}; {threads} threads)",
+        t.duration
+    );
+    Ok(0)
+}
