@@ -4,11 +4,18 @@
 //! sentences spoken by espeak-ng (`tests/fixtures/speech/gen_speech.py`), the greedy tokens
 //! without timestamps equal CTranslate2's on the same audio and weights
 //! (`ct2_reference.json`), and the word error rate against the sentences is printed; with
-//! timestamps the SRT and WebVTT cues cover the speech; bad audio is a clear error.
+//! timestamps the SRT and WebVTT cues cover the speech; bad audio is a clear error. Served by
+//! `u-runner serve`, the official `openai` client transcribes through
+//! `/v1/audio/transcriptions` (json, text, verbose_json, srt, vtt) with the same text, and bad
+//! uploads get clear 4xx answers while the server serves on.
 
 use serde_json::Value;
 use std::{path::PathBuf, process::Command};
-use u_conformance::{bin, root, run, serving::whisper_tiny_en_path, text};
+use u_conformance::{
+    bin, plugin, root, run,
+    serving::{Options, http, python_client_both, start_with, whisper_tiny_en_path},
+    text,
+};
 
 fn speech() -> PathBuf {
     root().join("tests/fixtures/speech")
@@ -152,6 +159,275 @@ fn subtitles_and_bad_audio() {
         assert!(
             err.contains(says) && !err.contains("panicked"),
             "{name}: {err}"
+        );
+    }
+}
+
+/// A bad upload: what it is, its content type and body, the status and a phrase of the answer.
+type BadUpload<'a> = (&'a str, (String, Vec<u8>), u16, &'a str);
+
+/// A multipart/form-data body of text `fields` and, when given, a `file` part.
+fn multipart(fields: &[(&str, &str)], file: Option<&[u8]>) -> (String, Vec<u8>) {
+    let boundary = "u-test-boundary-7d1f";
+    let mut body = Vec::new();
+    for (name, value) in fields {
+        body.extend(
+            format!(
+                "--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n"
+            )
+            .bytes(),
+        );
+    }
+    if let Some(file) = file {
+        body.extend(
+            format!(
+                "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; \
+                 filename=\"a.wav\"\r\nContent-Type: audio/wav\r\n\r\n"
+            )
+            .bytes(),
+        );
+        body.extend_from_slice(file);
+        body.extend(b"\r\n");
+    }
+    body.extend(format!("--{boundary}--\r\n").bytes());
+    (format!("multipart/form-data; boundary={boundary}"), body)
+}
+
+fn post_form(port: u16, path: &str, content_type: &str, body: &[u8]) -> (u16, String) {
+    let mut raw = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: \
+         {content_type}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    raw.extend_from_slice(body);
+    http(port, &raw).unwrap()
+}
+
+#[test]
+fn openai_client_transcribes_over_http_and_bad_uploads_get_4xx() {
+    let model = whisper_tiny_en_path();
+    let options = Options {
+        plugins: format!(
+            "[[plugins]]\npath = \"{}\"\n\n[[plugins]]\npath = \"{}\"\n",
+            plugin("arch-whisper").display(),
+            plugin("runner-transcription").display()
+        ),
+        transport_config: "max_audio_bytes = 400000".into(),
+        ..Options::default()
+    };
+    let server = start_with(
+        tempfile::tempdir().unwrap(),
+        &model,
+        "loader-ctranslate2",
+        &options,
+    );
+    let name = model.file_name().unwrap().to_str().unwrap().to_string();
+    let clip = speech().join("clip_05.wav");
+    let script = r#"
+import json, os
+c = openai_client()
+M, F = os.environ["U_MODEL"], os.environ["U_CLIP"]
+def call(**kw):
+    with open(F, "rb") as f:
+        return c.audio.transcriptions.create(model=M, file=f, **kw)
+plain = call()
+verbose = call(response_format="verbose_json", timestamp_granularities=["segment"])
+print(json.dumps({
+    "json": plain.text,
+    "text": call(response_format="text"),
+    "verbose": verbose.model_dump(),
+    "srt": call(response_format="srt"),
+    "vtt": call(response_format="vtt"),
+}))
+"#;
+    let clip_s = clip.display().to_string();
+    let env = [("U_MODEL", name.as_str()), ("U_CLIP", clip_s.as_str())];
+    for answer in python_client_both(script, &env, &server) {
+        let said = "It is raining, so take your umbrella with you.";
+        assert_eq!(answer["json"], said, "{answer}");
+        assert_eq!(answer["text"].as_str().unwrap().trim(), said, "{answer}");
+        let v = &answer["verbose"];
+        assert_eq!(v["text"], said, "{answer}");
+        assert_eq!(v["language"], "en");
+        assert!((v["duration"].as_f64().unwrap() - 3.0).abs() < 1.0, "{v}");
+        let segments = v["segments"].as_array().unwrap();
+        assert!(!segments.is_empty(), "{v}");
+        assert!(segments[0]["end"].as_f64().unwrap() > segments[0]["start"].as_f64().unwrap());
+        assert!(
+            answer["srt"].as_str().unwrap().starts_with("1\n00:00:0"),
+            "{answer}"
+        );
+        assert!(
+            answer["vtt"].as_str().unwrap().starts_with("WEBVTT"),
+            "{answer}"
+        );
+    }
+
+    let wav = std::fs::read(&clip).unwrap();
+    let form = |fields: &[(&str, &str)], file: Option<&[u8]>| multipart(fields, file);
+    let cases: Vec<BadUpload> = vec![
+        (
+            "corrupt audio",
+            form(&[("model", &name)], Some(&b"RIFF....WAVEjunk"[..])),
+            400,
+            "WAV",
+        ),
+        (
+            "no file",
+            form(&[("model", &name)], None),
+            400,
+            "no `file` part",
+        ),
+        (
+            "empty file",
+            form(&[("model", &name)], Some(&[][..])),
+            400,
+            "empty",
+        ),
+        ("no model", form(&[], Some(&wav[..])), 400, "`model`"),
+        (
+            "unknown model",
+            form(&[("model", "nope")], Some(&wav[..])),
+            404,
+            "nope",
+        ),
+        (
+            "word timestamps",
+            form(
+                &[("model", &name), ("timestamp_granularities[]", "word")],
+                Some(&wav[..]),
+            ),
+            400,
+            "segment",
+        ),
+        (
+            "bad format",
+            form(
+                &[("model", &name), ("response_format", "mp4")],
+                Some(&wav[..]),
+            ),
+            400,
+            "response_format",
+        ),
+        (
+            "temperature",
+            form(&[("model", &name), ("temperature", "7")], Some(&wav[..])),
+            400,
+            "temperature",
+        ),
+        (
+            "unknown field",
+            form(&[("model", &name), ("speed", "2")], Some(&wav[..])),
+            400,
+            "speed",
+        ),
+        (
+            "too large",
+            form(&[("model", &name)], Some(&vec![0u8; 500_000][..])),
+            413,
+            "limit",
+        ),
+    ];
+    for (what, (content_type, body), status, says) in cases {
+        let (got, answer) = post_form(
+            server.port,
+            "/v1/audio/transcriptions",
+            &content_type,
+            &body,
+        );
+        assert_eq!(got, status, "{what}: {answer}");
+        assert!(answer.contains(says), "{what}: {answer}");
+    }
+    let (got, answer) = post_form(
+        server.port,
+        "/v1/audio/transcriptions",
+        "application/json",
+        b"{}",
+    );
+    assert_eq!(got, 400, "{answer}");
+    assert!(answer.contains("multipart/form-data"), "{answer}");
+    let (content_type, body) = form(&[("model", &name)], Some(&wav[..]));
+    let (got, answer) = post_form(server.port, "/v1/audio/translations", &content_type, &body);
+    assert_eq!(got, 400, "{answer}");
+    assert!(answer.contains("English-only"), "{answer}");
+    // Still serving.
+    let (got, answer) = post_form(
+        server.port,
+        "/v1/audio/transcriptions",
+        &content_type,
+        &body,
+    );
+    assert_eq!(got, 200, "{answer}");
+    assert!(answer.contains("umbrella"), "{answer}");
+}
+
+/// The options of a reference run as `u-runner transcribe` flags.
+fn flags(options: &Value) -> Vec<String> {
+    let mut f = vec!["--format".to_string(), "verbose_json".to_string()];
+    if options["condition_on_previous_text"] == false {
+        f.push("--no-condition-on-previous-text".into());
+    }
+    if let Some(p) = options["initial_prompt"].as_str() {
+        f.extend(["--prompt".to_string(), p.to_string()]);
+    }
+    f
+}
+
+#[test]
+fn long_audio_segments_equal_openai_whisper() {
+    // 69 s: three windows, each ending on a timestamp the next one starts from
+    // (`gen_long.py` runs openai-whisper's own `transcribe` on the same weights and file).
+    let reference: Value =
+        serde_json::from_slice(&std::fs::read(speech().join("long_reference.json")).unwrap())
+            .unwrap();
+    let file = speech().join(reference["file"].as_str().unwrap());
+    for run_ref in reference["runs"].as_array().unwrap() {
+        let args = flags(&run_ref["options"]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = transcribe(&file, &args);
+        assert!(out.status.success(), "{}", text(&out));
+        let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let (ours, theirs) = (
+            got["segments"].as_array().unwrap(),
+            run_ref["segments"].as_array().unwrap(),
+        );
+        eprintln!(
+            "{args:?}: {} segments (openai-whisper {}), {:.2} s for {:.1} s of audio",
+            ours.len(),
+            theirs.len(),
+            got["timings"]["seconds"],
+            got["duration"]
+        );
+        let show = |v: &[Value]| {
+            v.iter()
+                .map(|s| format!("[{} {}-{}] {}", s["seek"], s["start"], s["end"], s["text"]))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        assert_eq!(
+            ours.len(),
+            theirs.len(),
+            "U:\n{}\nopenai-whisper:\n{}",
+            show(ours),
+            show(theirs)
+        );
+        for (a, b) in ours.iter().zip(theirs) {
+            for key in ["seek", "tokens", "text", "temperature"] {
+                assert_eq!(a[key], b[key], "{key}: U {a} vs openai-whisper {b}");
+            }
+            for key in ["start", "end"] {
+                let d = (a[key].as_f64().unwrap() - b[key].as_f64().unwrap()).abs();
+                assert!(d < 1e-6, "{key}: U {a} vs openai-whisper {b}");
+            }
+            for key in ["avg_logprob", "no_speech_prob", "compression_ratio"] {
+                let d = (a[key].as_f64().unwrap() - b[key].as_f64().unwrap()).abs();
+                assert!(d < 1e-3, "{key}: U {a} vs openai-whisper {b}");
+            }
+        }
+        assert_eq!(
+            got["text"].as_str().unwrap(),
+            run_ref["text"].as_str().unwrap().trim()
         );
     }
 }

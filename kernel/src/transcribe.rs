@@ -37,6 +37,9 @@ pub struct TranscribeArgs {
     /// Do not predict timestamps (each 30 s window becomes one segment).
     #[arg(long)]
     no_timestamps: bool,
+    /// Do not prompt each window with the text before it.
+    #[arg(long)]
+    no_condition_on_previous_text: bool,
     /// Compute threads [default: the deployment's, else all cores].
     #[arg(long)]
     threads: Option<u32>,
@@ -77,6 +80,7 @@ pub fn run(args: TranscribeArgs) -> Result<i32> {
         prompt: args.prompt.into(),
         temperature: args.temperature,
         timestamps: !args.no_timestamps,
+        condition_on_previous: !args.no_condition_on_previous_text,
         client: "".into(),
     };
     let start = Instant::now();
@@ -102,7 +106,7 @@ pub fn run(args: TranscribeArgs) -> Result<i32> {
                 .enumerate()
                 .map(|(i, s)| {
                     json!({
-                        "id": i, "start": s.start, "end": s.end, "text": s.text.as_str(),
+                        "id": i, "seek": s.seek, "start": s.start, "end": s.end, "text": s.text.as_str(),
                         "tokens": s.tokens.as_slice(), "temperature": s.temperature,
                         "avg_logprob": s.avg_logprob, "compression_ratio": s.compression_ratio,
                         "no_speech_prob": s.no_speech_prob,

@@ -50,6 +50,7 @@ mod tests {
 
     fn transcript() -> Transcript {
         let seg = |start, end, text: &str| TranscriptSegment {
+            seek: 0,
             start,
             end,
             text: text.into(),

@@ -207,6 +207,7 @@ impl Transcriber {
             n_mels: i.n_mels,
             start: vec![s.sot],
             timestamps: request.timestamps,
+            condition_on_previous: request.condition_on_previous,
             temperature: request.temperature,
             prompt: Vec::new(),
             context: i.config.context_length as usize,

@@ -39,6 +39,8 @@ pub struct Job<'a> {
     pub start: Vec<u32>,
     /// Predict timestamps.
     pub timestamps: bool,
+    /// Prompt each window with the text before it.
+    pub condition_on_previous: bool,
     /// The first temperature.
     pub temperature: f32,
     /// Tokens of the initial prompt (OpenAI's `prompt`), placed before the first window.
@@ -124,7 +126,7 @@ impl Job<'_> {
                 rng,
             )?;
             encoded = true;
-            let ratio = compression_ratio(&self.text(&d.tokens)?);
+            let ratio = compression_ratio(self.text(&d.tokens)?.trim());
             let silent =
                 d.no_speech_prob > NO_SPEECH_THRESHOLD && d.avg_logprob() < LOGPROB_THRESHOLD;
             let failed = ratio > COMPRESSION_RATIO_THRESHOLD || d.avg_logprob() < LOGPROB_THRESHOLD;
@@ -161,6 +163,7 @@ impl Job<'_> {
             }
             let segment = |tokens: &[u32], start: f64, end: f64| -> Result<TranscriptSegment> {
                 Ok(TranscriptSegment {
+                    seek: seek as u64,
                     start,
                     end,
                     text: self.text(tokens)?.into(),
@@ -228,7 +231,7 @@ impl Job<'_> {
                     .iter()
                     .flat_map(|x| x.tokens.iter().copied()),
             );
-            if d.temperature > 0.5 {
+            if !self.condition_on_previous || d.temperature > 0.5 {
                 prompt_reset = all_tokens.len();
             }
             if seek == 0 {

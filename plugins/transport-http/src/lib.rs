@@ -9,7 +9,9 @@
 //! - OpenAI: `POST /v1/chat/completions`, `POST /v1/completions` (streaming or not, logprobs,
 //!   stop sequences, `logit_bias`, usage with cached prompt tokens; `n`, `best_of`, batched
 //!   prompts and `echo` in [`choices`]), `POST /v1/embeddings` ([`tokens`]),
-//!   `GET /v1/models[/{id}]` ([`openai`]); options not implemented are refused by name;
+//!   `GET /v1/models[/{id}]` ([`openai`]), `POST /v1/audio/transcriptions` and
+//!   `POST /v1/audio/translations` (multipart uploads; [`audio`]); options not implemented are
+//!   refused by name;
 //! - Anthropic: `POST /v1/messages` with prompt-caching breakpoints and assistant prefill,
 //!   `POST /v1/messages/count_tokens` ([`anthropic`]);
 //! - llama-server's `POST /tokenize` and `POST /detokenize` ([`tokens`]);
@@ -24,7 +26,7 @@
 //! logic.
 //!
 //! Limits and settings (plugin config, TOML): `max_body_bytes` (default 1 MiB; larger bodies
-//! get 413), `header_read_timeout_ms` (default 10 s; a client that drips its headers slower is
+//! get 413), `max_audio_bytes` (default 25 MiB, as OpenAI's: the audio endpoints' bodies), `header_read_timeout_ms` (default 10 s; a client that drips its headers slower is
 //! cut off), `body_read_timeout_ms` (default 30 s; 408), `default_max_tokens` (default 256),
 //! `shutdown_grace_ms` (default 60 s: how long in-flight streams may run after the shutdown
 //! signal before the connections are dropped), `hmac_secret_file` (a file under the plugin's
@@ -44,6 +46,7 @@
 
 pub mod access;
 pub mod anthropic;
+pub mod audio;
 mod bridge;
 pub mod checkpoints;
 pub mod choices;
@@ -76,6 +79,7 @@ fn describe() -> PluginInfo {
             "POST /v1/completions".into(),
             "POST /v1/chat/completions".into(),
             "POST /v1/embeddings".into(),
+            "POST /v1/audio/transcriptions, POST /v1/audio/translations".into(),
             "POST /v1/messages".into(),
             "POST /v1/messages/count_tokens".into(),
             "POST /tokenize".into(),
@@ -93,6 +97,8 @@ fn describe() -> PluginInfo {
 pub struct Config {
     /// Largest request body accepted; larger ones get 413.
     pub max_body_bytes: usize,
+    /// Largest body of the audio endpoints (an uploaded recording).
+    pub max_audio_bytes: usize,
     /// Time a client has to send a request's headers.
     pub header_read_timeout_ms: u64,
     /// Time a client has to send a request's body.
@@ -121,6 +127,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             max_body_bytes: 1 << 20,
+            max_audio_bytes: 25 << 20,
             header_read_timeout_ms: 10_000,
             body_read_timeout_ms: 30_000,
             default_max_tokens: 256,
@@ -149,6 +156,7 @@ impl Config {
             };
             match key.as_str() {
                 "max_body_bytes" => c.max_body_bytes = int()? as usize,
+                "max_audio_bytes" => c.max_audio_bytes = int()? as usize,
                 "header_read_timeout_ms" => c.header_read_timeout_ms = int()? as u64,
                 "body_read_timeout_ms" => c.body_read_timeout_ms = int()? as u64,
                 "default_max_tokens" => {
@@ -186,7 +194,7 @@ impl Config {
                 }
                 other => {
                     return Err(format!(
-                        "unknown key `{other}` (known: max_body_bytes, header_read_timeout_ms, \
+                        "unknown key `{other}` (known: max_body_bytes, max_audio_bytes, header_read_timeout_ms, \
                          body_read_timeout_ms, default_max_tokens, shutdown_grace_ms, \
                          hmac_secret_file, hmac_keys_file, hmac_window_s, api_keys_file, \
                          cors_allow_origins, admin_clients)"

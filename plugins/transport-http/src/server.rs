@@ -370,6 +370,8 @@ enum Route {
     SglFlushCache,
     LoadAdapter,
     UnloadAdapter,
+    Transcriptions,
+    Translations,
     Unknown,
 }
 
@@ -396,6 +398,8 @@ impl Route {
             "/flush_cache" => Route::SglFlushCache,
             "/v1/load_lora_adapter" => Route::LoadAdapter,
             "/v1/unload_lora_adapter" => Route::UnloadAdapter,
+            "/v1/audio/transcriptions" => Route::Transcriptions,
+            "/v1/audio/translations" => Route::Translations,
             p if p.starts_with("/v1/models/") => Route::Model,
             p if p.starts_with("/v1/messages/") => Route::MessagesOther,
             p if p.starts_with("/v1/checkpoints/") => Route::Checkpoint,
@@ -429,6 +433,8 @@ impl Route {
             Route::SglFlushCache => "/flush_cache",
             Route::LoadAdapter => "/v1/load_lora_adapter",
             Route::UnloadAdapter => "/v1/unload_lora_adapter",
+            Route::Transcriptions => "/v1/audio/transcriptions",
+            Route::Translations => "/v1/audio/translations",
             Route::Unknown => "other",
         }
     }
@@ -595,7 +601,16 @@ async fn dispatch(
         _ => None,
     };
     let signed = signature_headers(req.headers());
-    let body = read_body(state, req).await?;
+    let content_type = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let limit = match route {
+        Route::Transcriptions | Route::Translations => state.config.max_audio_bytes,
+        _ => state.config.max_body_bytes,
+    };
+    let body = read_body(state, req, limit).await?;
     let mut hmac_id = None;
     if let Some(v) = &state.verifier {
         let now = SystemTime::now()
@@ -714,6 +729,23 @@ async fn dispatch(
             .await
         }
         Route::SglModelInfo => Ok(json_response(200, &sglang::model_info(&models)?).into()),
+        Route::Transcriptions | Route::Translations => {
+            let translate = route == Route::Translations;
+            let mut form =
+                crate::audio::parse(content_type.as_deref(), body, &models, translate).await?;
+            form.request.client = peer.into();
+            let t = crate::audio::run(state.engine.clone(), form.request).await?;
+            Ok(match crate::audio::reply(&t, form.format, translate) {
+                crate::audio::Reply::Json(v) => json_response(200, &v),
+                crate::audio::Reply::Text { body, content_type } => {
+                    let mut r = Response::new(Full::new(Bytes::from(body)).boxed());
+                    r.headers_mut()
+                        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+                    r
+                }
+            }
+            .into())
+        }
         Route::SglFlushCache => {
             // SGLang answers in plain text: 200 when flushed, 400 when requests are in flight.
             let mut flushed = 0;
@@ -878,8 +910,7 @@ fn model_object(id: &str) -> Value {
     json!({"id": id, "object": "model", "created": 0, "owned_by": "u"})
 }
 
-async fn read_body(state: &State, req: Request<Incoming>) -> Result<Bytes, ApiError> {
-    let max = state.config.max_body_bytes;
+async fn read_body(state: &State, req: Request<Incoming>, max: usize) -> Result<Bytes, ApiError> {
     let too_large = |n: Option<u64>| {
         ApiError::status(
             413,

@@ -374,6 +374,10 @@ pub struct TranscribeRequest {
     /// Predict segment timestamps (openai-whisper's default); without them each 30 s window is
     /// one segment.
     pub timestamps: bool,
+    /// Prompt each window with the text before it (openai-whisper's
+    /// `condition_on_previous_text`, on by default): more consistent, but a window that went
+    /// wrong can carry its mistake on.
+    pub condition_on_previous: bool,
     /// Who is asking, for fair queueing (see [`GenerateRequest::client`]).
     pub client: RString,
 }
@@ -382,6 +386,8 @@ pub struct TranscribeRequest {
 #[repr(C)]
 #[derive(StableAbi, Clone, Debug, PartialEq)]
 pub struct TranscriptSegment {
+    /// The first spectrogram frame (10 ms each) of the 30 s window it was decoded in.
+    pub seek: u64,
     /// Start, in seconds from the beginning of the audio.
     pub start: f64,
     /// End, in seconds.
