@@ -141,12 +141,16 @@ impl Decoder<'_> {
         rng: &mut Rng,
     ) -> Result<Decoded> {
         let s = self.specials;
-        let all = self.pass(seq, prompt, kv, mel, Rows::All)?;
-        // The no-speech probability is read where the transcript starts: the row of `sot`.
+        // The no-speech probability is read where the transcript starts, the row of `sot`: the
+        // prompt runs in two chunks (up to `sot`, then the rest) so that only two rows of
+        // logits are computed however long the previous text is.
         let sot_row = prompt.iter().rposition(|&t| t == s.sot).unwrap_or(0);
-        let first = &all[sot_row * self.vocab..(sot_row + 1) * self.vocab];
-        let no_speech_prob = softmax_at(first, s.no_speech as usize);
-        let mut logits = all[(prompt.len() - 1) * self.vocab..].to_vec();
+        let first = self.pass(seq, &prompt[..=sot_row], kv, mel, Rows::Last)?;
+        let no_speech_prob = softmax_at(&first, s.no_speech as usize);
+        let mut logits = match &prompt[sot_row + 1..] {
+            [] => first,
+            rest => self.pass(seq, rest, kv, &[], Rows::Last)?,
+        };
         let (mut tokens, mut sum_logprob) = (Vec::new(), 0f64);
         loop {
             self.filter(&mut logits, &tokens, timestamps);
