@@ -431,3 +431,79 @@ fn long_audio_segments_equal_openai_whisper() {
         );
     }
 }
+
+/// Token ids of a JSON array.
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn beam_search_equals_openai_whisper() {
+    // openai-whisper's `decode` with five beams on each clip's window, with and without
+    // timestamps, and its `transcribe` with five beams on the long file (`gen_beam.py`).
+    let reference: Value =
+        serde_json::from_slice(&std::fs::read(speech().join("beam_reference.json")).unwrap())
+            .unwrap();
+    let beams = reference["beam_size"].to_string();
+    let mut differ_from_greedy = 0;
+    for clip in reference["clips"].as_array().unwrap() {
+        let file = speech().join(clip["file"].as_str().unwrap());
+        for (variant, extra) in [
+            ("no_timestamps", vec!["--no-timestamps"]),
+            ("timestamps", vec![]),
+        ] {
+            let mut args = vec!["--format", "verbose_json", "--beam-size", beams.as_str()];
+            args.extend(extra);
+            let out = transcribe(&file, &args);
+            assert!(out.status.success(), "{}", text(&out));
+            let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+            let tokens: Vec<u64> = got["segments"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|s| ids(&s["tokens"]))
+                .collect();
+            let want = &clip[variant];
+            assert_eq!(
+                tokens,
+                ids(&want["tokens"]),
+                "{} ({variant}): U {:?} vs openai-whisper {:?}",
+                clip["file"],
+                got["text"],
+                want["text"]
+            );
+            let lp = got["segments"][0]["avg_logprob"].as_f64().unwrap();
+            assert!(
+                (lp - want["avg_logprob"].as_f64().unwrap()).abs() < 1e-3,
+                "{got}"
+            );
+            differ_from_greedy += usize::from(want["differs_from_greedy"] == true);
+        }
+    }
+    assert!(
+        differ_from_greedy > 0,
+        "beam search never changed the greedy result"
+    );
+
+    let long = &reference["long"];
+    let out = transcribe(
+        &speech().join(long["file"].as_str().unwrap()),
+        &["--format", "verbose_json", "--beam-size", beams.as_str()],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (ours, theirs) = (
+        got["segments"].as_array().unwrap(),
+        long["segments"].as_array().unwrap(),
+    );
+    assert_eq!(ours.len(), theirs.len(), "{got}");
+    for (a, b) in ours.iter().zip(theirs) {
+        for key in ["seek", "tokens", "text"] {
+            assert_eq!(a[key], b[key], "{key}: U {a} vs openai-whisper {b}");
+        }
+    }
+}

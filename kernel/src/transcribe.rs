@@ -31,6 +31,9 @@ pub struct TranscribeArgs {
     /// The first sampling temperature (0 is greedy; raised on windows that fail).
     #[arg(long = "temp", default_value_t = 0.0)]
     temperature: f32,
+    /// Beams of beam search (1: greedy; openai-whisper's command line uses 5).
+    #[arg(long, default_value_t = 1)]
+    beam_size: u32,
     /// Output: `text`, `json` (text only), `verbose_json` (segments, timings), `srt`, `vtt`.
     #[arg(long, default_value = "text")]
     format: String,
@@ -81,6 +84,7 @@ pub fn run(args: TranscribeArgs) -> Result<i32> {
         temperature: args.temperature,
         timestamps: !args.no_timestamps,
         condition_on_previous: !args.no_condition_on_previous_text,
+        beam_size: args.beam_size,
         client: "".into(),
     };
     let start = Instant::now();

@@ -4,7 +4,8 @@
 use crate::vocab::{Specials, TIME_PRECISION};
 use abi_stable::std_types::{ROption, RSlice, RSliceMut};
 use u_sdk::{
-    CrossContext, KvCacheBox, ModelBox, Output, Result, Rows, Segment, SeqChunk, SeqExtras, SeqId,
+    CrossContext, ErrorKind, KvCacheBox, ModelBox, Output, Result, Rows, Segment, SeqChunk,
+    SeqExtras, SeqId, UError,
 };
 
 /// What a window decoder needs besides the audio.
@@ -24,6 +25,8 @@ pub struct Decoder<'a> {
     pub suppress_blank: &'a [u32],
     /// Most tokens a window may add.
     pub sample_len: usize,
+    /// Beams of a greedy (temperature 0) window; 1 decodes greedily.
+    pub beam_size: usize,
 }
 
 /// How one window decoded.
@@ -124,9 +127,184 @@ impl Decoder<'_> {
         rng: &mut Rng,
     ) -> Result<Decoded> {
         let seq = self.cache.create().into_result()?;
-        let result = self.window_in(seq, prompt, kv, mel, timestamps, temperature, rng);
+        let result = if temperature == 0.0 && self.beam_size > 1 {
+            self.beam_search(seq, prompt, kv, mel, timestamps)
+        } else {
+            self.window_in(seq, prompt, kv, mel, timestamps, temperature, rng)
+        };
         let _ = self.cache.release(seq);
         result
+    }
+
+    /// The prompt's pass: the no-speech probability (at the `sot` row) and the logits of its
+    /// last row. The prompt runs in two chunks (up to `sot`, then the rest) so that only two
+    /// rows of logits are computed however long the previous text is.
+    fn prompt_pass(
+        &self,
+        seq: SeqId,
+        prompt: &[u32],
+        kv: SeqId,
+        mel: &[f32],
+    ) -> Result<(f64, Vec<f32>)> {
+        let s = self.specials;
+        let sot_row = prompt.iter().rposition(|&t| t == s.sot).unwrap_or(0);
+        let first = self.pass(seq, &prompt[..=sot_row], kv, mel, Rows::Last)?;
+        let no_speech_prob = softmax_at(&first, s.no_speech as usize);
+        let logits = match &prompt[sot_row + 1..] {
+            [] => first,
+            rest => self.pass(seq, rest, kv, &[], Rows::Last)?,
+        };
+        Ok((no_speech_prob, logits))
+    }
+
+    /// One token for each of `beams` (sequence, token) in one batched pass: each one's logits.
+    fn step(&self, beams: &[(SeqId, u32)], kv: SeqId) -> Result<Vec<Vec<f32>>> {
+        let inputs: Vec<[Segment<'_>; 1]> = beams
+            .iter()
+            .map(|(_, t)| [Segment::Tokens(RSlice::from_slice(std::slice::from_ref(t)))])
+            .collect();
+        let batch: Vec<SeqChunk<'_>> = beams
+            .iter()
+            .zip(&inputs)
+            .map(|((seq, _), input)| chunk(*seq, input, kv, &[], Output::Logits(Rows::Last)))
+            .collect();
+        let mut out = vec![0f32; beams.len() * self.vocab];
+        self.model
+            .forward(
+                RSlice::from_slice(&batch),
+                RSliceMut::from_mut_slice(&mut out),
+            )
+            .into_result()?;
+        Ok(out.chunks_exact(self.vocab).map(<[f32]>::to_vec).collect())
+    }
+
+    /// Beam search as openai-whisper's `BeamSearchDecoder` (patience 1) and
+    /// `MaximumLikelihoodRanker` (no length penalty) do it: every beam proposes its
+    /// `beam_size + 1` likeliest tokens, the `beam_size` best unfinished continuations go on
+    /// (forked sequences sharing their KV pages), until `beam_size` sequences have ended; the
+    /// one with the best mean log-probability wins.
+    fn beam_search(
+        &self,
+        seq: SeqId,
+        prompt: &[u32],
+        kv: SeqId,
+        mel: &[f32],
+        timestamps: bool,
+    ) -> Result<Decoded> {
+        let mut live: Vec<SeqId> = Vec::new();
+        let result = self.beam_search_in(seq, prompt, kv, mel, timestamps, &mut live);
+        for s in live {
+            let _ = self.cache.release(s);
+        }
+        result
+    }
+
+    fn beam_search_in(
+        &self,
+        seq: SeqId,
+        prompt: &[u32],
+        kv: SeqId,
+        mel: &[f32],
+        timestamps: bool,
+        live: &mut Vec<SeqId>,
+    ) -> Result<Decoded> {
+        let (eot, width) = (self.specials.eot, self.beam_size);
+        let (no_speech_prob, first) = self.prompt_pass(seq, prompt, kv, mel)?;
+        // (sequence, tokens after the prompt, sum of log-probabilities), and each one's logits.
+        let mut beams: Vec<(SeqId, Vec<u32>, f64)> = vec![(seq, Vec::new(), 0.0)];
+        let mut logits = vec![first];
+        let mut finished: Vec<(Vec<u32>, f64)> = Vec::new();
+        for _ in 0..self.sample_len {
+            // Candidates in the order openai-whisper's dict holds them: a sequence proposed
+            // twice keeps its first place, its score and source from the last proposal.
+            let mut candidates: Vec<(Vec<u32>, f64, usize)> = Vec::new();
+            for (b, (_, tokens, sum)) in beams.iter().enumerate() {
+                let mut l = logits[b].clone();
+                self.filter(&mut l, tokens, timestamps);
+                let logprobs = log_softmax(&l);
+                for t in top_k(&logprobs, width + 1) {
+                    let mut next = tokens.clone();
+                    next.push(t);
+                    let score = sum + f64::from(logprobs[t as usize]);
+                    match candidates.iter_mut().find(|c| c.0 == next) {
+                        Some(c) => (c.1, c.2) = (score, b),
+                        None => candidates.push((next, score, b)),
+                    }
+                }
+            }
+            candidates.sort_by(|a, b| b.1.total_cmp(&a.1));
+            let mut next_beams = Vec::new();
+            let mut newly = Vec::new();
+            for (tokens, score, source) in candidates {
+                if tokens.last() == Some(&eot) {
+                    newly.push((tokens, score));
+                } else {
+                    next_beams.push((tokens, score, source));
+                    if next_beams.len() == width {
+                        break;
+                    }
+                }
+            }
+            for f in newly {
+                if finished.len() >= width {
+                    break;
+                }
+                if !finished.iter().any(|(t, _)| *t == f.0) {
+                    finished.push(f);
+                }
+            }
+            if finished.len() >= width || next_beams.is_empty() {
+                break;
+            }
+            // Each continuation forks its source's KV; the old sequences go.
+            let mut forked = Vec::with_capacity(next_beams.len());
+            for (tokens, score, source) in next_beams {
+                let s = self.cache.fork(beams[source].0).into_result()?;
+                live.push(s);
+                forked.push((s, tokens, score));
+            }
+            for (old, _, _) in &beams {
+                if let Some(i) = live.iter().position(|s| s == old) {
+                    live.swap_remove(i);
+                    let _ = self.cache.release(*old);
+                }
+            }
+            beams = forked;
+            let step: Vec<(SeqId, u32)> =
+                beams.iter().map(|(s, t, _)| (*s, t[t.len() - 1])).collect();
+            logits = self.step(&step, kv)?;
+        }
+        // Too few ended: the likeliest unfinished beams end here.
+        let mut order: Vec<usize> = (0..beams.len()).collect();
+        order.sort_by(|&a, &b| beams[b].2.total_cmp(&beams[a].2).then(b.cmp(&a)));
+        for i in order {
+            if finished.len() >= width {
+                break;
+            }
+            let mut tokens = beams[i].1.clone();
+            tokens.push(eot);
+            if !finished.iter().any(|(t, _)| *t == tokens) {
+                finished.push((tokens, beams[i].2));
+            }
+        }
+        let text_len = |t: &[u32]| t.iter().position(|&x| x == eot).unwrap_or(t.len());
+        let mut best: Option<(f64, usize)> = None;
+        for (i, (tokens, sum)) in finished.iter().enumerate() {
+            let score = sum / text_len(tokens).max(1) as f64;
+            if best.is_none_or(|(b, _)| score > b) {
+                best = Some((score, i));
+            }
+        }
+        let (tokens, sum_logprob) =
+            best.map(|(_, i)| finished.swap_remove(i)).ok_or_else(|| {
+                UError::new(ErrorKind::Internal, "runner-transcription: no beam ended")
+            })?;
+        Ok(Decoded {
+            tokens: tokens[..text_len(&tokens)].to_vec(),
+            sum_logprob,
+            no_speech_prob,
+            temperature: 0.0,
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -141,16 +319,7 @@ impl Decoder<'_> {
         rng: &mut Rng,
     ) -> Result<Decoded> {
         let s = self.specials;
-        // The no-speech probability is read where the transcript starts, the row of `sot`: the
-        // prompt runs in two chunks (up to `sot`, then the rest) so that only two rows of
-        // logits are computed however long the previous text is.
-        let sot_row = prompt.iter().rposition(|&t| t == s.sot).unwrap_or(0);
-        let first = self.pass(seq, &prompt[..=sot_row], kv, mel, Rows::Last)?;
-        let no_speech_prob = softmax_at(&first, s.no_speech as usize);
-        let mut logits = match &prompt[sot_row + 1..] {
-            [] => first,
-            rest => self.pass(seq, rest, kv, &[], Rows::Last)?,
-        };
+        let (no_speech_prob, mut logits) = self.prompt_pass(seq, prompt, kv, mel)?;
         let (mut tokens, mut sum_logprob) = (Vec::new(), 0f64);
         loop {
             self.filter(&mut logits, &tokens, timestamps);
@@ -235,6 +404,18 @@ impl Decoder<'_> {
             logits[..tb].fill(ninf);
         }
     }
+}
+
+/// Indices of the `k` largest values, largest first, ties to the lower index.
+fn top_k(v: &[f32], k: usize) -> Vec<u32> {
+    let mut idx: Vec<u32> = (0..v.len() as u32).collect();
+    let k = k.min(idx.len());
+    idx.select_nth_unstable_by(k.saturating_sub(1), |&a, &b| {
+        v[b as usize].total_cmp(&v[a as usize]).then(a.cmp(&b))
+    });
+    idx.truncate(k);
+    idx.sort_by(|&a, &b| v[b as usize].total_cmp(&v[a as usize]).then(a.cmp(&b)));
+    idx
 }
 
 /// The first index of the largest value.

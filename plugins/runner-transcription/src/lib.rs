@@ -30,6 +30,8 @@ use vocab::Specials;
 
 /// Requests transcribing at once unless the deployment says otherwise.
 const DEFAULT_RUNNING: u32 = 4;
+/// The most beams a request may ask for.
+pub const MAX_BEAMS: u32 = 16;
 /// The longest recording accepted, in seconds (a bound on work and memory per request).
 pub const MAX_SECONDS: f64 = 4.0 * 3600.0;
 
@@ -187,6 +189,12 @@ impl Transcriber {
                 ),
             ));
         }
+        if request.beam_size > MAX_BEAMS {
+            return Err(UError::invalid(format!(
+                "runner-transcription: {} beams; at most {MAX_BEAMS}",
+                request.beam_size
+            )));
+        }
         if !(0.0..=1.0).contains(&request.temperature) {
             return Err(UError::invalid(format!(
                 "runner-transcription: temperature {} is outside 0–1",
@@ -202,6 +210,7 @@ impl Transcriber {
                 suppress: &i.suppress,
                 suppress_blank: &i.suppress_blank,
                 sample_len: i.config.context_length as usize / 2,
+                beam_size: request.beam_size.max(1) as usize,
             },
             tokenizer: &i.tokenizer,
             n_mels: i.n_mels,

@@ -3,7 +3,8 @@
 //! The body is `multipart/form-data` (parsed with `multer`): a `file` part with the audio and
 //! text fields `model`, `language` (transcriptions only), `prompt`, `response_format` (`json`,
 //! `text`, `srt`, `verbose_json`, `vtt`), `temperature` and `timestamp_granularities[]`
-//! (`segment`; word timestamps are refused). The audio goes to the engine as uploaded; decoding
+//! (`segment`; word timestamps are refused), and U's `beam_size` (openai-whisper's beam search;
+//! greedy by default). The audio goes to the engine as uploaded; decoding
 //! it is the runner's job, so a corrupt or unsupported file is the engine's clear 400.
 
 use crate::error::ApiError;
@@ -82,6 +83,7 @@ pub async fn parse(
         temperature: 0.0,
         timestamps: true,
         condition_on_previous: true,
+        beam_size: 1,
         client: "".into(),
     };
     while let Some(field) = parts.next_field().await.map_err(bad)? {
@@ -121,6 +123,14 @@ pub async fn parse(
                     ));
                 }
             },
+            "beam_size" => {
+                request.beam_size = value.trim().parse().map_err(|_| {
+                    ApiError::param(
+                        "beam_size",
+                        format!("`beam_size` must be a count, got `{value}`"),
+                    )
+                })?;
+            }
             "stream" if value.trim() == "false" => {}
             "stream" => {
                 return Err(ApiError::param(
@@ -131,7 +141,7 @@ pub async fn parse(
             other => {
                 return Err(ApiError::invalid(format!(
                     "unknown form field `{other}` (known: file, model, {}prompt, \
-                     response_format, temperature, timestamp_granularities[])",
+                     response_format, temperature, timestamp_granularities[], beam_size)",
                     if translate { "" } else { "language, " }
                 )));
             }

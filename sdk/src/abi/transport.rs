@@ -374,6 +374,9 @@ pub struct TranscribeRequest {
     /// Predict segment timestamps (openai-whisper's default); without them each 30 s window is
     /// one segment.
     pub timestamps: bool,
+    /// Beams of beam search at temperature 0 (openai-whisper's `beam_size`); 0 or 1 decodes
+    /// greedily. Fallback temperatures sample one candidate.
+    pub beam_size: u32,
     /// Prompt each window with the text before it (openai-whisper's
     /// `condition_on_previous_text`, on by default): more consistent, but a window that went
     /// wrong can carry its mistake on.
