@@ -100,11 +100,20 @@ fn check_wav(bytes: &[u8]) -> Result<(), DecodeError> {
 /// Decodes a whole WAV, FLAC or MP3 file held in `bytes`. A panic inside the decoding
 /// libraries (on input no check here foresaw) is an error too.
 pub fn decode(bytes: Vec<u8>) -> Result<Audio, DecodeError> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode_bytes(bytes)))
-        .unwrap_or_else(|_| Err(fail("corrupt audio file (the decoder gave up on it)")))
+    decode_at_most(bytes, f64::INFINITY)
 }
 
-fn decode_bytes(mut bytes: Vec<u8>) -> Result<Audio, DecodeError> {
+/// [`decode`], refusing a file longer than `max_seconds` as soon as decoding reaches that
+/// point (a few compressed bytes can stand for hours of samples: the bound is on what
+/// decoding produces, not on the file's size).
+pub fn decode_at_most(bytes: Vec<u8>, max_seconds: f64) -> Result<Audio, DecodeError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        decode_bytes(bytes, max_seconds)
+    }))
+    .unwrap_or_else(|_| Err(fail("corrupt audio file (the decoder gave up on it)")))
+}
+
+fn decode_bytes(mut bytes: Vec<u8>, max_seconds: f64) -> Result<Audio, DecodeError> {
     if bytes.is_empty() {
         return Err(fail("empty audio file"));
     }
@@ -163,6 +172,12 @@ fn decode_bytes(mut bytes: Vec<u8>) -> Result<Audio, DecodeError> {
         let mut buf = SampleBuffer::<f32>::new(decoded.capacity() as u64, s);
         buf.copy_interleaved_ref(decoded);
         samples.extend_from_slice(buf.samples());
+        let frames = samples.len() / s.channels.count().max(1);
+        if frames as f64 > max_seconds * f64::from(s.rate.max(1)) {
+            return Err(fail(format!(
+                "the audio is longer than {max_seconds:.0} s (the longest accepted)"
+            )));
+        }
     }
     let spec = spec.ok_or_else(|| fail("the file holds no audio samples"))?;
     if !RATES.contains(&spec.rate) {

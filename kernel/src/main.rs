@@ -96,8 +96,8 @@ enum Command {
     /// from contrasting prompts (llama.cpp's GGUF).
     Train(train::TrainArgs),
     /// Transcribe (or translate) speech with a Whisper-style model, wired as for `generate`:
-    /// 30 s windows, timestamps, temperature fallback as openai-whisper does; text, JSON, SRT or
-    /// WebVTT on stdout, speed on stderr.
+    /// 30 s windows, timestamps, temperature fallback as openai-whisper does; the text (or
+    /// JSON) on stdout, speed on stderr.
     Transcribe(transcribe::TranscribeArgs),
     /// Tokenize text with a model's tokenizer (from its GGUF metadata or a tokenizer.json in or
     /// beside it), or with `--decode` turn token ids back into text.

@@ -1,6 +1,7 @@
 //! `u-runner transcribe`: speech to text with a Whisper-style model, wired as for `generate`
 //! (loader, architecture, kernels, cache, tokenizer, the transcription runner), the audio file
-//! read before the process is locked down.
+//! read before the process is locked down. The text goes to stdout (or, with `--json`, the
+//! transcript with its segments); subtitles (SRT, WebVTT) are the HTTP API's formats.
 
 use anyhow::{Context, Result, bail};
 use serde_json::json;
@@ -34,9 +35,10 @@ pub struct TranscribeArgs {
     /// Beams of beam search (1: greedy; openai-whisper's command line uses 5).
     #[arg(long, default_value_t = 1)]
     beam_size: u32,
-    /// Output: `text`, `json` (text only), `verbose_json` (segments, timings), `srt`, `vtt`.
-    #[arg(long, default_value = "text")]
-    format: String,
+    /// Print one JSON object (OpenAI's `verbose_json`: language, duration, text, segments with
+    /// their tokens; and timings) instead of the text.
+    #[arg(long)]
+    json: bool,
     /// Do not predict timestamps (each 30 s window becomes one segment).
     #[arg(long)]
     no_timestamps: bool,
@@ -51,14 +53,8 @@ pub struct TranscribeArgs {
     deployment: Option<PathBuf>,
 }
 
-/// Transcribes the file and prints it in the chosen format; speed goes to stderr.
+/// Transcribes the file and prints its text (or JSON); speed goes to stderr.
 pub fn run(args: TranscribeArgs) -> Result<i32> {
-    if !["text", "json", "verbose_json", "srt", "vtt"].contains(&args.format.as_str()) {
-        bail!(
-            "--format {}: one of text, json, verbose_json, srt, vtt",
-            args.format
-        );
-    }
     let mut audio = Vec::new();
     std::fs::File::open(&args.file)
         .with_context(|| format!("opening {}", args.file.display()))?
@@ -98,35 +94,31 @@ pub fn run(args: TranscribeArgs) -> Result<i32> {
     } else {
         0.0
     };
-    match args.format.as_str() {
-        "text" => println!("{}", t.text),
-        "json" => println!("{}", json!({ "text": t.text.as_str() })),
-        "srt" => print!("{}", u_sdk::subtitles::srt(&t)),
-        "vtt" => print!("{}", u_sdk::subtitles::vtt(&t)),
-        _ => {
-            let segments: Vec<_> = t
-                .segments
-                .iter()
-                .enumerate()
-                .map(|(i, s)| {
-                    json!({
-                        "id": i, "seek": s.seek, "start": s.start, "end": s.end, "text": s.text.as_str(),
-                        "tokens": s.tokens.as_slice(), "temperature": s.temperature,
-                        "avg_logprob": s.avg_logprob, "compression_ratio": s.compression_ratio,
-                        "no_speech_prob": s.no_speech_prob,
-                    })
-                })
-                .collect();
-            println!(
-                "{}",
+    if !args.json {
+        println!("{}", t.text);
+    } else {
+        let segments: Vec<_> = t
+            .segments
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
                 json!({
-                    "task": if request.translate { "translate" } else { "transcribe" },
-                    "language": t.language.as_str(), "duration": t.duration,
-                    "text": t.text.as_str(), "segments": segments,
-                    "timings": { "seconds": seconds, "real_time_factor": rtf, "threads": threads },
+                    "id": i, "seek": s.seek, "start": s.start, "end": s.end,
+                    "text": s.text.as_str(), "tokens": s.tokens.as_slice(),
+                    "temperature": s.temperature, "avg_logprob": s.avg_logprob,
+                    "compression_ratio": s.compression_ratio, "no_speech_prob": s.no_speech_prob,
                 })
-            );
-        }
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({
+                "task": if request.translate { "translate" } else { "transcribe" },
+                "language": t.language.as_str(), "duration": t.duration,
+                "text": t.text.as_str(), "segments": segments,
+                "timings": { "seconds": seconds, "real_time_factor": rtf, "threads": threads },
+            })
+        );
     }
     eprintln!(
         "transcribed {:.1} s of audio in {seconds:.2} s (real-time factor {rtf:.3}; {threads} threads)",

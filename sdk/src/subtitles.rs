@@ -12,6 +12,14 @@ pub fn timestamp(seconds: f64, sep: char) -> String {
     format!("{h:02}:{m:02}:{s:02}{sep}{ms:03}")
 }
 
+/// A cue's text on one line: line breaks would end the cue, and `-->` would read as timing.
+fn cue(text: &str) -> String {
+    text.split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .replace("-->", "->")
+}
+
 /// SubRip: numbered cues, `,` before the milliseconds, a blank line after each.
 pub fn srt(t: &Transcript) -> String {
     let mut out = String::new();
@@ -22,7 +30,7 @@ pub fn srt(t: &Transcript) -> String {
             i + 1,
             timestamp(s.start, ','),
             timestamp(s.end, ','),
-            s.text.trim()
+            cue(&s.text)
         );
     }
     out
@@ -37,7 +45,7 @@ pub fn vtt(t: &Transcript) -> String {
             "{} --> {}\n{}\n\n",
             timestamp(s.start, '.'),
             timestamp(s.end, '.'),
-            s.text.trim()
+            cue(&s.text)
         );
     }
     out
@@ -65,8 +73,8 @@ mod tests {
             language: "en".into(),
             duration: 3725.5,
             segments: vec![
-                seg(0.0, 1.5, " Hello there."),
-                seg(3661.25, 3725.5, " General Kenobi."),
+                seg(0.0, 1.5, " Hello\nthere."),
+                seg(3661.25, 3725.5, " General --> Kenobi."),
             ]
             .into(),
         }
@@ -78,12 +86,12 @@ mod tests {
         assert_eq!(
             srt(&t),
             "1\n00:00:00,000 --> 00:00:01,500\nHello there.\n\n\
-             2\n01:01:01,250 --> 01:02:05,500\nGeneral Kenobi.\n\n"
+             2\n01:01:01,250 --> 01:02:05,500\nGeneral -> Kenobi.\n\n"
         );
         assert_eq!(
             vtt(&t),
             "WEBVTT\n\n00:00:00.000 --> 00:00:01.500\nHello there.\n\n\
-             01:01:01.250 --> 01:02:05.500\nGeneral Kenobi.\n\n"
+             01:01:01.250 --> 01:02:05.500\nGeneral -> Kenobi.\n\n"
         );
     }
 }

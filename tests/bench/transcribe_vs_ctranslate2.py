@@ -50,7 +50,7 @@ def u_transcribe(model, path, threads, extra):
     out = subprocess.run(
         [str(ROOT / "target/release/u-runner"), "transcribe", str(path), "--model", model,
          "--threads", str(threads), "--deployment", str(ROOT / "manifests/dev.toml"),
-         "--format", "verbose_json", *extra],
+         "--json", *extra],
         check=True, capture_output=True, text=True,
     )
     return json.loads(out.stdout)

@@ -173,10 +173,23 @@ impl Config {
         if self.encoder_layers == 0 || self.decoder_layers == 0 {
             return bad("a model without encoder or decoder blocks".into());
         }
-        if self.vocab_size == 0 || self.text_positions == 0 || self.audio_positions == 0 {
-            return bad("an empty vocabulary or position table".into());
+        if [
+            self.vocab_size,
+            self.text_positions,
+            self.audio_positions,
+            self.hidden,
+            self.n_mels,
+        ]
+        .contains(&0)
+            || self.encoder_ffn == 0
+            || self.decoder_ffn == 0
+        {
+            return bad("an empty vocabulary, position table, width or feed-forward".into());
         }
-        if self.hidden * self.audio_positions * 2 * self.n_mels > 1 << 40 {
+        let window = [self.audio_positions, 2, self.n_mels, self.hidden]
+            .into_iter()
+            .try_fold(1usize, usize::checked_mul);
+        if window.is_none_or(|w| w > 1 << 40) {
             return bad("an implausibly large audio window".into());
         }
         Ok(())

@@ -48,18 +48,25 @@ impl Names<'_> {
             .device
             .import_weight(self.weights, &stored.name, None)
             .map_err(|e| UError::new(e.kind, format!("arch-whisper: {}", e.message)))?;
+        if matches!(t.dtype(), DType::I8 | DType::I16 | DType::I32) {
+            return Err(UError::unsupported(format!(
+                "arch-whisper: {} is stored as {:?} (a quantized CTranslate2 model, whose scales \
+                 this plugin does not apply); convert it with `--quantization float16` or float32",
+                stored.name,
+                t.dtype()
+            )));
+        }
         let t = match stored.part {
             None => t,
             Some((index, count)) => {
-                let rows = t.dims()[0] as usize;
-                if !rows.is_multiple_of(count) || t.dims().len() != 2 {
+                if t.dims().len() != 2 || !(t.dims()[0] as usize).is_multiple_of(count) {
                     return Err(invalid(format!(
                         "{} has shape {:?}, not {count} fused matrices",
                         stored.name,
                         t.dims()
                     )));
                 }
-                let n = rows / count;
+                let n = t.dims()[0] as usize / count;
                 t.rows_range(index * n..(index + 1) * n)?
             }
         };

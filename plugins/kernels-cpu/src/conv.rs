@@ -91,6 +91,9 @@ pub fn conv(
     if out.len() != g.c_out * oh * ow {
         return Err(bad("out must be [c_out, h_out, w_out]"));
     }
+    if g.c_in * g.kh * g.kw == 0 || g.c_out == 0 {
+        return Err(bad("no input channels, kernel taps or output channels"));
+    }
     let (ph, pw) = (g.pad_h() as isize, g.padding as isize);
     let k = g.c_in * g.kh * g.kw;
     let positions = oh * ow;

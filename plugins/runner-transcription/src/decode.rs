@@ -27,6 +27,9 @@ pub struct Decoder<'a> {
     pub sample_len: usize,
     /// Beams of a greedy (temperature 0) window; 1 decodes greedily.
     pub beam_size: usize,
+    /// Positions the decoder holds: a window stops sampling when its prompt and tokens fill
+    /// them.
+    pub context: usize,
 }
 
 /// How one window decoded.
@@ -136,6 +139,14 @@ impl Decoder<'_> {
         result
     }
 
+    /// Most tokens a window after `prompt` may add: `sample_len`, or fewer where the prompt
+    /// and they would not fit the decoder's positions (the last one is never run).
+    fn limit(&self, prompt: &[u32]) -> usize {
+        self.sample_len
+            .min((self.context + 1).saturating_sub(prompt.len()))
+            .max(1)
+    }
+
     /// The prompt's pass: the no-speech probability (at the `sot` row) and the logits of its
     /// last row. The prompt runs in two chunks (up to `sot`, then the rest) so that only two
     /// rows of logits are computed however long the previous text is.
@@ -147,6 +158,9 @@ impl Decoder<'_> {
         mel: &[f32],
     ) -> Result<(f64, Vec<f32>)> {
         let s = self.specials;
+        if prompt.is_empty() {
+            return Err(UError::invalid("runner-transcription: an empty prompt"));
+        }
         let sot_row = prompt.iter().rposition(|&t| t == s.sot).unwrap_or(0);
         let first = self.pass(seq, &prompt[..=sot_row], kv, mel, Rows::Last)?;
         let no_speech_prob = softmax_at(&first, s.no_speech as usize);
@@ -214,7 +228,8 @@ impl Decoder<'_> {
         let mut beams: Vec<(SeqId, Vec<u32>, f64)> = vec![(seq, Vec::new(), 0.0)];
         let mut logits = vec![first];
         let mut finished: Vec<(Vec<u32>, f64)> = Vec::new();
-        for _ in 0..self.sample_len {
+        let limit = self.limit(prompt);
+        for step in 0..limit {
             // Candidates in the order openai-whisper's dict holds them: a sequence proposed
             // twice keeps its first place, its score and source from the last proposal.
             let mut candidates: Vec<(Vec<u32>, f64, usize)> = Vec::new();
@@ -222,14 +237,13 @@ impl Decoder<'_> {
                 let mut l = logits[b].clone();
                 self.filter(&mut l, tokens, timestamps);
                 let logprobs = log_softmax(&l);
+                // Beams are distinct sequences, so their continuations are too (openai-whisper
+                // starts from copies of one beam and merges their equal proposals; one beam
+                // proposing once is the same).
                 for t in top_k(&logprobs, width + 1) {
                     let mut next = tokens.clone();
                     next.push(t);
-                    let score = sum + f64::from(logprobs[t as usize]);
-                    match candidates.iter_mut().find(|c| c.0 == next) {
-                        Some(c) => (c.1, c.2) = (score, b),
-                        None => candidates.push((next, score, b)),
-                    }
+                    candidates.push((next, sum + f64::from(logprobs[t as usize]), b));
                 }
             }
             candidates.sort_by(|a, b| b.1.total_cmp(&a.1));
@@ -253,7 +267,13 @@ impl Decoder<'_> {
                     finished.push(f);
                 }
             }
-            if finished.len() >= width || next_beams.is_empty() {
+            if finished.len() >= width || next_beams.is_empty() || step + 1 == limit {
+                if finished.len() < width {
+                    beams = next_beams
+                        .into_iter()
+                        .map(|(tokens, score, source)| (beams[source].0, tokens, score))
+                        .collect();
+                }
                 break;
             }
             // Each continuation forks its source's KV; the old sequences go.
@@ -320,6 +340,7 @@ impl Decoder<'_> {
     ) -> Result<Decoded> {
         let s = self.specials;
         let (no_speech_prob, mut logits) = self.prompt_pass(seq, prompt, kv, mel)?;
+        let limit = self.limit(prompt);
         let (mut tokens, mut sum_logprob) = (Vec::new(), 0f64);
         loop {
             self.filter(&mut logits, &tokens, timestamps);
@@ -334,7 +355,7 @@ impl Decoder<'_> {
                 break;
             }
             tokens.push(next);
-            if tokens.len() >= self.sample_len {
+            if tokens.len() >= limit {
                 break;
             }
             logits = self.pass(seq, &[next], kv, &[], Rows::Last)?;
@@ -435,7 +456,7 @@ fn sample(logits: &[f32], temperature: f32, rng: &mut Rng) -> u32 {
     let mut u = rng.uniform();
     for (i, &lp) in p.iter().enumerate() {
         u -= f64::from(lp).exp();
-        if u <= 0.0 {
+        if u < 0.0 {
             return i as u32;
         }
     }

@@ -32,8 +32,11 @@ use vocab::Specials;
 const DEFAULT_RUNNING: u32 = 4;
 /// The most beams a request may ask for.
 pub const MAX_BEAMS: u32 = 16;
-/// The longest recording accepted, in seconds (a bound on work and memory per request).
-pub const MAX_SECONDS: f64 = 4.0 * 3600.0;
+/// The longest recording accepted, in seconds: a bound on work and memory per request (decoding
+/// stops there; two hours of 48 kHz stereo take about 2.8 GB while decoded).
+pub const MAX_SECONDS: f64 = 2.0 * 3600.0;
+/// The shortest decoder context that leaves room for a prompt and a transcript.
+const MIN_CONTEXT: u32 = 16;
 
 /// The `runner` entry object.
 #[derive(Clone, Copy, Debug, Default)]
@@ -72,16 +75,41 @@ impl TranscriptionRunner {
             model.cache().into_result()?.into_option().ok_or_else(|| {
                 UError::invalid("runner-transcription: the model keeps no KV cache")
             })?;
-        let specials = Specials::find(&tokenizer, config.vocab_size as usize)?;
-        if specials.timestamp_begin as usize >= config.vocab_size as usize {
-            return Err(UError::invalid(
-                "runner-transcription: the tokenizer's timestamps lie outside the model's vocabulary",
-            ));
+        if config.context_length < MIN_CONTEXT {
+            return Err(UError::invalid(format!(
+                "runner-transcription: a decoder context of {} tokens (at least {MIN_CONTEXT})",
+                config.context_length
+            )));
         }
+        let specials = Specials::find(&tokenizer, config.vocab_size as usize)?;
         let suppress = vocab::suppressed(&tokenizer, &specials)?;
         let blank = tokenizer.encode(" ".into(), false, false).into_result()?;
         let mut suppress_blank: Vec<u32> = blank.into_iter().collect();
         suppress_blank.push(specials.eot);
+        // Every id the rules index logits with must be a text or special token of this model:
+        // below the first timestamp, which itself lies inside the vocabulary.
+        let tb = specials.timestamp_begin;
+        let ids = [
+            specials.eot,
+            specials.sot,
+            specials.translate,
+            specials.transcribe,
+            specials.sot_lm,
+            specials.sot_prev,
+            specials.no_speech,
+            specials.no_timestamps,
+        ];
+        let languages = specials.languages.iter().map(|(id, _)| *id);
+        let all = ids
+            .into_iter()
+            .chain(languages)
+            .chain(suppress.iter().copied());
+        if tb >= config.vocab_size || all.chain(suppress_blank.iter().copied()).any(|id| id >= tb) {
+            return Err(UError::invalid(
+                "runner-transcription: the tokenizer's special tokens do not fit the model's \
+                 vocabulary (a tokenizer of another model?)",
+            ));
+        }
         Ok(Transcriber(Arc::new(Inner {
             name: name.into(),
             aliases,
@@ -210,6 +238,7 @@ impl Transcriber {
                 suppress: &i.suppress,
                 suppress_blank: &i.suppress_blank,
                 sample_len: i.config.context_length as usize / 2,
+                context: i.config.context_length as usize,
                 beam_size: request.beam_size.max(1) as usize,
             },
             tokenizer: &i.tokenizer,
@@ -244,7 +273,10 @@ impl Transcriber {
                     "runner-transcription: an English-only model cannot translate",
                 ));
             }
-            if !matches!(request.language.as_str(), "" | "en" | "EN" | "english") {
+            if !matches!(
+                request.language.to_lowercase().as_str(),
+                "" | "en" | "english"
+            ) {
                 return Err(UError::invalid(format!(
                     "runner-transcription: an English-only model; asked for language `{}`",
                     request.language
@@ -283,7 +315,7 @@ impl Transcriber {
             i.running.fetch_sub(1, Ordering::AcqRel);
             i.rejected.fetch_add(1, Ordering::Relaxed);
             return Err(UError::new(
-                ErrorKind::ResourceExhausted,
+                ErrorKind::Busy,
                 format!(
                     "runner-transcription: {} requests are transcribing; try again later",
                     i.max_running

@@ -149,6 +149,7 @@ impl Job<'_> {
         let mut segments = Vec::new();
         let mut seek = 0;
         while seek < content {
+            let window_start = seek;
             let size = N_FRAMES.min(content - seek);
             let offset = seek as f64 * seconds_per_frame;
             let mel_window = window(&mel, self.n_mels, frames, seek, size);
@@ -174,7 +175,7 @@ impl Job<'_> {
                     no_speech_prob: d.no_speech_prob,
                 })
             };
-            let time = |t: u32| f64::from(t - s.timestamp_begin) * TIME_PRECISION;
+            let time = |t: u32| f64::from(t.saturating_sub(s.timestamp_begin)) * TIME_PRECISION;
             let tokens = &d.tokens;
             let is_ts = |i: usize| tokens[i] >= s.timestamp_begin;
             let single_ending =
@@ -201,7 +202,7 @@ impl Job<'_> {
                 if single_ending {
                     seek += size;
                 } else {
-                    let last_ts = tokens[last - 1] - s.timestamp_begin;
+                    let last_ts = tokens[last - 1].saturating_sub(s.timestamp_begin);
                     seek += last_ts as usize * INPUT_STRIDE;
                 }
             } else {
@@ -234,7 +235,7 @@ impl Job<'_> {
             if !self.condition_on_previous || d.temperature > 0.5 {
                 prompt_reset = all_tokens.len();
             }
-            if seek == 0 {
+            if seek <= window_start {
                 return Err(UError::new(
                     ErrorKind::Internal,
                     "runner-transcription: a window did not advance",
@@ -248,10 +249,19 @@ impl Job<'_> {
     /// after `sot`.
     pub fn detect_language(&self, samples: &[f32]) -> Result<String> {
         let s = self.decoder.specials;
-        let (mel, frames, content) = spectrogram(samples, self.n_mels)?;
-        let mel_window = window(&mel, self.n_mels, frames, 0, N_FRAMES.min(content));
+        let (mel, frames, _) = spectrogram(samples, self.n_mels)?;
+        // As openai-whisper detects it: the first 30 s of the padded spectrogram (the log-mel
+        // of the padding, not zeros, after a short clip's speech).
+        let mel_window = window(&mel, self.n_mels, frames, 0, N_FRAMES.min(frames));
         let cache = self.decoder.cache;
-        let (seq, kv) = (cache.create().into_result()?, cache.create().into_result()?);
+        let seq = cache.create().into_result()?;
+        let kv = match cache.create().into_result() {
+            Ok(kv) => kv,
+            Err(e) => {
+                let _ = cache.release(seq);
+                return Err(e);
+            }
+        };
         let logits = self
             .decoder
             .pass(seq, &[s.sot], kv, &mel_window, Rows::Last);

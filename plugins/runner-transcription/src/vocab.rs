@@ -65,7 +65,8 @@ impl Specials {
         let translate = need("<|translate|>")?;
         let mut languages = Vec::new();
         let multilingual = vocab_size >= MULTILINGUAL_VOCAB;
-        for id in (sot + 1..translate).filter(|_| multilingual) {
+        // Language tokens lie between `sot` and `translate` (100 at most in any Whisper).
+        for id in (sot + 1..translate).take(128).filter(|_| multilingual) {
             let text = tok.decode([id].as_slice().into(), false).into_result()?;
             if let Some(code) = text.strip_prefix("<|").and_then(|t| t.strip_suffix("|>")) {
                 languages.push((id, code.to_string()));
@@ -142,7 +143,7 @@ pub fn suppressed(tok: &TokenizerBox, s: &Specials) -> Result<Vec<u32>> {
     let mut ids = Vec::new();
     // "-" and "'" are allowed inside words, so only their spaced forms are suppressed.
     for space in [" -", " '"] {
-        ids.push(encode(space)?[0]);
+        ids.extend(encode(space)?.first());
     }
     let chars: Vec<String> = SYMBOLS.chars().map(String::from).collect();
     let marks = chars.iter().map(String::as_str).chain(MARKS).chain(MUSIC);
