@@ -538,3 +538,53 @@ fn silence_is_no_speech() {
     assert_eq!(got["segments"], serde_json::json!([]), "{got}");
     assert_eq!(got["duration"], 8.0);
 }
+
+#[test]
+fn a_busy_runner_answers_429_and_serves_on() {
+    // One transcription at a time: of two uploads of the 69 s file sent together, one is
+    // transcribed and the other told to come back (429 with Retry-After), and a later one is
+    // served again.
+    let model = whisper_tiny_en_path();
+    let options = Options {
+        plugins: format!(
+            "[[plugins]]\npath = \"{}\"\n\n[[plugins]]\npath = \"{}\"\n",
+            plugin("arch-whisper").display(),
+            plugin("runner-transcription").display()
+        ),
+        transport_config: "max_audio_bytes = 2000000".into(),
+        model_config: "max_running = 1".into(),
+        ..Options::default()
+    };
+    let server = start_with(
+        tempfile::tempdir().unwrap(),
+        &model,
+        "loader-ctranslate2",
+        &options,
+    );
+    let name = model.file_name().unwrap().to_str().unwrap().to_string();
+    let audio = std::fs::read(speech().join("long.flac")).unwrap();
+    let (content_type, body) = multipart(&[("model", &name)], Some(&audio));
+    let port = server.port;
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let answers: Vec<(u16, String)> = (0..2)
+        .map(|_| {
+            let (barrier, content_type, body) =
+                (barrier.clone(), content_type.clone(), body.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                post_form(port, "/v1/audio/transcriptions", &content_type, &body)
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .collect();
+    let mut statuses: Vec<u16> = answers.iter().map(|a| a.0).collect();
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 429], "{answers:?}");
+    let busy = answers.iter().find(|a| a.0 == 429).unwrap();
+    assert!(busy.1.contains("try again later"), "{busy:?}");
+    let (status, answer) = post_form(port, "/v1/audio/transcriptions", &content_type, &body);
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains("umbrella"), "{answer}");
+}
