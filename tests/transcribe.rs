@@ -19,7 +19,7 @@ use serde_json::Value;
 use std::{path::PathBuf, process::Command};
 use u_conformance::{
     bin, plugin, root, run,
-    serving::{Options, http, python_client_both, start_with, whisper_tiny_en_path},
+    serving::{Options, Server, http, python_client_both, start_with, whisper_tiny_en_path},
     text,
 };
 
@@ -200,8 +200,10 @@ fn post_form(port: u16, path: &str, content_type: &str, body: &[u8]) -> (u16, St
     http(port, &raw).unwrap()
 }
 
-#[test]
-fn openai_client_transcribes_over_http_and_bad_uploads_get_4xx() {
+/// `u-runner serve` of Whisper tiny.en (loader-ctranslate2, arch-whisper,
+/// runner-transcription) with these lines of transport-http's and the `[model]` table's
+/// configuration; the server and the name it serves the model under.
+fn whisper_server(transport_config: &str, model_config: &str) -> (Server, String) {
     let model = whisper_tiny_en_path();
     let options = Options {
         plugins: format!(
@@ -209,7 +211,8 @@ fn openai_client_transcribes_over_http_and_bad_uploads_get_4xx() {
             plugin("arch-whisper").display(),
             plugin("runner-transcription").display()
         ),
-        transport_config: "max_audio_bytes = 400000".into(),
+        transport_config: transport_config.into(),
+        model_config: model_config.into(),
         ..Options::default()
     };
     let server = start_with(
@@ -219,6 +222,12 @@ fn openai_client_transcribes_over_http_and_bad_uploads_get_4xx() {
         &options,
     );
     let name = model.file_name().unwrap().to_str().unwrap().to_string();
+    (server, name)
+}
+
+#[test]
+fn openai_client_transcribes_over_http_and_bad_uploads_get_4xx() {
+    let (server, name) = whisper_server("max_audio_bytes = 400000", "");
     let clip = speech().join("clip_05.wav");
     let script = r#"
 import json, os
@@ -544,24 +553,7 @@ fn a_busy_runner_answers_429_and_serves_on() {
     // One transcription at a time: of two uploads of the 69 s file sent together, one is
     // transcribed and the other told to come back (429 with Retry-After), and a later one is
     // served again.
-    let model = whisper_tiny_en_path();
-    let options = Options {
-        plugins: format!(
-            "[[plugins]]\npath = \"{}\"\n\n[[plugins]]\npath = \"{}\"\n",
-            plugin("arch-whisper").display(),
-            plugin("runner-transcription").display()
-        ),
-        transport_config: "max_audio_bytes = 2000000".into(),
-        model_config: "max_running = 1".into(),
-        ..Options::default()
-    };
-    let server = start_with(
-        tempfile::tempdir().unwrap(),
-        &model,
-        "loader-ctranslate2",
-        &options,
-    );
-    let name = model.file_name().unwrap().to_str().unwrap().to_string();
+    let (server, name) = whisper_server("max_audio_bytes = 2000000", "max_running = 1");
     let audio = std::fs::read(speech().join("long.flac")).unwrap();
     let (content_type, body) = multipart(&[("model", &name)], Some(&audio));
     let port = server.port;

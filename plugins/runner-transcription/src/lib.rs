@@ -229,6 +229,7 @@ impl Transcriber {
                 request.temperature
             )));
         }
+        let spectrogram = transcribe::Spectrogram::of(samples, i.n_mels)?;
         let mut job = transcribe::Job {
             decoder: decode::Decoder {
                 model: &i.model,
@@ -252,7 +253,7 @@ impl Transcriber {
         };
         let language = if s.multilingual() {
             let code = match request.language.as_str() {
-                "" => job.detect_language(samples)?,
+                "" => job.detect_language(&spectrogram)?,
                 code => code.to_lowercase(),
             };
             let id = s.language(&code).ok_or_else(|| {
@@ -296,7 +297,7 @@ impl Transcriber {
                 .into_result()?
                 .into_vec();
         }
-        let segments = job.run(samples)?;
+        let segments = job.run(&spectrogram)?;
         let tokens: u64 = segments.iter().map(|x| x.tokens.len() as u64).sum();
         i.generated.fetch_add(tokens, Ordering::Relaxed);
         let text: String = segments.iter().map(|x| x.text.as_str()).collect();
@@ -324,8 +325,8 @@ impl Transcriber {
         }
         let _slot = Slot(&i.running);
         i.requests.fetch_add(1, Ordering::Relaxed);
-        let audio =
-            u_audio::decode::decode(request.audio.to_vec()).map_err(|e| UError::invalid(e.0))?;
+        let audio = u_audio::decode::decode_at_most(request.audio.to_vec(), MAX_SECONDS)
+            .map_err(|e| UError::invalid(e.0))?;
         let samples = audio
             .mono_at(u_audio::SAMPLE_RATE)
             .map_err(|e| UError::invalid(e.0))?;

@@ -49,12 +49,26 @@ pub struct Job<'a> {
     pub context: usize,
 }
 
-/// The spectrogram of `samples` (16 kHz mono) with Whisper's 30 s of padding, and its frames of
-/// content (those before the padding).
-pub fn spectrogram(samples: &[f32], n_mels: usize) -> Result<(Vec<f32>, usize, usize)> {
-    let (mel, frames) = u_audio::log_mel_spectrogram(samples, n_mels, N_SAMPLES)
-        .map_err(|e| UError::invalid(format!("runner-transcription: {e:?}")))?;
-    Ok((mel, frames, frames.saturating_sub(N_FRAMES)))
+/// The log-mel spectrogram of a recording with Whisper's 30 s of padding: `[n_mels, frames]`,
+/// and its frames of content (those before the padding). Made once per request; language
+/// detection and every window read it.
+pub struct Spectrogram {
+    mel: Vec<f32>,
+    frames: usize,
+    content: usize,
+}
+
+impl Spectrogram {
+    /// The spectrogram of `samples` (16 kHz mono).
+    pub fn of(samples: &[f32], n_mels: usize) -> Result<Spectrogram> {
+        let (mel, frames) = u_audio::log_mel_spectrogram(samples, n_mels, N_SAMPLES)
+            .map_err(|e| UError::invalid(format!("runner-transcription: {e:?}")))?;
+        Ok(Spectrogram {
+            mel,
+            frames,
+            content: frames.saturating_sub(N_FRAMES),
+        })
+    }
 }
 
 /// Frames `seek..seek + len` of `mel` (`[n_mels, frames]`), zero-padded to [`N_FRAMES`].
@@ -137,9 +151,14 @@ impl Job<'_> {
         }
     }
 
-    /// Transcribes `samples` (16 kHz mono): the segments in order.
-    pub fn run(&self, samples: &[f32]) -> Result<Vec<TranscriptSegment>> {
-        let (mel, frames, content) = spectrogram(samples, self.n_mels)?;
+    /// Transcribes the recording of `spectrogram`: the segments in order.
+    pub fn run(&self, spectrogram: &Spectrogram) -> Result<Vec<TranscriptSegment>> {
+        let Spectrogram {
+            mel,
+            frames,
+            content,
+        } = spectrogram;
+        let (frames, content) = (*frames, *content);
         let s = self.decoder.specials;
         let cache = self.decoder.cache;
         let seconds_per_frame = HOP_LENGTH as f64 / f64::from(SAMPLE_RATE);
@@ -152,7 +171,7 @@ impl Job<'_> {
             let window_start = seek;
             let size = N_FRAMES.min(content - seek);
             let offset = seek as f64 * seconds_per_frame;
-            let mel_window = window(&mel, self.n_mels, frames, seek, size);
+            let mel_window = window(mel, self.n_mels, frames, seek, size);
             let kv = cache.create().into_result()?;
             let prompt = self.prompt(&all_tokens[prompt_reset..]);
             let result = self.with_fallback(&prompt, kv, &mel_window, &mut rng);
@@ -247,12 +266,12 @@ impl Job<'_> {
 
     /// The language of the first window (multilingual models): the likeliest language token
     /// after `sot`.
-    pub fn detect_language(&self, samples: &[f32]) -> Result<String> {
+    pub fn detect_language(&self, spectrogram: &Spectrogram) -> Result<String> {
         let s = self.decoder.specials;
-        let (mel, frames, _) = spectrogram(samples, self.n_mels)?;
+        let (mel, frames) = (&spectrogram.mel, spectrogram.frames);
         // As openai-whisper detects it: the first 30 s of the padded spectrogram (the log-mel
         // of the padding, not zeros, after a short clip's speech).
-        let mel_window = window(&mel, self.n_mels, frames, 0, N_FRAMES.min(frames));
+        let mel_window = window(mel, self.n_mels, frames, 0, N_FRAMES.min(frames));
         let cache = self.decoder.cache;
         let seq = cache.create().into_result()?;
         let kv = match cache.create().into_result() {
