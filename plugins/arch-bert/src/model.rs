@@ -8,7 +8,6 @@ use crate::{
     config::Config,
     naming::{Layout, blk},
 };
-use abi_stable::std_types::ROption;
 use u_sdk::{
     Activation, AttentionMask, AttentionParams, DType, ErrorKind, ModelConfig, ModelKind, Output,
     Pooling, Result, Rows, Segment, SeqChunk, UError, WeightSetBox,
@@ -147,9 +146,6 @@ impl Embeddings {
                         .copy_into(None, &dst)?;
                 }
                 Segment::Embeddings(e) => dst.write(e)?,
-                Segment::Image(_) => {
-                    return Err(UError::unsupported("arch-bert: images are not read"));
-                }
             }
             at += n;
         }
@@ -331,7 +327,6 @@ impl Bert {
             attention: AttentionMask::Bidirectional,
             pooling: c.pooling,
             context_shape: [0, 0],
-            image: ROption::RNone,
         }
     }
 
@@ -354,11 +349,6 @@ impl Bert {
                     )));
                 }
                 Segment::Embeddings(_) => {}
-                Segment::Image(_) => {
-                    return Err(UError::unsupported(
-                        "arch-bert: the model reads token ids and embedding rows, not images",
-                    ));
-                }
             }
         }
         let x = &chunk.extras;
