@@ -388,8 +388,8 @@ fn fuzz(root: &Path, seconds: u32, quick: bool) -> Result<()> {
                 .env("RUSTC_BOOTSTRAP", "1")
                 .args(["fuzz", "run"]);
             if quick {
-                // Neither incremental state nor debug info: CI's disk is small and the
-                // eleven fuzz crates share one target folder.
+                // Neither incremental state nor debug info: CI's disk is small and every
+                // fuzz crate builds into one target folder.
                 cmd.args(["--dev", "--sanitizer", "none"])
                     .env("CARGO_INCREMENTAL", "0")
                     .env("CARGO_PROFILE_DEV_DEBUG", "0");
