@@ -443,6 +443,7 @@ impl Gemma3 {
             attention: AttentionMask::Causal,
             pooling: Pooling::Mean,
             context_shape: [0, 0],
+            image: ROption::RNone,
         }
     }
 
@@ -471,6 +472,11 @@ impl Gemma3 {
                     )));
                 }
                 Segment::Embeddings(_) => {}
+                Segment::Image(_) => {
+                    return Err(UError::unsupported(
+                        "arch-gemma3: the model reads token ids and embedding rows, not images",
+                    ));
+                }
             }
         }
         let x = &chunk.extras;
@@ -568,6 +574,9 @@ impl Gemma3 {
                     e.copy_into(None, &dst)?;
                 }
                 Segment::Embeddings(e) => dst.write(e)?,
+                Segment::Image(_) => {
+                    return Err(UError::unsupported("arch-gemma3: images are not read"));
+                }
             }
             at += n;
         }

@@ -8,6 +8,7 @@ use crate::{
     config::Config,
     naming::{Layout, blk},
 };
+use abi_stable::std_types::ROption;
 use u_sdk::{
     Activation, AttentionMask, AttentionParams, DType, ErrorKind, ModelConfig, ModelKind, Output,
     Pooling, Result, Rows, Segment, SeqChunk, UError, WeightSetBox,
@@ -146,6 +147,9 @@ impl Embeddings {
                         .copy_into(None, &dst)?;
                 }
                 Segment::Embeddings(e) => dst.write(e)?,
+                Segment::Image(_) => {
+                    return Err(UError::unsupported("arch-bert: images are not read"));
+                }
             }
             at += n;
         }
@@ -327,6 +331,7 @@ impl Bert {
             attention: AttentionMask::Bidirectional,
             pooling: c.pooling,
             context_shape: [0, 0],
+            image: ROption::RNone,
         }
     }
 
@@ -349,6 +354,11 @@ impl Bert {
                     )));
                 }
                 Segment::Embeddings(_) => {}
+                Segment::Image(_) => {
+                    return Err(UError::unsupported(
+                        "arch-bert: the model reads token ids and embedding rows, not images",
+                    ));
+                }
             }
         }
         let x = &chunk.extras;

@@ -914,6 +914,7 @@ impl Llama {
             attention: AttentionMask::Causal,
             pooling: Pooling::Mean,
             context_shape: [0, 0],
+            image: ROption::RNone,
         }
     }
 
@@ -944,6 +945,11 @@ impl Llama {
                     )));
                 }
                 Segment::Embeddings(_) => {}
+                Segment::Image(_) => {
+                    return Err(UError::unsupported(
+                        "arch-llama: the model reads token ids and embedding rows, not images",
+                    ));
+                }
             }
         }
         let x = &chunk.extras;
@@ -1036,7 +1042,7 @@ impl Llama {
             let ids: Vec<i32> = segments()
                 .flat_map(|s| match s {
                     Segment::Tokens(t) => t.as_slice(),
-                    Segment::Embeddings(_) => &[],
+                    Segment::Embeddings(_) | Segment::Image(_) => &[],
                 })
                 .map(|&t| t as i32)
                 .collect();
@@ -1057,6 +1063,9 @@ impl Llama {
                     e.copy_into(None, &dst)?;
                 }
                 Segment::Embeddings(e) => dst.write(e)?,
+                Segment::Image(_) => {
+                    return Err(UError::unsupported("arch-llama: images are not read"));
+                }
             }
             at += n;
         }

@@ -561,6 +561,7 @@ impl Whisper {
             attention: AttentionMask::Causal,
             pooling: Pooling::Last,
             context_shape: [c.n_mels as u32, c.frames() as u32],
+            image: ROption::RNone,
         }
     }
 
@@ -571,9 +572,9 @@ impl Whisper {
         for segment in chunk.input.iter() {
             match segment {
                 Segment::Tokens(t) => tokens.extend_from_slice(t),
-                Segment::Embeddings(_) => {
+                Segment::Embeddings(_) | Segment::Image(_) => {
                     return Err(UError::unsupported(
-                        "arch-whisper: the decoder reads token ids, not embedding rows",
+                        "arch-whisper: the decoder reads token ids, not embedding rows or images",
                     ));
                 }
             }

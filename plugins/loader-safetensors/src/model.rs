@@ -298,14 +298,17 @@ impl SafetensorsModel {
     }
 }
 
-/// Side files of a sentence-transformers folder, as `sentence_transformers.*` metadata: the
-/// model's own `sentence_bert_config.json` (`max_seq_length`, …) and the pooling module's
-/// `1_Pooling/config.json` (`pooling.pooling_mode_mean_tokens`, …). Absent files add nothing.
+/// Side files of a model folder as metadata: a sentence-transformers model's own
+/// `sentence_bert_config.json` (`sentence_transformers.max_seq_length`, …) and its pooling
+/// module's `1_Pooling/config.json` (`sentence_transformers.pooling.pooling_mode_mean_tokens`,
+/// …), and an image model's processor settings, `preprocessor_config.json` (`preprocessor.*`:
+/// sizes, mean, std). Absent files add nothing.
 pub fn side_files(opener: &dyn FileOpener, dir: &Path) -> Result<Vec<(String, MetaValue)>> {
     let mut out = Vec::new();
     for (file, prefix) in [
         ("sentence_bert_config.json", "sentence_transformers"),
         ("1_Pooling/config.json", "sentence_transformers.pooling"),
+        ("preprocessor_config.json", "preprocessor"),
     ] {
         let path = dir.join(file);
         let Some(bytes) = files::read_optional(opener, &path, MAX_CONFIG_LEN)? else {

@@ -2,7 +2,7 @@
 //! that keep per-sequence state) a cache.
 //!
 //! One interface for every kind of model ([`ModelKind`]): a batch is a list of [`SeqChunk`]s,
-//! each a sequence's input — segments of token ids or of embedding rows — the output it asks
+//! each a sequence's input — segments of token ids, embedding rows or images — the output it asks
 //! for ([`Output`]: logits, the hidden state after a layer, a pooled vector) and its
 //! per-sequence extras ([`SeqExtras`]: adapters, steering vectors, a cross-attention context,
 //! conditioning). Sequences with different extras share one forward pass.
@@ -77,6 +77,48 @@ pub struct ModelConfig {
     /// ([`CrossContext::rows`]): `[rows, width]` floats, row-major (Whisper: its log-mel
     /// spectrogram, `[n_mels, 3000]`); `[0, 0]` for other kinds.
     pub context_shape: [u32; 2],
+    /// What an image input ([`Segment::Image`]) must be, for models that read images (vision
+    /// encoders, image-chat models); `RNone` for the rest.
+    pub image: ROption<ImageSpec>,
+}
+
+/// How an image is resampled when resized.
+#[repr(u8)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Resample {
+    /// Nearest neighbour.
+    Nearest,
+    /// Triangle filter (PIL's `BILINEAR`).
+    Bilinear,
+    /// Keys cubic filter, a = −0.5 (PIL's `BICUBIC`).
+    Bicubic,
+}
+
+/// What an image-reading model takes, and the preprocessing (the checkpoint's image processor:
+/// `preprocessor_config.json`) a caller applies to a decoded image to make it: resize, centre
+/// crop, rescale, normalise per channel.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq)]
+pub struct ImageSpec {
+    /// Channels of the pixels (3: RGB).
+    pub channels: u32,
+    /// Height of the pixels the model takes.
+    pub height: u32,
+    /// Width of the pixels the model takes.
+    pub width: u32,
+    /// Rows (positions) one image becomes: patches plus class and register tokens.
+    pub rows: u32,
+    /// Resize so the shorter edge is this many pixels, keeping the aspect ratio, then centre
+    /// crop to `height × width`; 0: resize to `height × width` directly.
+    pub shortest_edge: u32,
+    /// The resampling filter of that resize.
+    pub resample: Resample,
+    /// Factor taking 8-bit values to the model's range (1/255).
+    pub rescale: f32,
+    /// Per-channel mean subtracted after rescaling.
+    pub mean: [f32; 3],
+    /// Per-channel standard deviation divided by after the mean.
+    pub std: [f32; 3],
 }
 
 /// Which rows of a chunk an output covers.
@@ -135,6 +177,21 @@ pub enum Segment<'a> {
     Tokens(RSlice<'a, u32>),
     /// Embedding rows, `hidden` floats each, used as they are.
     Embeddings(RSlice<'a, f32>),
+    /// An image, preprocessed as the model's [`ModelConfig::image`] says, that the model
+    /// encodes into [`ImageSpec::rows`] rows.
+    Image(ImageInput<'a>),
+}
+
+/// One preprocessed image: `channels × height × width` floats, channels first (the layout of
+/// PyTorch's `pixel_values`), and the rows it stands for — [`ImageSpec::rows`], stated so a
+/// caller can lay out positions without the model; a model refuses any other count.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug)]
+pub struct ImageInput<'a> {
+    /// The pixels.
+    pub pixels: RSlice<'a, f32>,
+    /// Rows the image becomes.
+    pub rows: u32,
 }
 
 impl Segment<'_> {
@@ -143,6 +200,7 @@ impl Segment<'_> {
         match self {
             Segment::Tokens(t) => t.len(),
             Segment::Embeddings(e) => e.len() / hidden.max(1),
+            Segment::Image(i) => i.rows as usize,
         }
     }
 }

@@ -139,6 +139,7 @@ impl Model for Toy {
             attention: AttentionMask::Causal,
             pooling: Pooling::Last,
             context_shape: [0, 0],
+            image: ROption::RNone,
         })
     }
 
@@ -157,7 +158,7 @@ impl Model for Toy {
                 .iter()
                 .flat_map(|s| match s {
                     Segment::Tokens(t) => t.to_vec(),
-                    Segment::Embeddings(_) => Vec::new(),
+                    Segment::Embeddings(_) | Segment::Image(_) => Vec::new(),
                 })
                 .collect()
         };
