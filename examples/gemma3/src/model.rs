@@ -643,21 +643,7 @@ impl Gemma3 {
                         .rows_range(span.offset..span.offset + span.len)?
                         .to_vec()?;
                     let dst = &mut out[at..at + hidden];
-                    match p {
-                        Pooling::First => dst.copy_from_slice(&all[..hidden]),
-                        Pooling::Last => dst.copy_from_slice(&all[all.len() - hidden..]),
-                        Pooling::Mean => {
-                            for (j, d) in dst.iter_mut().enumerate() {
-                                let sum: f64 = all
-                                    .iter()
-                                    .skip(j)
-                                    .step_by(hidden)
-                                    .map(|&v| f64::from(v))
-                                    .sum();
-                                *d = (sum / span.len as f64) as f32;
-                            }
-                        }
-                    }
+                    p.pool(&all, hidden, dst)?;
                     at += hidden;
                 }
             }

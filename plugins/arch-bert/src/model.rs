@@ -11,7 +11,7 @@ use crate::{
 use abi_stable::std_types::ROption;
 use u_sdk::{
     Activation, AttentionMask, AttentionParams, DType, ErrorKind, ModelConfig, ModelKind, Output,
-    Pooling, Result, Rows, Segment, SeqChunk, UError, WeightSetBox,
+    Result, Rows, Segment, SeqChunk, UError, WeightSetBox,
     nn::{Device, Tensor},
 };
 
@@ -453,31 +453,11 @@ impl Bert {
                 Output::Hidden {
                     rows: Rows::Last, ..
                 } => dst.copy_from_slice(&rows[rows.len() - hidden..]),
-                Output::Pooled(p) => pool(rows, hidden, p, dst),
+                Output::Pooled(p) => p.pool(rows, hidden, dst)?,
                 Output::Nothing | Output::Logits(_) => {}
             }
             at += n;
         }
         Ok(())
-    }
-}
-
-/// One vector summarising `rows` (each `hidden` wide), accumulated in f64.
-fn pool(rows: &[f32], hidden: usize, pooling: Pooling, out: &mut [f32]) {
-    let n = rows.len() / hidden.max(1);
-    match pooling {
-        Pooling::First => out.copy_from_slice(&rows[..hidden]),
-        Pooling::Last => out.copy_from_slice(&rows[(n - 1) * hidden..]),
-        Pooling::Mean => {
-            let mut sum = vec![0f64; hidden];
-            for row in rows.chunks_exact(hidden) {
-                sum.iter_mut()
-                    .zip(row)
-                    .for_each(|(s, &v)| *s += f64::from(v));
-            }
-            out.iter_mut()
-                .zip(sum)
-                .for_each(|(o, s)| *o = (s / n as f64) as f32);
-        }
     }
 }

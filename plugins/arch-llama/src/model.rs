@@ -1277,7 +1277,7 @@ impl Llama {
                 Output::Pooled(pooling) => {
                     let all = normed.as_deref().unwrap_or_default();
                     let rows = &all[span.offset * hidden..(span.offset + span.len) * hidden];
-                    pool(rows, hidden, *pooling, &mut out[at..at + hidden]);
+                    pooling.pool(rows, hidden, &mut out[at..at + hidden])?;
                     at += hidden;
                 }
             }
@@ -1389,26 +1389,6 @@ impl Llama {
             cache.append(dst, layer, k.desc(), v.desc()).into_result()?;
         }
         Ok(())
-    }
-}
-
-/// One vector summarising `rows` (each `hidden` wide), accumulated in f64.
-fn pool(rows: &[f32], hidden: usize, pooling: Pooling, out: &mut [f32]) {
-    let n = rows.len() / hidden.max(1);
-    match pooling {
-        Pooling::First => out.copy_from_slice(&rows[..hidden]),
-        Pooling::Last => out.copy_from_slice(&rows[(n - 1) * hidden..]),
-        Pooling::Mean => {
-            let mut sum = vec![0f64; hidden];
-            for row in rows.chunks_exact(hidden) {
-                sum.iter_mut()
-                    .zip(row)
-                    .for_each(|(s, &v)| *s += f64::from(v));
-            }
-            out.iter_mut()
-                .zip(sum)
-                .for_each(|(o, s)| *o = (s / n as f64) as f32);
-        }
     }
 }
 

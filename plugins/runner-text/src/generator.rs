@@ -335,6 +335,12 @@ impl Generator {
                 .collect(),
             Pooling::First => first,
             Pooling::Last => last,
+            Pooling::Head => {
+                return Err(Error::InvalidRequest(format!(
+                    "the `{}` model pools with a head, which a decoder's embeddings do not use",
+                    self.config.family
+                )));
+            }
         })
     }
 

@@ -48,6 +48,47 @@ pub enum Pooling {
     First,
     /// The last row (decoder embeddings).
     Last,
+    /// The checkpoint's own pooling head over the final rows (ViT's tanh dense layer on the
+    /// class row, CLIP's norm of the class row, SigLIP's attention pooling): what transformers
+    /// calls `pooler_output`.
+    Head,
+}
+
+impl Pooling {
+    /// One vector of `hidden` floats summarising `rows` (each `hidden` wide, at least one) into
+    /// `out`, the mean accumulated in f64; an error for [`Pooling::Head`], which only a model
+    /// with such a head computes.
+    pub fn pool(self, rows: &[f32], hidden: usize, out: &mut [f32]) -> Result<(), UError> {
+        let n = rows.len() / hidden.max(1);
+        if n == 0 || out.len() != hidden {
+            return Err(UError::invalid(format!(
+                "pooling {} values into {} as rows of {hidden}",
+                rows.len(),
+                out.len()
+            )));
+        }
+        match self {
+            Pooling::First => out.copy_from_slice(&rows[..hidden]),
+            Pooling::Last => out.copy_from_slice(&rows[(n - 1) * hidden..n * hidden]),
+            Pooling::Mean => {
+                let mut sum = vec![0f64; hidden];
+                for row in rows.chunks_exact(hidden) {
+                    sum.iter_mut()
+                        .zip(row)
+                        .for_each(|(s, &v)| *s += f64::from(v));
+                }
+                out.iter_mut()
+                    .zip(sum)
+                    .for_each(|(o, s)| *o = (s / n as f64) as f32);
+            }
+            Pooling::Head => {
+                return Err(UError::unsupported(
+                    "this model has no pooling head (ask for the mean, first or last row)",
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// What a server needs to know about a built model.

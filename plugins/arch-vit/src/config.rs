@@ -1,0 +1,343 @@
+//! The typed hyper-parameters of a vision tower, from `config.json` (`config.*` metadata, as
+//! the HF-format loaders present it), and the image preprocessing its
+//! `preprocessor_config.json` (`preprocessor.*`) states.
+
+use u_sdk::{ImageSpec, MetaValue, Resample, Result, UError, WeightSetBox};
+
+/// The families this plugin builds, by `config.json`'s `model_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// ViT (Dosovitskiy et al. 2020): class token, learned positions, final norm, tanh pooler.
+    Vit,
+    /// CLIP's vision tower (Radford et al. 2021): class token, a norm before the blocks, quick
+    /// GELU, a norm of the pooled class row only.
+    Clip,
+    /// SigLIP's vision tower (Zhai et al. 2023): no class token, final norm, an
+    /// attention-pooling head.
+    Siglip,
+    /// DINOv2 (Oquab et al. 2023): ViT with layer scale; the pooled vector is the normed class
+    /// row.
+    Dinov2,
+}
+
+impl Family {
+    /// The family of HF `model_type` `name`.
+    pub fn of(name: &str) -> Result<Family> {
+        Ok(match name {
+            "vit" => Family::Vit,
+            "clip_vision_model" => Family::Clip,
+            "siglip_vision_model" => Family::Siglip,
+            "dinov2" => Family::Dinov2,
+            other => {
+                return Err(UError::unsupported(format!(
+                    "arch-vit: model type `{other}` is not one of vit, clip_vision_model, \
+                     siglip_vision_model, dinov2"
+                )));
+            }
+        })
+    }
+
+    /// The `model_type` naming this family.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Vit => "vit",
+            Family::Clip => "clip_vision_model",
+            Family::Siglip => "siglip_vision_model",
+            Family::Dinov2 => "dinov2",
+        }
+    }
+
+    /// Whether the tower prepends a class token to the patches.
+    pub fn has_class_token(self) -> bool {
+        self != Family::Siglip
+    }
+}
+
+/// The MLP's activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Act {
+    /// GELU, exact (erf).
+    Gelu,
+    /// GELU, tanh approximation.
+    GeluTanh,
+    /// CLIP's `x · σ(1.702 x)`.
+    QuickGelu,
+}
+
+/// Everything the model needs besides the weights.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Which tower.
+    pub family: Family,
+    /// Width of a patch row.
+    pub hidden: usize,
+    /// Blocks.
+    pub layers: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// MLP width.
+    pub intermediate: usize,
+    /// Channels of an input image.
+    pub channels: usize,
+    /// Side of the square image the position table is for.
+    pub image_size: usize,
+    /// Side of a square patch.
+    pub patch: usize,
+    /// LayerNorm epsilon.
+    pub eps: f32,
+    /// MLP activation.
+    pub act: Act,
+}
+
+fn get(w: &WeightSetBox, key: &str) -> Option<MetaValue> {
+    w.metadata(key.into()).into_result().ok()?.into_option()
+}
+
+impl Config {
+    /// Reads the tower's configuration from `w`'s `config.json`.
+    pub fn from_weights(w: &WeightSetBox) -> Result<Config> {
+        let bad = |why: String| UError::invalid(format!("arch-vit: config.json: {why}"));
+        let model_type = get(w, "config.model_type")
+            .and_then(|v| v.as_str().map(str::to_string))
+            .ok_or_else(|| bad("no `model_type`".into()))?;
+        let family = Family::of(&model_type)?;
+        let int = |k: &str| get(w, &format!("config.{k}")).and_then(|v| v.as_u64());
+        let need = |k: &str| {
+            int(k)
+                .map(|v| v as usize)
+                .filter(|&v| v > 0)
+                .ok_or_else(|| bad(format!("lacks a positive `{k}`")))
+        };
+        let hidden = need("hidden_size")?;
+        let heads = need("num_attention_heads")?;
+        if !hidden.is_multiple_of(heads) {
+            return Err(bad(format!(
+                "hidden size {hidden} does not split into {heads} heads"
+            )));
+        }
+        let intermediate = match family {
+            // DINOv2 states the MLP width as a ratio of the hidden size.
+            Family::Dinov2 => {
+                let ratio = get(w, "config.mlp_ratio")
+                    .and_then(|v| v.as_f64())
+                    .unwrap_or(4.0);
+                let width = hidden as f64 * ratio;
+                if !(width >= 1.0 && width.fract() == 0.0 && width < 1e7) {
+                    return Err(bad(format!("mlp_ratio {ratio} gives no whole MLP width")));
+                }
+                width as usize
+            }
+            _ => need("intermediate_size")?,
+        };
+        if family == Family::Dinov2
+            && get(w, "config.use_swiglu_ffn").is_some_and(|v| matches!(v, MetaValue::Bool(true)))
+        {
+            return Err(UError::unsupported(
+                "arch-vit: DINOv2 with a SwiGLU MLP (the giant model) is not implemented",
+            ));
+        }
+        let act = match get(w, "config.hidden_act")
+            .and_then(|v| v.as_str().map(str::to_string))
+            .as_deref()
+        {
+            Some("gelu") | None => Act::Gelu,
+            Some("gelu_new" | "gelu_pytorch_tanh") => Act::GeluTanh,
+            Some("quick_gelu") => Act::QuickGelu,
+            Some(other) => {
+                return Err(UError::unsupported(format!(
+                    "arch-vit: activation `{other}` is not implemented (gelu, gelu_pytorch_tanh, \
+                     quick_gelu)"
+                )));
+            }
+        };
+        let default_eps = match family {
+            Family::Vit => 1e-12,
+            _ => 1e-6,
+        };
+        let eps = get(w, "config.layer_norm_eps")
+            .and_then(|v| v.as_f64())
+            .unwrap_or(default_eps) as f32;
+        let cfg = Config {
+            family,
+            hidden,
+            layers: need("num_hidden_layers")?,
+            heads,
+            intermediate,
+            channels: int("num_channels").map_or(3, |v| v as usize),
+            image_size: need("image_size")?,
+            patch: need("patch_size")?,
+            eps,
+            act,
+        };
+        if cfg.channels != 3 {
+            return Err(UError::unsupported(format!(
+                "arch-vit: {} image channels (RGB, 3, is implemented)",
+                cfg.channels
+            )));
+        }
+        if !cfg.image_size.is_multiple_of(cfg.patch) || cfg.image_size > 8192 {
+            return Err(bad(format!(
+                "image size {} is not a whole number of {}-pixel patches (or is past 8192)",
+                cfg.image_size, cfg.patch
+            )));
+        }
+        Ok(cfg)
+    }
+
+    /// Patches along one side.
+    pub fn grid(&self) -> usize {
+        self.image_size / self.patch
+    }
+
+    /// Rows an image becomes: its patches, and the class token where the family has one.
+    pub fn rows(&self) -> usize {
+        self.grid() * self.grid() + usize::from(self.family.has_class_token())
+    }
+
+    /// Floats of one preprocessed image.
+    pub fn pixels(&self) -> usize {
+        self.channels * self.image_size * self.image_size
+    }
+}
+
+/// The preprocessing `w`'s `preprocessor_config.json` states for a tower of `cfg` (each
+/// family's image processor defaults where the file is silent or absent), as the ABI's
+/// [`ImageSpec`].
+pub fn image_spec(w: &WeightSetBox, cfg: &Config) -> Result<ImageSpec> {
+    let bad = |why: String| UError::invalid(format!("arch-vit: preprocessor_config.json: {why}"));
+    let key = |k: &str| get(w, &format!("preprocessor.{k}"));
+    let flag = |k: &str| !matches!(key(k), Some(MetaValue::Bool(false)));
+    // ImageNet's statistics (DINOv2's processor), OpenAI CLIP's, and the [-1, 1] of ViT and
+    // SigLIP.
+    let (mean, std, resample) = match cfg.family {
+        Family::Dinov2 => (
+            [0.485, 0.456, 0.406],
+            [0.229, 0.224, 0.225],
+            Resample::Bicubic,
+        ),
+        Family::Clip => (
+            [0.481_454_66, 0.457_827_5, 0.408_210_73],
+            [0.268_629_54, 0.261_302_6, 0.275_777_1],
+            Resample::Bicubic,
+        ),
+        Family::Vit => ([0.5; 3], [0.5; 3], Resample::Bilinear),
+        Family::Siglip => ([0.5; 3], [0.5; 3], Resample::Bicubic),
+    };
+    let triple = |k: &str, default: [f32; 3]| -> Result<[f32; 3]> {
+        let values: Vec<f64> = match key(k) {
+            None => return Ok(default),
+            Some(MetaValue::FloatArray(v)) => v.to_vec(),
+            Some(MetaValue::UIntArray(v)) => v.iter().map(|&x| x as f64).collect(),
+            Some(MetaValue::IntArray(v)) => v.iter().map(|&x| x as f64).collect(),
+            Some(v) => match v.as_f64() {
+                Some(x) => vec![x; 3],
+                None => return Err(bad(format!("`{k}` is not a number or three numbers"))),
+            },
+        };
+        match values.as_slice() {
+            &[a, b, c] if values.iter().all(|v| v.is_finite()) => {
+                Ok([a as f32, b as f32, c as f32])
+            }
+            _ => Err(bad(format!("`{k}` is not three finite numbers"))),
+        }
+    };
+    let mean = if flag("do_normalize") {
+        triple("image_mean", mean)?
+    } else {
+        [0.0; 3]
+    };
+    let std = if flag("do_normalize") {
+        triple("image_std", std)?
+    } else {
+        [1.0; 3]
+    };
+    if std.contains(&0.0) {
+        return Err(bad("an `image_std` of 0".into()));
+    }
+    let rescale = if flag("do_rescale") {
+        key("rescale_factor")
+            .and_then(|v| v.as_f64())
+            .unwrap_or(1.0 / 255.0) as f32
+    } else {
+        1.0
+    };
+    let resample = match key("resample").map(|v| v.as_u64()) {
+        None => resample,
+        Some(Some(0)) => Resample::Nearest,
+        Some(Some(2)) => Resample::Bilinear,
+        Some(Some(3)) => Resample::Bicubic,
+        Some(other) => {
+            return Err(UError::unsupported(format!(
+                "arch-vit: resampling filter {other:?} is not implemented (PIL's 0 nearest, \
+                 2 bilinear, 3 bicubic)"
+            )));
+        }
+    };
+    // `size` is `{"height", "width"}` (resize to it) or `{"shortest_edge"}` (resize the shorter
+    // side, then centre crop).
+    let size: serde_json::Value = match key("size") {
+        Some(MetaValue::Json(s)) => serde_json::from_str(&s).map_err(|e| bad(e.to_string()))?,
+        Some(v) => match v.as_u64() {
+            Some(edge) => serde_json::json!({ "shortest_edge": edge }),
+            None => return Err(bad("`size` is not an object".into())),
+        },
+        None => serde_json::Value::Null,
+    };
+    let shortest_edge = if flag("do_resize") {
+        size.get("shortest_edge")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0) as u32
+    } else {
+        0
+    };
+    if shortest_edge != 0 && !flag("do_center_crop") {
+        return Err(UError::unsupported(
+            "arch-vit: a shortest-edge resize without a centre crop gives images of varying \
+             size, which the tower's fixed position table does not take",
+        ));
+    }
+    let side = cfg.image_size as u32;
+    for (what, v) in [("size", &size), ("crop_size", &crop_size(w)?)] {
+        let stated = [v.get("height"), v.get("width")].map(|d| d.and_then(|d| d.as_u64()));
+        if let [Some(h), Some(wd)] = stated
+            && (h, wd) != (u64::from(side), u64::from(side))
+            && ((what == "crop_size") == (shortest_edge != 0))
+        {
+            return Err(UError::unsupported(format!(
+                "arch-vit: the processor's {what} {h}×{wd} differs from the model's image size \
+                 {side}×{side} (position interpolation is not implemented)"
+            )));
+        }
+    }
+    if shortest_edge != 0 && shortest_edge < side {
+        return Err(bad(format!(
+            "shortest edge {shortest_edge} is smaller than the {side}-pixel crop"
+        )));
+    }
+    Ok(ImageSpec {
+        channels: cfg.channels as u32,
+        height: side,
+        width: side,
+        rows: cfg.rows() as u32,
+        shortest_edge,
+        resample,
+        rescale,
+        mean,
+        std,
+    })
+}
+
+fn crop_size(w: &WeightSetBox) -> Result<serde_json::Value> {
+    Ok(match get(w, "preprocessor.crop_size") {
+        Some(MetaValue::Json(s)) => serde_json::from_str(&s).map_err(|e| {
+            UError::invalid(format!(
+                "arch-vit: preprocessor_config.json: crop_size: {e}"
+            ))
+        })?,
+        Some(v) => match v.as_u64() {
+            Some(side) => serde_json::json!({ "height": side, "width": side }),
+            None => serde_json::Value::Null,
+        },
+        None => serde_json::Value::Null,
+    })
+}

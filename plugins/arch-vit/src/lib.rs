@@ -1,0 +1,120 @@
+//! # u-arch-vit — Vision Transformer encoders as a U architecture plugin
+//!
+//! The Vision Transformer (Dosovitskiy et al. 2020, *An Image is Worth 16x16 Words*,
+//! arXiv:2010.11929) and the towers built on it: CLIP's (Radford et al. 2021, arXiv:2103.00020),
+//! SigLIP's (Zhai et al. 2023, arXiv:2303.15343) and DINOv2 (Oquab et al. 2023,
+//! arXiv:2304.07193). An image is cut into square patches, each projected to a row; a class
+//! token (not SigLIP's) is prepended and learned positions added; pre-norm blocks of
+//! bidirectional multi-head self-attention and an MLP follow (DINOv2 scales each branch per
+//! channel). A model of the **encoder** kind: each chunk is one image ([`u_sdk::Segment::Image`],
+//! preprocessed as the model's [`u_sdk::ImageSpec`] says), answered as hidden states after any
+//! block, or pooled — the family's own head ([`u_sdk::Pooling::Head`]: ViT's tanh pooler, CLIP's
+//! normed class row, SigLIP's attention pooling, DINOv2's normed class row), the class row or
+//! the mean.
+//!
+//! Reference implementation: Hugging Face `transformers` (`modeling_vit.py`,
+//! `modeling_clip.py`, `modeling_siglip.py`, `modeling_dinov2.py`), against which `tests/`
+//! checks tiny random-weight towers of every family.
+//!
+//! Layout: [`config`] (hyper-parameters and the image processor's settings), [`naming`] (each
+//! family's tensor names), [`model`] (`PatchEmbedding`, `SelfAttention`, `Mlp`, `Block`,
+//! `AttentionPool`, `VisionTransformer`), and the plugin glue below. Compute goes through the
+//! backend interface (`u_sdk::nn` tensors).
+#![deny(missing_docs)]
+
+pub mod config;
+pub mod model;
+pub mod naming;
+
+pub use config::{Config, Family};
+pub use model::VisionTransformer;
+
+use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RString, RVec};
+use u_sdk::{
+    Architecture, ArchitectureBox, BackendBox, BuildContext, HostBox, KvCacheBox, Model, ModelBox,
+    ModelConfig, PluginInfo, PluginInstance, SeqChunk, SeqId, UError, WeightSetBox, nn::Device,
+};
+
+fn describe() -> PluginInfo {
+    PluginInfo {
+        summary: "Vision Transformer encoders: ViT, CLIP and SigLIP vision towers, DINOv2".into(),
+        details: RVec::new(),
+    }
+}
+
+/// Creates the architecture object (the root module's `instantiate`); it takes no settings.
+pub fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
+    let config: toml::Table = host
+        .config()
+        .as_str()
+        .parse()
+        .map_err(|e| UError::invalid(format!("arch-vit config: {e}")))?;
+    if let Some(key) = config.keys().next() {
+        return Err(UError::invalid(format!(
+            "arch-vit config: unknown key `{key}` (the plugin has no settings)"
+        )));
+    }
+    Ok(PluginInstance::Architecture(ArchitectureBox::new(
+        VitArchitecture,
+    )))
+}
+
+/// The exported root module and embedded manifest.
+mod export {
+    u_sdk::export_plugin! {
+        manifest: "plugin.toml",
+        describe: super::describe,
+        instantiate: super::instantiate,
+    }
+}
+
+/// The `architecture` entry object.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct VitArchitecture;
+
+impl VitArchitecture {
+    /// Builds the tower in `weights` on `backend` (what [`Architecture::build`] does, for Rust
+    /// callers such as tests).
+    pub fn load(&self, weights: WeightSetBox, backend: BackendBox) -> u_sdk::Result<ModelBox> {
+        let cfg = Config::from_weights(&weights)?;
+        let spec = config::image_spec(&weights, &cfg)?;
+        let names = naming::Names::new(&weights, cfg.family, Device::new(backend)?)?;
+        Ok(ModelBox::new(VisionTransformer::load(&names, cfg, spec)?))
+    }
+}
+
+impl Architecture for VitArchitecture {
+    fn build(&self, context: BuildContext) -> RResult<ModelBox, UError> {
+        self.load(context.weights, context.backend).into()
+    }
+
+    fn gguf_view(&self, _weights: WeightSetBox, family: RString) -> RResult<WeightSetBox, UError> {
+        RResult::RErr(UError::unsupported(format!(
+            "arch-vit: llama.cpp has no GGUF layout for a {family} vision tower"
+        )))
+    }
+}
+
+impl Model for VisionTransformer {
+    fn config(&self) -> RResult<ModelConfig, UError> {
+        RResult::ROk(self.model_config())
+    }
+
+    fn cache(&self) -> RResult<ROption<KvCacheBox>, UError> {
+        RResult::ROk(ROption::RNone)
+    }
+
+    fn forward(
+        &self,
+        batch: RSlice<'_, SeqChunk<'_>>,
+        mut out: RSliceMut<'_, f32>,
+    ) -> RResult<(), UError> {
+        VisionTransformer::forward(self, batch.as_slice(), out.as_mut_slice()).into()
+    }
+
+    fn graft(&self, _dst: SeqId, _src: SeqId, _from: u64, _count: u64) -> RResult<(), UError> {
+        RResult::RErr(UError::unsupported(
+            "arch-vit: an encoder keeps no per-sequence state to graft",
+        ))
+    }
+}
