@@ -17,7 +17,7 @@
 //! - [`boxed`]: every interface object is boxed through a `new` there, which guards each of its
 //!   methods against panics.
 //! - [`nn`]: tensors on a backend with the operations models are written in.
-//! - [`convert`], [`quant`], [`files`] and [`weights`]: helpers linked statically, outside the
+//! - [`convert`], [`quant`], [`files`], [`settings`] and [`weights`]: helpers linked statically, outside the
 //!   ABI — decoding of stored values to `f32`, granted and size-limited file access, and the
 //!   adapter that serves a loader's parsed model as a [`WeightSet`].
 //!
@@ -40,6 +40,7 @@ pub mod manifest;
 pub mod meta;
 pub mod nn;
 pub mod quant;
+pub mod settings;
 pub mod subtitles;
 pub mod weights;
 

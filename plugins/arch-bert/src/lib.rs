@@ -46,16 +46,7 @@ fn describe() -> PluginInfo {
 
 /// Creates the architecture object (the root module's `instantiate`); it takes no settings.
 pub fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
-    let config: toml::Table = host
-        .config()
-        .as_str()
-        .parse()
-        .map_err(|e| UError::invalid(format!("arch-bert config: {e}")))?;
-    if let Some(key) = config.keys().next() {
-        return Err(UError::invalid(format!(
-            "arch-bert config: unknown key `{key}` (the plugin has no settings)"
-        )));
-    }
+    u_sdk::settings::none(&host, "arch-bert", "plugin")?;
     Ok(PluginInstance::Architecture(ArchitectureBox::new(
         BertArchitecture,
     )))

@@ -305,16 +305,7 @@ fn describe() -> PluginInfo {
 
 /// Creates the runner (the root module's `instantiate`); it takes no settings.
 fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
-    let config: toml::Table = host
-        .config()
-        .as_str()
-        .parse()
-        .map_err(|e| UError::invalid(format!("runner-embeddings config: {e}")))?;
-    if let Some(key) = config.keys().next() {
-        return Err(UError::invalid(format!(
-            "runner-embeddings config: unknown key `{key}` (the runner has no settings)"
-        )));
-    }
+    u_sdk::settings::none(&host, "runner-embeddings", "runner")?;
     Ok(PluginInstance::Runner(RunnerBox::new(EmbeddingsRunner)))
 }
 

@@ -439,16 +439,7 @@ fn describe() -> PluginInfo {
 
 /// Creates the runner (the root module's `instantiate`); it takes no settings.
 fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
-    let config: toml::Table = host
-        .config()
-        .as_str()
-        .parse()
-        .map_err(|e| UError::invalid(format!("runner-transcription config: {e}")))?;
-    if let Some(key) = config.keys().next() {
-        return Err(UError::invalid(format!(
-            "runner-transcription config: unknown key `{key}` (the runner has no settings)"
-        )));
-    }
+    u_sdk::settings::none(&host, "runner-transcription", "runner")?;
     Ok(PluginInstance::Runner(RunnerBox::new(TranscriptionRunner)))
 }
 
