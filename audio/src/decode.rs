@@ -19,6 +19,13 @@ use symphonia::core::{
 /// The sample rates read (a file claiming another is refused before any resampler is made).
 pub const RATES: std::ops::RangeInclusive<u32> = 1_000..=384_000;
 
+/// The most samples (all channels counted) a file may decode to: 2²⁸, 1 GiB of `f32`. A
+/// lossless file of silence compresses tens of thousands of samples into a byte (46 kB of
+/// FLAC held 46 M samples), so a bound on the duration alone lets a small upload at a high
+/// rate with many channels claim tens of gigabytes. This one holds 50 minutes of 44.1 kHz
+/// stereo, more than a 25 MB MP3 at 128 kbit/s.
+pub const MAX_SAMPLES: usize = 1 << 28;
+
 /// Decoded audio: interleaved samples at their own rate.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Audio {
@@ -107,13 +114,27 @@ pub fn decode(bytes: Vec<u8>) -> Result<Audio, DecodeError> {
 /// point (a few compressed bytes can stand for hours of samples: the bound is on what
 /// decoding produces, not on the file's size).
 pub fn decode_at_most(bytes: Vec<u8>, max_seconds: f64) -> Result<Audio, DecodeError> {
+    decode_within(bytes, max_seconds, MAX_SAMPLES)
+}
+
+/// [`decode_at_most`], refusing a file that decodes to more than `max_samples` samples (all
+/// channels counted) as soon as decoding passes that many ([`MAX_SAMPLES`] for the others).
+pub fn decode_within(
+    bytes: Vec<u8>,
+    max_seconds: f64,
+    max_samples: usize,
+) -> Result<Audio, DecodeError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        decode_bytes(bytes, max_seconds)
+        decode_bytes(bytes, max_seconds, max_samples)
     }))
     .unwrap_or_else(|_| Err(fail("corrupt audio file (the decoder gave up on it)")))
 }
 
-fn decode_bytes(mut bytes: Vec<u8>, max_seconds: f64) -> Result<Audio, DecodeError> {
+fn decode_bytes(
+    mut bytes: Vec<u8>,
+    max_seconds: f64,
+    max_samples: usize,
+) -> Result<Audio, DecodeError> {
     if bytes.is_empty() {
         return Err(fail("empty audio file"));
     }
@@ -171,6 +192,11 @@ fn decode_bytes(mut bytes: Vec<u8>, max_seconds: f64) -> Result<Audio, DecodeErr
         spec = Some(s);
         let mut buf = SampleBuffer::<f32>::new(decoded.capacity() as u64, s);
         buf.copy_interleaved_ref(decoded);
+        if samples.len() + buf.samples().len() > max_samples {
+            return Err(fail(format!(
+                "the audio decodes to more than {max_samples} samples (the most accepted)"
+            )));
+        }
         samples.extend_from_slice(buf.samples());
         let frames = samples.len() / s.channels.count().max(1);
         if frames as f64 > max_seconds * f64::from(s.rate.max(1)) {

@@ -1,11 +1,12 @@
 //! Decoding and resampling (`tests/fixtures/gen_decode.py`, written by libsndfile): 16-bit WAV
 //! and FLAC give libsndfile's samples exactly; MP3 the same signal (after the codec's delay,
 //! correlation above 0.999); 44.1 kHz resampled to 16 kHz is the same tones at 16 kHz; a 16 kHz
-//! float WAV passes through; empty, truncated, corrupt and non-audio files are clear errors.
+//! float WAV passes through; empty, truncated, corrupt and non-audio files are clear errors, and
+//! a small file that decodes to more samples than the budget is refused while decoding.
 
 use anyhow::Result;
 use std::path::{Path, PathBuf};
-use u_audio::decode::{decode, resample};
+use u_audio::decode::{decode, decode_within, resample};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -104,6 +105,18 @@ fn bad_files_are_clear_errors() -> Result<()> {
             .for_each(|b| *b ^= 0x5a);
         says(bytes, "corrupt audio");
     }
+    // A small file that decodes to many samples is stopped at the sample budget, not at the
+    // end of memory (a 46 kB FLAC of silence held 46 M samples).
+    let silence = read("silence-8ch-96k.flac")?;
+    assert!(silence.len() < 8_000, "{} bytes", silence.len());
+    assert_eq!(
+        decode_within(silence.clone(), f64::INFINITY, 2_000_000)?
+            .samples
+            .len(),
+        2 * 96_000 * 8
+    );
+    let e = decode_within(silence, f64::INFINITY, 1_000_000).expect_err("over the budget");
+    assert!(e.0.contains("more than 1000000 samples"), "{e}");
     // Truncated between packets: what it holds.
     let cut = decode(wav[..wav.len() / 2].to_vec())?;
     assert!(cut.samples.len() < 2 * 26_460 && !cut.samples.is_empty());
