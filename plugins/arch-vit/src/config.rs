@@ -81,6 +81,9 @@ pub struct Config {
     pub channels: usize,
     /// Side of the square image the position table is for.
     pub image_size: usize,
+    /// Side of the square image the tower takes: the image processor's (DINOv2 crops 224 from
+    /// a table for 518 and interpolates the positions), else `image_size`.
+    pub input_size: usize,
     /// Side of a square patch.
     pub patch: usize,
     /// LayerNorm epsilon.
@@ -165,6 +168,7 @@ impl Config {
             intermediate,
             channels: int("num_channels").map_or(3, |v| v as usize),
             image_size: need("image_size")?,
+            input_size: need("image_size")?,
             patch: need("patch_size")?,
             eps,
             act,
@@ -184,9 +188,14 @@ impl Config {
         Ok(cfg)
     }
 
-    /// Patches along one side.
-    pub fn grid(&self) -> usize {
+    /// Patches along one side of the position table.
+    pub fn table_grid(&self) -> usize {
         self.image_size / self.patch
+    }
+
+    /// Patches along one side of an input image.
+    pub fn grid(&self) -> usize {
+        self.input_size / self.patch
     }
 
     /// Rows an image becomes: its patches, and the class token where the family has one.
@@ -196,7 +205,7 @@ impl Config {
 
     /// Floats of one preprocessed image.
     pub fn pixels(&self) -> usize {
-        self.channels * self.image_size * self.image_size
+        self.channels * self.input_size * self.input_size
     }
 }
 
@@ -296,29 +305,51 @@ pub fn image_spec(w: &WeightSetBox, cfg: &Config) -> Result<ImageSpec> {
              size, which the tower's fixed position table does not take",
         ));
     }
-    let side = cfg.image_size as u32;
-    for (what, v) in [("size", &size), ("crop_size", &crop_size(w)?)] {
-        let stated = [v.get("height"), v.get("width")].map(|d| d.and_then(|d| d.as_u64()));
-        if let [Some(h), Some(wd)] = stated
-            && (h, wd) != (u64::from(side), u64::from(side))
-            && ((what == "crop_size") == (shortest_edge != 0))
-        {
+    // The side the processor makes: the crop after a shortest-edge resize, else the resize.
+    let stated = if shortest_edge != 0 {
+        crop_size(w)?
+    } else {
+        size
+    };
+    let table = cfg.image_size as u32;
+    let side = match [stated.get("height"), stated.get("width")].map(|d| d.and_then(|d| d.as_u64()))
+    {
+        [Some(h), Some(wd)] if h != wd => {
             return Err(UError::unsupported(format!(
-                "arch-vit: the processor's {what} {h}×{wd} differs from the model's image size \
-                 {side}×{side} (position interpolation is not implemented)"
+                "arch-vit: the processor makes {h}×{wd} images; square inputs are implemented"
             )));
         }
+        [Some(h), Some(_)] => u32::try_from(h).map_err(|_| bad(format!("a {h}-pixel side")))?,
+        _ => table,
+    };
+    if side != table && cfg.family != Family::Dinov2 {
+        return Err(UError::unsupported(format!(
+            "arch-vit: the processor makes {side}×{side} images but the {} position table is for \
+             {table}×{table} (DINOv2 interpolates its positions; this family's checkpoints are \
+             used at their own size)",
+            cfg.family.name()
+        )));
+    }
+    if side == 0 || side % cfg.patch as u32 != 0 || side > 8192 {
+        return Err(bad(format!(
+            "a {side}-pixel image is not a whole number of {}-pixel patches (or is past 8192)",
+            cfg.patch
+        )));
     }
     if shortest_edge != 0 && shortest_edge < side {
         return Err(bad(format!(
             "shortest edge {shortest_edge} is smaller than the {side}-pixel crop"
         )));
     }
+    let input = Config {
+        input_size: side as usize,
+        ..cfg.clone()
+    };
     Ok(ImageSpec {
         channels: cfg.channels as u32,
         height: side,
         width: side,
-        rows: cfg.rows() as u32,
+        rows: input.rows() as u32,
         shortest_edge,
         resample,
         rescale,

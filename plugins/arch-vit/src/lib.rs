@@ -23,6 +23,7 @@
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod interpolate;
 pub mod model;
 pub mod naming;
 
@@ -69,6 +70,10 @@ impl VitArchitecture {
     pub fn load(&self, weights: WeightSetBox, backend: BackendBox) -> u_sdk::Result<ModelBox> {
         let cfg = Config::from_weights(&weights)?;
         let spec = config::image_spec(&weights, &cfg)?;
+        let cfg = Config {
+            input_size: spec.height as usize,
+            ..cfg
+        };
         let names = naming::Names::new(&weights, cfg.family, Device::new(backend)?)?;
         Ok(ModelBox::new(VisionTransformer::load(&names, cfg, spec)?))
     }

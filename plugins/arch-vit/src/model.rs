@@ -6,6 +6,7 @@
 
 use crate::{
     config::{Act, Config, Family},
+    interpolate,
     naming::Names,
 };
 use abi_stable::std_types::ROption;
@@ -98,18 +99,8 @@ impl PatchEmbedding {
             Some(name) => Some(n.values(name, h)?),
             None => None,
         };
-        let rows = cfg.rows();
-        let positions = n
-            .tensor(n.positions())?
-            .reshape(&[rows as u64, h as u64])
-            .map_err(|_| {
-                UError::invalid(format!(
-                    "arch-vit: {} does not hold {rows} positions of {h} (a {}-pixel image in \
-                     {p}-pixel patches)",
-                    n.stored(n.positions()),
-                    cfg.image_size
-                ))
-            })?;
+        let positions = positions(n, cfg)?;
+        let positions = dev_positions(n, &positions, cfg)?;
         Ok(PatchEmbedding {
             projection: Dense {
                 weight: kernel.reshape(&[h as u64, (c * p * p) as u64])?,
@@ -118,7 +109,7 @@ impl PatchEmbedding {
             class,
             positions,
             channels: c,
-            side: cfg.image_size,
+            side: cfg.input_size,
             patch: p,
         })
     }
@@ -164,6 +155,42 @@ impl PatchEmbedding {
         }
         Ok(())
     }
+}
+
+/// The learned position table of `cfg`'s tower, `[rows, hidden]` for its input size: as stored
+/// where the input is the table's size, else (DINOv2) the patch positions resized as
+/// transformers' `interpolate_pos_encoding` does — bicubic, [`interpolate::bicubic`] — the
+/// class position kept.
+fn positions(n: &Names<'_>, cfg: &Config) -> Result<Vec<f32>> {
+    let (h, lead) = (cfg.hidden, usize::from(cfg.family.has_class_token()));
+    let (table, grid) = (cfg.table_grid(), cfg.grid());
+    let stored = n.position_values(table * table + lead, h)?;
+    if grid == table {
+        return Ok(stored);
+    }
+    let (class, patches) = stored.split_at(lead * h);
+    // `[table², hidden]` → channels first, resized, back to `[grid², hidden]`.
+    let mut planes = vec![0f32; h * table * table];
+    for (p, row) in patches.chunks_exact(h).enumerate() {
+        for (c, &v) in row.iter().enumerate() {
+            planes[c * table * table + p] = v;
+        }
+    }
+    let resized: Vec<Vec<f32>> = planes
+        .chunks_exact(table * table)
+        .map(|plane| interpolate::bicubic(plane, (table, table), (grid, grid)))
+        .collect();
+    let mut out = class.to_vec();
+    for p in 0..grid * grid {
+        out.extend(resized.iter().map(|plane| plane[p]));
+    }
+    Ok(out)
+}
+
+/// `values` (`[rows, hidden]`) on `n`'s device.
+fn dev_positions(n: &Names<'_>, values: &[f32], cfg: &Config) -> Result<Tensor> {
+    n.device()
+        .from_f32(values, &[cfg.rows() as u64, cfg.hidden as u64])
 }
 
 /// Bidirectional multi-head self-attention with its output projection.
@@ -453,8 +480,8 @@ impl VisionTransformer {
                 "an image of {} values; the model takes {}×{}×{} = {want}",
                 image.pixels.len(),
                 self.cfg.channels,
-                self.cfg.image_size,
-                self.cfg.image_size
+                self.cfg.input_size,
+                self.cfg.input_size
             )));
         }
         if image.rows as usize != rows {

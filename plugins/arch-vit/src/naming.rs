@@ -5,8 +5,9 @@
 use crate::config::Family;
 use u_sdk::{Result, UError, WeightSetBox, nn::Device, nn::Tensor};
 
-/// Prefixes a tower's names may carry inside a larger checkpoint.
-const PREFIXES: [&str; 4] = ["", "vision_model.", "vit.", "dinov2."];
+/// Prefixes a tower's names may carry inside a larger checkpoint (`backbone.`: a DINOv2
+/// backbone under a task head).
+const PREFIXES: [&str; 5] = ["", "vision_model.", "vit.", "dinov2.", "backbone."];
 
 /// One block's tensor names (without the `.weight`/`.bias` suffix).
 pub struct BlockNames {
@@ -109,6 +110,53 @@ impl<'w> Names<'w> {
             )));
         }
         Ok(v)
+    }
+
+    /// The device the tower is built on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The position table's `rows × hidden` values: [`Names::positions`], or, in a PyTorch
+    /// ONNX export that folded DINOv2's `position_embeddings[:, :1]` and `[:, 1:]` into two
+    /// anonymous constants (which loader-onnx names after their readers in the embeddings'
+    /// scope: a `Concat` and a `Reshape`), those two joined.
+    pub fn position_values(&self, rows: usize, hidden: usize) -> Result<Vec<f32>> {
+        if self.has(self.positions()) || self.family != Family::Dinov2 {
+            return self.values(self.positions(), rows * hidden);
+        }
+        let tensors = self.weights.tensors().into_result()?;
+        let scope = self.stored("embeddings.");
+        let find = |op: &str, want: &[u64]| {
+            let found: Vec<String> = tensors
+                .iter()
+                .filter(|t| {
+                    t.name.strip_prefix(scope.as_str()).is_some_and(|rest| {
+                        rest.starts_with(op)
+                            && rest.ends_with(".0")
+                            && rest.matches('.').count() == 1
+                    }) && t.shape.as_slice() == want
+                })
+                .map(|t| t.name.to_string())
+                .collect();
+            match found.as_slice() {
+                [one] => Ok(one.clone()),
+                _ => Err(UError::invalid(format!(
+                    "arch-vit: no `{}` in the checkpoint, nor one {op} constant of shape {want:?} \
+                     under `{scope}` (an ONNX export's folded position table)",
+                    self.stored(self.positions())
+                ))),
+            }
+        };
+        let (h, patches) = (hidden as u64, rows.saturating_sub(1) as u64);
+        let class = find("Concat_", &[1, 1, h])?;
+        let grid = find("Reshape_", &[1, patches, h])?;
+        let mut out = Vec::with_capacity(rows * hidden);
+        for (name, len) in [(class, hidden), (grid, rows.saturating_sub(1) * hidden)] {
+            let name = name.strip_prefix(self.prefix).unwrap_or(&name).to_string();
+            out.extend(self.values(&name, len)?);
+        }
+        Ok(out)
     }
 
     /// `name` as an `F32` vector of `len` values in the backend.

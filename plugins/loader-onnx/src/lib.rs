@@ -12,12 +12,16 @@
 //!   tensors).
 //!
 //! Dtypes: FLOAT, FLOAT16, BFLOAT16, DOUBLE, INT8, UINT8, INT16, INT32, INT64; anything else is
-//! a clear `Unsupported` error. Sparse initializers and graph nodes are ignored.
+//! a clear `Unsupported` error. Sparse initializers are ignored; graph nodes are read only for
+//! their names and wiring.
 //!
-//! Initializers keep their stored names (HF names, as `torch.onnx`/optimum exports keep them,
-//! or generated ones); a `config.json` next to the model becomes `config.*` metadata as in the
-//! safetensors loader, and the model's own properties appear as `onnx.*`. What names mean is
-//! the architecture plugin's business.
+//! Initializers keep their stored names (HF names, as `torch.onnx`/optimum exports keep them);
+//! those PyTorch's exporter left anonymous (`onnx::MatMul_1966`) are named after the module
+//! scope of the node that reads them, a `MatMul`'s constant becoming the linear layer's
+//! `weight` in PyTorch's layout ([`OnnxModel::open`]). A `config.json` next to the model
+//! becomes `config.*` metadata as in the safetensors loader, a `preprocessor_config.json`
+//! `preprocessor.*`, and the model's own properties appear as `onnx.*`. What names mean is the
+//! architecture plugin's business.
 //!
 //! The parsing core ([`model`]) needs no host, so it is unit-tested and fuzzed (`fuzz/`); the
 //! plugin glue below only adapts it to the ABI, with every exported call run under

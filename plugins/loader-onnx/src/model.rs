@@ -5,7 +5,7 @@
 
 use crate::{
     error::{Error, Result},
-    proto::{DATA_LOCATION_EXTERNAL, ModelProto, TensorProto, data_type},
+    proto::{DATA_LOCATION_EXTERNAL, GraphProto, ModelProto, NodeProto, TensorProto, data_type},
 };
 use bytes::Bytes;
 use prost::Message;
@@ -29,6 +29,9 @@ pub enum Storage {
     Typed,
     /// An external data file: a slice of its map.
     External,
+    /// An anonymous `MatMul` constant transposed into PyTorch's `[out, in]` layout (an owned
+    /// copy; see [`OnnxModel::open`]).
+    Transposed,
 }
 
 /// One initializer of the model.
@@ -81,7 +84,16 @@ struct Externals<'a> {
 
 impl OnnxModel {
     /// Opens an `.onnx` file; external data files are resolved relative to its directory, and
-    /// a `config.json` there, if present and readable, supplies metadata.
+    /// a `config.json` there, if present and readable, supplies metadata (`config.*`), as does
+    /// an image model's `preprocessor_config.json` (`preprocessor.*`).
+    ///
+    /// Initializers PyTorch's exporter left anonymous (`onnx::MatMul_1966`: constants it made
+    /// or folded) are named after the one node that reads them, whose name is the module's
+    /// scope: the right-hand side of a `MatMul` at `/backbone/encoder/layer.0/mlp/fc1/MatMul`
+    /// is that linear layer's weight, folded as `weight.T`, so it becomes
+    /// `backbone.encoder.layer.0.mlp.fc1.weight` in PyTorch's `[out, in]` layout (transposed
+    /// once into an owned buffer); any other becomes `<scope>.<node>.<input index>`
+    /// (`backbone.embeddings.Concat_6.0`). The stored name still finds it.
     pub fn open(opener: &dyn FileOpener, path: &Path) -> Result<Self> {
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         let data = map_file(opener, path)?;
@@ -89,12 +101,30 @@ impl OnnxModel {
         let config = files::read_optional(opener, &config_path, MAX_CONFIG_LEN)?
             .map(|bytes| parse_config(&config_path, &bytes))
             .transpose()?;
+        let processor_path = dir.join("preprocessor_config.json");
+        let processor = files::read_optional(opener, &processor_path, MAX_CONFIG_LEN)?
+            .map(|bytes| parse_config(&processor_path, &bytes))
+            .transpose()?;
         let mut ext = Externals {
             opener,
             dir,
             maps: HashMap::new(),
         };
-        Self::parse(data, path, Some(&mut ext), config)
+        let mut model = Self::parse(data, path, Some(&mut ext), config)?;
+        if let Some((path, doc)) = processor {
+            let entries =
+                weights::json_metadata("preprocessor", &doc).ok_or_else(|| Error::Config {
+                    path,
+                    reason: "not a JSON object".into(),
+                })?;
+            for (key, value) in entries {
+                if !model.meta_index.contains_key(&key) {
+                    model.meta_index.insert(key.clone(), model.metadata.len());
+                    model.metadata.push((key, value));
+                }
+            }
+        }
+        Ok(model)
     }
 
     /// Parses a model held in memory, with an optional `config.json` document. External data
@@ -153,6 +183,18 @@ impl OnnxModel {
             });
         }
 
+        for (i, name, transpose) in scope_names(graph, &tensors) {
+            let t = &mut tensors[i];
+            if transpose {
+                let (rows, cols) = (t.shape[0], t.shape[1]);
+                t.data = Bytes::from(transposed(&t.data, rows as usize, cols as usize));
+                t.shape = vec![cols, rows];
+                t.storage = Storage::Transposed;
+            }
+            by_name.insert(name.clone(), i);
+            t.name = name;
+        }
+
         metadata.extend(onnx_metadata(&model));
         let mut meta_index = HashMap::new();
         metadata.retain(|(k, _)| {
@@ -197,7 +239,8 @@ impl OnnxModel {
         self.view(name)?.to_f32()
     }
 
-    /// Metadata, in a stable order: `config.*` from `config.json`, then `onnx.*` from the model.
+    /// Metadata, in a stable order: `config.*` from `config.json`, then `onnx.*` from the model,
+    /// then `preprocessor.*` from `preprocessor_config.json`.
     pub fn metadata(&self) -> &[(String, MetaValue)] {
         &self.metadata
     }
@@ -265,6 +308,73 @@ pub fn dtype_of(code: i32) -> Option<DType> {
         data_type::INT64 => DType::I64,
         _ => return None,
     })
+}
+
+/// The prefix PyTorch's exporter gives the constants it makes or folds: a name that says
+/// nothing of the module the tensor belongs to.
+const ANONYMOUS: &str = "onnx::";
+
+/// Module-scope names for the anonymous initializers among `tensors` (see [`OnnxModel::open`]):
+/// `(index, name, transpose)` for each that exactly one node reads, that node named by a scope
+/// (`/a/b/Op`), the name clashing with no other.
+fn scope_names(graph: &GraphProto, tensors: &[Tensor]) -> Vec<(usize, String, bool)> {
+    let index: HashMap<&str, usize> = tensors
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.name.starts_with(ANONYMOUS))
+        .map(|(i, t)| (t.name.as_str(), i))
+        .collect();
+    let mut readers: HashMap<usize, Vec<(&NodeProto, usize)>> = HashMap::new();
+    for node in &graph.node {
+        for (slot, input) in node.input.iter().enumerate() {
+            if let Some(&i) = index.get(input.as_str()) {
+                readers.entry(i).or_default().push((node, slot));
+            }
+        }
+    }
+    let mut named: Vec<(usize, String, bool)> = readers
+        .into_iter()
+        .filter_map(|(i, uses)| {
+            let [(node, slot)] = uses[..] else {
+                return None;
+            };
+            let path = node.name.strip_prefix('/')?;
+            let (scope, op) = path.rsplit_once('/')?;
+            if scope.is_empty() || op.is_empty() {
+                return None;
+            }
+            let scope = scope.replace('/', ".");
+            let transpose = node.op_type == "MatMul" && slot == 1 && tensors[i].shape.len() == 2;
+            Some(if transpose {
+                (i, format!("{scope}.weight"), true)
+            } else {
+                (i, format!("{scope}.{op}.{slot}"), false)
+            })
+        })
+        .collect();
+    let mut count: HashMap<String, usize> = HashMap::new();
+    for (_, name, _) in &named {
+        *count.entry(name.clone()).or_default() += 1;
+    }
+    let stored: std::collections::HashSet<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
+    named.retain(|(_, name, _)| count[name] == 1 && !stored.contains(name.as_str()));
+    named.sort_by_key(|(i, _, _)| *i);
+    named
+}
+
+/// A row-major `rows × cols` matrix of `bytes` (elements of `bytes.len() / (rows · cols)`
+/// bytes) transposed to `cols × rows`.
+fn transposed(bytes: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+    let size = bytes.len() / (rows * cols).max(1);
+    let mut out = vec![0u8; bytes.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            let from = (r * cols + c) * size;
+            let to = (c * rows + r) * size;
+            out[to..to + size].copy_from_slice(&bytes[from..from + size]);
+        }
+    }
+    out
 }
 
 /// Validates one initializer and finds its bytes.

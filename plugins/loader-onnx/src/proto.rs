@@ -1,6 +1,7 @@
 //! The subset of ONNX's protobuf schema (`onnx.proto3`) the loader needs, written by hand with
 //! `prost` derives so the build needs no `protoc`. Field numbers follow `onnx/onnx.proto`; every
-//! other field (nodes, value infos, doc strings…) is skipped by the decoder as unknown.
+//! other field (node attributes, value infos, doc strings…) is skipped by the decoder as
+//! unknown.
 //!
 //! `raw_data` is a [`Bytes`]: decoding from a `Bytes` buffer that owns the memory map makes it a
 //! slice of the map, not a copy.
@@ -47,15 +48,38 @@ pub struct OperatorSetIdProto {
     pub version: i64,
 }
 
-/// `GraphProto`: only the name and the initializers are read.
+/// `GraphProto`: the name, the nodes (how they are wired, to name the initializers an
+/// exporter left anonymous) and the initializers are read.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct GraphProto {
+    /// The computation, in topological order.
+    #[prost(message, repeated, tag = "1")]
+    pub node: Vec<NodeProto>,
     /// Graph name.
     #[prost(string, tag = "2")]
     pub name: String,
     /// Constant tensors: the model's weights.
     #[prost(message, repeated, tag = "5")]
     pub initializer: Vec<TensorProto>,
+}
+
+/// `NodeProto`: one operator call. Only its wiring, name and operator are read (attributes,
+/// such as a `Constant`'s value, are skipped).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct NodeProto {
+    /// Names of the values it reads (an empty name: an optional input left out).
+    #[prost(string, repeated, tag = "1")]
+    pub input: Vec<String>,
+    /// Names of the values it writes.
+    #[prost(string, repeated, tag = "2")]
+    pub output: Vec<String>,
+    /// Node name; PyTorch's exporter writes the module scope and the operator
+    /// (`/backbone/encoder/layer.0/attention/attention/query/MatMul`).
+    #[prost(string, tag = "3")]
+    pub name: String,
+    /// Operator (`MatMul`, `Concat`…).
+    #[prost(string, tag = "4")]
+    pub op_type: String,
 }
 
 /// `TensorProto`: one tensor, its data inline (raw or typed) or in an external file.

@@ -77,6 +77,7 @@ fn model_with(tensors: Vec<TensorProto>) -> Vec<u8> {
         graph: Some(GraphProto {
             name: "g".into(),
             initializer: tensors,
+            ..Default::default()
         }),
         ..Default::default()
     }
