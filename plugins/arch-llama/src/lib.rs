@@ -46,6 +46,10 @@
 //!   ternary weights (stored as such, or in TQ1_0/TQ2_0 blocks) with an optional per-tensor
 //!   output scale (`{name}.scale`), an RMSNorm of the attention output before its projection
 //!   and of the SwiGLU hidden values before `ffn_down` (sub-layer norms), tied embeddings.
+//! - **LLaVA** (Liu et al. 2023, arXiv:2304.08485): the language model of a checkpoint whose
+//!   `model_type` is `llava` (family `llava`), read through [`llava::LlavaText`]; images come in
+//!   as the rows its image encoder (family `llava.vision`, another plugin) made, embedding rows
+//!   where the prompt's image tokens stand.
 //!
 //! The variations are layer interfaces, not copies: a norm is RMS or Layer (with a `1 + γ`
 //! shift where the checkpoint stores `γ − 1`), positions rotary (all or part of each head) or
@@ -72,13 +76,15 @@
 //!
 //! Layout: [`naming`] (tensor names and hyper-parameter keys), [`config`] (typed
 //! hyper-parameters from metadata), [`weights`] (metadata access, the linear layer, norms),
-//! [`model`] (`Attention`, `Mlp`, `MoE`, `Block`, `Llama`), and the plugin glue below. Compute
-//! goes through the backend interface (`u_sdk::nn` tensors), KV through the `KvCache`
-//! interface; this crate does no math a backend offers.
+//! [`model`] (`Attention`, `Mlp`, `MoE`, `Block`, `Llama`), [`llava`] (LLaVA's language model
+//! as a bare causal LM), and the plugin glue below. Compute goes through the backend interface
+//! (`u_sdk::nn` tensors), KV through the `KvCache` interface; this crate does no math a backend
+//! offers.
 #![deny(missing_docs)]
 
 pub mod config;
 pub mod gguf_view;
+pub mod llava;
 pub mod lora;
 pub mod model;
 pub mod naming;
@@ -176,9 +182,21 @@ impl LlamaArchitecture {
         backend: BackendBox,
         cache: KvCacheBox,
     ) -> u_sdk::Result<ModelBox> {
+        // A LLaVA checkpoint: its language model, reading images as rows its encoder made.
+        let (weights, images) = match llava::is_llava(&weights) {
+            true => (
+                llava::LlavaText::new(weights.clone())?.into_box(),
+                Some(weights),
+            ),
+            false => (weights, None),
+        };
         let weights = Weights::new(weights)?;
         let device = Device::new(backend)?;
-        let model = Llama::load(weights, device, cache, self)?;
+        let mut model = Llama::load(weights, device, cache, self)?;
+        if let Some(checkpoint) = images {
+            let slots = llava::image_input(&checkpoint, model.cfg.vocab_size)?;
+            model.read_images(llava::FAMILY, slots);
+        }
         Ok(ModelBox::new(LlamaModel(Arc::new(model))))
     }
 }
@@ -194,6 +212,14 @@ impl Architecture for LlamaArchitecture {
     }
 
     fn gguf_view(&self, weights: WeightSetBox, _family: RString) -> RResult<WeightSetBox, UError> {
+        // A LLaVA checkpoint's language model converts as the causal LM it is.
+        let weights = match llava::is_llava(&weights) {
+            true => match llava::LlavaText::new(weights) {
+                Ok(text) => text.into_box(),
+                Err(e) => return RResult::RErr(e),
+            },
+            false => weights,
+        };
         gguf_view::gguf_view(weights).into()
     }
 }
@@ -268,6 +294,10 @@ mod tests {
             assert!(families.contains(arch), "{arch} is not declared");
         }
         for family in families {
+            // LLaVA's decoder is one of the others, read through `llava::LlavaText`.
+            if family == llava::FAMILY {
+                continue;
+            }
             let arch = naming::hf_architecture(family);
             assert!(
                 config::SUPPORTED.contains(&arch.as_ref()),

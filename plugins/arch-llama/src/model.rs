@@ -7,6 +7,7 @@
 
 use crate::{
     config::{Config, FfnActivation, MoeConfig, RopeConfig},
+    llava::ImageSlots,
     lora::{Adapter, Fit, Group, Plan, Stack, Target},
     naming::blk,
     weights::{Linear, Norm, Weights},
@@ -802,6 +803,8 @@ pub struct Llama {
     adapters: RwLock<Resident>,
     /// What an adapter must fit.
     pub(crate) fit: Fit,
+    /// Where images stand among the tokens (LLaVA's decoder), if the model reads any.
+    images: Option<ImageSlots>,
 }
 
 impl Llama {
@@ -897,7 +900,16 @@ impl Llama {
             positions,
             adapters: RwLock::default(),
             fit,
+            images: None,
         })
+    }
+
+    /// Makes the model the decoder of a multimodal checkpoint of `family` (LLaVA): its
+    /// [`ModelConfig`] says what an image is and which token stands for one, and the rows its
+    /// image encoder makes come in as [`Segment::Embeddings`] where those tokens stand.
+    pub fn read_images(&mut self, family: &str, slots: ImageSlots) {
+        self.cfg.family = family.to_string();
+        self.images = Some(slots);
     }
 
     /// What the model is, as the ABI says it.
@@ -914,7 +926,8 @@ impl Llama {
             attention: AttentionMask::Causal,
             pooling: Pooling::Mean,
             context_shape: [0, 0],
-            image: ROption::RNone,
+            image: self.images.map(|i| i.spec).into(),
+            image_token: self.images.map_or(u_sdk::NO_IMAGE_TOKEN, |i| i.token),
         }
     }
 
@@ -945,6 +958,13 @@ impl Llama {
                     )));
                 }
                 Segment::Embeddings(_) => {}
+                Segment::Image(_) if self.images.is_some() => {
+                    return Err(UError::unsupported(format!(
+                        "arch-llama: images reach a {} decoder as rows its image encoder made \
+                         (embedding rows where the image token stands), not as pixels",
+                        self.cfg.family
+                    )));
+                }
                 Segment::Image(_) => {
                     return Err(UError::unsupported(
                         "arch-llama: the model reads token ids and embedding rows, not images",

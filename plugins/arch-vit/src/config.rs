@@ -64,6 +64,21 @@ pub enum Act {
     QuickGelu,
 }
 
+impl Act {
+    /// The activation transformers names `name` (`ACT2FN`'s keys).
+    pub fn of(name: &str) -> Result<Act> {
+        match name {
+            "gelu" => Ok(Act::Gelu),
+            "gelu_new" | "gelu_pytorch_tanh" => Ok(Act::GeluTanh),
+            "quick_gelu" => Ok(Act::QuickGelu),
+            other => Err(UError::unsupported(format!(
+                "arch-vit: activation `{other}` is not implemented (gelu, gelu_pytorch_tanh, \
+                 quick_gelu)"
+            ))),
+        }
+    }
+}
+
 /// Everything the model needs besides the weights.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -99,12 +114,18 @@ fn get(w: &WeightSetBox, key: &str) -> Option<MetaValue> {
 impl Config {
     /// Reads the tower's configuration from `w`'s `config.json`.
     pub fn from_weights(w: &WeightSetBox) -> Result<Config> {
-        let bad = |why: String| UError::invalid(format!("arch-vit: config.json: {why}"));
-        let model_type = get(w, "config.model_type")
+        Config::from_meta(&|k| get(w, &format!("config.{k}")), "config.json")
+    }
+
+    /// Reads the tower's configuration from `config.json`-style entries: `value(key)` is the
+    /// entry `key` (`hidden_size`…), `source` names the document in errors.
+    pub fn from_meta(value: &dyn Fn(&str) -> Option<MetaValue>, source: &str) -> Result<Config> {
+        let bad = |why: String| UError::invalid(format!("arch-vit: {source}: {why}"));
+        let model_type = value("model_type")
             .and_then(|v| v.as_str().map(str::to_string))
             .ok_or_else(|| bad("no `model_type`".into()))?;
         let family = Family::of(&model_type)?;
-        let int = |k: &str| get(w, &format!("config.{k}")).and_then(|v| v.as_u64());
+        let int = |k: &str| value(k).and_then(|v| v.as_u64());
         let need = |k: &str| {
             int(k)
                 .map(|v| v as usize)
@@ -121,9 +142,7 @@ impl Config {
         let intermediate = match family {
             // DINOv2 states the MLP width as a ratio of the hidden size.
             Family::Dinov2 => {
-                let ratio = get(w, "config.mlp_ratio")
-                    .and_then(|v| v.as_f64())
-                    .unwrap_or(4.0);
+                let ratio = value("mlp_ratio").and_then(|v| v.as_f64()).unwrap_or(4.0);
                 let width = hidden as f64 * ratio;
                 if !(width >= 1.0 && width.fract() == 0.0 && width < 1e7) {
                     return Err(bad(format!("mlp_ratio {ratio} gives no whole MLP width")));
@@ -133,31 +152,21 @@ impl Config {
             _ => need("intermediate_size")?,
         };
         if family == Family::Dinov2
-            && get(w, "config.use_swiglu_ffn").is_some_and(|v| matches!(v, MetaValue::Bool(true)))
+            && value("use_swiglu_ffn").is_some_and(|v| matches!(v, MetaValue::Bool(true)))
         {
             return Err(UError::unsupported(
                 "arch-vit: DINOv2 with a SwiGLU MLP (the giant model) is not implemented",
             ));
         }
-        let act = match get(w, "config.hidden_act")
-            .and_then(|v| v.as_str().map(str::to_string))
-            .as_deref()
-        {
-            Some("gelu") | None => Act::Gelu,
-            Some("gelu_new" | "gelu_pytorch_tanh") => Act::GeluTanh,
-            Some("quick_gelu") => Act::QuickGelu,
-            Some(other) => {
-                return Err(UError::unsupported(format!(
-                    "arch-vit: activation `{other}` is not implemented (gelu, gelu_pytorch_tanh, \
-                     quick_gelu)"
-                )));
-            }
+        let act = match value("hidden_act").and_then(|v| v.as_str().map(str::to_string)) {
+            None => Act::Gelu,
+            Some(name) => Act::of(&name)?,
         };
         let default_eps = match family {
             Family::Vit => 1e-12,
             _ => 1e-6,
         };
-        let eps = get(w, "config.layer_norm_eps")
+        let eps = value("layer_norm_eps")
             .and_then(|v| v.as_f64())
             .unwrap_or(default_eps) as f32;
         let cfg = Config {

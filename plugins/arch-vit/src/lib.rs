@@ -12,22 +12,30 @@
 //! normed class row, SigLIP's attention pooling, DINOv2's normed class row), the class row or
 //! the mean.
 //!
+//! It also builds LLaVA's image encoder ([`llava`], family `llava.vision`): from a checkpoint
+//! whose `model_type` is `llava`, the CLIP or SigLIP tower of its `vision_config` and the
+//! multi-modal projector, giving each image as rows of the language model's width for the
+//! decoder (family `llava`, built by another plugin from the same weights) to read where its
+//! image tokens stand.
+//!
 //! Reference implementation: Hugging Face `transformers` (`modeling_vit.py`,
-//! `modeling_clip.py`, `modeling_siglip.py`, `modeling_dinov2.py`), against which `tests/`
-//! checks tiny random-weight towers of every family.
+//! `modeling_clip.py`, `modeling_siglip.py`, `modeling_dinov2.py`, `modeling_llava.py`),
+//! against which `tests/` checks tiny random-weight towers of every family and a tiny LLaVA.
 //!
 //! Layout: [`config`] (hyper-parameters and the image processor's settings), [`naming`] (each
 //! family's tensor names), [`model`] (`PatchEmbedding`, `SelfAttention`, `Mlp`, `Block`,
-//! `AttentionPool`, `VisionTransformer`), and the plugin glue below. Compute goes through the
-//! backend interface (`u_sdk::nn` tensors).
+//! `AttentionPool`, `VisionTransformer`), [`llava`] (`Projector`, `LlavaVision`), and the plugin
+//! glue below. Compute goes through the backend interface (`u_sdk::nn` tensors).
 #![deny(missing_docs)]
 
 pub mod config;
 pub mod interpolate;
+pub mod llava;
 pub mod model;
 pub mod naming;
 
 pub use config::{Config, Family};
+pub use llava::LlavaVision;
 pub use model::VisionTransformer;
 
 use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RString, RVec};
@@ -68,6 +76,12 @@ impl VitArchitecture {
     /// Builds the tower in `weights` on `backend` (what [`Architecture::build`] does, for Rust
     /// callers such as tests).
     pub fn load(&self, weights: WeightSetBox, backend: BackendBox) -> u_sdk::Result<ModelBox> {
+        if llava::is_llava(&weights) {
+            return Ok(ModelBox::new(LlavaVision::load(
+                &weights,
+                Device::new(backend)?,
+            )?));
+        }
         let cfg = Config::from_weights(&weights)?;
         let spec = config::image_spec(&weights, &cfg)?;
         let cfg = Config {
@@ -81,6 +95,14 @@ impl VitArchitecture {
 
 impl Architecture for VitArchitecture {
     fn build(&self, context: BuildContext) -> RResult<ModelBox, UError> {
+        if context.family.as_str() == llava::FAMILY && !llava::is_llava(&context.weights) {
+            return RResult::RErr(UError::invalid(format!(
+                "arch-vit: family {} is the image encoder of a checkpoint whose model_type is \
+                 `{}`; this one's is not",
+                llava::FAMILY,
+                llava::CHECKPOINT
+            )));
+        }
         self.load(context.weights, context.backend).into()
     }
 
@@ -88,6 +110,30 @@ impl Architecture for VitArchitecture {
         RResult::RErr(UError::unsupported(format!(
             "arch-vit: llama.cpp has no GGUF layout for a {family} vision tower"
         )))
+    }
+}
+
+impl Model for LlavaVision {
+    fn config(&self) -> RResult<ModelConfig, UError> {
+        RResult::ROk(self.model_config())
+    }
+
+    fn cache(&self) -> RResult<ROption<KvCacheBox>, UError> {
+        RResult::ROk(ROption::RNone)
+    }
+
+    fn forward(
+        &self,
+        batch: RSlice<'_, SeqChunk<'_>>,
+        mut out: RSliceMut<'_, f32>,
+    ) -> RResult<(), UError> {
+        LlavaVision::forward(self, batch.as_slice(), out.as_mut_slice()).into()
+    }
+
+    fn graft(&self, _dst: SeqId, _src: SeqId, _from: u64, _count: u64) -> RResult<(), UError> {
+        RResult::RErr(UError::unsupported(
+            "arch-vit: an encoder keeps no per-sequence state to graft",
+        ))
     }
 }
 

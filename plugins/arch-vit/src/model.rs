@@ -17,20 +17,34 @@ use u_sdk::{
 };
 
 /// `y = x·Wᵀ + b` (the bias where the checkpoint has one).
-struct Dense {
+pub(crate) struct Dense {
     weight: Tensor,
     bias: Option<Tensor>,
 }
 
 impl Dense {
     fn load(n: &Names<'_>, name: &str, inputs: usize, outputs: usize) -> Result<Dense> {
+        Dense::load_with(n, name, inputs, outputs, true)
+    }
+
+    /// `{name}.weight` (`[outputs, inputs]`) and, when `bias`, `{name}.bias`.
+    pub(crate) fn load_with(
+        n: &Names<'_>,
+        name: &str,
+        inputs: usize,
+        outputs: usize,
+        bias: bool,
+    ) -> Result<Dense> {
         Ok(Dense {
             weight: n.matrix(&format!("{name}.weight"), outputs, inputs)?,
-            bias: Some(n.vector(&format!("{name}.bias"), outputs)?),
+            bias: match bias {
+                true => Some(n.vector(&format!("{name}.bias"), outputs)?),
+                false => None,
+            },
         })
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = x.matmul_t(&self.weight)?;
         if let Some(b) = &self.bias {
             y.add_assign(b)?;
@@ -62,9 +76,11 @@ impl LayerNorm {
 
 /// One chunk's rows inside the batch.
 #[derive(Clone, Copy, Debug)]
-struct Span {
-    offset: usize,
-    len: usize,
+pub(crate) struct Span {
+    /// The first row.
+    pub(crate) offset: usize,
+    /// Rows.
+    pub(crate) len: usize,
 }
 
 /// Cuts an image into `patch × patch` squares and projects each (the stride-`patch`
@@ -238,6 +254,15 @@ impl SelfAttention {
     }
 }
 
+/// `act(h)`, elementwise.
+pub(crate) fn activate(h: &Tensor, act: Act) -> Result<Tensor> {
+    match act {
+        Act::Gelu => h.activation(Activation::GeluErf),
+        Act::GeluTanh => h.activation(Activation::GeluTanh),
+        Act::QuickGelu => h.mul(&h.scale(1.702)?.activation(Activation::Sigmoid)?),
+    }
+}
+
 /// The position-wise MLP: `fc2(act(fc1(x)))`.
 struct Mlp {
     fc1: Dense,
@@ -255,13 +280,8 @@ impl Mlp {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = self.fc1.forward(x)?;
-        let h = match self.act {
-            Act::Gelu => h.activation(Activation::GeluErf)?,
-            Act::GeluTanh => h.activation(Activation::GeluTanh)?,
-            Act::QuickGelu => h.mul(&h.scale(1.702)?.activation(Activation::Sigmoid)?)?,
-        };
-        self.fc2.forward(&h)
+        self.fc2
+            .forward(&activate(&self.fc1.forward(x)?, self.act)?)
     }
 }
 
@@ -457,11 +477,32 @@ impl VisionTransformer {
             pooling,
             context_shape: [0, 0],
             image: ROption::RSome(self.spec),
+            image_token: u_sdk::NO_IMAGE_TOKEN,
         }
     }
 
-    /// The chunk's one image, checked against the spec.
+    /// The chunk's one image, checked against the spec, and the output it asks for.
     fn image<'a>(&self, chunk: &SeqChunk<'a>) -> Result<&'a [f32]> {
+        let bad = |why: String| UError::invalid(format!("arch-vit: {why}"));
+        let pixels = self.pixels(chunk, self.cfg.rows())?;
+        match chunk.output {
+            Output::Logits(_) => Err(UError::unsupported(
+                "arch-vit: an encoder produces hidden states and pooled vectors, not logits",
+            )),
+            Output::Hidden { layer, .. } if layer as usize > self.cfg.layers => Err(bad(format!(
+                "hidden state after layer {layer} of a {}-layer encoder",
+                self.cfg.layers
+            ))),
+            Output::Pooled(Pooling::Head) if self.head.is_none() => Err(UError::unsupported(
+                "arch-vit: the checkpoint has no pooling head (ask for the first row or the mean)",
+            )),
+            _ => Ok(pixels),
+        }
+    }
+
+    /// The pixels of the chunk's one image, checked against the spec, the image said to be
+    /// `rows` rows; no extras.
+    pub(crate) fn pixels<'a>(&self, chunk: &SeqChunk<'a>, rows: usize) -> Result<&'a [f32]> {
         let bad = |why: String| UError::invalid(format!("arch-vit: {why}"));
         let [Segment::Image(image)] = chunk.input.as_slice() else {
             return Err(bad(format!(
@@ -474,7 +515,7 @@ impl VisionTransformer {
                 }
             )));
         };
-        let (want, rows) = (self.cfg.pixels(), self.cfg.rows());
+        let want = self.cfg.pixels();
         if image.pixels.len() != want {
             return Err(bad(format!(
                 "an image of {} values; the model takes {}×{}×{} = {want}",
@@ -504,19 +545,40 @@ impl VisionTransformer {
                  conditioning",
             ));
         }
-        match chunk.output {
-            Output::Logits(_) => Err(UError::unsupported(
-                "arch-vit: an encoder produces hidden states and pooled vectors, not logits",
-            )),
-            Output::Hidden { layer, .. } if layer as usize > self.cfg.layers => Err(bad(format!(
-                "hidden state after layer {layer} of a {}-layer encoder",
-                self.cfg.layers
-            ))),
-            Output::Pooled(Pooling::Head) if self.head.is_none() => Err(UError::unsupported(
-                "arch-vit: the checkpoint has no pooling head (ask for the first row or the mean)",
-            )),
-            _ => Ok(image.pixels.as_slice()),
+        Ok(image.pixels.as_slice())
+    }
+
+    /// The tower's states over `images` (one span of [`Config::rows`] rows each, in order):
+    /// `states[0]` the embeddings (after CLIP's pre-norm) and `states[i + 1]` the rows after
+    /// block `i`, up to `states[last]` (transformers' `hidden_states[..=last]`: no final norm).
+    pub(crate) fn states(
+        &self,
+        images: &[&[f32]],
+        last: usize,
+    ) -> Result<(Vec<Tensor>, Vec<Span>)> {
+        let rows = self.cfg.rows();
+        let spans: Vec<Span> = (0..images.len())
+            .map(|i| Span {
+                offset: i * rows,
+                len: rows,
+            })
+            .collect();
+        let dev: &Device = self.embedding.positions.device();
+        let x = dev.alloc(
+            DType::F32,
+            &[(rows * images.len()) as u64, self.cfg.hidden as u64],
+        )?;
+        self.embedding.forward(images, &x)?;
+        let x = match &self.pre_norm {
+            Some(norm) => norm.forward(&x)?,
+            None => x,
+        };
+        let mut states = vec![x];
+        for block in self.blocks.iter().take(last) {
+            let x = block.forward(states.last().expect("embeddings first"), &spans)?;
+            states.push(x);
         }
+        Ok((states, spans))
     }
 
     /// Encodes every chunk of `batch` and writes the outputs they ask for into `out`, in batch
@@ -539,26 +601,9 @@ impl VisionTransformer {
         if batch.is_empty() {
             return Ok(());
         }
-        let spans: Vec<Span> = (0..batch.len())
-            .map(|i| Span {
-                offset: i * rows,
-                len: rows,
-            })
-            .collect();
         let hidden = self.cfg.hidden;
-        let dev: &Device = self.embedding.positions.device();
-        let x = dev.alloc(DType::F32, &[(rows * batch.len()) as u64, hidden as u64])?;
-        self.embedding.forward(&images, &x)?;
-        let x = match &self.pre_norm {
-            Some(norm) => norm.forward(&x)?,
-            None => x,
-        };
         // `states[0]` is the embeddings' output and `states[i + 1]` the state after block `i`.
-        let mut states = vec![x];
-        for block in &self.blocks {
-            let x = block.forward(states.last().expect("embeddings first"), &spans)?;
-            states.push(x);
-        }
+        let (states, spans) = self.states(&images, self.cfg.layers)?;
         let last = states.last().expect("embeddings first");
         let normed = match &self.final_norm {
             Some(norm) => norm.forward(last)?,

@@ -45,23 +45,45 @@ impl<'w> Names<'w> {
     /// The names of `family`'s tower in `weights`, found under whichever known prefix holds its
     /// patch kernel.
     pub fn new(weights: &'w WeightSetBox, family: Family, device: Device) -> Result<Names<'w>> {
+        Names::under(weights, family, device, &PREFIXES)
+    }
+
+    /// The names of `family`'s tower in `weights`, found under whichever of `prefixes` holds
+    /// its patch kernel.
+    pub fn under(
+        weights: &'w WeightSetBox,
+        family: Family,
+        device: Device,
+        prefixes: &[&'static str],
+    ) -> Result<Names<'w>> {
         let probe = |prefix: &'static str| Names {
             weights,
             family,
             prefix,
             device: device.clone(),
         };
-        PREFIXES
-            .into_iter()
-            .map(probe)
+        prefixes
+            .iter()
+            .map(|p| probe(p))
             .find(|n| n.has(n.patch_weight()))
             .ok_or_else(|| {
                 UError::invalid(format!(
-                    "arch-vit: no {} patch embedding (`{}`) in the checkpoint",
+                    "arch-vit: no {} patch embedding (`{}`, under {prefixes:?}) in the checkpoint",
                     family.name(),
                     probe("").patch_weight()
                 ))
             })
+    }
+
+    /// The same checkpoint's names under `prefix` instead (a part beside the tower, such as
+    /// LLaVA's projector).
+    pub fn beside(&self, prefix: &'static str) -> Names<'w> {
+        Names {
+            weights: self.weights,
+            family: self.family,
+            prefix,
+            device: self.device.clone(),
+        }
     }
 
     /// The stored name of `name`.
