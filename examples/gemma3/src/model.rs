@@ -444,6 +444,7 @@ impl Gemma3 {
             pooling: Pooling::Mean,
             context_shape: [0, 0],
             image: ROption::RNone,
+            image_token: u_sdk::NO_IMAGE_TOKEN,
         }
     }
 

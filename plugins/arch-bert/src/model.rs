@@ -332,6 +332,7 @@ impl Bert {
             pooling: c.pooling,
             context_shape: [0, 0],
             image: ROption::RNone,
+            image_token: u_sdk::NO_IMAGE_TOKEN,
         }
     }
 

@@ -562,6 +562,7 @@ impl Whisper {
             pooling: Pooling::Last,
             context_shape: [c.n_mels as u32, c.frames() as u32],
             image: ROption::RNone,
+            image_token: u_sdk::NO_IMAGE_TOKEN,
         }
     }
 

@@ -6,7 +6,11 @@
 //! to the model's context the way the checkpoint's tokenizer truncates (the sequence shortened,
 //! its leading and trailing special tokens kept), run as one chunk, and the model's pooled
 //! vector (its own pooling: mean for sentence-transformers) is L2-normalised, as
-//! sentence-transformers' `Normalize` module does. Requests run on the caller's thread; the
+//! sentence-transformers' `Normalize` module does. An image encoder (a model whose config says
+//! what image it takes, e.g. DINOv2 built by `arch-vit`) embeds images instead
+//! ([`Engine::embed_image`]): the file is decoded and preprocessed as the model's image processor
+//! does (`u-image`, within the `max_image_pixels` setting), and its pooled vector normalised
+//! alike; such a model needs no tokenizer. Requests run on the caller's thread; the
 //! model's forward pass is safe to call from many at once. Text generation and KV checkpoints
 //! are another runner's task: asked for them, it says so.
 #![deny(missing_docs)]
@@ -18,14 +22,17 @@ use std::sync::{
 };
 use u_sdk::{
     CheckpointInfo, CheckpointRequest, Engine, EngineBox, EngineStats, ErrorKind, GenerateRequest,
-    GenerateSummary, HostBox, ModelBox, ModelConfig, ModelKind, Output, PluginInfo, PluginInstance,
-    Runner, RunnerBox, RunnerContext, Segment, SeqChunk, TokenSinkBox, TokenizeRequest,
-    TokenizerBox, UError,
+    GenerateSummary, HostBox, ImageInput, ModelBox, ModelConfig, ModelKind, Output, PluginInfo,
+    PluginInstance, Runner, RunnerBox, RunnerContext, Segment, SeqChunk, TokenSinkBox,
+    TokenizeRequest, TokenizerBox, UError,
 };
 
 /// The `runner` entry object.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct EmbeddingsRunner;
+pub struct EmbeddingsRunner {
+    /// What an image may be.
+    pub images: u_image::Limits,
+}
 
 impl EmbeddingsRunner {
     /// Serves `model` with `tokenizer` under `name` (what [`Runner::start`] does, for Rust
@@ -54,17 +61,18 @@ impl EmbeddingsRunner {
                 config.family, config.kind
             )));
         }
-        let tokenizer = tokenizer.ok_or_else(|| {
-            UError::invalid(format!(
+        if tokenizer.is_none() && config.image.is_none() {
+            return Err(UError::invalid(format!(
                 "runner-embeddings: `{name}` has no tokenizer (no tokenizer.json beside it)"
-            ))
-        })?;
+            )));
+        }
         Ok(Embedder(Arc::new(Inner {
             name: name.into(),
             aliases,
             model,
             tokenizer,
             config,
+            images: self.images,
             requests: AtomicU64::new(0),
             running: AtomicU32::new(0),
             tokens: AtomicU64::new(0),
@@ -91,8 +99,10 @@ struct Inner {
     /// Other names the model answers to ([`u_sdk::ANY_MODEL`]: any).
     aliases: Vec<String>,
     model: ModelBox,
-    tokenizer: TokenizerBox,
+    /// Absent for an image encoder.
+    tokenizer: Option<TokenizerBox>,
     config: ModelConfig,
+    images: u_image::Limits,
     requests: AtomicU64,
     running: AtomicU32,
     tokens: AtomicU64,
@@ -118,7 +128,7 @@ impl Embedder {
     /// longer than the model's context, the text's own tokens cut so that the special tokens
     /// around them still fit (as a `tokenizers` truncation does).
     pub fn tokens(&self, text: &str) -> u_sdk::Result<Vec<u32>> {
-        let tok = &self.0.tokenizer;
+        let tok = self.tokenizer()?;
         let with = tok
             .encode(text.into(), true, true)
             .into_result()?
@@ -180,7 +190,43 @@ impl Embedder {
             ));
         }
         let input = [Segment::Tokens(RSlice::from_slice(ids))];
-        let chunk = [SeqChunk::tokens(0, &input, Output::Pooled(c.pooling))];
+        self.pooled(&input, ids.len() as u64)
+    }
+
+    /// The tokenizer, or an error saying the model reads images, not text.
+    fn tokenizer(&self) -> u_sdk::Result<&TokenizerBox> {
+        self.0.tokenizer.as_ref().ok_or_else(|| {
+            UError::unsupported(format!(
+                "`{}` embeds images; it reads no text (it has no tokenizer)",
+                self.0.name
+            ))
+        })
+    }
+
+    /// The normalised embedding of an image file's `bytes`, preprocessed as the model's
+    /// image processor does.
+    pub fn embed_image(&self, bytes: &[u8]) -> u_sdk::Result<Vec<f32>> {
+        let spec = self.0.config.image.into_option().ok_or_else(|| {
+            UError::unsupported(format!(
+                "`{}` does not embed images (a text encoder: send text)",
+                self.0.name
+            ))
+        })?;
+        let image = u_image::decode(bytes, &self.0.images)
+            .map_err(|e| UError::invalid(format!("runner-embeddings: {e}")))?;
+        let pixels = u_image::preprocess(&image, &spec)
+            .map_err(|e| UError::invalid(format!("runner-embeddings: {e}")))?;
+        let input = [Segment::Image(ImageInput {
+            pixels: RSlice::from_slice(&pixels),
+            rows: spec.rows,
+        })];
+        self.pooled(&input, u64::from(spec.rows))
+    }
+
+    /// The model's own pooled vector of one chunk of `input` (`rows` positions), normalised.
+    fn pooled(&self, input: &[Segment<'_>], rows: u64) -> u_sdk::Result<Vec<f32>> {
+        let c = &self.0.config;
+        let chunk = [SeqChunk::tokens(0, input, Output::Pooled(c.pooling))];
         let mut v = vec![0f32; c.hidden as usize];
         self.0.running.fetch_add(1, Ordering::Relaxed);
         let result = self
@@ -195,7 +241,7 @@ impl Embedder {
         result?;
         self.0.requests.fetch_add(1, Ordering::Relaxed);
         self.0.passes.fetch_add(1, Ordering::Relaxed);
-        self.0.tokens.fetch_add(ids.len() as u64, Ordering::Relaxed);
+        self.0.tokens.fetch_add(rows, Ordering::Relaxed);
         // sentence-transformers' Normalize: v / max(‖v‖, 1e-12).
         let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
         v.iter_mut().for_each(|x| *x /= norm);
@@ -249,6 +295,13 @@ impl Engine for Embedder {
         }
     }
 
+    fn embed_image(&self, model: RStr<'_>, image: RSlice<'_, u8>) -> RResult<RVec<f32>, UError> {
+        self.check_model(model.as_str())
+            .and_then(|()| self.embed_image(image.as_slice()))
+            .map(RVec::from)
+            .into()
+    }
+
     fn embed(&self, model: RStr<'_>, input: RStr<'_>) -> RResult<RVec<f32>, UError> {
         self.check_model(model.as_str())
             .and_then(|()| self.embed_text(input.as_str()))
@@ -266,8 +319,7 @@ impl Engine for Embedder {
                 return self.tokens(&request.prompt);
             }
             Ok(self
-                .0
-                .tokenizer
+                .tokenizer()?
                 .encode(request.prompt.as_str().into(), false, true)
                 .into_result()?
                 .into_vec())
@@ -279,9 +331,9 @@ impl Engine for Embedder {
     fn detokenize(&self, model: RStr<'_>, tokens: RSlice<'_, u32>) -> RResult<RVec<u8>, UError> {
         (|| {
             self.check_model(model.as_str())?;
-            let mut bytes = Vec::new();
+            let (tok, mut bytes) = (self.tokenizer()?, Vec::new());
             for &id in tokens.iter() {
-                bytes.extend_from_slice(&self.0.tokenizer.token_bytes(id).into_result()?);
+                bytes.extend_from_slice(&tok.token_bytes(id).into_result()?);
             }
             Ok(RVec::from(bytes))
         })()
@@ -303,10 +355,28 @@ fn describe() -> PluginInfo {
     }
 }
 
-/// Creates the runner (the root module's `instantiate`); it takes no settings.
+/// Creates the runner (the root module's `instantiate`) with its one setting,
+/// `max_image_pixels` (the most pixels an image may have; PIL's default limit when absent).
 fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
-    u_sdk::settings::none(&host, "runner-embeddings", "runner")?;
-    Ok(PluginInstance::Runner(RunnerBox::new(EmbeddingsRunner)))
+    let mut images = u_image::Limits::default();
+    for (key, value) in u_sdk::settings::table(&host, "runner-embeddings")? {
+        match (key.as_str(), value.as_integer()) {
+            ("max_image_pixels", Some(n)) if n > 0 => images.max_pixels = n as u64,
+            ("max_image_pixels", _) => {
+                return Err(UError::invalid(
+                    "runner-embeddings config: `max_image_pixels` must be a positive integer",
+                ));
+            }
+            (other, _) => {
+                return Err(UError::invalid(format!(
+                    "runner-embeddings config: unknown key `{other}` (known: max_image_pixels)"
+                )));
+            }
+        }
+    }
+    Ok(PluginInstance::Runner(RunnerBox::new(EmbeddingsRunner {
+        images,
+    })))
 }
 
 /// The exported root module and embedded manifest.

@@ -49,7 +49,7 @@ fn minilm_embeddings_equal_sentence_transformers() -> Result<()> {
         Some(&read("tokenizer_config.json")?),
     )?
     .into_box();
-    let engine = EmbeddingsRunner.serve("all-MiniLM-L6-v2", model, Some(tokenizer))?;
+    let engine = EmbeddingsRunner::default().serve("all-MiniLM-L6-v2", model, Some(tokenizer))?;
     let reference: Value = serde_json::from_slice(&std::fs::read(
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../arch-bert/tests/fixtures/minilm_expected.json"),

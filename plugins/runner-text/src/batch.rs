@@ -11,7 +11,7 @@
 
 use crate::{Error, Generator, Result, constraint::Guide, sequence::Sequence};
 use abi_stable::std_types::{RSlice, RSliceMut};
-use u_sdk::{AdapterScale, Output, Rows, Segment, SeqChunk, SeqExtras, Steering};
+use u_sdk::{AdapterScale, Output, Rows, SeqChunk, SeqExtras, Steering};
 
 /// Running requests, each with the driver's tag `T` (where its output goes).
 pub(crate) struct Batch<T> {
@@ -86,6 +86,7 @@ impl<T> Batch<T> {
         for (s, _) in slots.iter_mut() {
             s.plan_draft(draft, context);
         }
+        let hidden = g.config().hidden as usize;
         let mut prefill_left = step_tokens.saturating_sub(decoding).max(1);
         let mut plan = Vec::with_capacity(slots.len());
         let mut inputs = Vec::with_capacity(slots.len());
@@ -95,21 +96,15 @@ impl<T> Batch<T> {
                 true => prefill_left,
                 false => usize::MAX,
             };
-            let (tokens, wanted) = s.next_chunk(max);
-            if tokens.is_empty() {
+            let (input, n, wanted) = s.next_input(max, hidden);
+            if n == 0 {
                 continue;
             }
             if s.is_prefilling() {
-                prefill_left -= tokens.len();
+                prefill_left -= n;
             }
-            plan.push((i, tokens.len(), wanted != Output::Nothing, wanted));
-            inputs.push(match s.soft_rows() {
-                Some(rows) => vec![
-                    Segment::Embeddings(RSlice::from_slice(rows)),
-                    Segment::Tokens(RSlice::from_slice(tokens)),
-                ],
-                None => vec![Segment::Tokens(RSlice::from_slice(tokens))],
-            });
+            plan.push((i, n, wanted != Output::Nothing, wanted));
+            inputs.push(input);
         }
         if plan.is_empty() {
             for (i, guide) in guides {

@@ -413,6 +413,7 @@ impl Generator {
                 adapters: Vec::new(),
                 steer: Default::default(),
                 soft_prompt: None,
+                images: Vec::new(),
             },
         )?;
         let mut batch = Batch::new(self.prefill_chunk);

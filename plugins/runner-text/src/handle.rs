@@ -3,6 +3,7 @@
 use crate::{
     Error, GenerateOptions, Generator, Limits, Result,
     extras::Extras,
+    images::{ImageSettings, ImageSpan, Vision},
     ledger::Ledger,
     logprobs::MAX_TOP_LOGPROBS,
     owner::{Owner, Sharing},
@@ -39,6 +40,8 @@ pub struct EngineHandle {
     /// Opens adapters at run time (when the deployment allows it) and the byte budget of
     /// those (0: none).
     adapter_loading: Option<(AdapterOpenerBox, u64)>,
+    /// The image encoder and its settings, for a model that reads images.
+    vision: Option<Arc<Vision>>,
     scheduler: Arc<Scheduler>,
 }
 
@@ -59,6 +62,7 @@ impl EngineHandle {
             extras: Arc::default(),
             ledger: Arc::default(),
             adapter_loading: None,
+            vision: None,
             scheduler: Arc::new(Scheduler::start(generator, limits)),
         }
     }
@@ -67,6 +71,29 @@ impl EngineHandle {
     /// prompts (each checked against the model).
     pub fn with_extras(mut self, extras: Vec<u_sdk::RunnerExtra>) -> Result<Self> {
         self.extras = Arc::new(Extras::read(extras, self.generator().config())?);
+        Ok(self)
+    }
+
+    /// The same engine, reading the images of chat requests with `encoder` (for a model whose
+    /// config names an image token; none: images are refused).
+    pub fn with_images(
+        mut self,
+        encoder: Option<u_sdk::ModelBox>,
+        settings: ImageSettings,
+    ) -> Result<Self> {
+        let g = self.generator();
+        self.vision = match (encoder, g.config().image_token) {
+            (None, _) | (_, u_sdk::NO_IMAGE_TOKEN) => None,
+            (Some(encoder), _) => {
+                let tokenizer = g.tokenizer().ok_or(Error::NoTokenizer)?;
+                Some(Arc::new(Vision::new(
+                    g.config(),
+                    encoder,
+                    tokenizer,
+                    settings,
+                )?))
+            }
+        };
         Ok(self)
     }
 
@@ -327,7 +354,7 @@ impl EngineHandle {
         &self,
         request: &GenerateRequest,
         continuation: bool,
-    ) -> Result<(Vec<u32>, Vec<usize>)> {
+    ) -> Result<(Vec<u32>, Vec<usize>, Vec<ImageSpan>)> {
         let g = self.generator();
         if !request.prompt_tokens.is_empty() {
             if request.suffix.is_some() {
@@ -335,7 +362,25 @@ impl EngineHandle {
                     "`suffix` needs a text prompt, not token ids".into(),
                 ));
             }
-            return Ok((request.prompt_tokens.to_vec(), Vec::new()));
+            return Ok((request.prompt_tokens.to_vec(), Vec::new(), Vec::new()));
+        }
+        if request.messages.iter().any(|m| !m.images.is_empty()) {
+            let vision = self.vision.as_ref().ok_or_else(|| {
+                Error::Unsupported(format!(
+                    "`{}` reads no images (send text, or serve a model that reads images)",
+                    self.name
+                ))
+            })?;
+            if request.suffix.is_some() || request.continue_final {
+                return Err(Error::InvalidRequest(
+                    "images are read in a chat turn, not with `suffix` or a continued message"
+                        .into(),
+                ));
+            }
+            let (marked, images) = vision.mark(&request.messages)?;
+            let prompt = Prompt::new(g, "", (&marked, &request.tools), continuation, false)?;
+            let (tokens, breakpoints) = prompt.tokens(g, &request.cache_breakpoints)?;
+            return vision.expand(tokens, &images, breakpoints);
         }
         let text = match &request.suffix {
             ROption::RSome(suffix) => {
@@ -355,11 +400,19 @@ impl EngineHandle {
             continuation,
             request.continue_final,
         )?;
-        prompt.tokens(g, &request.cache_breakpoints)
+        let (tokens, breakpoints) = prompt.tokens(g, &request.cache_breakpoints)?;
+        Ok((tokens, breakpoints, Vec::new()))
     }
 
     /// `Save`: prefill the request's text (after checkpoint `source`, if set) and keep it.
     fn save(&self, r: &CheckpointRequest) -> Result<Vec<CheckpointInfo>> {
+        if r.messages.iter().any(|m| !m.images.is_empty()) {
+            return Err(Error::Unsupported(
+                "a checkpoint save reads text; send images in a generation request (its \
+                 `save_as` keeps them)"
+                    .into(),
+            ));
+        }
         let source = (!r.source.is_empty()).then(|| r.source.to_string());
         let prompt = Prompt::new(
             self.generator(),
@@ -398,6 +451,7 @@ impl EngineHandle {
             adapters: Vec::new(),
             steer: Default::default(),
             soft_prompt: None,
+            images: Vec::new(),
         };
         let out = self.run(spec, "", &mut |_| true)?;
         Ok(vec![CheckpointInfo {
@@ -590,7 +644,7 @@ impl Engine for EngineHandle {
                 None => None,
             };
             let g = self.generator();
-            let (tokens, breakpoints) = self.prompt_tokens(request, resume.is_some())?;
+            let (tokens, breakpoints, images) = self.prompt_tokens(request, resume.is_some())?;
             let context = g.config().context_length as usize;
             if !request.clamp_max_tokens
                 && context > 0
@@ -641,6 +695,7 @@ impl Engine for EngineHandle {
                 adapters,
                 steer,
                 soft_prompt,
+                images,
             };
             let out = self.run(spec, &request.client, &mut |t| sink.token(t))?;
             Ok(GenerateSummary {
@@ -676,6 +731,7 @@ impl Engine for EngineHandle {
             kv_bytes,
             kv_capacity_bytes,
             resident_adapters: resident,
+            image_cache_hits: self.vision.as_ref().map_or(0, |v| v.cache_hits()),
             ..self.scheduler.stats()
         })
     }
@@ -750,6 +806,16 @@ impl Engine for EngineHandle {
         (|| {
             self.check_model(&request.model)?;
             let g = self.generator();
+            // Images count as the positions they take (their ids are the images'
+            // fingerprints, see `crate::images`), as a generation would run them.
+            if let Some(vision) = &self.vision
+                && request.messages.iter().any(|m| !m.images.is_empty())
+            {
+                let (marked, images) = vision.mark(&request.messages)?;
+                let prompt = Prompt::new(g, "", (&marked, ""), false, false)?;
+                let (tokens, _) = prompt.tokens(g, &[])?;
+                return Ok(RVec::from(vision.expand(tokens, &images, Vec::new())?.0));
+            }
             let prompt = Prompt::new(
                 g,
                 &request.prompt,

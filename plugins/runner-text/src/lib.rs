@@ -34,6 +34,7 @@ mod constraint;
 pub mod extras;
 mod generator;
 mod handle;
+mod images;
 mod ledger;
 mod logprobs;
 mod lookup;
@@ -49,6 +50,7 @@ pub use generator::{
     DEFAULT_PREFILL_CHUNK, GenerateOptions, Generation, Generator, Speculation, Timings,
 };
 pub use handle::EngineHandle;
+pub use images::ImageSettings;
 pub use logprobs::MAX_TOP_LOGPROBS;
 pub use runner::TextRunner;
 pub use sampler::Sampler;

@@ -26,7 +26,12 @@ pub(crate) fn propose(tokens: &[u32], max: usize) -> Vec<u32> {
         let suffix = &tokens[len - n..];
         if let Some(start) = (0..len - n).rev().find(|&s| &tokens[s..s + n] == suffix) {
             let from = start + n;
-            return tokens[from..(from + max).min(len)].to_vec();
+            // A draft is tokens: it stops where an image's positions begin.
+            return tokens[from..(from + max).min(len)]
+                .iter()
+                .take_while(|&&t| !crate::images::is_image_id(t))
+                .copied()
+                .collect();
         }
     }
     Vec::new()

@@ -1,6 +1,6 @@
 //! The plugin glue: [`TextRunner`] starts an [`EngineHandle`] for the model the host built.
 
-use crate::{EngineHandle, Generator, Limits, Speculation, owner::Sharing};
+use crate::{EngineHandle, Generator, ImageSettings, Limits, Speculation, owner::Sharing};
 use abi_stable::std_types::{RResult, RVec};
 use std::sync::Arc;
 use u_sdk::{
@@ -14,6 +14,8 @@ pub struct TextRunner {
     pub sharing: Sharing,
     /// Prompt-lookup speculative decoding (`draft_tokens`, `draft_max_running`).
     pub speculation: Speculation,
+    /// How images are read (`max_image_pixels`, `image_cache_bytes`).
+    pub images: ImageSettings,
 }
 
 impl Runner for TextRunner {
@@ -40,6 +42,7 @@ impl Runner for TextRunner {
                         context.adapter_opener.into_option(),
                         context.limits.adapter_bytes,
                     )
+                    .with_images(context.image_encoder.into_option(), self.images)?
                     .into_box(),
             )
         })()
@@ -58,8 +61,10 @@ fn describe() -> PluginInfo {
 
 /// Creates the runner (the root module's `instantiate`) from its settings: `share_prefixes =
 /// "all" | "client" | "none"` (default `client`: see [`Sharing`]); `draft_tokens = N` (most
-/// tokens a prompt-lookup draft proposes per pass, 0 turns speculation off; default 4) and
-/// `draft_max_running = N` (drafts run while a pass decodes at most N requests; default 4).
+/// tokens a prompt-lookup draft proposes per pass, 0 turns speculation off; default 4),
+/// `draft_max_running = N` (drafts run while a pass decodes at most N requests; default 4),
+/// and for a model that reads images `max_image_pixels = N` (default PIL's limit) and
+/// `image_cache_bytes = N` (encoder outputs kept for repeated images; default 256 MiB).
 fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
     let config: toml::Table = host
         .config()
@@ -74,7 +79,15 @@ fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
                 "runner-text config: {key} must be a whole number from 0 to 64, not {value}"
             ))),
         };
+        let bytes = || match value.as_integer() {
+            Some(n) if n >= 0 => Ok(n as u64),
+            _ => Err(UError::invalid(format!(
+                "runner-text config: {key} must be a whole number, not {value}"
+            ))),
+        };
         match (key.as_str(), value.as_str().and_then(Sharing::parse)) {
+            ("max_image_pixels", _) => runner.images.limits.max_pixels = bytes()?.max(1),
+            ("image_cache_bytes", _) => runner.images.cache_bytes = bytes()? as usize,
             ("draft_tokens", _) => runner.speculation.draft_tokens = count()?,
             ("draft_max_running", _) => runner.speculation.max_running = count()?,
             ("share_prefixes", Some(sharing)) => runner.sharing = sharing,

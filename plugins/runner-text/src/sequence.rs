@@ -8,6 +8,7 @@
 //! needs ids (prefix caching, penalties) then sees only the known tail.
 
 use crate::extras::Steer;
+use crate::images::{self, ImageSpan};
 use crate::owner::PrefixKey;
 use crate::{
     Error, GenerateOptions, Generator, Result,
@@ -18,7 +19,7 @@ use crate::{
     stream::{StopCheck, StopMatcher, Utf8Stream},
 };
 use std::{collections::HashSet, sync::Arc, time::Instant};
-use u_sdk::{FinishReason, KvCacheBox, Output, Rows, SeqId, TokenLogprob};
+use u_sdk::{FinishReason, KvCacheBox, Output, Rows, Segment, SeqId, TokenLogprob};
 
 /// Where a sequence's KV starts from.
 pub(crate) enum Origin {
@@ -62,6 +63,9 @@ pub(crate) struct Spec {
     pub steer: Steer,
     /// Soft-prompt rows that stand before the prompt (with [`Origin::Fresh`]).
     pub soft_prompt: Option<Arc<[f32]>>,
+    /// Images in the prompt: their rows, and where they stand in [`Spec::prompt`] (whose ids
+    /// there are the images' fingerprints, see [`crate::images`]).
+    pub images: Vec<ImageSpan>,
 }
 
 /// Text streamed for one generated token (`id: None`: held-back text flushed at the end).
@@ -139,6 +143,8 @@ pub(crate) struct Sequence {
     steer: Steer,
     /// Soft-prompt rows not yet run: positions `0..unknown` of the sequence.
     soft_prompt: Option<Arc<[f32]>>,
+    /// The prompt's images, at their positions in the sequence.
+    images: Vec<ImageSpan>,
     stop_sequence: Option<String>,
     outbox: Vec<Piece>,
     error: Option<Error>,
@@ -160,8 +166,18 @@ impl Drop for Sequence {
 impl Sequence {
     /// Validates `spec` and takes a cache sequence for it.
     pub(crate) fn admit(g: &Generator, spec: Spec) -> Result<Self> {
-        let vocab = g.config().vocab_size;
-        if let Some(&bad) = spec.prompt.iter().find(|&&t| t >= vocab) {
+        let (vocab, hidden) = (g.config().vocab_size, g.config().hidden as usize);
+        let in_image = |i: usize| {
+            spec.images
+                .iter()
+                .any(|m| (m.start..m.start + m.len(hidden)).contains(&i))
+        };
+        if let Some((_, &bad)) = spec
+            .prompt
+            .iter()
+            .enumerate()
+            .find(|&(i, &t)| t >= vocab && !(images::is_image_id(t) && in_image(i)))
+        {
             return Err(Error::TokenOutOfRange { id: bad, vocab });
         }
         if spec.prompt.is_empty() {
@@ -228,6 +244,14 @@ impl Sequence {
             None => unknown,
         };
         let base = unknown + tokens.len();
+        let images = spec
+            .images
+            .into_iter()
+            .map(|m| ImageSpan {
+                start: base + m.start,
+                ..m
+            })
+            .collect();
         let context = match g.config().context_length {
             0 => usize::MAX,
             n => n as usize,
@@ -272,6 +296,7 @@ impl Sequence {
             adapters: spec.adapters,
             steer: spec.steer,
             soft_prompt: spec.soft_prompt,
+            images,
             stop_sequence: None,
             outbox: Vec::new(),
             error: None,
@@ -401,17 +426,41 @@ impl Sequence {
         }
     }
 
-    /// The tokens this request runs in the next pass, at most `max` of them, and which logits
-    /// it needs (empty when it is done).
-    pub(crate) fn next_chunk(&self, max: usize) -> (&[u32], Output) {
+    /// The input this request runs in the next pass — soft-prompt rows not yet run, then at
+    /// most `max` positions: tokens, and image rows where images stand — how many positions
+    /// that is, and which logits it needs (no input when it is done).
+    pub(crate) fn next_input(
+        &self,
+        max: usize,
+        hidden: usize,
+    ) -> (Vec<Segment<'_>>, usize, Output) {
+        let (start, tokens, wanted) = self.next_chunk(max);
+        let mut input = Vec::with_capacity(2);
+        if tokens.is_empty() {
+            return (input, 0, wanted);
+        }
+        if let Some(rows) = self.soft_rows() {
+            input.push(Segment::Embeddings(rows.into()));
+        }
+        if self.drafted.is_empty() && !self.images.is_empty() {
+            input.extend(images::segments(start, tokens, &self.images, hidden));
+        } else {
+            input.push(Segment::Tokens(tokens.into()));
+        }
+        (input, tokens.len(), wanted)
+    }
+
+    /// The position of the first token this request runs in the next pass, the tokens (at
+    /// most `max`), and which logits it needs (empty when it is done).
+    fn next_chunk(&self, max: usize) -> (usize, &[u32], Output) {
         if !self.drafted.is_empty() {
-            return (&self.drafted, Output::Logits(Rows::All));
+            return (self.computed, &self.drafted, Output::Logits(Rows::All));
         }
         let (target, logits) = match self.state {
             State::Prefill => (self.prompt_len, Output::Logits(Rows::Last)),
             State::Decode => (self.unknown + self.tokens.len(), Output::Logits(Rows::Last)),
             State::Flush(_) => (self.unknown + self.tokens.len(), Output::Nothing),
-            State::Done(_) => return (&[], Output::Nothing),
+            State::Done(_) => return (0, &[], Output::Nothing),
         };
         // Positions before `unknown` without a pending soft prompt are already computed; with
         // one, its rows run in the same pass as the first tokens.
@@ -423,7 +472,7 @@ impl Sequence {
             Output::Nothing
         };
         let tokens = &self.tokens[first - self.unknown..end - self.unknown];
-        (tokens, logits)
+        (first, tokens, logits)
     }
 
     /// Records that the last pass ran `n` of this request's tokens; `logits` holds the rows it

@@ -228,10 +228,7 @@ fn options(max_tokens: u32) -> GenerateOptions {
 }
 
 fn turn(role: &str, content: &str) -> ChatTurn {
-    ChatTurn {
-        role: role.into(),
-        content: content.into(),
-    }
+    ChatTurn::text(role, content)
 }
 
 #[test]

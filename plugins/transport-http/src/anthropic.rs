@@ -22,6 +22,7 @@
 use crate::{
     bridge::Piece,
     error::{ApiError, Dialect},
+    images,
     json::{self, Obj, type_name},
     openai,
     reply::{self, Reply, sse},
@@ -30,7 +31,8 @@ use crate::{
 use serde_json::{Value, json};
 use u_chat_template::tools::{Tool, ToolCall, parse_calls, render_call, streamable};
 use u_sdk::{
-    CacheBreakpoint, ChatTurn, Constraint, FinishReason, GenerateRequest, GenerateSummary,
+    CacheBreakpoint, ChatImage, ChatTurn, Constraint, FinishReason, GenerateRequest,
+    GenerateSummary,
 };
 
 /// A parsed `/v1/messages` request.
@@ -44,13 +46,24 @@ pub struct Parsed {
     pub tools: bool,
 }
 
-/// Concatenates a `content` (a string or text blocks) and records the byte offsets at which
-/// blocks with `cache_control` end.
-fn blocks(v: &Value, at: &str) -> Result<(String, Vec<u32>), ApiError> {
+/// A `content`: its text, the byte offsets at which blocks with `cache_control` end, and its
+/// images, each at the offset of the text before it.
+struct Content {
+    text: String,
+    marks: Vec<u32>,
+    images: Vec<ChatImage>,
+}
+
+/// Concatenates a `content` (a string or blocks: text, images, tool uses and results).
+fn blocks(v: &Value, at: &str) -> Result<Content, ApiError> {
     match v {
-        Value::String(s) => Ok((s.clone(), Vec::new())),
+        Value::String(s) => Ok(Content {
+            text: s.clone(),
+            marks: Vec::new(),
+            images: Vec::new(),
+        }),
         Value::Array(list) => {
-            let (mut text, mut marks) = (String::new(), Vec::new());
+            let (mut text, mut marks, mut images) = (String::new(), Vec::new(), Vec::new());
             for (i, b) in list.iter().enumerate() {
                 let at = format!("{at}[{i}]");
                 let Value::Object(b) = b else {
@@ -58,6 +71,17 @@ fn blocks(v: &Value, at: &str) -> Result<(String, Vec<u32>), ApiError> {
                 };
                 match b.get("type").and_then(Value::as_str) {
                     Some("text") => {}
+                    Some("image") => {
+                        let data = images::anthropic_block(b, &at)?;
+                        let offset = u32::try_from(text.len()).map_err(|_| {
+                            ApiError::param(&at, "an image stands past 4 GiB of text")
+                        })?;
+                        images.push(ChatImage {
+                            data: data.into(),
+                            offset,
+                        });
+                        continue;
+                    }
                     Some("tool_use") => {
                         let call = ToolCall {
                             name: tools::name(b.get("name"), &format!("{at}.name"))?,
@@ -78,9 +102,18 @@ fn blocks(v: &Value, at: &str) -> Result<(String, Vec<u32>), ApiError> {
                         continue;
                     }
                     Some("tool_result") => {
-                        let (result, _) = match b.get("content") {
-                            None | Some(Value::Null) => (String::new(), Vec::new()),
-                            Some(c) => blocks(c, &format!("{at}.content"))?,
+                        let result = match b.get("content") {
+                            None | Some(Value::Null) => String::new(),
+                            Some(c) => {
+                                let c = blocks(c, &format!("{at}.content"))?;
+                                if !c.images.is_empty() {
+                                    return Err(ApiError::param(
+                                        &at,
+                                        "images in a tool result are not supported",
+                                    ));
+                                }
+                                c.text
+                            }
                         };
                         if !text.is_empty() {
                             text.push('\n');
@@ -118,7 +151,11 @@ fn blocks(v: &Value, at: &str) -> Result<(String, Vec<u32>), ApiError> {
                     }
                 }
             }
-            Ok((text, marks))
+            Ok(Content {
+                text,
+                marks,
+                images,
+            })
         }
         other => Err(ApiError::param(
             at,
@@ -351,16 +388,23 @@ fn conversation(o: &Obj) -> Result<(Vec<ChatTurn>, Vec<CacheBreakpoint>), ApiErr
     let mut turns = Vec::new();
     let mut breakpoints = Vec::new();
     if let Some(system) = o.get("system").filter(|v| !v.is_null()) {
-        let (text, marks) = blocks(system, "system")?;
+        let Content {
+            text,
+            marks,
+            images,
+        } = blocks(system, "system")?;
+        if !images.is_empty() {
+            return Err(ApiError::param(
+                "system",
+                "images are read in user messages, not in the system prompt",
+            ));
+        }
         breakpoints.extend(
             marks
                 .into_iter()
                 .map(|offset| CacheBreakpoint { turn: 0, offset }),
         );
-        turns.push(ChatTurn {
-            role: "system".into(),
-            content: text.into(),
-        });
+        turns.push(ChatTurn::text("system", &text));
     }
     let list = json::nonempty_array(o, "messages")?;
     for (i, m) in list.iter().enumerate() {
@@ -380,7 +424,17 @@ fn conversation(o: &Obj) -> Result<(Vec<ChatTurn>, Vec<CacheBreakpoint>), ApiErr
         let content = m
             .get("content")
             .ok_or_else(|| ApiError::param(&at, format!("`{at}.content` is required")))?;
-        let (text, marks) = blocks(content, &format!("{at}.content"))?;
+        let Content {
+            text,
+            marks,
+            images,
+        } = blocks(content, &format!("{at}.content"))?;
+        if !images.is_empty() && role != "user" {
+            return Err(ApiError::param(
+                &at,
+                "images are read in user messages, not in an assistant message",
+            ));
+        }
         let turn = turns.len() as u32;
         breakpoints.extend(
             marks
@@ -390,6 +444,7 @@ fn conversation(o: &Obj) -> Result<(Vec<ChatTurn>, Vec<CacheBreakpoint>), ApiErr
         turns.push(ChatTurn {
             role: role.into(),
             content: text.into(),
+            images: images.into(),
         });
     }
     // A top-level `cache_control` caches the whole conversation as sent.

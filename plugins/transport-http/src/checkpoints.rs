@@ -179,10 +179,7 @@ pub fn answer_for_admin(op: CheckpointOp, infos: &[CheckpointInfo], clients: &[S
 
 /// A chat turn from parts (for tests and the Safebox mapping).
 pub fn turn(role: &str, content: &str) -> ChatTurn {
-    ChatTurn {
-        role: role.into(),
-        content: content.into(),
-    }
+    ChatTurn::text(role, content)
 }
 
 #[cfg(test)]

@@ -106,7 +106,7 @@ impl Metrics {
                 &format!("route=\"{route}\""),
             );
         }
-        let engine: [(&str, &str, &str, u64); 12] = [
+        let engine: [(&str, &str, &str, u64); 13] = [
             (
                 "u_engine_requests_total",
                 "counter",
@@ -172,6 +172,12 @@ impl Metrics {
                 "counter",
                 "Drafted tokens the sampler kept.",
                 stats.accepted_tokens,
+            ),
+            (
+                "u_image_cache_hits_total",
+                "counter",
+                "Images whose encoder output came from the cache (no encoding).",
+                stats.image_cache_hits,
             ),
             (
                 "u_kv_cache_bytes",

@@ -11,6 +11,7 @@
 use crate::{
     bridge::Piece,
     error::{ApiError, Dialect},
+    images,
     json::{self, Obj, type_name},
     reply::{self, Reply, sse},
     tools,
@@ -18,7 +19,7 @@ use crate::{
 use serde_json::{Map, Value, json};
 use u_chat_template::tools::{ToolCall, parse_calls, render_call, streamable};
 use u_sdk::{
-    ChatTurn, Constraint, FinishReason, GenerateRequest, GenerateSummary, LogitBias,
+    ChatImage, ChatTurn, Constraint, FinishReason, GenerateRequest, GenerateSummary, LogitBias,
     SamplingParams, TokenLogprob,
 };
 
@@ -55,19 +56,34 @@ pub struct Parsed {
 }
 
 /// Text of a message's `content`: a string, `null`, or an array of `{"type": "text"}` parts.
-fn content(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
+/// A message's `content`: a string, or parts — text, and images (`image_url` with a data URL),
+/// each image standing at the byte offset of the text before it.
+fn content(v: Option<&Value>, at: &str) -> Result<(String, Vec<ChatImage>), ApiError> {
     match v {
-        None | Some(Value::Null) => Ok(String::new()),
-        Some(Value::String(s)) => Ok(s.clone()),
+        None | Some(Value::Null) => Ok((String::new(), Vec::new())),
+        Some(Value::String(s)) => Ok((s.clone(), Vec::new())),
         Some(Value::Array(parts)) => {
-            let mut out = String::new();
-            for part in parts {
+            let (mut out, mut images) = (String::new(), Vec::new());
+            for (i, part) in parts.iter().enumerate() {
                 match (part.get("type").and_then(Value::as_str), part.get("text")) {
                     (Some("text"), Some(Value::String(t))) => out.push_str(t),
+                    (Some("image_url"), _) => {
+                        let data = images::openai_part(part, &format!("{at}[{i}]"))?;
+                        let offset = u32::try_from(out.len()).map_err(|_| {
+                            ApiError::param(at, "an image stands past 4 GiB of text")
+                        })?;
+                        images.push(ChatImage {
+                            data: data.into(),
+                            offset,
+                        });
+                    }
                     (Some(t), _) if t != "text" => {
                         return Err(ApiError::param(
                             at,
-                            format!("content parts of type `{t}` are not supported"),
+                            format!(
+                                "content parts of type `{t}` are not supported (text and \
+                                 image_url are)"
+                            ),
                         ));
                     }
                     _ => {
@@ -78,7 +94,7 @@ fn content(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
                     }
                 }
             }
-            Ok(out)
+            Ok((out, images))
         }
         Some(other) => Err(ApiError::param(
             at,
@@ -115,7 +131,13 @@ fn messages(o: &Obj) -> Result<Vec<ChatTurn>, ApiError> {
                 ),
             ));
         }
-        let mut text = content(m.get("content"), &format!("{at}.content"))?;
+        let (mut text, images) = content(m.get("content"), &format!("{at}.content"))?;
+        if !images.is_empty() && role != "user" {
+            return Err(ApiError::param(
+                &at,
+                format!("images are read in user messages, not in a `{role}` message"),
+            ));
+        }
         if role == "tool" {
             turns.push(tools::response_turn(&text));
             continue;
@@ -133,6 +155,7 @@ fn messages(o: &Obj) -> Result<Vec<ChatTurn>, ApiError> {
         turns.push(ChatTurn {
             role: role.into(),
             content: text.into(),
+            images: images.into(),
         });
     }
     Ok(turns)

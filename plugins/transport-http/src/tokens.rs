@@ -2,13 +2,15 @@
 //! `POST /tokenize` and `POST /detokenize`, and Anthropic's `POST /v1/messages/count_tokens`.
 //!
 //! Embeddings: `input` is a string, an array of strings, an array of token ids or an array of
-//! those; text is tokenized as the model's embedding reads it and the counts are the `usage`.
+//! those, or images (`{"image": "data:…"}` or an `image_url` part) for an image encoder; text
+//! is tokenized as the model's embedding reads it and the token counts are the `usage`.
 //! `encoding_format` is `float` (default) or `base64` (each vector's little-endian `f32`
 //! bytes, base64-encoded, as OpenAI sends them and its Python client asks by default).
 
 use crate::{
     anthropic,
     error::ApiError,
+    images,
     json::{self, Obj, type_name},
 };
 use serde_json::{Value, json};
@@ -58,6 +60,8 @@ fn only(o: &Obj, known: &[&str]) -> Result<(), ApiError> {
 enum Input {
     Text(String),
     Tokens(Vec<u32>),
+    /// An image file (for image encoders).
+    Image(Vec<u8>),
 }
 
 fn ids(list: &[Value]) -> Option<Vec<u32>> {
@@ -70,8 +74,8 @@ fn inputs(o: &Obj) -> Result<Vec<Input>, ApiError> {
     let bad = || {
         ApiError::param(
             "input",
-            "`input` must be a non-empty string, an array of them, an array of token ids or \
-             an array of token-id arrays",
+            "`input` must be a non-empty string, an array of them, an array of token ids, an \
+             array of token-id arrays, or an array holding images ({\"image\": \"data:…\"})",
         )
     };
     let list = match o.get("input") {
@@ -83,34 +87,35 @@ fn inputs(o: &Obj) -> Result<Vec<Input>, ApiError> {
         _ => return Err(bad()),
     };
     list.iter()
-        .map(|v| match v {
+        .enumerate()
+        .map(|(i, v)| match v {
             Value::String(s) if !s.is_empty() => Ok(Input::Text(s.clone())),
             Value::Array(a) if !a.is_empty() => ids(a).map(Input::Tokens).ok_or_else(bad),
+            Value::Object(o) => image(o, &format!("input[{i}]")).map(Input::Image),
             _ => Err(bad()),
         })
         .collect()
 }
 
-/// Standard base64 (RFC 4648, padded).
-pub fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
+/// An image input: `{"image": "data:image/png;base64,…"}` (as Jina's and Cohere's embedding
+/// APIs take one) or an OpenAI `image_url` part.
+fn image(o: &Obj, at: &str) -> Result<Vec<u8>, ApiError> {
+    match (o.get("image"), o.get("type").and_then(Value::as_str)) {
+        (Some(Value::String(url)), _) => images::data_url(url, &format!("{at}.image")),
+        (_, Some("image_url")) => images::openai_part(&Value::Object(o.clone()), at),
+        _ => Err(ApiError::param(
+            at,
+            format!(
+                "`{at}` must be text, token ids, {{\"image\": \"data:…\"}} or an image_url part"
+            ),
+        )),
     }
-    out
+}
+
+/// Standard base64 (RFC 4648, padded): the `base64` encoding of embeddings.
+pub fn base64(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 /// `POST /v1/embeddings`.
@@ -140,6 +145,14 @@ pub async fn embeddings(
         let mut tokens = 0usize;
         for input in inputs {
             let ids = match input {
+                Input::Image(bytes) => {
+                    vectors.push(
+                        engine
+                            .embed_image(m.as_str().into(), bytes.as_slice().into())
+                            .into_result()?,
+                    );
+                    continue;
+                }
                 Input::Tokens(ids) => ids,
                 Input::Text(text) => engine
                     .tokenize(&TokenizeRequest {

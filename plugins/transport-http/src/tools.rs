@@ -244,8 +244,8 @@ pub fn declared_names(request: &GenerateRequest) -> Vec<String> {
 
 /// A tool result as the user turn the model reads it in.
 pub fn response_turn(content: &str) -> ChatTurn {
-    ChatTurn {
-        role: "user".into(),
-        content: format!("<tool_response>\n{content}\n</tool_response>").into(),
-    }
+    ChatTurn::text(
+        "user",
+        &format!("<tool_response>\n{content}\n</tool_response>"),
+    )
 }

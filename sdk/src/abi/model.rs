@@ -121,7 +121,14 @@ pub struct ModelConfig {
     /// What an image input ([`Segment::Image`]) must be, for models that read images (vision
     /// encoders, image-chat models); `RNone` for the rest.
     pub image: ROption<ImageSpec>,
+    /// For a decoder that reads images among its tokens through an image encoder (LLaVA): the
+    /// token id that stands for one image in its prompts (`<image>`), each becoming
+    /// [`ImageSpec::rows`] embedding rows the encoder makes; [`NO_IMAGE_TOKEN`] for the rest.
+    pub image_token: u32,
 }
+
+/// [`ModelConfig::image_token`] of a model that reads no images among tokens.
+pub const NO_IMAGE_TOKEN: u32 = u32::MAX;
 
 /// How an image is resampled when resized.
 #[repr(u8)]

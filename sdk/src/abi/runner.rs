@@ -48,6 +48,13 @@ pub struct RunnerContext {
     pub extras: RVec<RunnerExtra>,
     /// Opens adapters at run time, when the deployment allows directories of them.
     pub adapter_opener: ROption<AdapterOpenerBox>,
+    /// For a decoder that reads images among its tokens ([`ModelConfig::image_token`]): the
+    /// encoder that turns an image into the rows standing for it, built from the same
+    /// checkpoint by the architecture declaring the family `<family>.vision` (LLaVA's vision
+    /// tower and projector).
+    ///
+    /// [`ModelConfig::image_token`]: crate::abi::model::ModelConfig::image_token
+    pub image_encoder: ROption<ModelBox>,
 }
 
 /// An adapter's files as a loader read them.

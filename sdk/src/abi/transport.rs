@@ -50,6 +50,31 @@ pub struct ChatTurn {
     pub role: RString,
     /// The message text.
     pub content: RString,
+    /// Images in the message, in order (OpenAI `image_url` parts, Anthropic `image` blocks);
+    /// empty for text alone. A model that reads no images refuses a turn with any.
+    pub images: RVec<ChatImage>,
+}
+
+impl ChatTurn {
+    /// A turn of text alone.
+    pub fn text(role: &str, content: &str) -> ChatTurn {
+        ChatTurn {
+            role: role.into(),
+            content: content.into(),
+            images: RVec::new(),
+        }
+    }
+}
+
+/// An image in a chat turn: the file as sent, decoded and preprocessed by the engine for its
+/// model.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
+pub struct ChatImage {
+    /// The image file's bytes (PNG, JPEG, WebP, GIF or BMP).
+    pub data: RVec<u8>,
+    /// Where in the turn's content it stands: a byte offset, at a character boundary.
+    pub offset: u32,
 }
 
 /// A prompt-cache breakpoint: the KV of the rendered prompt up to the end of
@@ -348,6 +373,8 @@ pub struct EngineStats {
     pub running_adapters: RVec<RString>,
     /// Adapters the waiting requests ask for.
     pub waiting_adapters: RVec<RString>,
+    /// Images whose encoder output came from the engine's cache (no encoding).
+    pub image_cache_hits: u64,
 }
 
 /// One transcription request (OpenAI's `POST /v1/audio/transcriptions`, `u-runner
@@ -549,6 +576,17 @@ pub trait Engine: Send + Sync + Clone {
     fn unload_adapter(&self, name: RStr<'_>) -> RResult<bool, UError> {
         let _ = name;
         RResult::ROk(false)
+    }
+
+    /// An image embedding of `image` (a PNG, JPEG, WebP, GIF or BMP file): the image model's
+    /// pooled output (its own pooling), L2-normalised. Engines of models that read no images
+    /// keep this default.
+    fn embed_image(&self, model: RStr<'_>, image: RSlice<'_, u8>) -> RResult<RVec<f32>, UError> {
+        let _ = image;
+        RResult::RErr(UError::unsupported(format!(
+            "`{model}` does not embed images (an image encoder such as DINOv2 or CLIP's vision \
+             tower does)"
+        )))
     }
 
     /// Transcribes (or translates) speech. Engines of other tasks keep this default.

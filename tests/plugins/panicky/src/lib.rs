@@ -140,6 +140,7 @@ impl Model for Toy {
             pooling: Pooling::Last,
             context_shape: [0, 0],
             image: ROption::RNone,
+            image_token: u_sdk::NO_IMAGE_TOKEN,
         })
     }
 
