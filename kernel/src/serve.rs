@@ -102,6 +102,10 @@ impl Engine for HostEngine {
     fn embed_tokens(&self, model: RStr<'_>, _: RSlice<'_, u32>) -> RResult<RVec<f32>, UError> {
         RResult::RErr(Self::not_served(model.as_str()))
     }
+
+    fn embed_image(&self, model: RStr<'_>, _: RSlice<'_, u8>) -> RResult<RVec<f32>, UError> {
+        RResult::RErr(Self::not_served(model.as_str()))
+    }
 }
 
 /// Opens listeners, grants `model` (if any) to the loaders and tokenizers, locks the process

@@ -332,6 +332,9 @@ impl<T: Engine> Engine for Guarded<T> {
     fn embed_tokens(&self, model: RStr<'_>, tokens: RSlice<'_, u32>) -> RResult<RVec<f32>, UError> {
         run("engine.embed_tokens", || self.0.embed_tokens(model, tokens))
     }
+    fn embed_image(&self, model: RStr<'_>, image: RSlice<'_, u8>) -> RResult<RVec<f32>, UError> {
+        run("engine.embed_image", || self.0.embed_image(model, image))
+    }
     fn flush_cache(&self, model: RStr<'_>) -> RResult<u64, UError> {
         run("engine.flush_cache", || self.0.flush_cache(model))
     }

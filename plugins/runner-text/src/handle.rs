@@ -857,6 +857,14 @@ impl Engine for EngineHandle {
         .into()
     }
 
+    fn embed_image(&self, model: RStr<'_>, _: RSlice<'_, u8>) -> RResult<RVec<f32>, UError> {
+        (|| {
+            self.check_model(model.as_str())?;
+            Err(u_sdk::not_an_image_model(model.as_str()))
+        })()
+        .into()
+    }
+
     fn load_adapter(&self, name: RStr<'_>, path: RStr<'_>) -> RResult<AdapterInfo, UError> {
         self.load_at_run_time(name.as_str(), path.as_str()).into()
     }

@@ -425,6 +425,13 @@ impl Engine for Transcriber {
         }
     }
 
+    fn embed_image(&self, model: RStr<'_>, _: RSlice<'_, u8>) -> RResult<RVec<f32>, UError> {
+        match self.check_model(model.as_str()) {
+            Ok(()) => RResult::RErr(u_sdk::not_an_image_model(model.as_str())),
+            Err(e) => RResult::RErr(e),
+        }
+    }
+
     fn transcribe(&self, request: &TranscribeRequest) -> RResult<Transcript, UError> {
         self.transcribe_request(request).into()
     }

@@ -559,6 +559,13 @@ pub trait Engine: Send + Sync + Clone {
     /// As [`Engine::embed`], from token ids used as they are.
     fn embed_tokens(&self, model: RStr<'_>, tokens: RSlice<'_, u32>) -> RResult<RVec<f32>, UError>;
 
+    /// An image embedding of `image` (a PNG, JPEG, WebP, GIF or BMP file): the image model's
+    /// pooled output (its own pooling), L2-normalised; engines of models that read no images
+    /// answer [`not_an_image_model`]. (Required, not defaulted: the SDK's panic guard, which
+    /// wraps every engine, must forward it, and the compiler checks that only for required
+    /// methods.)
+    fn embed_image(&self, model: RStr<'_>, image: RSlice<'_, u8>) -> RResult<RVec<f32>, UError>;
+
     /// Loads low-rank adapter `name` at run time from `path` (vLLM's `POST
     /// /v1/load_lora_adapter`), which must lie in a directory the deployment allows; within the
     /// deployment's adapter byte budget, the least recently used adapter loaded this way makes
@@ -578,17 +585,6 @@ pub trait Engine: Send + Sync + Clone {
         RResult::ROk(false)
     }
 
-    /// An image embedding of `image` (a PNG, JPEG, WebP, GIF or BMP file): the image model's
-    /// pooled output (its own pooling), L2-normalised. Engines of models that read no images
-    /// keep this default.
-    fn embed_image(&self, model: RStr<'_>, image: RSlice<'_, u8>) -> RResult<RVec<f32>, UError> {
-        let _ = image;
-        RResult::RErr(UError::unsupported(format!(
-            "`{model}` does not embed images (an image encoder such as DINOv2 or CLIP's vision \
-             tower does)"
-        )))
-    }
-
     /// Transcribes (or translates) speech. Engines of other tasks keep this default.
     fn transcribe(&self, request: &TranscribeRequest) -> RResult<Transcript, UError> {
         RResult::RErr(UError::unsupported(format!(
@@ -596,6 +592,14 @@ pub trait Engine: Send + Sync + Clone {
             request.model
         )))
     }
+}
+
+/// What [`Engine::embed_image`] answers for a model that reads no images.
+pub fn not_an_image_model(model: &str) -> UError {
+    UError::unsupported(format!(
+        "`{model}` does not embed images (an image encoder such as DINOv2 or CLIP's vision tower \
+         does)"
+    ))
 }
 
 /// Tells a transport when the host wants it to stop.
