@@ -401,7 +401,11 @@ impl EngineHandle {
             request.continue_final,
         )?;
         let (tokens, breakpoints) = prompt.tokens(g, &request.cache_breakpoints)?;
-        Ok((tokens, breakpoints, Vec::new()))
+        if let Some(vision) = &self.vision {
+            vision.expand(tokens, &[], breakpoints)
+        } else {
+            Ok((tokens, breakpoints, Vec::new()))
+        }
     }
 
     /// `Save`: prefill the request's text (after checkpoint `source`, if set) and keep it.
