@@ -223,8 +223,11 @@ pub fn build(
             cache: cache.into(),
         },
     )?;
+    // A decoder that reads images needs its encoder; another model (a CLIP text tower) gets
+    // one where an architecture declares its family's `.vision`.
+    let vision = format!("{}.vision", config.family);
     let image_encoder = match config.image_token {
-        u_sdk::NO_IMAGE_TOKEN => None,
+        u_sdk::NO_IMAGE_TOKEN if !declares(report, &vision) => None,
         _ => Some(image_encoder(report, &config, &watched.weights, &backend)?),
     };
     drop(watched);
@@ -386,9 +389,17 @@ fn build_model(
     Ok((model, config))
 }
 
-/// The image encoder of a decoder that reads images among its tokens (`config.image_token`),
-/// built from the same weights by the architecture declaring `<family>.vision` (LLaVA's vision
-/// tower and projector); it must make rows of the decoder's width.
+/// Whether a loaded architecture plugin declares `family`.
+fn declares(report: &LoadReport, family: &str) -> bool {
+    report.loaded.iter().any(|p| {
+        matches!(p.instance, PluginInstance::Architecture(_)) && p.verified.manifest.builds(family)
+    })
+}
+
+/// The image encoder of a model (a decoder that reads images among its tokens,
+/// `config.image_token`, or an embedding model of text and images), built from the same weights
+/// by the architecture declaring `<family>.vision` (LLaVA's vision tower and projector, CLIP's
+/// vision tower and projection); it must make rows or vectors of the model's width.
 fn image_encoder(
     report: &LoadReport,
     config: &ModelConfig,
