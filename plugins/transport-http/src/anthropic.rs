@@ -762,7 +762,11 @@ mod tests {
         let e = err(
             r#"{"model":"tiny","max_tokens":4,"messages":[{"role":"user","content":[{"type":"image"}]}]}"#,
         );
-        assert!(e.message.contains("image"), "{e:?}");
+        assert!(e.message.contains("source"), "an image block without its data: {e:?}");
+        let e = err(
+            r#"{"model":"tiny","max_tokens":4,"messages":[{"role":"user","content":[{"type":"document"}]}]}"#,
+        );
+        assert!(e.message.contains("`document` are not supported"), "{e:?}");
         let e = err(
             r#"{"model":"tiny","max_tokens":4,"temperature":1.5,"messages":[{"role":"user","content":"x"}]}"#,
         );
