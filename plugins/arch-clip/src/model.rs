@@ -1,0 +1,459 @@
+//! The text tower: `Embeddings`, `SelfAttention`, `Mlp`, `Block`, and `ClipText` that stacks
+//! them and projects into the joint space.
+//!
+//! Every chunk of a batch is one whole text: its rows run together through the projections
+//! (one matmul per weight per pass) and attend, causally, to the rows of their own text only.
+
+use crate::config::{Act, Config};
+use abi_stable::std_types::ROption;
+use u_sdk::{
+    Activation, AttentionMask, AttentionParams, DType, ErrorKind, ModelConfig, ModelKind, Output,
+    Pooling, Result, Rows, Segment, SeqChunk, UError, WeightSetBox,
+    nn::{Device, Tensor},
+};
+
+/// The family this plugin builds (HF `model_type` `clip`); its image side is `clip.vision`.
+pub const FAMILY: &str = "clip";
+
+/// Where the text tower's tensors live in a `CLIPModel` checkpoint.
+const TOWER: &str = "text_model.";
+
+/// The projection into the joint space.
+const PROJECTION: &str = "text_projection.weight";
+
+/// A checkpoint's tensors, read into the backend.
+struct Weights<'w> {
+    weights: &'w WeightSetBox,
+    device: Device,
+}
+
+impl Weights<'_> {
+    fn has(&self, name: &str) -> bool {
+        self.weights.tensor(name.into()).into_result().is_ok()
+    }
+
+    /// `name` in the backend, as stored.
+    fn tensor(&self, name: &str) -> Result<Tensor> {
+        self.device
+            .import_weight(self.weights, name, None)
+            .map_err(|e| UError::new(e.kind, format!("arch-clip: {}", e.message)))
+    }
+
+    /// `name` as a `[rows, cols]` matrix in the backend.
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Tensor> {
+        let t = self.tensor(name)?;
+        if t.dims() != [rows as u64, cols as u64] {
+            return Err(UError::invalid(format!(
+                "arch-clip: {name} has shape {:?}, expected [{rows}, {cols}]",
+                t.dims()
+            )));
+        }
+        Ok(t)
+    }
+
+    /// `name` as an `F32` vector of `len` values in the backend.
+    fn vector(&self, name: &str, len: usize) -> Result<Tensor> {
+        let view = self.weights.tensor(name.into()).into_result()?;
+        let v = u_sdk::quant::dequantize_view(&view)
+            .map_err(|e| UError::invalid(format!("arch-clip: {name}: {e}")))?;
+        if v.len() != len {
+            return Err(UError::invalid(format!(
+                "arch-clip: {name} has {} values, expected {len}",
+                v.len()
+            )));
+        }
+        self.device.from_f32(&v, &[len as u64])
+    }
+}
+
+/// `y = x·Wᵀ + b` (the bias where the layer has one).
+struct Dense {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Dense {
+    /// `{name}.weight` (`[outputs, inputs]`) and, when `bias`, `{name}.bias`.
+    fn load(
+        w: &Weights<'_>,
+        name: &str,
+        (inputs, outputs): (usize, usize),
+        bias: bool,
+    ) -> Result<Dense> {
+        Ok(Dense {
+            weight: w.matrix(&format!("{name}.weight"), outputs, inputs)?,
+            bias: match bias {
+                true => Some(w.vector(&format!("{name}.bias"), outputs)?),
+                false => None,
+            },
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = x.matmul_t(&self.weight)?;
+        if let Some(b) = &self.bias {
+            y.add_assign(b)?;
+        }
+        Ok(y)
+    }
+}
+
+/// Layer normalisation with scale and shift (Ba et al. 2016).
+struct LayerNorm {
+    weight: Tensor,
+    bias: Tensor,
+    eps: f32,
+}
+
+impl LayerNorm {
+    fn load(w: &Weights<'_>, name: &str, cfg: &Config) -> Result<LayerNorm> {
+        Ok(LayerNorm {
+            weight: w.vector(&format!("{name}.weight"), cfg.hidden)?,
+            bias: w.vector(&format!("{name}.bias"), cfg.hidden)?,
+            eps: cfg.eps,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.layer_norm(&self.weight, &self.bias, self.eps)
+    }
+}
+
+/// One text's rows inside the batch.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    offset: usize,
+    len: usize,
+}
+
+/// Token embeddings plus learned absolute positions (each text's from 0).
+struct Embeddings {
+    token: Tensor,
+    position: Tensor,
+}
+
+impl Embeddings {
+    fn load(w: &Weights<'_>, cfg: &Config) -> Result<Embeddings> {
+        let p = |t: &str| format!("{TOWER}embeddings.{t}.weight");
+        Ok(Embeddings {
+            token: w.matrix(&p("token_embedding"), cfg.vocab_size, cfg.hidden)?,
+            position: w.matrix(&p("position_embedding"), cfg.max_positions, cfg.hidden)?,
+        })
+    }
+
+    /// `token[ids] + position[0..len]` for every text of `texts`, one after another.
+    fn forward(&self, texts: &[Vec<u32>]) -> Result<Tensor> {
+        let dev = self.token.device();
+        let ids: Vec<i32> = texts.iter().flatten().map(|&t| t as i32).collect();
+        let positions: Vec<i32> = texts.iter().flat_map(|t| 0..t.len() as i32).collect();
+        let rows = ids.len() as u64;
+        let x = self.token.get_rows(&dev.from_i32(&ids, &[rows])?)?;
+        x.add_assign(
+            &self
+                .position
+                .get_rows(&dev.from_i32(&positions, &[rows])?)?,
+        )?;
+        Ok(x)
+    }
+}
+
+/// Causal multi-head self-attention with its output projection.
+struct SelfAttention {
+    query: Dense,
+    key: Dense,
+    value: Dense,
+    output: Dense,
+    params: AttentionParams,
+}
+
+impl SelfAttention {
+    fn load(w: &Weights<'_>, prefix: &str, cfg: &Config) -> Result<SelfAttention> {
+        let h = cfg.hidden;
+        let dense = |t: &str| Dense::load(w, &format!("{prefix}{t}"), (h, h), true);
+        let head_dim = h / cfg.heads;
+        Ok(SelfAttention {
+            query: dense("q_proj")?,
+            key: dense("k_proj")?,
+            value: dense("v_proj")?,
+            output: dense("out_proj")?,
+            params: AttentionParams {
+                heads: cfg.heads as u32,
+                kv_heads: cfg.heads as u32,
+                head_dim: head_dim as u32,
+                first_query_pos: 0,
+                window: 0,
+                scale: 1.0 / (head_dim as f32).sqrt(),
+                softcap: 0.0,
+                mask: AttentionMask::Causal,
+                kv_dtype: DType::F32,
+            },
+        })
+    }
+
+    fn forward(&self, x: &Tensor, spans: &[Span]) -> Result<Tensor> {
+        let (q, k, v) = (
+            self.query.forward(x)?,
+            self.key.forward(x)?,
+            self.value.forward(x)?,
+        );
+        let ctx = x.device().alloc(DType::F32, q.dims())?;
+        for s in spans.iter().filter(|s| s.len > 0) {
+            let rows = s.offset..s.offset + s.len;
+            let (kr, vr) = (k.rows_range(rows.clone())?, v.rows_range(rows.clone())?);
+            q.rows_range(rows.clone())?.attention_into(
+                &[kr.desc(), vr.desc()],
+                &self.params,
+                &ctx.rows_range(rows)?,
+            )?;
+        }
+        self.output.forward(&ctx)
+    }
+}
+
+/// The position-wise MLP: `fc2(act(fc1(x)))`.
+struct Mlp {
+    fc1: Dense,
+    fc2: Dense,
+    act: Act,
+}
+
+impl Mlp {
+    fn load(w: &Weights<'_>, prefix: &str, cfg: &Config) -> Result<Mlp> {
+        let (h, m) = (cfg.hidden, cfg.intermediate);
+        Ok(Mlp {
+            fc1: Dense::load(w, &format!("{prefix}fc1"), (h, m), true)?,
+            fc2: Dense::load(w, &format!("{prefix}fc2"), (m, h), true)?,
+            act: cfg.act,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let h = self.fc1.forward(x)?;
+        let h = match self.act {
+            Act::QuickGelu => h.mul(&h.scale(1.702)?.activation(Activation::Sigmoid)?)?,
+            Act::Gelu => h.activation(Activation::GeluErf)?,
+            Act::GeluTanh => h.activation(Activation::GeluTanh)?,
+        };
+        self.fc2.forward(&h)
+    }
+}
+
+/// A pre-norm block: `h = x + Attention(LN₁(x)); h + MLP(LN₂(h))`.
+struct Block {
+    norm1: LayerNorm,
+    attention: SelfAttention,
+    norm2: LayerNorm,
+    mlp: Mlp,
+}
+
+impl Block {
+    fn load(w: &Weights<'_>, cfg: &Config, i: usize) -> Result<Block> {
+        let p = format!("{TOWER}encoder.layers.{i}.");
+        Ok(Block {
+            norm1: LayerNorm::load(w, &format!("{p}layer_norm1"), cfg)?,
+            attention: SelfAttention::load(w, &format!("{p}self_attn."), cfg)?,
+            norm2: LayerNorm::load(w, &format!("{p}layer_norm2"), cfg)?,
+            mlp: Mlp::load(w, &format!("{p}mlp."), cfg)?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor, spans: &[Span]) -> Result<Tensor> {
+        let h = x.add(&self.attention.forward(&self.norm1.forward(x)?, spans)?)?;
+        h.add(&self.mlp.forward(&self.norm2.forward(&h)?)?)
+    }
+}
+
+/// CLIP's text encoder with its projection: token ids in, vectors of the joint image-text space
+/// out.
+pub struct ClipText {
+    /// Hyper-parameters.
+    pub cfg: Config,
+    embeddings: Embeddings,
+    blocks: Vec<Block>,
+    final_norm: LayerNorm,
+    /// `text_projection` (no bias): the tower's width to the joint space's.
+    projection: Dense,
+    /// Width of the joint space.
+    width: usize,
+}
+
+impl ClipText {
+    /// Builds the text tower of the CLIP checkpoint `weights` on `device`.
+    pub fn load(weights: &WeightSetBox, device: Device) -> Result<ClipText> {
+        let cfg = Config::from_weights(weights)?;
+        let w = Weights { weights, device };
+        if !w.has(PROJECTION) {
+            return Err(UError::invalid(format!(
+                "arch-clip: the checkpoint has no `{PROJECTION}`: a CLIP text embedding is the \
+                 tower's pooled row projected into the joint space (a `CLIPModel` or \
+                 `CLIPTextModelWithProjection` save has it)"
+            )));
+        }
+        let width = match w.tensor(PROJECTION)?.dims() {
+            [p, h] if *h == cfg.hidden as u64 && *p == cfg.projection as u64 => cfg.projection,
+            dims => {
+                return Err(UError::invalid(format!(
+                    "arch-clip: {PROJECTION} has shape {dims:?}, expected [{}, {}] \
+                     (projection_dim, the text tower's width)",
+                    cfg.projection, cfg.hidden
+                )));
+            }
+        };
+        let blocks = (0..cfg.layers)
+            .map(|i| Block::load(&w, &cfg, i))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ClipText {
+            embeddings: Embeddings::load(&w, &cfg)?,
+            blocks,
+            final_norm: LayerNorm::load(&w, &format!("{TOWER}final_layer_norm"), &cfg)?,
+            projection: Dense::load(&w, "text_projection", (cfg.hidden, width), false)?,
+            width,
+            cfg,
+        })
+    }
+
+    /// What the model is, as the ABI says it: an encoder whose rows and pooled vectors are in
+    /// the joint space ([`ModelConfig::hidden`] is `projection_dim`); its own pooling is the
+    /// checkpoint's head ([`Pooling::Head`]: the end-of-text row, projected).
+    pub fn model_config(&self) -> ModelConfig {
+        let c = &self.cfg;
+        ModelConfig {
+            kind: ModelKind::Encoder,
+            family: FAMILY.into(),
+            vocab_size: c.vocab_size as u32,
+            hidden: self.width as u32,
+            layers: c.layers as u32,
+            context_length: c.max_positions as u32,
+            experts: 0,
+            attention: AttentionMask::Causal,
+            pooling: Pooling::Head,
+            context_shape: [0, 0],
+            image: ROption::RNone,
+            image_token: u_sdk::NO_IMAGE_TOKEN,
+        }
+    }
+
+    /// The chunk's token ids, checked, with the output it asks for.
+    fn text(&self, chunk: &SeqChunk<'_>) -> Result<Vec<u32>> {
+        let (vocab, layers) = (self.cfg.vocab_size, self.cfg.layers);
+        let bad = |why: String| UError::invalid(format!("arch-clip: {why}"));
+        let mut ids = Vec::new();
+        for segment in chunk.input.iter() {
+            match segment {
+                Segment::Tokens(t) => ids.extend_from_slice(t.as_slice()),
+                Segment::Embeddings(_) | Segment::Image(_) => {
+                    return Err(UError::unsupported(
+                        "arch-clip: the text tower reads token ids only (images are the \
+                         `clip.vision` encoder's)",
+                    ));
+                }
+            }
+        }
+        if let Some(&id) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(bad(format!(
+                "token {id} is outside the vocabulary of {vocab}"
+            )));
+        }
+        let x = &chunk.extras;
+        if !x.adapters.is_empty()
+            || !x.steering.is_empty()
+            || x.cross.is_some()
+            || !x.conditioning.is_empty()
+        {
+            return Err(UError::unsupported(
+                "arch-clip: the encoder applies no adapters, steering, cross-attention or \
+                 conditioning",
+            ));
+        }
+        match chunk.output {
+            Output::Nothing => {}
+            Output::Logits(_) => {
+                return Err(UError::unsupported(
+                    "arch-clip: an encoder produces embeddings, not logits",
+                ));
+            }
+            Output::Hidden { layer, .. } if layer as usize != layers => {
+                return Err(UError::unsupported(format!(
+                    "arch-clip: the rows of the joint space are the final ones (layer {layers}); \
+                     the state after block {layer} is of the tower's own width"
+                )));
+            }
+            _ if ids.is_empty() => return Err(bad("asks for output of no input".into())),
+            _ => {}
+        }
+        if ids.len() > self.cfg.max_positions {
+            return Err(UError::new(
+                ErrorKind::ResourceExhausted,
+                format!(
+                    "arch-clip: {} tokens, past the text tower's {} positions",
+                    ids.len(),
+                    self.cfg.max_positions
+                ),
+            ));
+        }
+        Ok(ids)
+    }
+
+    /// Encodes every chunk of `batch` (one text each) and writes the outputs they ask for into
+    /// `out`, in batch order (see [`u_sdk::Model::forward`]): the pooled vector
+    /// (`Pooled(Head)`: the final-normed row at the end-of-text token, projected; `Pooled`
+    /// `Mean`/`First`/`Last`: over the projected final rows) or the projected final rows
+    /// (`Hidden` at the last layer).
+    pub fn forward(&self, batch: &[SeqChunk<'_>], out: &mut [f32]) -> Result<()> {
+        let config = self.model_config();
+        let texts = batch
+            .iter()
+            .map(|c| self.text(c))
+            .collect::<Result<Vec<_>>>()?;
+        let mut spans = Vec::with_capacity(texts.len());
+        let (mut offset, mut floats) = (0, 0);
+        for (chunk, ids) in batch.iter().zip(&texts) {
+            floats += chunk.output.floats(ids.len(), &config);
+            spans.push(Span {
+                offset,
+                len: ids.len(),
+            });
+            offset += ids.len();
+        }
+        if out.len() != floats {
+            return Err(UError::invalid(format!(
+                "arch-clip: the output buffer holds {} floats, the batch asks for {floats}",
+                out.len()
+            )));
+        }
+        if floats == 0 {
+            return Ok(());
+        }
+        let mut x = self.embeddings.forward(&texts)?;
+        for block in &self.blocks {
+            x = block.forward(&x, &spans)?;
+        }
+        let projected = self
+            .projection
+            .forward(&self.final_norm.forward(&x)?)?
+            .to_vec()?;
+        let width = self.width;
+        let mut at = 0;
+        for ((chunk, ids), span) in batch.iter().zip(&texts).zip(&spans) {
+            let n = chunk.output.floats(span.len, &config);
+            let dst = &mut out[at..at + n];
+            at += n;
+            let rows = &projected[span.offset * width..(span.offset + span.len) * width];
+            match chunk.output {
+                Output::Pooled(Pooling::Head) => {
+                    let row = self.cfg.eos.pick(ids);
+                    dst.copy_from_slice(&rows[row * width..(row + 1) * width]);
+                }
+                Output::Pooled(p) => p.pool(rows, width, dst)?,
+                Output::Hidden {
+                    rows: Rows::All, ..
+                } => dst.copy_from_slice(rows),
+                Output::Hidden {
+                    rows: Rows::Last, ..
+                } => dst.copy_from_slice(&rows[rows.len() - width..]),
+                Output::Nothing | Output::Logits(_) => {}
+            }
+        }
+        Ok(())
+    }
+}
