@@ -111,10 +111,61 @@ fn get(w: &WeightSetBox, key: &str) -> Option<MetaValue> {
     w.metadata(key.into()).into_result().ok()?.into_option()
 }
 
+/// transformers' defaults of the vision configurations (`CLIPVisionConfig`,
+/// `SiglipVisionConfig`) for keys a `vision_config` leaves out (older saves keep only what
+/// differs from them).
+fn vision_default(model_type: &str, key: &str) -> Option<MetaValue> {
+    let siglip = model_type == "siglip_vision_model";
+    Some(match key {
+        "hidden_size" => MetaValue::UInt(768),
+        "intermediate_size" => MetaValue::UInt(3072),
+        "num_hidden_layers" | "num_attention_heads" => MetaValue::UInt(12),
+        "num_channels" => MetaValue::UInt(3),
+        "image_size" => MetaValue::UInt(224),
+        "patch_size" => MetaValue::UInt(if siglip { 16 } else { 32 }),
+        "hidden_act" => MetaValue::Str(
+            if siglip {
+                "gelu_pytorch_tanh"
+            } else {
+                "quick_gelu"
+            }
+            .into(),
+        ),
+        "layer_norm_eps" => MetaValue::Float(if siglip { 1e-6 } else { 1e-5 }),
+        _ => return None,
+    })
+}
+
 impl Config {
     /// Reads the tower's configuration from `w`'s `config.json`.
     pub fn from_weights(w: &WeightSetBox) -> Result<Config> {
         Config::from_meta(&|k| get(w, &format!("config.{k}")), "config.json")
+    }
+
+    /// Reads the configuration of the vision tower nested in a multi-modal checkpoint's
+    /// `config.json` (`vision_config`: LLaVA's, a full CLIP's), a key it leaves out taking its
+    /// class's default; `source` names the document in errors.
+    pub fn from_vision_config(w: &WeightSetBox, source: &str) -> Result<Config> {
+        let bad = |why: &str| UError::invalid(format!("arch-vit: {source}: {why}"));
+        let vision: serde_json::Map<String, serde_json::Value> =
+            match get(w, "config.vision_config") {
+                Some(MetaValue::Json(text)) => match serde_json::from_str(&text) {
+                    Ok(serde_json::Value::Object(map)) => map,
+                    _ => return Err(bad("`vision_config` is not an object")),
+                },
+                _ => return Err(bad("no `vision_config` object")),
+            };
+        let model_type = vision
+            .get("model_type")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("clip_vision_model")
+            .to_string();
+        let value = |k: &str| match (k, vision.get(k)) {
+            ("model_type", _) => Some(MetaValue::Str(model_type.as_str().into())),
+            (_, None | Some(serde_json::Value::Null)) => vision_default(&model_type, k),
+            (_, Some(v)) => Some(u_sdk::weights::json_to_meta(v)),
+        };
+        Config::from_meta(&value, &format!("{source}: vision_config"))
     }
 
     /// Reads the tower's configuration from `config.json`-style entries: `value(key)` is the

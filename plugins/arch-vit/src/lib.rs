@@ -18,22 +18,30 @@
 //! decoder (family `llava`, built by another plugin from the same weights) to read where its
 //! image tokens stand.
 //!
+//! And CLIP's image embedding ([`clip`], family `clip.vision`): from a full CLIP checkpoint
+//! (`model_type` `clip`), the tower of its `vision_config` and `visual_projection`, giving each
+//! image's vector in the joint image-text space whose text side (family `clip`) another plugin
+//! builds from the same weights.
+//!
 //! Reference implementation: Hugging Face `transformers` (`modeling_vit.py`,
 //! `modeling_clip.py`, `modeling_siglip.py`, `modeling_dinov2.py`, `modeling_llava.py`),
-//! against which `tests/` checks tiny random-weight towers of every family and a tiny LLaVA.
+//! against which `tests/` checks tiny random-weight towers of every family, a tiny LLaVA and a
+//! tiny CLIP.
 //!
 //! Layout: [`config`] (hyper-parameters and the image processor's settings), [`naming`] (each
 //! family's tensor names), [`model`] (`PatchEmbedding`, `SelfAttention`, `Mlp`, `Block`,
-//! `AttentionPool`, `VisionTransformer`), [`llava`] (`Projector`, `LlavaVision`), and the plugin
-//! glue below. Compute goes through the backend interface (`u_sdk::nn` tensors).
+//! `AttentionPool`, `VisionTransformer`), [`llava`] (`Projector`, `LlavaVision`), [`clip`]
+//! (`ClipVision`), and the plugin glue below. Compute goes through the backend interface (`u_sdk::nn` tensors).
 #![deny(missing_docs)]
 
+pub mod clip;
 pub mod config;
 pub mod interpolate;
 pub mod llava;
 pub mod model;
 pub mod naming;
 
+pub use clip::ClipVision;
 pub use config::{Config, Family};
 pub use llava::LlavaVision;
 pub use model::VisionTransformer;
@@ -76,6 +84,12 @@ impl VitArchitecture {
     /// Builds the tower in `weights` on `backend` (what [`Architecture::build`] does, for Rust
     /// callers such as tests).
     pub fn load(&self, weights: WeightSetBox, backend: BackendBox) -> u_sdk::Result<ModelBox> {
+        if clip::is_clip(&weights) {
+            return Ok(ModelBox::new(ClipVision::load(
+                &weights,
+                Device::new(backend)?,
+            )?));
+        }
         if llava::is_llava(&weights) {
             return Ok(ModelBox::new(LlavaVision::load(
                 &weights,
@@ -103,6 +117,14 @@ impl Architecture for VitArchitecture {
                 llava::CHECKPOINT
             )));
         }
+        if context.family.as_str() == clip::FAMILY && !clip::is_clip(&context.weights) {
+            return RResult::RErr(UError::invalid(format!(
+                "arch-vit: family {} is the image encoder of a checkpoint whose model_type is \
+                 `{}`; this one's is not",
+                clip::FAMILY,
+                clip::CHECKPOINT
+            )));
+        }
         self.load(context.weights, context.backend).into()
     }
 
@@ -128,6 +150,30 @@ impl Model for LlavaVision {
         mut out: RSliceMut<'_, f32>,
     ) -> RResult<(), UError> {
         LlavaVision::forward(self, batch.as_slice(), out.as_mut_slice()).into()
+    }
+
+    fn graft(&self, _dst: SeqId, _src: SeqId, _from: u64, _count: u64) -> RResult<(), UError> {
+        RResult::RErr(UError::unsupported(
+            "arch-vit: an encoder keeps no per-sequence state to graft",
+        ))
+    }
+}
+
+impl Model for ClipVision {
+    fn config(&self) -> RResult<ModelConfig, UError> {
+        RResult::ROk(self.model_config())
+    }
+
+    fn cache(&self) -> RResult<ROption<KvCacheBox>, UError> {
+        RResult::ROk(ROption::RNone)
+    }
+
+    fn forward(
+        &self,
+        batch: RSlice<'_, SeqChunk<'_>>,
+        mut out: RSliceMut<'_, f32>,
+    ) -> RResult<(), UError> {
+        ClipVision::forward(self, batch.as_slice(), out.as_mut_slice()).into()
     }
 
     fn graft(&self, _dst: SeqId, _src: SeqId, _from: u64, _count: u64) -> RResult<(), UError> {

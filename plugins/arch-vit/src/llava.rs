@@ -26,7 +26,6 @@ use crate::{
     naming::Names,
 };
 use abi_stable::std_types::ROption;
-use serde_json::{Map, Value};
 use u_sdk::{
     AttentionMask, DType, ImageSpec, MetaValue, ModelConfig, ModelKind, NO_IMAGE_TOKEN, Output,
     Pooling, Result, Rows, SeqChunk, UError, WeightSetBox,
@@ -59,31 +58,6 @@ pub fn is_llava(w: &WeightSetBox) -> bool {
     meta(w, "config.model_type").is_some_and(|v| v.as_str() == Some(CHECKPOINT))
 }
 
-/// transformers' defaults of the vision configurations (`CLIPVisionConfig`,
-/// `SiglipVisionConfig`) for keys a `vision_config` leaves out (older saves keep only what
-/// differs from them).
-fn vision_default(model_type: &str, key: &str) -> Option<MetaValue> {
-    let siglip = model_type == "siglip_vision_model";
-    Some(match key {
-        "hidden_size" => MetaValue::UInt(768),
-        "intermediate_size" => MetaValue::UInt(3072),
-        "num_hidden_layers" | "num_attention_heads" => MetaValue::UInt(12),
-        "num_channels" => MetaValue::UInt(3),
-        "image_size" => MetaValue::UInt(224),
-        "patch_size" => MetaValue::UInt(if siglip { 16 } else { 32 }),
-        "hidden_act" => MetaValue::Str(
-            if siglip {
-                "gelu_pytorch_tanh"
-            } else {
-                "quick_gelu"
-            }
-            .into(),
-        ),
-        "layer_norm_eps" => MetaValue::Float(if siglip { 1e-6 } else { 1e-5 }),
-        _ => return None,
-    })
-}
-
 /// What the encoder is, besides its weights.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LlavaConfig {
@@ -105,24 +79,7 @@ impl LlavaConfig {
     pub fn from_weights(w: &WeightSetBox) -> Result<LlavaConfig> {
         let bad = |why: String| UError::invalid(format!("arch-vit: llava config.json: {why}"));
         let top = |k: &str| meta(w, &format!("config.{k}"));
-        let vision: Map<String, Value> = match top("vision_config") {
-            Some(MetaValue::Json(text)) => match serde_json::from_str(&text) {
-                Ok(Value::Object(map)) => map,
-                _ => return Err(bad("`vision_config` is not an object".into())),
-            },
-            _ => return Err(bad("no `vision_config` object".into())),
-        };
-        let model_type = vision
-            .get("model_type")
-            .and_then(Value::as_str)
-            .unwrap_or("clip_vision_model")
-            .to_string();
-        let value = |k: &str| match (k, vision.get(k)) {
-            ("model_type", _) => Some(MetaValue::Str(model_type.as_str().into())),
-            (_, None | Some(Value::Null)) => vision_default(&model_type, k),
-            (_, Some(v)) => Some(u_sdk::weights::json_to_meta(v)),
-        };
-        let tower = Config::from_meta(&value, "llava config.json: vision_config")?;
+        let tower = Config::from_vision_config(w, "llava config.json")?;
         if !matches!(tower.family, Family::Clip | Family::Siglip) {
             return Err(UError::unsupported(format!(
                 "arch-vit: a LLaVA vision tower of type `{}` (CLIP's and SigLIP's are \
