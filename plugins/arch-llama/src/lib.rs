@@ -50,6 +50,12 @@
 //!   `model_type` is `llava` (family `llava`), read through [`llava::LlavaText`]; images come in
 //!   as the rows its image encoder (family `llava.vision`, another plugin) made, embedding rows
 //!   where the prompt's image tokens stand.
+//! - **IDEFICS** (Laurençon et al. 2023, arXiv:2306.16527; Flamingo, Alayrac et al. 2022,
+//!   arXiv:2204.14198): the text side of a checkpoint whose `model_type` is `idefics` (family
+//!   `idefics`), a cross decoder: a Llama read through [`idefics::IdeficsText`], with Flamingo's
+//!   gated cross-attention blocks ([`idefics::GatedCrossAttention`]) before every
+//!   `cross_layer_interval`-th block attending to one image's features, the cross-attention
+//!   context its image encoder (another plugin) made.
 //!
 //! The variations are layer interfaces, not copies: a norm is RMS or Layer (with a `1 + γ`
 //! shift where the checkpoint stores `γ − 1`), positions rotary (all or part of each head) or
@@ -77,13 +83,15 @@
 //! Layout: [`naming`] (tensor names and hyper-parameter keys), [`config`] (typed
 //! hyper-parameters from metadata), [`weights`] (metadata access, the linear layer, norms),
 //! [`model`] (`Attention`, `Mlp`, `MoE`, `Block`, `Llama`), [`llava`] (LLaVA's language model
-//! as a bare causal LM), and the plugin glue below. Compute goes through the backend interface
+//! as a bare causal LM), [`idefics`] (IDEFICS' text side and its gated cross-attention blocks),
+//! and the plugin glue below. Compute goes through the backend interface
 //! (`u_sdk::nn` tensors), KV through the `KvCache` interface; this crate does no math a backend
 //! offers.
 #![deny(missing_docs)]
 
 pub mod config;
 pub mod gguf_view;
+pub mod idefics;
 pub mod llava;
 pub mod lora;
 pub mod model;
@@ -107,7 +115,7 @@ fn describe() -> PluginInfo {
     PluginInfo {
         summary: "Llama-family decoder: Llama 2/3, Mistral, Qwen2/3, Mixtral, Qwen2/3-MoE, OLMoE, \
                   GPT-2, Phi-3, Gemma 2, StableLM, GPT-NeoX, OLMo 2, Granite, Command-R, Falcon, \
-                  Nemotron, BitNet b1.58"
+                  Nemotron, BitNet b1.58; the decoders of LLaVA and IDEFICS"
             .into(),
         details: RVec::new(),
     }
@@ -190,6 +198,11 @@ impl LlamaArchitecture {
             ),
             false => (weights, None),
         };
+        // An IDEFICS checkpoint: its text side, a Llama with gated cross-attention blocks.
+        let weights = match idefics::is_idefics(&weights) {
+            true => idefics::IdeficsText::new(weights)?.into_box(),
+            false => weights,
+        };
         let weights = Weights::new(weights)?;
         let device = Device::new(backend)?;
         let mut model = Llama::load(weights, device, cache, self)?;
@@ -212,6 +225,11 @@ impl Architecture for LlamaArchitecture {
     }
 
     fn gguf_view(&self, weights: WeightSetBox, _family: RString) -> RResult<WeightSetBox, UError> {
+        if idefics::is_idefics(&weights) {
+            return RResult::RErr(UError::unsupported(
+                "arch-llama: IDEFICS' gated cross-attention blocks have no GGUF form",
+            ));
+        }
         // A LLaVA checkpoint's language model converts as the causal LM it is.
         let weights = match llava::is_llava(&weights) {
             true => match llava::LlavaText::new(weights) {
@@ -268,6 +286,11 @@ impl Model for LlamaModel {
     }
 
     fn trainer(&self, spec: TrainSpec) -> RResult<TrainerBox, UError> {
+        if self.0.is_cross_decoder() {
+            return RResult::RErr(UError::unsupported(
+                "arch-llama: training a cross decoder (IDEFICS) is not implemented",
+            ));
+        }
         train::LlamaTrainer::new(self.0.clone(), spec)
             .map(TrainerBox::new)
             .into()
@@ -294,8 +317,9 @@ mod tests {
             assert!(families.contains(arch), "{arch} is not declared");
         }
         for family in families {
-            // LLaVA's decoder is one of the others, read through `llava::LlavaText`.
-            if family == llava::FAMILY {
+            // LLaVA's and IDEFICS' decoders are Llamas, read through `llava::LlavaText` and
+            // `idefics::IdeficsText`.
+            if family == llava::FAMILY || family == idefics::FAMILY {
                 continue;
             }
             let arch = naming::hf_architecture(family);

@@ -7,6 +7,7 @@
 
 use crate::{
     config::{Config, FfnActivation, MoeConfig, RopeConfig},
+    idefics::{CrossLayers, CrossPlan, CrossSpan},
     llava::ImageSlots,
     lora::{Adapter, Fit, Group, Plan, Stack, Target},
     naming::blk,
@@ -47,8 +48,11 @@ impl Span {
 pub(crate) struct Pass<'a> {
     /// A cache handle for this pass only: the cache keeps every page it lends out alive until
     /// the handle that borrowed it drops.
-    cache: KvCacheBox,
-    spans: &'a [Span],
+    pub(crate) cache: KvCacheBox,
+    pub(crate) spans: &'a [Span],
+    /// Where each chunk's rows look for their image (one per span; empty for a model without
+    /// cross-attention).
+    pub(crate) cross: &'a [CrossSpan],
     /// The absolute position of every row (`I32`).
     positions: Tensor,
     /// How the rows that run under low-rank adapters get their deltas.
@@ -142,7 +146,7 @@ pub(crate) struct QkNorm {
 }
 
 impl QkNorm {
-    fn load(
+    pub(crate) fn load(
         w: &Weights,
         dev: &Device,
         cfg: &Config,
@@ -183,7 +187,7 @@ impl QkNorm {
         }))
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let dims = x.dims().to_vec();
         let rows = x.desc().shape.elements() / self.width;
         let y = self
@@ -343,7 +347,7 @@ impl Attention {
 /// The keys and values of `pages` as attention spans, read where they lie: every page f32, or
 /// every page int8 (with its scales); a sequence that mixes the two (int8 switched on part-way)
 /// has its int8 pages dequantized into f32 tensors. Returns the spans' dtype.
-fn kv_spans(dev: &Device, pages: &[KvPage]) -> Result<(Vec<TensorDesc>, DType)> {
+pub(crate) fn kv_spans(dev: &Device, pages: &[KvPage]) -> Result<(Vec<TensorDesc>, DType)> {
     let scales = |p: &KvPage| match (&p.key_scales, &p.value_scales) {
         (ROption::RSome(k), ROption::RSome(v)) => Ok((k.clone(), v.clone())),
         _ => Err(UError::new(
@@ -473,7 +477,7 @@ impl Mlp {
 
     /// `down(act(gate(x)) · up(x))`, with the adapters of `site` (a pass and its layer; none
     /// for experts) added to each projection.
-    fn forward(&self, x: &Tensor, site: Option<(&Pass<'_>, u32)>) -> Result<Tensor> {
+    pub(crate) fn forward(&self, x: &Tensor, site: Option<(&Pass<'_>, u32)>) -> Result<Tensor> {
         let project = |w: &Linear, target: Target, x: &Tensor| -> Result<Tensor> {
             let y = w.forward(x)?;
             if let Some((pass, layer)) = site {
@@ -784,9 +788,11 @@ impl Resident {
     }
 }
 
-/// The decoder: embedding (scaled, plus learned positions where the model has them), blocks,
-/// final norm, LM head (the embedding matrix when `output.weight` is absent: tied embeddings),
-/// logits scaled and soft-capped where the model says so.
+/// The decoder: embedding (scaled, plus learned positions where the model has them), blocks
+/// (with a gated cross-attention block over an image's features before every
+/// `cross_layer_interval`-th one where the checkpoint has them: IDEFICS, see
+/// [`crate::idefics`]), final norm, LM head (the embedding matrix when `output.weight` is absent:
+/// tied embeddings), logits scaled and soft-capped where the model says so.
 pub struct Llama {
     /// Hyper-parameters.
     pub cfg: Config,
@@ -805,6 +811,8 @@ pub struct Llama {
     pub(crate) fit: Fit,
     /// Where images stand among the tokens (LLaVA's decoder), if the model reads any.
     images: Option<ImageSlots>,
+    /// Gated cross-attention blocks over an image's features (IDEFICS), if the model has any.
+    pub(crate) cross: Option<CrossLayers>,
 }
 
 impl Llama {
@@ -824,6 +832,10 @@ impl Llama {
         let blocks = (0..cfg.layers)
             .map(|i| Block::load(&weights, dev, &cfg, i))
             .collect::<Result<Vec<_>>>()?;
+        let cross = CrossLayers::load(&weights, dev, &cfg)?;
+        if cross.is_some() {
+            cfg.family = crate::idefics::FAMILY.into();
+        }
         let head = if weights.has("output.weight") {
             "output"
         } else {
@@ -901,6 +913,7 @@ impl Llama {
             adapters: RwLock::default(),
             fit,
             images: None,
+            cross,
         })
     }
 
@@ -915,8 +928,15 @@ impl Llama {
     /// What the model is, as the ABI says it.
     pub fn model_config(&self) -> ModelConfig {
         let c = &self.cfg;
+        let (kind, context_shape) = match &self.cross {
+            Some(x) => (
+                ModelKind::CrossDecoder,
+                [x.image.rows as u32, x.image.width as u32],
+            ),
+            None => (ModelKind::Decoder, [0, 0]),
+        };
         ModelConfig {
-            kind: ModelKind::Decoder,
+            kind,
             family: c.family.as_str().into(),
             vocab_size: c.vocab_size as u32,
             hidden: c.hidden as u32,
@@ -925,10 +945,15 @@ impl Llama {
             experts: c.moe.map_or(0, |m| m.experts) as u32,
             attention: AttentionMask::Causal,
             pooling: Pooling::Mean,
-            context_shape: [0, 0],
+            context_shape,
             image: self.images.map(|i| i.spec).into(),
             image_token: self.images.map_or(u_sdk::NO_IMAGE_TOKEN, |i| i.token),
         }
+    }
+
+    /// Whether the model cross-attends to a context (IDEFICS' gated blocks).
+    pub fn is_cross_decoder(&self) -> bool {
+        self.cross.is_some()
     }
 
     /// The cache the model's KV lives in.
@@ -973,9 +998,14 @@ impl Llama {
             }
         }
         let x = &chunk.extras;
-        if x.cross.is_some() || !x.conditioning.is_empty() {
+        if !x.conditioning.is_empty() {
             return Err(UError::unsupported(
-                "arch-llama: a decoder-only model takes no cross-attention context or conditioning",
+                "arch-llama: the model takes no conditioning",
+            ));
+        }
+        if x.cross.is_some() && self.cross.is_none() {
+            return Err(UError::unsupported(
+                "arch-llama: a decoder-only model takes no cross-attention context",
             ));
         }
         for s in x.steering.iter() {
@@ -1041,14 +1071,21 @@ impl Llama {
                 out.len()
             )));
         }
+        let cross = match &self.cross {
+            Some(c) => c.plan(batch, &self.cache)?,
+            None => CrossPlan::default(),
+        };
         if offset == 0 {
             return Ok(());
         }
         let adapters = self.adapter_plan(batch, &spans, offset)?;
-        let result = self.run(batch, &spans, adapters, out);
+        let result = self.run(batch, &spans, &cross, adapters, out);
         if result.is_err() {
             for s in &spans {
                 let _ = self.cache.truncate(s.seq, s.start as u64);
+            }
+            for &(kv, _) in &cross.brought {
+                let _ = self.cache.truncate(kv, 0);
             }
         }
         result
@@ -1178,6 +1215,7 @@ impl Llama {
         &self,
         batch: &[SeqChunk<'_>],
         spans: &[Span],
+        cross: &CrossPlan<'_>,
         adapters: Plan,
         out: &mut [f32],
     ) -> Result<()> {
@@ -1190,6 +1228,7 @@ impl Llama {
         let pass = Pass {
             cache: self.cache.clone(),
             spans,
+            cross: &cross.spans,
             positions: dev.from_i32(&positions, &[rows as u64])?,
             adapters,
         };
@@ -1206,7 +1245,13 @@ impl Llama {
         if let Some(table) = &self.positions {
             x = x.add(&table.get_rows(&pass.positions)?)?;
         }
+        if let Some(c) = &self.cross {
+            c.remember(dev, &self.cache, cross)?;
+        }
         for (i, block) in self.blocks.iter().enumerate() {
+            if let Some(gated) = self.cross.as_ref().and_then(|c| c.before(i)) {
+                x = gated.forward(&x, &pass)?;
+            }
             x = block.forward(&x, &pass)?;
             for (chunk, span) in batch.iter().zip(spans) {
                 for s in chunk.extras.steering.iter() {
