@@ -10,7 +10,11 @@
 //! what image it takes, e.g. DINOv2 built by `arch-vit`) embeds images instead
 //! ([`Engine::embed_image`]): the file is decoded and preprocessed as the model's image processor
 //! does (`u-image`, within the `max_image_pixels` setting), and its pooled vector normalised
-//! alike; such a model needs no tokenizer. Requests run on the caller's thread; the
+//! alike; such a model needs no tokenizer. A model of text and images is served as two: the
+//! text encoder, and the image encoder the host builds beside it from the same checkpoint
+//! ([`RunnerContext::image_encoder`], e.g. CLIP: arch-clip's text tower and arch-vit's
+//! `clip.vision`, both projecting into one space): text goes to the first, images to the
+//! second, each pooled its own way and normalised. Requests run on the caller's thread; the
 //! model's forward pass is safe to call from many at once. Text generation and KV checkpoints
 //! are another runner's task: asked for them, it says so.
 #![deny(missing_docs)]
@@ -46,13 +50,36 @@ impl EmbeddingsRunner {
         self.serve_as((name, Vec::new()), model, tokenizer)
     }
 
+    /// [`EmbeddingsRunner::serve_as`] with an image encoder beside the text model
+    /// (`image_encoder`, [`RunnerContext::image_encoder`]): images are embedded by it, text by
+    /// `model`; both must make vectors of one width.
+    pub fn serve_with_images(
+        &self,
+        names: (&str, Vec<String>),
+        model: ModelBox,
+        tokenizer: Option<TokenizerBox>,
+        image_encoder: ModelBox,
+    ) -> u_sdk::Result<Embedder> {
+        self.start_with(names, model, tokenizer, Some(image_encoder))
+    }
+
     /// [`EmbeddingsRunner::serve`] under `name` and other names, `aliases`
     /// ([`u_sdk::ANY_MODEL`]: any).
     pub fn serve_as(
         &self,
+        names: (&str, Vec<String>),
+        model: ModelBox,
+        tokenizer: Option<TokenizerBox>,
+    ) -> u_sdk::Result<Embedder> {
+        self.start_with(names, model, tokenizer, None)
+    }
+
+    fn start_with(
+        &self,
         (name, aliases): (&str, Vec<String>),
         model: ModelBox,
         tokenizer: Option<TokenizerBox>,
+        image_encoder: Option<ModelBox>,
     ) -> u_sdk::Result<Embedder> {
         let config = model.config().into_result()?;
         if config.kind != ModelKind::Encoder {
@@ -66,12 +93,36 @@ impl EmbeddingsRunner {
                 "runner-embeddings: `{name}` has no tokenizer (no tokenizer.json beside it)"
             )));
         }
+        let image_encoder = match image_encoder {
+            None => None,
+            Some(encoder) => {
+                let c = encoder.config().into_result()?;
+                if c.kind != ModelKind::Encoder || c.image.is_none() || c.hidden != config.hidden {
+                    return Err(UError::invalid(format!(
+                        "runner-embeddings: `{name}`'s image encoder (`{}`) is a {:?} model of \
+                         width {}{}; images embed beside text with an encoder of images of the \
+                         text model's width {}",
+                        c.family,
+                        c.kind,
+                        c.hidden,
+                        if c.image.is_none() {
+                            " that reads no images"
+                        } else {
+                            ""
+                        },
+                        config.hidden
+                    )));
+                }
+                Some((encoder, c))
+            }
+        };
         Ok(Embedder(Arc::new(Inner {
             name: name.into(),
             aliases,
             model,
             tokenizer,
             config,
+            image_encoder,
             images: self.images,
             requests: AtomicU64::new(0),
             running: AtomicU32::new(0),
@@ -84,10 +135,11 @@ impl EmbeddingsRunner {
 impl Runner for EmbeddingsRunner {
     fn start(&self, context: RunnerContext) -> RResult<EngineBox, UError> {
         let aliases = context.aliases.iter().map(|a| a.to_string()).collect();
-        self.serve_as(
+        self.start_with(
             (context.name.as_str(), aliases),
             context.model,
             context.tokenizer.into_option(),
+            context.image_encoder.into_option(),
         )
         .map(EngineBox::new)
         .into()
@@ -102,6 +154,9 @@ struct Inner {
     /// Absent for an image encoder.
     tokenizer: Option<TokenizerBox>,
     config: ModelConfig,
+    /// The model images go to when the main model reads text only (CLIP's image side), with
+    /// its config.
+    image_encoder: Option<(ModelBox, ModelConfig)>,
     images: u_image::Limits,
     requests: AtomicU64,
     running: AtomicU32,
@@ -190,7 +245,7 @@ impl Embedder {
             ));
         }
         let input = [Segment::Tokens(RSlice::from_slice(ids))];
-        self.pooled(&input, ids.len() as u64)
+        self.pooled((&self.0.model, c), &input, ids.len() as u64)
     }
 
     /// The tokenizer, or an error saying the model reads images, not text.
@@ -203,10 +258,15 @@ impl Embedder {
         })
     }
 
-    /// The normalised embedding of an image file's `bytes`, preprocessed as the model's
-    /// image processor does.
+    /// The normalised embedding of an image file's `bytes`, preprocessed as the image
+    /// model's processor does: the image encoder's where one is served beside the text model,
+    /// else the model's own.
     pub fn embed_image(&self, bytes: &[u8]) -> u_sdk::Result<Vec<f32>> {
-        let spec = self.0.config.image.into_option().ok_or_else(|| {
+        let (model, config) = match &self.0.image_encoder {
+            Some((encoder, config)) => (encoder, config),
+            None => (&self.0.model, &self.0.config),
+        };
+        let spec = config.image.into_option().ok_or_else(|| {
             UError::unsupported(format!(
                 "`{}` does not embed images (a text encoder: send text)",
                 self.0.name
@@ -220,18 +280,21 @@ impl Embedder {
             pixels: RSlice::from_slice(&pixels),
             rows: spec.rows,
         })];
-        self.pooled(&input, u64::from(spec.rows))
+        self.pooled((model, config), &input, u64::from(spec.rows))
     }
 
-    /// The model's own pooled vector of one chunk of `input` (`rows` positions), normalised.
-    fn pooled(&self, input: &[Segment<'_>], rows: u64) -> u_sdk::Result<Vec<f32>> {
-        let c = &self.0.config;
+    /// `model`'s own pooled vector (its config `c` says which) of one chunk of `input` (`rows`
+    /// positions), normalised.
+    fn pooled(
+        &self,
+        (model, c): (&ModelBox, &ModelConfig),
+        input: &[Segment<'_>],
+        rows: u64,
+    ) -> u_sdk::Result<Vec<f32>> {
         let chunk = [SeqChunk::tokens(0, input, Output::Pooled(c.pooling))];
         let mut v = vec![0f32; c.hidden as usize];
         self.0.running.fetch_add(1, Ordering::Relaxed);
-        let result = self
-            .0
-            .model
+        let result = model
             .forward(
                 RSlice::from_slice(&chunk),
                 RSliceMut::from_mut_slice(&mut v),
