@@ -1,6 +1,7 @@
 //! The typed hyper-parameters of a Whisper model, from `config.json` (`config.*` metadata, as
-//! the Hugging Face loaders present it) or from a CTranslate2 `WhisperSpec` (its scalar
-//! variables as `ctranslate2.*` metadata, the rest read off the tensor shapes).
+//! the Hugging Face loaders present it), from a CTranslate2 `WhisperSpec` (its scalar
+//! variables as `ctranslate2.*` metadata, the rest read off the tensor shapes), or from a
+//! whisper.cpp GGML file's hyper-parameters (`whisper.*`).
 
 use crate::naming::Layout;
 use u_sdk::{MetaValue, Result, UError, WeightSetBox};
@@ -53,6 +54,7 @@ impl Config {
         let cfg = match layout {
             Layout::HuggingFace { .. } => Config::from_hf(w)?,
             Layout::CTranslate2 => Config::from_ct2(w)?,
+            Layout::OpenAi => Config::from_ggml(w)?,
         };
         cfg.check()?;
         Ok(cfg)
@@ -154,6 +156,41 @@ impl Config {
             decoder_ffn: ffn("decoder")?,
             audio_positions: rows("encoder/position_encodings/encodings")?,
             text_positions: rows("decoder/position_encodings/encodings")?,
+        })
+    }
+
+    /// From a whisper.cpp GGML file's hyper-parameters (`whisper.*`, as loader-ggml presents
+    /// them); the feed-forward widths off the first blocks' shapes.
+    fn from_ggml(w: &WeightSetBox) -> Result<Config> {
+        let need = |k: &str| {
+            get(w, &format!("whisper.{k}"))
+                .and_then(|v| v.as_u64())
+                .map(|v| v as usize)
+                .ok_or_else(|| {
+                    UError::invalid(format!("arch-whisper: the GGML file lacks `whisper.{k}`"))
+                })
+        };
+        let (audio, text) = (need("n_audio_state")?, need("n_text_state")?);
+        if audio != text {
+            return Err(UError::unsupported(format!(
+                "arch-whisper: encoder width {audio} and decoder width {text} differ"
+            )));
+        }
+        let ffn = |stack: &str| -> Result<usize> {
+            Ok(shape(w, &format!("{stack}.blocks.0.mlp.0.weight"))?[0] as usize)
+        };
+        Ok(Config {
+            vocab_size: need("n_vocab")?,
+            hidden: audio,
+            n_mels: need("n_mels")?,
+            encoder_layers: need("n_audio_layer")?,
+            decoder_layers: need("n_text_layer")?,
+            encoder_heads: need("n_audio_head")?,
+            decoder_heads: need("n_text_head")?,
+            encoder_ffn: ffn("encoder")?,
+            decoder_ffn: ffn("decoder")?,
+            audio_positions: need("n_audio_ctx")?,
+            text_positions: need("n_text_ctx")?,
         })
     }
 

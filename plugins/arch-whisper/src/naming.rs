@@ -24,7 +24,8 @@
 //! | `{s}.layers.{i}.fc1` (`fc2`) | `{s}/layer_{i}/ffn/linear_0` (`linear_1`) |
 //! | `{s}.layers.{i}.final_layer_norm` | `{s}/layer_{i}/ffn/layer_norm` |
 //!
-//! with `.weight`/`.bias` (CTranslate2's layer norms: `gamma`/`beta`). Hugging Face's key
+//! with `.weight`/`.bias` (CTranslate2's layer norms: `gamma`/`beta`). whisper.cpp's GGML files
+//! keep openai-whisper's own names ([`Layout::OpenAi`]; see `openai` below). Hugging Face's key
 //! projections have no bias; CTranslate2 stores zeros in their place. Both store a linear
 //! weight as `[outputs, inputs]`.
 
@@ -40,6 +41,8 @@ pub enum Layout {
     },
     /// CTranslate2's `WhisperSpec` names.
     CTranslate2,
+    /// openai-whisper's names, as whisper.cpp's GGML files keep them.
+    OpenAi,
 }
 
 /// Where a tensor the model reads is stored: all of `name`, or part `part` of `parts` equal
@@ -56,8 +59,10 @@ impl Layout {
     /// The layout of `w`: CTranslate2's for its format, else Hugging Face's, with the prefix its
     /// tensors carry.
     pub fn of(w: &WeightSetBox) -> u_sdk::Result<Layout> {
-        if w.format().into_result()?.as_str() == "ctranslate2" {
-            return Ok(Layout::CTranslate2);
+        match w.format().into_result()?.as_str() {
+            "ctranslate2" => return Ok(Layout::CTranslate2),
+            "ggml" => return Ok(Layout::OpenAi),
+            _ => {}
         }
         let has = |name: &str| w.tensor(name.into()).into_result().is_ok();
         ["model.", ""]
@@ -78,8 +83,42 @@ impl Layout {
         match self {
             Layout::HuggingFace { prefix } => whole(format!("{prefix}{name}")),
             Layout::CTranslate2 => ct2(name).unwrap_or_else(|| whole(name.to_string())),
+            Layout::OpenAi => whole(openai(name)),
         }
     }
+}
+
+/// openai-whisper's name for `name` (whisper.cpp keeps them); the table above, in its own
+/// words: `encoder.positional_embedding`, `decoder.token_embedding.weight`, `{s}.ln_post` /
+/// `decoder.ln`, `{s}.blocks.{i}.{attn,cross_attn}.{query,key,value,out}`, `…attn_ln`,
+/// `…cross_attn_ln`, `…mlp.0` / `mlp.2`, `…mlp_ln`.
+fn openai(name: &str) -> String {
+    match name {
+        "encoder.embed_positions.weight" => return "encoder.positional_embedding".into(),
+        "decoder.embed_positions.weight" => return "decoder.positional_embedding".into(),
+        "decoder.embed_tokens.weight" => return "decoder.token_embedding.weight".into(),
+        _ => {}
+    }
+    let mut n = name
+        .replacen("encoder.layer_norm.", "encoder.ln_post.", 1)
+        .replacen("decoder.layer_norm.", "decoder.ln.", 1)
+        .replacen(".layers.", ".blocks.", 1);
+    for (hf, openai) in [
+        ("self_attn_layer_norm", "attn_ln"),
+        ("encoder_attn_layer_norm", "cross_attn_ln"),
+        ("final_layer_norm", "mlp_ln"),
+        ("self_attn.", "attn."),
+        ("encoder_attn.", "cross_attn."),
+        ("q_proj", "query"),
+        ("k_proj", "key"),
+        ("v_proj", "value"),
+        ("out_proj", "out"),
+        (".fc1.", ".mlp.0."),
+        (".fc2.", ".mlp.2."),
+    ] {
+        n = n.replacen(hf, openai, 1);
+    }
+    n
 }
 
 /// CTranslate2's name for `name`, `None` for a name it has no counterpart of.
