@@ -346,3 +346,61 @@ fn png_claiming(side: u32) -> Vec<u8> {
     }
     png
 }
+
+/// A full CLIP checkpoint (the tiny random `tests/fixtures/clip_tiny`) served by `u-runner
+/// serve`: arch-clip builds its text tower (family `clip`), arch-vit its image tower
+/// (`clip.vision`), the host hands the second to runner-embeddings beside the first, and one
+/// `/v1/embeddings` request with texts and an image answers transformers' normalised
+/// `get_text_features` and `get_image_features` (`gen_clip_tiny.py`) within 1e-5.
+#[test]
+fn serve_embeds_text_and_images_with_clip() {
+    let fixtures = root().join("tests/fixtures/clip_tiny");
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("clip-tiny");
+    std::fs::create_dir_all(&model).unwrap();
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "preprocessor_config.json",
+        "tokenizer.json",
+    ] {
+        std::fs::copy(fixtures.join("model").join(f), model.join(f)).unwrap();
+    }
+    let options = Options {
+        plugins: ["arch-clip", "arch-vit"]
+            .map(|p| format!("[[plugins]]\npath = \"{}\"\n", plugin(p).display()))
+            .join("\n"),
+        ..Options::default()
+    };
+    let server = start_with(dir, &model, "loader-safetensors", &options);
+    let want: Value =
+        serde_json::from_slice(&std::fs::read(fixtures.join("expected.json")).unwrap()).unwrap();
+    let png = std::fs::read(fixtures.join("picture.png")).unwrap();
+    let texts: Vec<&Value> = want["texts"].as_array().unwrap().iter().collect();
+    let mut input: Vec<Value> = texts.iter().map(|t| t["text"].clone()).collect();
+    input.push(serde_json::json!({"image": format!("data:image/png;base64,{}", base64(&png))}));
+    let body = serde_json::json!({"model": "clip-tiny", "input": input});
+    let (s, v) = post(server.port, "/v1/embeddings", body.to_string().as_bytes());
+    assert_eq!(s, 200, "{v}\n{}", server.log());
+    let wanted: Vec<&Value> = texts
+        .iter()
+        .map(|t| &t["embedding"])
+        .chain([&want["picture"]["embedding"]])
+        .collect();
+    let data = v["data"].as_array().unwrap();
+    assert_eq!(data.len(), wanted.len());
+    let mut worst = 0f64;
+    for (d, w) in data.iter().zip(wanted) {
+        let got: Vec<f64> = serde_json::from_value(d["embedding"].clone()).unwrap();
+        let w: Vec<f64> = serde_json::from_value(w.clone()).unwrap();
+        assert_eq!(got.len(), w.len());
+        let diff = got
+            .iter()
+            .zip(&w)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        worst = worst.max(diff);
+    }
+    println!("CLIP text and image embeddings vs transformers: max |Δ| {worst:.2e}");
+    assert!(worst <= 1e-5, "differs by {worst}");
+}
