@@ -136,6 +136,28 @@ fn vision_default(model_type: &str, key: &str) -> Option<MetaValue> {
     })
 }
 
+/// The object `key` nested in `w`'s `config.json` (`vision_config`, `perceiver_config`…), as
+/// the loaders present it (JSON text under `config.{key}`); `None` where there is none, an
+/// error where it is not an object. `source` names the document in errors.
+pub fn nested(
+    w: &WeightSetBox,
+    key: &str,
+    source: &str,
+) -> Result<Option<serde_json::Map<String, serde_json::Value>>> {
+    match get(w, &format!("config.{key}")) {
+        None => Ok(None),
+        Some(MetaValue::Json(text)) => match serde_json::from_str(&text) {
+            Ok(serde_json::Value::Object(map)) => Ok(Some(map)),
+            _ => Err(UError::invalid(format!(
+                "arch-vit: {source}: `{key}` is not an object"
+            ))),
+        },
+        Some(_) => Err(UError::invalid(format!(
+            "arch-vit: {source}: `{key}` is not an object"
+        ))),
+    }
+}
+
 impl Config {
     /// Reads the tower's configuration from `w`'s `config.json`.
     pub fn from_weights(w: &WeightSetBox) -> Result<Config> {
@@ -146,15 +168,9 @@ impl Config {
     /// `config.json` (`vision_config`: LLaVA's, a full CLIP's), a key it leaves out taking its
     /// class's default; `source` names the document in errors.
     pub fn from_vision_config(w: &WeightSetBox, source: &str) -> Result<Config> {
-        let bad = |why: &str| UError::invalid(format!("arch-vit: {source}: {why}"));
-        let vision: serde_json::Map<String, serde_json::Value> =
-            match get(w, "config.vision_config") {
-                Some(MetaValue::Json(text)) => match serde_json::from_str(&text) {
-                    Ok(serde_json::Value::Object(map)) => map,
-                    _ => return Err(bad("`vision_config` is not an object")),
-                },
-                _ => return Err(bad("no `vision_config` object")),
-            };
+        let vision = nested(w, "vision_config", source)?.ok_or_else(|| {
+            UError::invalid(format!("arch-vit: {source}: no `vision_config` object"))
+        })?;
         let model_type = vision
             .get("model_type")
             .and_then(serde_json::Value::as_str)

@@ -23,19 +23,27 @@
 //! image's vector in the joint image-text space whose text side (family `clip`) another plugin
 //! builds from the same weights.
 //!
+//! And IDEFICS's image encoder ([`idefics`], family `idefics.vision`): from a checkpoint whose
+//! `model_type` is `idefics` (Flamingo's open reproduction), the CLIP tower of its
+//! `vision_config` and, where `use_resampler` is set, the Perceiver resampler, giving each image
+//! as the context rows the cross-attention decoder (family `idefics`, built by another plugin
+//! from the same weights) reads.
+//!
 //! Reference implementation: Hugging Face `transformers` (`modeling_vit.py`,
-//! `modeling_clip.py`, `modeling_siglip.py`, `modeling_dinov2.py`, `modeling_llava.py`),
+//! `modeling_clip.py`, `modeling_siglip.py`, `modeling_dinov2.py`, `modeling_llava.py`, IDEFICS' `vision.py` and `perceiver.py`),
 //! against which `tests/` checks tiny random-weight towers of every family, a tiny LLaVA and a
-//! tiny CLIP.
+//! tiny CLIP and two tiny IDEFICS.
 //!
 //! Layout: [`config`] (hyper-parameters and the image processor's settings), [`naming`] (each
 //! family's tensor names), [`model`] (`PatchEmbedding`, `SelfAttention`, `Mlp`, `Block`,
 //! `AttentionPool`, `VisionTransformer`), [`llava`] (`Projector`, `LlavaVision`), [`clip`]
-//! (`ClipVision`), and the plugin glue below. Compute goes through the backend interface (`u_sdk::nn` tensors).
+//! (`ClipVision`), [`idefics`] (`PerceiverAttention`, `PerceiverMlp`, `PerceiverBlock`,
+//! `Resampler`, `IdeficsVision`), and the plugin glue below. Compute goes through the backend interface (`u_sdk::nn` tensors).
 #![deny(missing_docs)]
 
 pub mod clip;
 pub mod config;
+pub mod idefics;
 pub mod interpolate;
 pub mod llava;
 pub mod model;
@@ -43,6 +51,7 @@ pub mod naming;
 
 pub use clip::ClipVision;
 pub use config::{Config, Family};
+pub use idefics::IdeficsVision;
 pub use llava::LlavaVision;
 pub use model::VisionTransformer;
 
@@ -90,6 +99,12 @@ impl VitArchitecture {
                 Device::new(backend)?,
             )?));
         }
+        if idefics::is_idefics(&weights) {
+            return Ok(ModelBox::new(IdeficsVision::load(
+                &weights,
+                Device::new(backend)?,
+            )?));
+        }
         if llava::is_llava(&weights) {
             return Ok(ModelBox::new(LlavaVision::load(
                 &weights,
@@ -125,6 +140,14 @@ impl Architecture for VitArchitecture {
                 clip::CHECKPOINT
             )));
         }
+        if context.family.as_str() == idefics::FAMILY && !idefics::is_idefics(&context.weights) {
+            return RResult::RErr(UError::invalid(format!(
+                "arch-vit: family {} is the image encoder of a checkpoint whose model_type is \
+                 `{}`; this one's is not",
+                idefics::FAMILY,
+                idefics::CHECKPOINT
+            )));
+        }
         self.load(context.weights, context.backend).into()
     }
 
@@ -150,6 +173,30 @@ impl Model for LlavaVision {
         mut out: RSliceMut<'_, f32>,
     ) -> RResult<(), UError> {
         LlavaVision::forward(self, batch.as_slice(), out.as_mut_slice()).into()
+    }
+
+    fn graft(&self, _dst: SeqId, _src: SeqId, _from: u64, _count: u64) -> RResult<(), UError> {
+        RResult::RErr(UError::unsupported(
+            "arch-vit: an encoder keeps no per-sequence state to graft",
+        ))
+    }
+}
+
+impl Model for IdeficsVision {
+    fn config(&self) -> RResult<ModelConfig, UError> {
+        RResult::ROk(self.model_config())
+    }
+
+    fn cache(&self) -> RResult<ROption<KvCacheBox>, UError> {
+        RResult::ROk(ROption::RNone)
+    }
+
+    fn forward(
+        &self,
+        batch: RSlice<'_, SeqChunk<'_>>,
+        mut out: RSliceMut<'_, f32>,
+    ) -> RResult<(), UError> {
+        IdeficsVision::forward(self, batch.as_slice(), out.as_mut_slice()).into()
     }
 
     fn graft(&self, _dst: SeqId, _src: SeqId, _from: u64, _count: u64) -> RResult<(), UError> {

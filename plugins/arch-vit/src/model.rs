@@ -54,7 +54,7 @@ impl Dense {
 }
 
 /// Layer normalisation with scale and shift (Ba et al. 2016).
-struct LayerNorm {
+pub(crate) struct LayerNorm {
     weight: Tensor,
     bias: Tensor,
     eps: f32,
@@ -62,14 +62,24 @@ struct LayerNorm {
 
 impl LayerNorm {
     fn load(n: &Names<'_>, name: &str, cfg: &Config) -> Result<LayerNorm> {
+        LayerNorm::load_with(n, name, cfg.hidden, cfg.eps)
+    }
+
+    /// `{name}.weight` and `{name}.bias`, `width` values each, normalising with `eps`.
+    pub(crate) fn load_with(
+        n: &Names<'_>,
+        name: &str,
+        width: usize,
+        eps: f32,
+    ) -> Result<LayerNorm> {
         Ok(LayerNorm {
-            weight: n.vector(&format!("{name}.weight"), cfg.hidden)?,
-            bias: n.vector(&format!("{name}.bias"), cfg.hidden)?,
-            eps: cfg.eps,
+            weight: n.vector(&format!("{name}.weight"), width)?,
+            bias: n.vector(&format!("{name}.bias"), width)?,
+            eps,
         })
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.layer_norm(&self.weight, &self.bias, self.eps)
     }
 }

@@ -37,7 +37,7 @@ pub struct BlockNames {
 pub struct Names<'w> {
     weights: &'w WeightSetBox,
     family: Family,
-    prefix: &'static str,
+    prefix: String,
     device: Device,
 }
 
@@ -56,10 +56,10 @@ impl<'w> Names<'w> {
         device: Device,
         prefixes: &[&'static str],
     ) -> Result<Names<'w>> {
-        let probe = |prefix: &'static str| Names {
+        let probe = |prefix: &str| Names {
             weights,
             family,
-            prefix,
+            prefix: prefix.to_string(),
             device: device.clone(),
         };
         prefixes
@@ -77,11 +77,11 @@ impl<'w> Names<'w> {
 
     /// The same checkpoint's names under `prefix` instead (a part beside the tower, such as
     /// LLaVA's projector).
-    pub fn beside(&self, prefix: &'static str) -> Names<'w> {
+    pub fn beside(&self, prefix: &str) -> Names<'w> {
         Names {
             weights: self.weights,
             family: self.family,
-            prefix,
+            prefix: prefix.to_string(),
             device: self.device.clone(),
         }
     }
@@ -89,6 +89,11 @@ impl<'w> Names<'w> {
     /// The stored name of `name`.
     pub fn stored(&self, name: &str) -> String {
         format!("{}{name}", self.prefix)
+    }
+
+    /// The names of a part inside this one: `sub` appended to the prefix (`blocks.0.0.`).
+    pub fn within(&self, sub: &str) -> Names<'w> {
+        self.beside(&format!("{}{sub}", self.prefix))
     }
 
     /// Whether the checkpoint holds `name`.
@@ -175,7 +180,10 @@ impl<'w> Names<'w> {
         let grid = find("Reshape_", &[1, patches, h])?;
         let mut out = Vec::with_capacity(rows * hidden);
         for (name, len) in [(class, hidden), (grid, rows.saturating_sub(1) * hidden)] {
-            let name = name.strip_prefix(self.prefix).unwrap_or(&name).to_string();
+            let name = name
+                .strip_prefix(self.prefix.as_str())
+                .unwrap_or(&name)
+                .to_string();
             out.extend(self.values(&name, len)?);
         }
         Ok(out)
