@@ -34,6 +34,7 @@
 pub mod abi;
 pub mod boxed;
 pub mod convert;
+pub mod encoder;
 pub mod files;
 mod guard;
 pub mod manifest;

@@ -31,10 +31,12 @@ pub mod naming;
 pub use config::Config;
 pub use model::Bert;
 
-use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RString, RVec};
+use abi_stable::std_types::{RResult, RString, RVec};
 use u_sdk::{
-    Architecture, ArchitectureBox, BackendBox, BuildContext, HostBox, KvCacheBox, Model, ModelBox,
-    ModelConfig, PluginInfo, PluginInstance, SeqChunk, SeqId, UError, WeightSetBox, nn::Device,
+    Architecture, ArchitectureBox, BackendBox, BuildContext, HostBox, ModelBox, ModelConfig,
+    PluginInfo, PluginInstance, SeqChunk, UError, WeightSetBox,
+    encoder::{Encoder, EncoderModel},
+    nn::Device,
 };
 
 fn describe() -> PluginInfo {
@@ -69,7 +71,10 @@ impl BertArchitecture {
     /// Builds a model from `weights` on `backend` (what [`Architecture::build`] does, for Rust
     /// callers such as tests).
     pub fn load(&self, weights: WeightSetBox, backend: BackendBox) -> u_sdk::Result<ModelBox> {
-        Ok(ModelBox::new(Bert::load(&weights, Device::new(backend)?)?))
+        Ok(EncoderModel::boxed(Bert::load(
+            &weights,
+            Device::new(backend)?,
+        )?))
     }
 }
 
@@ -83,26 +88,14 @@ impl Architecture for BertArchitecture {
     }
 }
 
-impl Model for Bert {
-    fn config(&self) -> RResult<ModelConfig, UError> {
-        RResult::ROk(self.model_config())
+impl Encoder for Bert {
+    const PLUGIN: &'static str = "arch-bert";
+
+    fn model_config(&self) -> ModelConfig {
+        Bert::model_config(self)
     }
 
-    fn cache(&self) -> RResult<ROption<KvCacheBox>, UError> {
-        RResult::ROk(ROption::RNone)
-    }
-
-    fn forward(
-        &self,
-        batch: RSlice<'_, SeqChunk<'_>>,
-        mut out: RSliceMut<'_, f32>,
-    ) -> RResult<(), UError> {
-        Bert::forward(self, batch.as_slice(), out.as_mut_slice()).into()
-    }
-
-    fn graft(&self, _dst: SeqId, _src: SeqId, _from: u64, _count: u64) -> RResult<(), UError> {
-        RResult::RErr(UError::unsupported(
-            "arch-bert: an encoder keeps no per-sequence state to graft",
-        ))
+    fn encode(&self, batch: &[SeqChunk<'_>], out: &mut [f32]) -> u_sdk::Result<()> {
+        Bert::forward(self, batch, out)
     }
 }

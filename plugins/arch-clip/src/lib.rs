@@ -35,10 +35,12 @@ pub mod model;
 pub use config::Config;
 pub use model::ClipText;
 
-use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RString, RVec};
+use abi_stable::std_types::{RResult, RString, RVec};
 use u_sdk::{
-    Architecture, ArchitectureBox, BackendBox, BuildContext, HostBox, KvCacheBox, Model, ModelBox,
-    ModelConfig, PluginInfo, PluginInstance, SeqChunk, SeqId, UError, WeightSetBox, nn::Device,
+    Architecture, ArchitectureBox, BackendBox, BuildContext, HostBox, ModelBox, ModelConfig,
+    PluginInfo, PluginInstance, SeqChunk, UError, WeightSetBox,
+    encoder::{Encoder, EncoderModel},
+    nn::Device,
 };
 
 fn describe() -> PluginInfo {
@@ -74,7 +76,7 @@ impl ClipArchitecture {
     /// Builds the text side of the CLIP checkpoint `weights` on `backend` (what
     /// [`Architecture::build`] does, for Rust callers such as tests).
     pub fn load(&self, weights: WeightSetBox, backend: BackendBox) -> u_sdk::Result<ModelBox> {
-        Ok(ModelBox::new(ClipText::load(
+        Ok(EncoderModel::boxed(ClipText::load(
             &weights,
             Device::new(backend)?,
         )?))
@@ -93,26 +95,14 @@ impl Architecture for ClipArchitecture {
     }
 }
 
-impl Model for ClipText {
-    fn config(&self) -> RResult<ModelConfig, UError> {
-        RResult::ROk(self.model_config())
+impl Encoder for ClipText {
+    const PLUGIN: &'static str = "arch-clip";
+
+    fn model_config(&self) -> ModelConfig {
+        ClipText::model_config(self)
     }
 
-    fn cache(&self) -> RResult<ROption<KvCacheBox>, UError> {
-        RResult::ROk(ROption::RNone)
-    }
-
-    fn forward(
-        &self,
-        batch: RSlice<'_, SeqChunk<'_>>,
-        mut out: RSliceMut<'_, f32>,
-    ) -> RResult<(), UError> {
-        ClipText::forward(self, batch.as_slice(), out.as_mut_slice()).into()
-    }
-
-    fn graft(&self, _dst: SeqId, _src: SeqId, _from: u64, _count: u64) -> RResult<(), UError> {
-        RResult::RErr(UError::unsupported(
-            "arch-clip: an encoder keeps no per-sequence state to graft",
-        ))
+    fn encode(&self, batch: &[SeqChunk<'_>], out: &mut [f32]) -> u_sdk::Result<()> {
+        ClipText::forward(self, batch, out)
     }
 }

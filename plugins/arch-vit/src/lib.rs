@@ -55,10 +55,12 @@ pub use idefics::IdeficsVision;
 pub use llava::LlavaVision;
 pub use model::VisionTransformer;
 
-use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RString, RVec};
+use abi_stable::std_types::{RResult, RString, RVec};
 use u_sdk::{
-    Architecture, ArchitectureBox, BackendBox, BuildContext, HostBox, KvCacheBox, Model, ModelBox,
-    ModelConfig, PluginInfo, PluginInstance, SeqChunk, SeqId, UError, WeightSetBox, nn::Device,
+    Architecture, ArchitectureBox, BackendBox, BuildContext, HostBox, ModelBox, ModelConfig,
+    PluginInfo, PluginInstance, SeqChunk, UError, WeightSetBox,
+    encoder::{Encoder, EncoderModel},
+    nn::Device,
 };
 
 fn describe() -> PluginInfo {
@@ -94,19 +96,19 @@ impl VitArchitecture {
     /// callers such as tests).
     pub fn load(&self, weights: WeightSetBox, backend: BackendBox) -> u_sdk::Result<ModelBox> {
         if clip::is_clip(&weights) {
-            return Ok(ModelBox::new(ClipVision::load(
+            return Ok(EncoderModel::boxed(ClipVision::load(
                 &weights,
                 Device::new(backend)?,
             )?));
         }
         if idefics::is_idefics(&weights) {
-            return Ok(ModelBox::new(IdeficsVision::load(
+            return Ok(EncoderModel::boxed(IdeficsVision::load(
                 &weights,
                 Device::new(backend)?,
             )?));
         }
         if llava::is_llava(&weights) {
-            return Ok(ModelBox::new(LlavaVision::load(
+            return Ok(EncoderModel::boxed(LlavaVision::load(
                 &weights,
                 Device::new(backend)?,
             )?));
@@ -118,7 +120,9 @@ impl VitArchitecture {
             ..cfg
         };
         let names = naming::Names::new(&weights, cfg.family, Device::new(backend)?)?;
-        Ok(ModelBox::new(VisionTransformer::load(&names, cfg, spec)?))
+        Ok(EncoderModel::boxed(VisionTransformer::load(
+            &names, cfg, spec,
+        )?))
     }
 }
 
@@ -158,98 +162,50 @@ impl Architecture for VitArchitecture {
     }
 }
 
-impl Model for LlavaVision {
-    fn config(&self) -> RResult<ModelConfig, UError> {
-        RResult::ROk(self.model_config())
+impl Encoder for LlavaVision {
+    const PLUGIN: &'static str = "arch-vit";
+
+    fn model_config(&self) -> ModelConfig {
+        LlavaVision::model_config(self)
     }
 
-    fn cache(&self) -> RResult<ROption<KvCacheBox>, UError> {
-        RResult::ROk(ROption::RNone)
-    }
-
-    fn forward(
-        &self,
-        batch: RSlice<'_, SeqChunk<'_>>,
-        mut out: RSliceMut<'_, f32>,
-    ) -> RResult<(), UError> {
-        LlavaVision::forward(self, batch.as_slice(), out.as_mut_slice()).into()
-    }
-
-    fn graft(&self, _dst: SeqId, _src: SeqId, _from: u64, _count: u64) -> RResult<(), UError> {
-        RResult::RErr(UError::unsupported(
-            "arch-vit: an encoder keeps no per-sequence state to graft",
-        ))
+    fn encode(&self, batch: &[SeqChunk<'_>], out: &mut [f32]) -> u_sdk::Result<()> {
+        LlavaVision::forward(self, batch, out)
     }
 }
 
-impl Model for IdeficsVision {
-    fn config(&self) -> RResult<ModelConfig, UError> {
-        RResult::ROk(self.model_config())
+impl Encoder for IdeficsVision {
+    const PLUGIN: &'static str = "arch-vit";
+
+    fn model_config(&self) -> ModelConfig {
+        IdeficsVision::model_config(self)
     }
 
-    fn cache(&self) -> RResult<ROption<KvCacheBox>, UError> {
-        RResult::ROk(ROption::RNone)
-    }
-
-    fn forward(
-        &self,
-        batch: RSlice<'_, SeqChunk<'_>>,
-        mut out: RSliceMut<'_, f32>,
-    ) -> RResult<(), UError> {
-        IdeficsVision::forward(self, batch.as_slice(), out.as_mut_slice()).into()
-    }
-
-    fn graft(&self, _dst: SeqId, _src: SeqId, _from: u64, _count: u64) -> RResult<(), UError> {
-        RResult::RErr(UError::unsupported(
-            "arch-vit: an encoder keeps no per-sequence state to graft",
-        ))
+    fn encode(&self, batch: &[SeqChunk<'_>], out: &mut [f32]) -> u_sdk::Result<()> {
+        IdeficsVision::forward(self, batch, out)
     }
 }
 
-impl Model for ClipVision {
-    fn config(&self) -> RResult<ModelConfig, UError> {
-        RResult::ROk(self.model_config())
+impl Encoder for ClipVision {
+    const PLUGIN: &'static str = "arch-vit";
+
+    fn model_config(&self) -> ModelConfig {
+        ClipVision::model_config(self)
     }
 
-    fn cache(&self) -> RResult<ROption<KvCacheBox>, UError> {
-        RResult::ROk(ROption::RNone)
-    }
-
-    fn forward(
-        &self,
-        batch: RSlice<'_, SeqChunk<'_>>,
-        mut out: RSliceMut<'_, f32>,
-    ) -> RResult<(), UError> {
-        ClipVision::forward(self, batch.as_slice(), out.as_mut_slice()).into()
-    }
-
-    fn graft(&self, _dst: SeqId, _src: SeqId, _from: u64, _count: u64) -> RResult<(), UError> {
-        RResult::RErr(UError::unsupported(
-            "arch-vit: an encoder keeps no per-sequence state to graft",
-        ))
+    fn encode(&self, batch: &[SeqChunk<'_>], out: &mut [f32]) -> u_sdk::Result<()> {
+        ClipVision::forward(self, batch, out)
     }
 }
 
-impl Model for VisionTransformer {
-    fn config(&self) -> RResult<ModelConfig, UError> {
-        RResult::ROk(self.model_config())
+impl Encoder for VisionTransformer {
+    const PLUGIN: &'static str = "arch-vit";
+
+    fn model_config(&self) -> ModelConfig {
+        VisionTransformer::model_config(self)
     }
 
-    fn cache(&self) -> RResult<ROption<KvCacheBox>, UError> {
-        RResult::ROk(ROption::RNone)
-    }
-
-    fn forward(
-        &self,
-        batch: RSlice<'_, SeqChunk<'_>>,
-        mut out: RSliceMut<'_, f32>,
-    ) -> RResult<(), UError> {
-        VisionTransformer::forward(self, batch.as_slice(), out.as_mut_slice()).into()
-    }
-
-    fn graft(&self, _dst: SeqId, _src: SeqId, _from: u64, _count: u64) -> RResult<(), UError> {
-        RResult::RErr(UError::unsupported(
-            "arch-vit: an encoder keeps no per-sequence state to graft",
-        ))
+    fn encode(&self, batch: &[SeqChunk<'_>], out: &mut [f32]) -> u_sdk::Result<()> {
+        VisionTransformer::forward(self, batch, out)
     }
 }
