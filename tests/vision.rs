@@ -195,3 +195,78 @@ fn a_text_model_refuses_images() {
     let message = v["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("reads no images"), "{message}");
 }
+
+/// Flamingo-style fusion served: the tiny random IDEFICS of `tests/fixtures/idefics_tiny/plain`
+/// (arch-llama builds its text side as a cross-decoder, arch-vit its vision tower as
+/// `idefics.vision`; the host hands such a pair to runner-text). The chat template puts
+/// IDEFICS' fake tokens around the image's `<image>`, the image's rows become the sequence's
+/// cross-attention context, and the greedy answer about a PNG equals
+/// `IdeficsForVisionText2Text`'s on the same file (`gen_idefics_serve.py`). Text alone and two
+/// images are refused with a 400.
+#[test]
+fn a_flamingo_style_model_answers_about_an_image() {
+    let fixtures = root().join("tests/fixtures/idefics_tiny");
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("idefics-tiny");
+    std::fs::create_dir_all(&model).unwrap();
+    for (from, name) in [
+        ("plain/model", "config.json"),
+        ("plain/model", "model.safetensors"),
+        ("serve", "tokenizer.json"),
+        ("serve", "tokenizer_config.json"),
+    ] {
+        std::fs::copy(fixtures.join(from).join(name), model.join(name)).unwrap();
+    }
+    let options = Options {
+        plugins: format!("[[plugins]]\npath = \"{}\"\n", plugin("arch-vit").display()),
+        ..Options::default()
+    };
+    let server = start_with(dir, &model, "loader-safetensors", &options);
+    let want: Value =
+        serde_json::from_slice(&std::fs::read(fixtures.join("serve/expected.json")).unwrap())
+            .unwrap();
+    let png = std::fs::read(fixtures.join("serve/picture.png")).unwrap();
+    let mut body: Value =
+        serde_json::from_slice(&chat(&data_url(&png), want["question"].as_str().unwrap())).unwrap();
+    body["model"] = "idefics-tiny".into();
+    body["max_tokens"] = want["max_tokens"].clone();
+    let (s, v) = post(
+        server.port,
+        "/v1/chat/completions",
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(s, 200, "{v}\n{}", server.log());
+    assert_eq!(v["choices"][0]["message"]["content"], want["text"], "{v}");
+    assert_eq!(v["usage"]["prompt_tokens"], want["prompt_tokens"], "{v}");
+
+    let text = serde_json::json!({"model": "idefics-tiny", "max_tokens": 2,
+        "messages": [{"role": "user", "content": "Hello"}]});
+    let mut two = body.clone();
+    two["messages"][0]["content"]
+        .as_array_mut()
+        .unwrap()
+        .insert(
+            0,
+            serde_json::json!({"type": "image_url", "image_url": {"url": data_url(&png)}}),
+        );
+    for (body, says) in [
+        (text, "reads an image with every prompt"),
+        (two, "2 images"),
+    ] {
+        let (s, v) = post(
+            server.port,
+            "/v1/chat/completions",
+            body.to_string().as_bytes(),
+        );
+        assert_eq!(s, 400, "{v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{message}");
+    }
+    let (s, v) = post(
+        server.port,
+        "/v1/chat/completions",
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(s, 200, "serves on: {v}");
+    assert_eq!(v["choices"][0]["message"]["content"], want["text"], "{v}");
+}

@@ -423,24 +423,30 @@ fn image_encoder(
             cache: ROption::RNone,
         },
     )?;
-    if encoded.kind != ModelKind::Encoder || encoded.hidden != config.hidden {
+    // A cross-decoder reads the encoder's rows as its context; the others as their own rows.
+    let width = match config.kind {
+        ModelKind::CrossDecoder => config.context_shape[1],
+        _ => config.hidden,
+    };
+    if encoded.kind != ModelKind::Encoder || encoded.hidden != width {
         bail!(
             "{name}: the `{family}` image encoder is a {:?} model of width {}; `{}` needs an \
-             encoder of its width {}",
+             encoder of width {width}",
             encoded.kind,
             encoded.hidden,
             config.family,
-            config.hidden
         );
     }
     Ok(encoder)
 }
 
-/// The task a model of `kind` is served for.
-fn task_for(kind: ModelKind) -> Option<Task> {
+/// The task a model of `kind` is served for: a cross-decoder with an image encoder chats
+/// about images (Flamingo-style), one without transcribes (Whisper).
+fn task_for(kind: ModelKind, has_image_encoder: bool) -> Option<Task> {
     match kind {
         ModelKind::Decoder => Some(Task::TextGeneration),
         ModelKind::Encoder => Some(Task::Embeddings),
+        ModelKind::CrossDecoder if has_image_encoder => Some(Task::TextGeneration),
         ModelKind::CrossDecoder => Some(Task::Transcription),
         ModelKind::Denoiser | ModelKind::Autoencoder => None,
     }
@@ -457,7 +463,7 @@ fn start_runner(
     deployment: &Deployment,
 ) -> Result<(String, EngineBox)> {
     let serving = &deployment.serving;
-    let task = task_for(config.kind).ok_or_else(|| {
+    let task = task_for(config.kind, image_encoder.is_some()).ok_or_else(|| {
         anyhow!(
             "no runner task serves a {:?} model (`{}`) yet",
             config.kind,

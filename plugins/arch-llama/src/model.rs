@@ -947,7 +947,11 @@ impl Llama {
             pooling: Pooling::Mean,
             context_shape,
             image: self.images.map(|i| i.spec).into(),
-            image_token: self.images.map_or(u_sdk::NO_IMAGE_TOKEN, |i| i.token),
+            image_token: match (&self.cross, self.images) {
+                (Some(x), _) => x.image.image_token,
+                (None, Some(i)) => i.token,
+                (None, None) => u_sdk::NO_IMAGE_TOKEN,
+            },
         }
     }
 

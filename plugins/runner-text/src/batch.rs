@@ -125,6 +125,7 @@ impl<T> Batch<T> {
                     extras: SeqExtras {
                         adapters: RSlice::from_slice(adapters),
                         steering: RSlice::from_slice(steering),
+                        cross: slots[i].0.cross_context().into(),
                         ..SeqExtras::default()
                     },
                     ..SeqChunk::tokens(slots[i].0.seq(), input, wanted)

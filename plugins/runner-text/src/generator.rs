@@ -126,7 +126,9 @@ impl Generator {
             .config()
             .into_result()
             .map_err(|e| Error::plugin("model.config", e))?;
-        if config.kind != ModelKind::Decoder || config.vocab_size == 0 {
+        // A cross-decoder (IDEFICS) generates text too, its context the engine's images.
+        let decodes = matches!(config.kind, ModelKind::Decoder | ModelKind::CrossDecoder);
+        if !decodes || config.vocab_size == 0 {
             return Err(Error::InvalidRequest(format!(
                 "text generation needs a decoder with a vocabulary; `{}` is a {:?} model",
                 config.family, config.kind
@@ -414,6 +416,7 @@ impl Generator {
                 steer: Default::default(),
                 soft_prompt: None,
                 images: Vec::new(),
+                context: None,
             },
         )?;
         let mut batch = Batch::new(self.prefill_chunk);

@@ -20,6 +20,27 @@ use u_sdk::{
     KvCacheBox, SeqId, TokenSinkBox, TokenizeRequest, UError,
 };
 
+/// A request's prompt, ready to run: tokens (image positions carrying their fingerprints),
+/// breakpoints as token counts, the images' rows, and a cross-attention context.
+struct Prompted {
+    tokens: Vec<u32>,
+    breakpoints: Vec<usize>,
+    images: Vec<ImageSpan>,
+    context: Option<Arc<[f32]>>,
+}
+
+impl Prompted {
+    /// Tokens and breakpoints alone.
+    fn tokens(tokens: Vec<u32>, breakpoints: Vec<usize>) -> Prompted {
+        Prompted {
+            tokens,
+            breakpoints,
+            images: Vec::new(),
+            context: None,
+        }
+    }
+}
+
 /// A model served under one name through the ABI's [`Engine`] interface: requests from any
 /// number of threads run together in the continuous batch of one scheduler thread (see
 /// [`Limits`]). Clones share the scheduler; it stops when the last clone is dropped.
@@ -82,6 +103,14 @@ impl EngineHandle {
         settings: ImageSettings,
     ) -> Result<Self> {
         let g = self.generator();
+        if g.config().kind == u_sdk::ModelKind::CrossDecoder
+            && (encoder.is_none() || g.config().image_token == u_sdk::NO_IMAGE_TOKEN)
+        {
+            return Err(Error::Unsupported(format!(
+                "`{}` cross-attends to images: it needs its image encoder and image token",
+                g.config().family
+            )));
+        }
         self.vision = match (encoder, g.config().image_token) {
             (None, _) | (_, u_sdk::NO_IMAGE_TOKEN) => None,
             (Some(encoder), _) => {
@@ -95,6 +124,13 @@ impl EngineHandle {
             }
         };
         Ok(self)
+    }
+
+    /// The image token of the model's images (for a cross-decoder's context).
+    fn vision_token(&self) -> u32 {
+        self.vision
+            .as_ref()
+            .map_or(u_sdk::NO_IMAGE_TOKEN, |v| v.token())
     }
 
     /// The same engine, sharing cached prompt prefixes as `sharing` says.
@@ -349,12 +385,22 @@ impl EngineHandle {
     }
 
     /// A request's prompt as tokens (its ids as given, a fill-in-the-middle prompt, its text or
-    /// its rendered messages) and its breakpoints as token counts.
-    fn prompt_tokens(
-        &self,
-        request: &GenerateRequest,
-        continuation: bool,
-    ) -> Result<(Vec<u32>, Vec<usize>, Vec<ImageSpan>)> {
+    /// its rendered messages), its breakpoints as token counts, and its images.
+    fn prompt_tokens(&self, request: &GenerateRequest, continuation: bool) -> Result<Prompted> {
+        let prompted = self.prompted(request, continuation)?;
+        match &self.vision {
+            Some(v) if v.is_cross() && prompted.context.is_none() => {
+                Err(Error::Unsupported(format!(
+                    "`{}` reads an image with every prompt (cross-attention fusion: text alone is \
+                 not supported); send one image in a user message",
+                    self.name
+                )))
+            }
+            _ => Ok(prompted),
+        }
+    }
+
+    fn prompted(&self, request: &GenerateRequest, continuation: bool) -> Result<Prompted> {
         let g = self.generator();
         if !request.prompt_tokens.is_empty() {
             if request.suffix.is_some() {
@@ -362,7 +408,7 @@ impl EngineHandle {
                     "`suffix` needs a text prompt, not token ids".into(),
                 ));
             }
-            return Ok((request.prompt_tokens.to_vec(), Vec::new(), Vec::new()));
+            return Ok(Prompted::tokens(request.prompt_tokens.to_vec(), Vec::new()));
         }
         if request.messages.iter().any(|m| !m.images.is_empty()) {
             let vision = self.vision.as_ref().ok_or_else(|| {
@@ -380,7 +426,18 @@ impl EngineHandle {
             let (marked, images) = vision.mark(&request.messages)?;
             let prompt = Prompt::new(g, "", (&marked, &request.tools), continuation, false)?;
             let (tokens, breakpoints) = prompt.tokens(g, &request.cache_breakpoints)?;
-            return vision.expand(tokens, &images, breakpoints);
+            if vision.is_cross() {
+                let context = vision.context(&tokens, &images)?;
+                return Ok(Prompted {
+                    context: Some(context),
+                    ..Prompted::tokens(tokens, Vec::new())
+                });
+            }
+            let (tokens, breakpoints, images) = vision.expand(tokens, &images, breakpoints)?;
+            return Ok(Prompted {
+                images,
+                ..Prompted::tokens(tokens, breakpoints)
+            });
         }
         let text = match &request.suffix {
             ROption::RSome(suffix) => {
@@ -401,10 +458,12 @@ impl EngineHandle {
             request.continue_final,
         )?;
         let (tokens, breakpoints) = prompt.tokens(g, &request.cache_breakpoints)?;
-        if let Some(vision) = &self.vision {
-            vision.expand(tokens, &[], breakpoints)
-        } else {
-            Ok((tokens, breakpoints, Vec::new()))
+        match &self.vision {
+            Some(vision) => {
+                let (tokens, breakpoints, _) = vision.expand(tokens, &[], breakpoints)?;
+                Ok(Prompted::tokens(tokens, breakpoints))
+            }
+            None => Ok(Prompted::tokens(tokens, breakpoints)),
         }
     }
 
@@ -456,6 +515,7 @@ impl EngineHandle {
             steer: Default::default(),
             soft_prompt: None,
             images: Vec::new(),
+            context: None,
         };
         let out = self.run(spec, "", &mut |_| true)?;
         Ok(vec![CheckpointInfo {
@@ -648,7 +708,20 @@ impl Engine for EngineHandle {
                 None => None,
             };
             let g = self.generator();
-            let (tokens, breakpoints, images) = self.prompt_tokens(request, resume.is_some())?;
+            let Prompted {
+                tokens,
+                breakpoints,
+                images,
+                context: cross_context,
+            } = self.prompt_tokens(request, resume.is_some())?;
+            if cross_context.is_some() && (resume.is_some() || request.save_as.is_some()) {
+                return Err(Error::Unsupported(
+                    "KV checkpoints of a cross-attention model's image requests are not kept \
+                     (the image's keys and values live beside the sequence)"
+                        .into(),
+                )
+                .into());
+            }
             let context = g.config().context_length as usize;
             if !request.clamp_max_tokens
                 && context > 0
@@ -674,8 +747,9 @@ impl Engine for EngineHandle {
                 prompt: tokens,
                 origin: match resume {
                     Some(name) => Origin::Checkpoint { name, tokens: None },
-                    // Soft-prompt rows come first: no cached prefix of tokens fits before them.
-                    None if soft_prompt.is_some() => Origin::Fresh,
+                    // Soft-prompt rows come first: no cached prefix of tokens fits before them;
+                    // a cross-attention context changes every position from the image on.
+                    None if soft_prompt.is_some() || cross_context.is_some() => Origin::Fresh,
                     None => Origin::Prefix,
                 },
                 options: GenerateOptions {
@@ -700,6 +774,7 @@ impl Engine for EngineHandle {
                 steer,
                 soft_prompt,
                 images,
+                context: cross_context.map(|rows| (rows, self.vision_token())),
             };
             let out = self.run(spec, &request.client, &mut |t| sink.token(t))?;
             Ok(GenerateSummary {

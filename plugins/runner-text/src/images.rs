@@ -10,13 +10,19 @@
 //! 2. Each image file is decoded and preprocessed as the encoder's image processor says
 //!    (`u-image`), and encoded — unless its bytes' SHA-256 is in the encoder-output cache, a
 //!    byte-bounded LRU: a repeated image costs no encoding.
-//! 3. Each image token becomes [`ImageSpec::rows`](u_sdk::ImageSpec::rows) positions. Their ids
+//! 3. For a decoder (LLaVA), each image token becomes
+//!    [`ImageSpec::rows`](u_sdk::ImageSpec::rows) positions. Their ids
 //!    in the sequence are not tokens but a fingerprint of the image ([`image_ids`]: ids with
 //!    the top bit set, which no vocabulary reaches, carrying the hash): the prefix cache keys on
 //!    them, so KV is reused exactly when the same image stands at the same place after the same
 //!    tokens — the second request with an image reports its positions as cached — and never
 //!    across different images. Forward passes feed those positions the image's rows
 //!    ([`u_sdk::Segment::Embeddings`]), never the ids.
+//! 4. For a cross-decoder (IDEFICS, Flamingo-style gated cross-attention), the image token
+//!    stays a token and the image's rows become the sequence's cross-attention context
+//!    ([`u_sdk::CrossContext`]), brought by the pass that holds the token and kept in the
+//!    model's cache for the rest. One image a request; the prompt is not shared with the prefix
+//!    cache (every position from the image on depends on it).
 
 use crate::{Error, Result};
 use sha2::{Digest, Sha256};
@@ -140,6 +146,8 @@ impl EncodedCache {
 /// What an image-reading engine is given: the image encoder and how images are read.
 pub(crate) struct Vision {
     encoder: ModelBox,
+    /// The decoder cross-attends to the image (its context) instead of reading its rows.
+    cross: bool,
     spec: ImageSpec,
     token: u32,
     marker: String,
@@ -182,14 +190,23 @@ impl Vision {
             .config()
             .into_result()
             .map_err(plugin("encoder.config"))?;
-        let spec = config
-            .image
-            .into_option()
-            .filter(|_| config.kind == ModelKind::Encoder && config.hidden == decoder.hidden);
+        let cross = decoder.kind == ModelKind::CrossDecoder;
+        let [context_rows, context_width] = decoder.context_shape;
+        let width = if cross { context_width } else { decoder.hidden };
+        let spec = config.image.into_option().filter(|s| {
+            config.kind == ModelKind::Encoder
+                && config.hidden == width
+                && (!cross || s.rows == context_rows)
+        });
         let spec = spec.ok_or_else(|| {
             Error::Unsupported(format!(
-                "the image encoder (`{}`) is not an image encoder of width {}",
-                config.family, decoder.hidden
+                "the image encoder (`{}`) is not an image encoder of width {width}{}",
+                config.family,
+                if cross {
+                    format!(" making {context_rows} rows")
+                } else {
+                    String::new()
+                }
             ))
         })?;
         let marker = tokenizer
@@ -203,7 +220,8 @@ impl Vision {
             spec,
             token: decoder.image_token,
             marker,
-            hidden: decoder.hidden as usize,
+            hidden: width as usize,
+            cross,
             limits: settings.limits,
             cache_bytes: settings.cache_bytes,
             cache: Mutex::new(EncodedCache::default()),
@@ -274,6 +292,34 @@ impl Vision {
     fn lock(&self) -> std::sync::MutexGuard<'_, EncodedCache> {
         // The cache holds no invariant a panicking holder could break half-way.
         self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the decoder cross-attends to the image instead of reading its rows.
+    pub(crate) fn is_cross(&self) -> bool {
+        self.cross
+    }
+
+    /// For a cross-decoder: the context of a prompt (`tokens`) holding one image token for
+    /// its one image.
+    pub(crate) fn context(&self, tokens: &[u32], images: &[&[u8]]) -> Result<Arc<[f32]>> {
+        let found = tokens.iter().filter(|&&t| t == self.token).count();
+        match (images, found) {
+            ([image], 1) => Ok(self.rows(image)?.1),
+            ([_], _) => Err(Error::InvalidRequest(format!(
+                "the prompt holds {found} image markers (`{}`) for 1 image: the chat template \
+                 must keep the image once, and text may not contain the marker",
+                self.marker
+            ))),
+            _ => Err(Error::Unsupported(format!(
+                "{} images: this model (cross-attention fusion) reads one image a request",
+                images.len()
+            ))),
+        }
+    }
+
+    /// The image token's id.
+    pub(crate) fn token(&self) -> u32 {
+        self.token
     }
 
     /// Encoder-cache hits so far.

@@ -66,6 +66,18 @@ pub(crate) struct Spec {
     /// Images in the prompt: their rows, and where they stand in [`Spec::prompt`] (whose ids
     /// there are the images' fingerprints, see [`crate::images`]).
     pub images: Vec<ImageSpan>,
+    /// A cross-decoder's context (an image's rows, with [`Origin::Fresh`]) and the image token
+    /// the pass that brings it must hold.
+    pub context: Option<(Arc<[f32]>, u32)>,
+}
+
+/// A sequence's cross-attention context: the cache sequence its keys and values go to, the
+/// rows (brought by the first pass), and the token that pass must reach.
+struct Cross {
+    kv: SeqId,
+    rows: Arc<[f32]>,
+    token: u32,
+    sent: bool,
 }
 
 /// Text streamed for one generated token (`id: None`: held-back text flushed at the end).
@@ -145,6 +157,8 @@ pub(crate) struct Sequence {
     soft_prompt: Option<Arc<[f32]>>,
     /// The prompt's images, at their positions in the sequence.
     images: Vec<ImageSpan>,
+    /// A cross-decoder's context.
+    cross: Option<Cross>,
     stop_sequence: Option<String>,
     outbox: Vec<Piece>,
     error: Option<Error>,
@@ -160,6 +174,9 @@ impl Drop for Sequence {
     fn drop(&mut self) {
         // Releasing fails only for an unknown sequence; nothing is left to do then.
         let _ = self.cache.release(self.seq);
+        if let Some(c) = &self.cross {
+            let _ = self.cache.release(c.kv);
+        }
     }
 }
 
@@ -297,6 +314,7 @@ impl Sequence {
             steer: spec.steer,
             soft_prompt: spec.soft_prompt,
             images,
+            cross: None,
             stop_sequence: None,
             outbox: Vec::new(),
             error: None,
@@ -305,7 +323,26 @@ impl Sequence {
             lookup: Lookup::default(),
             drafted: Vec::new(),
         };
-        // Checked once `s` exists, so that dropping it releases the sequence.
+        // Checked once `s` exists, so that dropping it releases the sequences.
+        let mut s = s;
+        if let Some((rows, token)) = spec.context {
+            if !fresh {
+                return Err(Error::InvalidRequest(
+                    "a cross-attention context starts a fresh sequence".into(),
+                ));
+            }
+            let kv = s
+                .cache
+                .create()
+                .into_result()
+                .map_err(plugin("cache.create"))?;
+            s.cross = Some(Cross {
+                kv,
+                rows,
+                token,
+                sent: false,
+            });
+        }
         if prompt_len >= context {
             return Err(Error::ContextFull {
                 prompt: prompt_len,
@@ -343,6 +380,18 @@ impl Sequence {
                 vector: v.as_ref().into(),
             })
             .collect()
+    }
+
+    /// The cross-attention context of the next pass: the rows until a pass has brought them,
+    /// then none (the model keeps their keys and values under `kv`).
+    pub(crate) fn cross_context(&self) -> Option<u_sdk::CrossContext<'_>> {
+        self.cross.as_ref().map(|c| u_sdk::CrossContext {
+            kv: c.kv,
+            rows: match c.sent {
+                true => (&[] as &[f32]).into(),
+                false => c.rows.as_ref().into(),
+            },
+        })
     }
 
     /// The soft-prompt rows the next pass must run before its tokens, if not yet run.
@@ -465,7 +514,13 @@ impl Sequence {
         // Positions before `unknown` without a pending soft prompt are already computed; with
         // one, its rows run in the same pass as the first tokens.
         let first = self.computed.max(self.unknown);
-        let end = target.min(first.saturating_add(max.max(1)));
+        let mut end = target.min(first.saturating_add(max.max(1)));
+        // The pass that brings a cross-attention context holds its image token.
+        if let Some(c) = self.cross.as_ref().filter(|c| !c.sent)
+            && let Some(p) = self.tokens.iter().position(|&t| t == c.token)
+        {
+            end = end.max((self.unknown + p + 1).min(target));
+        }
         let logits = if end == target {
             logits
         } else {
@@ -485,6 +540,9 @@ impl Sequence {
     ) -> Result<()> {
         if !self.drafted.is_empty() {
             return self.verify(g, logits.unwrap_or_default());
+        }
+        if let Some(c) = &mut self.cross {
+            c.sent = true;
         }
         if self.soft_rows().is_some() {
             self.computed = self.unknown;

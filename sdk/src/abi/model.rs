@@ -121,9 +121,12 @@ pub struct ModelConfig {
     /// What an image input ([`Segment::Image`]) must be, for models that read images (vision
     /// encoders, image-chat models); `RNone` for the rest.
     pub image: ROption<ImageSpec>,
-    /// For a decoder that reads images among its tokens through an image encoder (LLaVA): the
-    /// token id that stands for one image in its prompts (`<image>`), each becoming
-    /// [`ImageSpec::rows`] embedding rows the encoder makes; [`NO_IMAGE_TOKEN`] for the rest.
+    /// For a model that reads images through an image encoder: the token id that stands for an
+    /// image in its prompts (`<image>`). A [`ModelKind::Decoder`] (LLaVA) reads each such token
+    /// as [`ImageSpec::rows`] embedding rows the encoder makes; a [`ModelKind::CrossDecoder`]
+    /// (IDEFICS, Flamingo-style) keeps the token and cross-attends, from it on, to the rows
+    /// the encoder makes as its context ([`ModelConfig::context_shape`]). [`NO_IMAGE_TOKEN`]
+    /// for the rest.
     pub image_token: u32,
 }
 
