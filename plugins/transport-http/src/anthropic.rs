@@ -762,7 +762,10 @@ mod tests {
         let e = err(
             r#"{"model":"tiny","max_tokens":4,"messages":[{"role":"user","content":[{"type":"image"}]}]}"#,
         );
-        assert!(e.message.contains("source"), "an image block without its data: {e:?}");
+        assert!(
+            e.message.contains("source"),
+            "an image block without its data: {e:?}"
+        );
         let e = err(
             r#"{"model":"tiny","max_tokens":4,"messages":[{"role":"user","content":[{"type":"document"}]}]}"#,
         );
