@@ -135,7 +135,8 @@ fn check_config(config: &ModelConfig, e: &Expected, vocab: u32, hidden: u32, lay
         (vocab, hidden, layers)
     );
     assert_eq!(config.context_shape, [e.rows, e.width]);
-    assert_eq!(config.image_token, u_sdk::NO_IMAGE_TOKEN);
+    // The token the runner marks an image with; it stays a token for a cross-decoder.
+    assert_eq!(config.image_token, e.image_token);
     assert!(config.image.is_none());
 }
 
