@@ -207,12 +207,19 @@ fn build(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The host's compiler flags: the workspace's (`.cargo/config.toml`), and packed relative
+/// The host's compiler flags: the workspace's (`.cargo/config.toml`); curve25519-dalek's
+/// portable 64-bit backend alone (the host verifies a few signatures at start-up, where the
+/// AVX2 backend's tables and code — 37 KB of the binary — buy nothing); and packed relative
 /// relocations (RELR: the position-independent host's relocation table shrinks from 180 KB to
 /// a few) where the C library runs them (glibc 2.36 and later), so that a host built on an
 /// older system still starts there.
 fn host_rustflags() -> std::ffi::OsString {
-    let mut flags = vec!["--cfg", "getrandom_backend=\"linux_getrandom\""];
+    let mut flags = vec![
+        "--cfg",
+        "getrandom_backend=\"linux_getrandom\"",
+        "--cfg",
+        "curve25519_dalek_backend=\"serial\"",
+    ];
     let glibc = Command::new("getconf")
         .arg("GNU_LIBC_VERSION")
         .output()
