@@ -39,10 +39,9 @@ use crate::{
     model::{Dense, LayerNorm, Span, VisionTransformer},
     naming::Names,
 };
-use abi_stable::std_types::ROption;
 use u_sdk::{
-    Activation, AttentionMask, AttentionParams, DType, ImageSpec, MetaValue, ModelConfig,
-    ModelKind, NO_IMAGE_TOKEN, Output, Pooling, Result, Rows, SeqChunk, UError, WeightSetBox,
+    Activation, AttentionMask, AttentionParams, DType, ImageSpec, MetaValue, ModelConfig, Result,
+    SeqChunk, UError, WeightSetBox,
     nn::{Device, Tensor},
 };
 
@@ -408,59 +407,24 @@ impl IdeficsVision {
     /// What the model is, as the ABI says it: an encoder of images into context rows of the
     /// vision width ([`ModelConfig::hidden`]); `layers` is the tower's.
     pub fn model_config(&self) -> ModelConfig {
-        ModelConfig {
-            kind: ModelKind::Encoder,
-            family: FAMILY.into(),
-            vocab_size: 0,
-            hidden: self.cfg.tower.hidden as u32,
-            layers: self.cfg.tower.layers as u32,
-            context_length: self.spec.rows,
-            experts: 0,
-            attention: AttentionMask::Bidirectional,
-            pooling: Pooling::Mean,
-            context_shape: [0, 0],
-            image: ROption::RSome(self.spec),
-            image_token: NO_IMAGE_TOKEN,
-        }
-    }
-
-    /// The chunk's one image, checked, and whether it asks for the rows.
-    fn image<'a>(&self, chunk: &SeqChunk<'a>) -> Result<Option<&'a [f32]>> {
-        let pixels = self.tower.pixels(chunk, self.spec.rows as usize)?;
-        let layers = self.cfg.tower.layers as u32;
-        match chunk.output {
-            Output::Nothing => Ok(None),
-            Output::Hidden {
-                layer,
-                rows: Rows::All,
-            } if layer == layers => Ok(Some(pixels)),
-            other => Err(UError::unsupported(format!(
-                "arch-vit: an IDEFICS image encoder gives one output, the image's context rows \
-                 for the decoder (`Output::Hidden {{ layer: {layers}, rows: Rows::All }}`), not \
-                 {other:?}"
-            ))),
-        }
+        VisionTransformer::row_encoder_config(
+            FAMILY,
+            self.cfg.tower.hidden,
+            self.cfg.tower.layers,
+            self.spec,
+        )
     }
 
     /// Encodes every chunk of `batch` (one image each) and writes the context rows of those
     /// that ask for them into `out`, in batch order: `[rows, hidden]` per image (see
     /// [`u_sdk::Model::forward`]).
     pub fn forward(&self, batch: &[SeqChunk<'_>], out: &mut [f32]) -> Result<()> {
-        let config = self.model_config();
-        let rows = self.spec.rows as usize;
-        let mut images = Vec::with_capacity(batch.len());
-        for chunk in batch {
-            if let Some(pixels) = self.image(chunk)? {
-                images.push(pixels);
-            }
-        }
-        let floats: usize = batch.iter().map(|c| c.output.floats(rows, &config)).sum();
-        if out.len() != floats {
-            return Err(UError::invalid(format!(
-                "arch-vit: the output buffer holds {} floats, the batch asks for {floats}",
-                out.len()
-            )));
-        }
+        let images = self.tower.row_images(
+            batch,
+            (&self.spec, self.cfg.tower.hidden),
+            out.len(),
+            "an IDEFICS image encoder gives one output, the image's context rows for the decoder",
+        )?;
         if images.is_empty() {
             return Ok(());
         }

@@ -510,6 +510,68 @@ impl VisionTransformer {
         }
     }
 
+    /// For an image encoder built on the tower whose one output is every row of an image
+    /// (LLaVA's projected rows, IDEFICS' context rows, `what` describing them in errors): the
+    /// pixels of the chunks of `batch` that ask for them, each image `spec.rows` rows of
+    /// `hidden`, the output buffer checked to fit.
+    pub(crate) fn row_images<'a>(
+        &self,
+        batch: &[SeqChunk<'a>],
+        (spec, hidden): (&ImageSpec, usize),
+        out: usize,
+        what: &str,
+    ) -> Result<Vec<&'a [f32]>> {
+        let layers = self.cfg.layers as u32;
+        let mut images = Vec::with_capacity(batch.len());
+        for chunk in batch {
+            let pixels = self.pixels(chunk, spec.rows as usize)?;
+            match chunk.output {
+                Output::Nothing => {}
+                Output::Hidden {
+                    layer,
+                    rows: Rows::All,
+                } if layer == layers => images.push(pixels),
+                other => {
+                    return Err(UError::unsupported(format!(
+                        "arch-vit: {what} (`Output::Hidden {{ layer: {layers}, rows: \
+                         Rows::All }}`), not {other:?}"
+                    )));
+                }
+            }
+        }
+        let floats = images.len() * spec.rows as usize * hidden;
+        if out != floats {
+            return Err(UError::invalid(format!(
+                "arch-vit: the output buffer holds {out} floats, the batch asks for {floats}"
+            )));
+        }
+        Ok(images)
+    }
+
+    /// What an image encoder built on the tower is, as the ABI says it: `family`, rows of
+    /// `hidden` per image as `spec` says, the tower's `layers`.
+    pub(crate) fn row_encoder_config(
+        family: &str,
+        hidden: usize,
+        layers: usize,
+        spec: ImageSpec,
+    ) -> ModelConfig {
+        ModelConfig {
+            kind: ModelKind::Encoder,
+            family: family.into(),
+            vocab_size: 0,
+            hidden: hidden as u32,
+            layers: layers as u32,
+            context_length: spec.rows,
+            experts: 0,
+            attention: AttentionMask::Bidirectional,
+            pooling: Pooling::Mean,
+            context_shape: [0, 0],
+            image: ROption::RSome(spec),
+            image_token: u_sdk::NO_IMAGE_TOKEN,
+        }
+    }
+
     /// The pixels of the chunk's one image, checked against the spec, the image said to be
     /// `rows` rows; no extras.
     pub(crate) fn pixels<'a>(&self, chunk: &SeqChunk<'a>, rows: usize) -> Result<&'a [f32]> {

@@ -148,6 +148,8 @@ pub(crate) struct Vision {
     encoder: ModelBox,
     /// The decoder cross-attends to the image (its context) instead of reading its rows.
     cross: bool,
+    /// The encoder's blocks: its rows are its state after the last.
+    layers: u32,
     spec: ImageSpec,
     token: u32,
     marker: String,
@@ -222,6 +224,7 @@ impl Vision {
             marker,
             hidden: width as usize,
             cross,
+            layers: config.layers,
             limits: settings.limits,
             cache_bytes: settings.cache_bytes,
             cache: Mutex::new(EncodedCache::default()),
@@ -270,12 +273,7 @@ impl Vision {
             rows: self.spec.rows,
         })];
         let output = Output::Hidden {
-            layer: self
-                .encoder
-                .config()
-                .into_result()
-                .map_err(|e| Error::plugin("encoder.config", e))?
-                .layers,
+            layer: self.layers,
             rows: Rows::All,
         };
         let chunk = [SeqChunk::tokens(0, &input, output)];
