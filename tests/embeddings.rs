@@ -7,7 +7,9 @@
 //! The same model as GGUF (written from the safetensors in llama.cpp's `convert_hf_to_gguf.py`
 //! layout by arch-bert's test writer, which arch-bert's `tests/gguf.rs` holds to the converter's
 //! recorded output) is served by loader-gguf and answers with llama.cpp's `llama-embedding`
-//! vectors (`minilm_gguf_expected.json`) to [`LLAMA_TOL`].
+//! vectors (`minilm_gguf_expected.json`) to [`LLAMA_TOL`]. A tiny random nomic-bert GGUF
+//! (rotary positions, SwiGLU; arch-bert's `fixtures/gen_nomic_tiny.py`) is served the same way
+//! and answers with both llama-embedding's and transformers' vectors to [`TOL`].
 
 use serde_json::Value;
 use std::{
@@ -156,6 +158,59 @@ fn serve_answers_embeddings_from_the_gguf_equal_to_llama_cpps() {
     }
     assert_eq!(data.len(), cases.len());
     eprintln!("serve from GGUF vs llama-embedding: max |Δ| {worst:.2e}");
+    let log = server.log();
+    assert!(
+        log.contains("loader-gguf") && log.contains("arch-bert"),
+        "{log}"
+    );
+}
+
+#[test]
+fn serve_answers_nomic_bert_embeddings_equal_to_transformers_and_llama_cpps() {
+    let fx: Value = serde_json::from_slice(
+        &std::fs::read(root().join("plugins/arch-bert/tests/fixtures/nomic_tiny_expected.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let cases = fx["cases"].as_array().unwrap();
+    let texts: Vec<&str> = cases.iter().map(|c| c["text"].as_str().unwrap()).collect();
+    let gguf = root().join("plugins/arch-bert/tests/fixtures/models/nomic-bert-tiny.gguf");
+    let server = start_with(
+        tempfile::tempdir().unwrap(),
+        &gguf,
+        "loader-gguf",
+        &Options::default(),
+    );
+    let body = serde_json::json!({"model": "nomic-bert-tiny", "input": texts});
+    let (s, v) = post(
+        server.port,
+        "/v1/embeddings",
+        &serde_json::to_vec(&body).unwrap(),
+    );
+    assert_eq!(s, 200, "{v}\n{}", server.log());
+    let data = v["data"].as_array().expect("data");
+    assert_eq!(data.len(), cases.len());
+    let mut worst = 0f64;
+    for (d, case) in data.iter().zip(cases) {
+        let got: Vec<f64> = serde_json::from_value(d["embedding"].clone()).unwrap();
+        for key in ["embedding", "reference_embedding"] {
+            let want: Vec<f64> = serde_json::from_value(case[key].clone()).unwrap();
+            assert_eq!(got.len(), want.len());
+            let diff = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f64::max);
+            assert!(diff <= TOL, "{}: {key} differs by {diff}", case["text"]);
+            worst = worst.max(diff);
+        }
+    }
+    let tokens: usize = cases
+        .iter()
+        .map(|c| c["ids"].as_array().unwrap().len())
+        .sum();
+    assert_eq!(v["usage"]["prompt_tokens"], tokens, "{}", v["usage"]);
+    eprintln!("serve nomic-bert vs llama-embedding and transformers: max |Δ| {worst:.2e}");
     let log = server.log();
     assert!(
         log.contains("loader-gguf") && log.contains("arch-bert"),

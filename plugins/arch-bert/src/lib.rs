@@ -7,17 +7,20 @@
 //! and layer-normed, then post-norm blocks of bidirectional multi-head self-attention and a
 //! GELU feed-forward network. A model of the **encoder** kind: every chunk is a whole input,
 //! attended in both directions, with no KV cache; it answers hidden states after any layer and
-//! pooled vectors (mean, first row) — what `/v1/embeddings` needs.
+//! pooled vectors (mean, first row) — what `/v1/embeddings` needs. nomic-bert (Nussbaum et al.
+//! 2024, arXiv:2402.01613) is the same encoder with rotary positions, a fused query/key/value
+//! projection, a SwiGLU feed-forward network and no projection biases.
 //!
 //! Reference implementation: Hugging Face `transformers` (`modeling_bert.py`) and
 //! sentence-transformers' `Pooling`, against which `tests/` checks hidden states and pooled
 //! vectors of a tiny random-weight BERT and the real all-MiniLM-L6-v2.
 //!
 //! Checkpoints: Hugging Face folders (safetensors, ONNX: `config.json` and sentence-transformers'
-//! side files) and llama.cpp GGUF files of architecture `bert` (as `convert_hf_to_gguf.py`
-//! writes them: `bert.*` hyper-parameters, `bert.pooling_type`, llama.cpp's tensor names), which
-//! give the same model: `tests/` checks all-MiniLM-L6-v2 from GGUF against llama.cpp's
-//! `llama-embedding` and against the safetensors folder.
+//! side files) and llama.cpp GGUF files of architecture `bert` or `nomic-bert` (as
+//! `convert_hf_to_gguf.py` writes them: `{arch}.*` hyper-parameters, `{arch}.pooling_type`,
+//! llama.cpp's tensor names), which give the same model: `tests/` checks all-MiniLM-L6-v2 from GGUF against llama.cpp's
+//! `llama-embedding` and against the safetensors folder, and a random nomic-bert GGUF (written
+//! by llama.cpp's converter) against transformers' `NomicBertModel` and `llama-embedding`.
 //!
 //! Layout: [`config`] (hyper-parameters), [`naming`] (the tensor names of each checkpoint
 //! layout), [`model`] (`Embeddings`, `SelfAttention`, `FeedForward`, `Layer`, `Bert`), and the

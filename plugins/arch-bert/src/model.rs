@@ -3,15 +3,17 @@
 //!
 //! Every chunk of a batch is one whole input: its rows run together through the projections
 //! (one matmul per weight per pass) and attend to each other only, in both directions.
+//! Positions restart at 0 in every chunk, whether they enter as a learned table (BERT) or as
+//! rotary embeddings of the queries and keys (nomic-bert).
 
 use crate::{
-    config::Config,
+    config::{Config, FeedForwardKind, Positions},
     naming::{Layout, blk},
 };
 use abi_stable::std_types::ROption;
 use u_sdk::{
     Activation, AttentionMask, AttentionParams, DType, ErrorKind, ModelConfig, ModelKind, Output,
-    Result, Rows, Segment, SeqChunk, UError, WeightSetBox,
+    Result, RopeParams, RopeStyle, Rows, Segment, SeqChunk, UError, WeightSetBox,
     nn::{Device, Tensor},
 };
 
@@ -25,6 +27,14 @@ struct Names<'w> {
 impl Names<'_> {
     fn stored(&self, name: &str) -> String {
         self.layout.stored(name)
+    }
+
+    /// Whether the checkpoint stores `name`.
+    fn has(&self, name: &str) -> bool {
+        self.weights
+            .tensor(self.stored(name).as_str().into())
+            .into_result()
+            .is_ok()
     }
 
     /// `name` in the backend, as stored.
@@ -53,14 +63,23 @@ impl Names<'_> {
     }
 }
 
-/// `y = x·Wᵀ + b` with the weight as stored.
+/// `y = x·Wᵀ (+ b)` with the weight as stored; BERT's projections have biases, nomic-bert's
+/// none.
 struct Dense {
     weight: Tensor,
-    bias: Tensor,
+    bias: Option<Tensor>,
 }
 
 impl Dense {
+    /// `name.weight` (`[outputs, inputs]`) and its `name.bias`, which must be there.
     fn load(n: &Names<'_>, name: &str, inputs: usize, outputs: usize) -> Result<Dense> {
+        let mut dense = Dense::load_unbiased(n, name, inputs, outputs)?;
+        dense.bias = Some(n.vector(&format!("{name}.bias"), outputs)?);
+        Ok(dense)
+    }
+
+    /// `name.weight` (`[outputs, inputs]`), with `name.bias` when the checkpoint has one.
+    fn load_unbiased(n: &Names<'_>, name: &str, inputs: usize, outputs: usize) -> Result<Dense> {
         let weight = n.tensor(&format!("{name}.weight"))?;
         if weight.dims() != [outputs as u64, inputs as u64] {
             return Err(UError::invalid(format!(
@@ -69,15 +88,36 @@ impl Dense {
                 weight.dims()
             )));
         }
-        Ok(Dense {
-            weight,
-            bias: n.vector(&format!("{name}.bias"), outputs)?,
-        })
+        let bias = format!("{name}.bias");
+        let bias = match n.has(&bias) {
+            true => Some(n.vector(&bias, outputs)?),
+            false => None,
+        };
+        Ok(Dense { weight, bias })
+    }
+
+    /// Query, key and value projections from one fused `[3·hidden, hidden]` weight (rows:
+    /// queries, then keys, then values) and its optional fused bias.
+    fn load_fused_qkv(n: &Names<'_>, name: &str, hidden: usize) -> Result<[Dense; 3]> {
+        let fused = Dense::load_unbiased(n, name, hidden, 3 * hidden)?;
+        let part = |i: usize| -> Result<Dense> {
+            let rows = i * hidden..(i + 1) * hidden;
+            Ok(Dense {
+                weight: fused.weight.rows_range(rows.clone())?,
+                bias: match &fused.bias {
+                    Some(b) => Some(b.reshape(&[3, hidden as u64])?.index(i)?),
+                    None => None,
+                },
+            })
+        };
+        Ok([part(0)?, part(1)?, part(2)?])
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = x.matmul_t(&self.weight)?;
-        y.add_assign(&self.bias)?;
+        if let Some(bias) = &self.bias {
+            y.add_assign(bias)?;
+        }
         Ok(y)
     }
 }
@@ -110,22 +150,22 @@ struct Span {
     len: usize,
 }
 
-/// Token, position and segment embeddings, summed and normalised.
+/// Token, position (when learned) and segment embeddings, summed and normalised.
 struct Embeddings {
     word: Tensor,
-    position: Tensor,
+    position: Option<Tensor>,
     segment: Tensor,
     norm: LayerNorm,
 }
 
 impl Embeddings {
     /// `LayerNorm(word + position + segment)` for every row: token ids through the word
-    /// table, embedding rows as they are; positions restart at 0 in every chunk, and the
-    /// chunk's `k`-th input segment is BERT segment (token type) `k` — a sentence pair is two
-    /// token segments.
-    fn forward(&self, batch: &[SeqChunk<'_>], spans: &[Span], hidden: usize) -> Result<Tensor> {
+    /// table, embedding rows as they are; `positions` index the learned table (rotary models
+    /// have none), and the chunk's `k`-th input segment is BERT segment (token type) `k` — a
+    /// sentence pair is two token segments.
+    fn forward(&self, batch: &[SeqChunk<'_>], positions: &Tensor, hidden: usize) -> Result<Tensor> {
         let dev = self.word.device();
-        let rows: usize = spans.iter().map(|s| s.len).sum();
+        let rows = positions.dims().iter().product::<u64>() as usize;
         let words = dev.alloc(DType::F32, &[rows as u64, hidden as u64])?;
         let types = self.segment.rows() as i32;
         let mut segment_ids = Vec::with_capacity(rows);
@@ -153,35 +193,83 @@ impl Embeddings {
             }
             at += n;
         }
-        let positions: Vec<i32> = spans.iter().flat_map(|s| 0..s.len as i32).collect();
-        let positions = dev.from_i32(&positions, &[rows as u64])?;
-        let x = words.add(&self.position.get_rows(&positions)?)?;
-        x.add_assign(
+        if let Some(table) = &self.position {
+            words.add_assign(&table.get_rows(positions)?)?;
+        }
+        words.add_assign(
             &self
                 .segment
                 .get_rows(&dev.from_i32(&segment_ids, &[rows as u64])?)?,
         )?;
-        self.norm.forward(&x)
+        self.norm.forward(&words)
     }
 }
 
-/// Bidirectional multi-head self-attention with its output projection.
+/// Bidirectional multi-head self-attention with its output projection, queries and keys
+/// rotated by position when the model's positions are rotary.
 struct SelfAttention {
     query: Dense,
     key: Dense,
     value: Dense,
     output: Dense,
+    rope: Option<RopeParams>,
     heads: usize,
     head_dim: usize,
 }
 
 impl SelfAttention {
-    fn forward(&self, x: &Tensor, spans: &[Span]) -> Result<Tensor> {
+    /// Separate `attn_q`/`attn_k`/`attn_v` projections (BERT), or one fused `attn_qkv`
+    /// (nomic-bert); biases where the checkpoint has them, which BERT's must.
+    fn load(n: &Names<'_>, cfg: &Config, i: usize) -> Result<SelfAttention> {
+        let h = cfg.hidden;
+        let head_dim = h / cfg.heads;
+        let biased = cfg.positions == Positions::Learned;
+        let dense = |t: &str, inputs, outputs| match biased {
+            true => Dense::load(n, &blk(i, t), inputs, outputs),
+            false => Dense::load_unbiased(n, &blk(i, t), inputs, outputs),
+        };
+        let [query, key, value] = match n.has(&format!("{}.weight", blk(i, "attn_qkv"))) {
+            true => Dense::load_fused_qkv(n, &blk(i, "attn_qkv"), h)?,
+            false => [
+                dense("attn_q", h, h)?,
+                dense("attn_k", h, h)?,
+                dense("attn_v", h, h)?,
+            ],
+        };
+        let rope = match cfg.positions {
+            Positions::Learned => None,
+            Positions::Rotary { base } => Some(RopeParams {
+                style: RopeStyle::NeoX,
+                rotary_dim: head_dim as u32,
+                head_dim: head_dim as u32,
+                heads: cfg.heads as u32,
+                inv_freq: (0..head_dim / 2)
+                    .map(|j| 1.0 / base.powf((2 * j) as f32 / head_dim as f32))
+                    .collect(),
+                attn_factor: 1.0,
+            }),
+        };
+        Ok(SelfAttention {
+            query,
+            key,
+            value,
+            output: dense("attn_output", h, h)?,
+            rope,
+            heads: cfg.heads,
+            head_dim,
+        })
+    }
+
+    fn forward(&self, x: &Tensor, positions: &Tensor, spans: &[Span]) -> Result<Tensor> {
         let (q, k, v) = (
             self.query.forward(x)?,
             self.key.forward(x)?,
             self.value.forward(x)?,
         );
+        if let Some(rope) = &self.rope {
+            q.rope_assign(positions, rope)?;
+            k.rope_assign(positions, rope)?;
+        }
         let ctx = x.device().alloc(DType::F32, q.dims())?;
         let params = AttentionParams {
             heads: self.heads as u32,
@@ -207,17 +295,45 @@ impl SelfAttention {
     }
 }
 
-/// The position-wise feed-forward network: `down(gelu(up(x)))`.
+/// The position-wise feed-forward network: `down(GELU(up(x)))` (BERT) or
+/// `down(SiLU(gate(x)) ⊙ up(x))` (nomic-bert).
 struct FeedForward {
+    gate: Option<Dense>,
     up: Dense,
     down: Dense,
     act: Activation,
 }
 
 impl FeedForward {
+    fn load(n: &Names<'_>, cfg: &Config, i: usize) -> Result<FeedForward> {
+        let (h, f) = (cfg.hidden, cfg.intermediate);
+        let p = |t: &str| blk(i, t);
+        Ok(match cfg.feed_forward {
+            FeedForwardKind::Gelu | FeedForwardKind::GeluTanh => FeedForward {
+                gate: None,
+                up: Dense::load(n, &p("ffn_up"), h, f)?,
+                down: Dense::load(n, &p("ffn_down"), f, h)?,
+                act: match cfg.feed_forward {
+                    FeedForwardKind::GeluTanh => Activation::GeluTanh,
+                    _ => Activation::GeluErf,
+                },
+            },
+            FeedForwardKind::SwiGlu => FeedForward {
+                gate: Some(Dense::load_unbiased(n, &p("ffn_gate"), h, f)?),
+                up: Dense::load_unbiased(n, &p("ffn_up"), h, f)?,
+                down: Dense::load_unbiased(n, &p("ffn_down"), f, h)?,
+                act: Activation::Silu,
+            },
+        })
+    }
+
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.down
-            .forward(&self.up.forward(x)?.activation(self.act)?)
+        let up = self.up.forward(x)?;
+        let inner = match &self.gate {
+            Some(gate) => gate.forward(x)?.gated(self.act, &up)?,
+            None => up.activation(self.act)?,
+        };
+        self.down.forward(&inner)
     }
 }
 
@@ -231,35 +347,18 @@ struct Layer {
 
 impl Layer {
     fn load(n: &Names<'_>, cfg: &Config, i: usize) -> Result<Layer> {
-        let p = |t: &str| blk(i, t);
-        let h = cfg.hidden;
         Ok(Layer {
-            attention: SelfAttention {
-                query: Dense::load(n, &p("attn_q"), h, h)?,
-                key: Dense::load(n, &p("attn_k"), h, h)?,
-                value: Dense::load(n, &p("attn_v"), h, h)?,
-                output: Dense::load(n, &p("attn_output"), h, h)?,
-                heads: cfg.heads,
-                head_dim: h / cfg.heads,
-            },
-            attention_norm: LayerNorm::load(n, &p("attn_output_norm"), cfg)?,
-            ffn: FeedForward {
-                up: Dense::load(n, &p("ffn_up"), h, cfg.intermediate)?,
-                down: Dense::load(n, &p("ffn_down"), cfg.intermediate, h)?,
-                act: if cfg.tanh_gelu {
-                    Activation::GeluTanh
-                } else {
-                    Activation::GeluErf
-                },
-            },
-            output_norm: LayerNorm::load(n, &p("layer_output_norm"), cfg)?,
+            attention: SelfAttention::load(n, cfg, i)?,
+            attention_norm: LayerNorm::load(n, &blk(i, "attn_output_norm"), cfg)?,
+            ffn: FeedForward::load(n, cfg, i)?,
+            output_norm: LayerNorm::load(n, &blk(i, "layer_output_norm"), cfg)?,
         })
     }
 
-    fn forward(&self, x: &Tensor, spans: &[Span]) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, positions: &Tensor, spans: &[Span]) -> Result<Tensor> {
         let h = self
             .attention_norm
-            .forward(&x.add(&self.attention.forward(x, spans)?)?)?;
+            .forward(&x.add(&self.attention.forward(x, positions, spans)?)?)?;
         self.output_norm.forward(&h.add(&self.ffn.forward(&h)?)?)
     }
 }
@@ -284,18 +383,23 @@ impl Bert {
             device,
         };
         let word = n.tensor("token_embd.weight")?;
-        let position = n.tensor("position_embd.weight")?;
+        let position = match cfg.positions {
+            Positions::Learned => Some(n.tensor("position_embd.weight")?),
+            Positions::Rotary { .. } => None,
+        };
         let segment = n.tensor("token_types.weight")?;
         let h = cfg.hidden as u64;
         if word.dims() != [cfg.vocab_size as u64, h]
-            || position.dims() != [cfg.max_positions as u64, h]
+            || position
+                .as_ref()
+                .is_some_and(|p| p.dims() != [cfg.max_positions as u64, h])
             || !matches!(segment.dims(), [rows, w] if *rows > 0 && *w == h)
         {
             return Err(UError::invalid(format!(
                 "arch-bert: embedding tables {:?}, {:?}, {:?} do not fit vocabulary {}, {} \
                  positions and hidden size {h}",
                 word.dims(),
-                position.dims(),
+                position.as_ref().map(Tensor::dims),
                 segment.dims(),
                 cfg.vocab_size,
                 cfg.max_positions
@@ -322,7 +426,7 @@ impl Bert {
         let c = &self.cfg;
         ModelConfig {
             kind: ModelKind::Encoder,
-            family: "bert".into(),
+            family: c.family.into(),
             vocab_size: c.vocab_size as u32,
             hidden: c.hidden as u32,
             layers: c.layers as u32,
@@ -424,9 +528,15 @@ impl Bert {
             return Ok(());
         }
         let hidden = self.cfg.hidden;
-        let mut states = vec![self.embeddings.forward(batch, &spans, hidden)?];
+        let positions: Vec<i32> = spans.iter().flat_map(|s| 0..s.len as i32).collect();
+        let positions = self
+            .embeddings
+            .word
+            .device()
+            .from_i32(&positions, &[offset as u64])?;
+        let mut states = vec![self.embeddings.forward(batch, &positions, hidden)?];
         for layer in &self.layers {
-            let x = layer.forward(states.last().expect("embeddings first"), &spans)?;
+            let x = layer.forward(states.last().expect("embeddings first"), &positions, &spans)?;
             states.push(x);
         }
         // `states[0]` is the embeddings' output and `states[i + 1]` the state after block `i`;

@@ -19,6 +19,10 @@
 //!
 //! each with its `.weight` and `.bias`. Both layouts store a linear weight as
 //! `[outputs, inputs]` (outermost first) in the same row order, so nothing is permuted.
+//!
+//! nomic-bert GGUF files have no `position_embd`, one `blk.{i}.attn_qkv` (query, key and value
+//! rows stacked) in place of `attn_q`/`attn_k`/`attn_v`, a `blk.{i}.ffn_gate` beside `ffn_up`,
+//! and no projection biases.
 
 use u_sdk::{UError, WeightSetBox};
 

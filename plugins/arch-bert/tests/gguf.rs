@@ -16,6 +16,12 @@
 //! - A tiny random BERT (the committed `bert-tiny` fixture) from GGUF equals it from
 //!   safetensors; malformed bert GGUF files (a missing tensor, a wrong shape, a missing or
 //!   unsupported key) are refused with an error naming what is wrong.
+//! - A tiny random nomic-bert (`fixtures/models/nomic-bert-tiny.gguf`, written by llama.cpp's
+//!   converter; `fixtures/gen_nomic_tiny.py`): U's tokenizer gives llama.cpp's ids, and U's
+//!   final hidden states and normalised mean-pooled embeddings equal transformers'
+//!   `NomicBertModel` and `llama-embedding` within [`NOMIC_TOL`], for eight sentences up to 386
+//!   tokens (rotary positions far from 0); the sentences in one batch give what each gives
+//!   alone; malformed nomic-bert files are refused with an error naming what is wrong.
 
 #[path = "support/hf_to_gguf.rs"]
 mod hf_to_gguf;
@@ -41,6 +47,10 @@ const LLAMA_TOL: f32 = 5e-4;
 const LLAMA_COSINE: f64 = 0.99999;
 /// U from GGUF against U from safetensors, per component of the pooled vector.
 const SAME_TOL: f32 = 1e-5;
+/// The tiny nomic-bert against transformers and llama-embedding, per component of a hidden
+/// state or a normalised embedding (the bound; measured: 2e-6, the two references
+/// differ from each other by as much).
+const NOMIC_TOL: f32 = 1e-4;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
@@ -343,5 +353,194 @@ fn malformed_bert_gguf_files_are_refused() -> Result<()> {
     *g.value_mut("bert.attention.causal").context("causal")? = Value::Bool(true);
     let e = refused(&g);
     assert!(e.contains("causal"), "{e}");
+    Ok(())
+}
+
+fn nomic_tiny() -> PathBuf {
+    fixtures().join("models/nomic-bert-tiny.gguf")
+}
+
+fn rows_of(v: &Json) -> Result<Vec<Vec<f32>>> {
+    Ok(serde_json::from_value(v.clone())?)
+}
+
+#[test]
+fn nomic_bert_from_gguf_equals_transformers_and_llama_embedding() -> Result<()> {
+    let record = read_json(&fixtures().join("nomic_tiny_expected.json"))?;
+    let weights = gguf_weights(&nomic_tiny())?;
+    let tokenizer = u_tokenizer::Tok::from_meta(&weights)?;
+    let model = BertArchitecture.load(weights, backend()?)?;
+    let config = model.config().into_result()?;
+    assert_eq!(
+        (
+            config.family.as_str(),
+            config.pooling,
+            config.hidden,
+            config.layers,
+            config.context_length
+        ),
+        ("nomic-bert", Pooling::Mean, 64, 2, 2048)
+    );
+    let final_rows = Output::Hidden {
+        layer: config.layers - 1,
+        rows: u_sdk::Rows::All,
+    };
+    let cases = record["cases"].as_array().context("cases")?;
+    let (mut hidden_gap, mut pooled_gap) = (0f32, 0f32);
+    let mut alone = Vec::new();
+    for case in cases {
+        let text = case["text"].as_str().context("text")?;
+        let ids: Vec<u32> = serde_json::from_value(case["ids"].clone())?;
+        assert_eq!(
+            tokenizer.encode(text, true)?,
+            ids,
+            "{text:?}: llama.cpp's ids"
+        );
+        let hidden = run(&model, &ids, final_rows)?;
+        let rows: Vec<usize> = serde_json::from_value(case["rows"].clone())?;
+        for (name, want) in [
+            ("transformers", rows_of(&case["reference_hidden"])?),
+            ("llama-embedding", rows_of(&case["hidden"])?),
+        ] {
+            for (&r, want) in rows.iter().zip(&want) {
+                let d = max_diff(&hidden[r * 64..(r + 1) * 64], want);
+                assert!(d <= NOMIC_TOL, "{text:?} row {r}: {name} differs by {d}");
+                hidden_gap = hidden_gap.max(d);
+            }
+        }
+        let pooled = normalised(&run(&model, &ids, Output::Pooled(config.pooling))?);
+        for (name, key) in [
+            ("transformers", "reference_embedding"),
+            ("llama-embedding", "embedding"),
+        ] {
+            let want: Vec<f32> = serde_json::from_value(case[key].clone())?;
+            let d = max_diff(&pooled, &want);
+            assert!(
+                d <= NOMIC_TOL,
+                "{text:?}: {name}'s embedding differs by {d}"
+            );
+            pooled_gap = pooled_gap.max(d);
+        }
+        alone.push((ids, pooled));
+    }
+    eprintln!(
+        "nomic-bert: final hidden states max |Δ| {hidden_gap:.2e}, embeddings {pooled_gap:.2e}"
+    );
+
+    // Every sentence in one batch: rotary positions restart in each chunk.
+    let inputs: Vec<[Segment<'_>; 1]> = alone
+        .iter()
+        .map(|(ids, _)| [Segment::Tokens(RSlice::from_slice(ids))])
+        .collect();
+    let batch: Vec<SeqChunk<'_>> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, input)| SeqChunk::tokens(i as u64, input, Output::Pooled(Pooling::Mean)))
+        .collect();
+    let mut out = vec![0f32; 64 * batch.len()];
+    model
+        .forward(
+            RSlice::from_slice(&batch),
+            RSliceMut::from_mut_slice(&mut out),
+        )
+        .into_result()?;
+    for (got, (ids, want)) in out.chunks(64).zip(&alone) {
+        let d = max_diff(&normalised(got), want);
+        assert!(d <= SAME_TOL, "{} ids: batched differs by {d}", ids.len());
+    }
+    Ok(())
+}
+
+/// Reads an F32 GGUF file whose metadata values are of the types the test writer has (what
+/// convert_hf_to_gguf.py writes for BERT-family encoders), to change and write it again.
+fn read_gguf(path: &Path) -> Result<Gguf> {
+    use u_loader_gguf::gguf::{Array, Value as Read};
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let file = u_loader_gguf::Gguf::parse(&bytes)?;
+    let metadata = file
+        .metadata
+        .iter()
+        .map(|(key, value)| {
+            let value = match value {
+                Read::U32(v) => Value::U32(*v),
+                Read::F32(v) => Value::F32(*v),
+                Read::Bool(v) => Value::Bool(*v),
+                Read::Str(v) => Value::Str(v.clone()),
+                Read::Array(Array::Str(v)) => Value::Strs(v.clone()),
+                Read::Array(Array::I32(v)) => Value::I32s(v.clone()),
+                other => anyhow::bail!("{key}: {other:?} is not a value the writer writes"),
+            };
+            Ok((key.clone(), value))
+        })
+        .collect::<Result<_>>()?;
+    let tensors = file
+        .tensors
+        .iter()
+        .map(|t| {
+            anyhow::ensure!(
+                t.ggml_type == 0,
+                "{}: ggml type {}, not F32",
+                t.name,
+                t.ggml_type
+            );
+            Ok(hf_to_gguf::Tensor {
+                name: t.name.clone(),
+                dims: t.dims.clone(),
+                data: file.tensor_data(&bytes, &t.name)?.to_vec(),
+            })
+        })
+        .collect::<Result<_>>()?;
+    Ok(Gguf { metadata, tensors })
+}
+
+#[test]
+fn malformed_nomic_bert_gguf_files_are_refused() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let base = read_gguf(&nomic_tiny())?;
+    build(&base, dir.path())?;
+    let refused = |g: &Gguf| -> String {
+        match build(g, dir.path()) {
+            Ok(_) => panic!("a malformed file was accepted"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let mut g = base.clone();
+    g.tensors.retain(|t| t.name != "blk.1.ffn_gate.weight");
+    let e = refused(&g);
+    assert!(e.contains("blk.1.ffn_gate.weight"), "{e}");
+
+    let mut g = base.clone();
+    let t = g
+        .tensors
+        .iter_mut()
+        .find(|t| t.name == "blk.0.attn_qkv.weight")
+        .context("qkv")?;
+    t.dims = vec![64, 128];
+    t.data.truncate(64 * 128 * 4);
+    let e = refused(&g);
+    assert!(
+        e.contains("blk.0.attn_qkv.weight") && e.contains("expected [192, 64]"),
+        "{e}"
+    );
+
+    let mut g = base.clone();
+    *g.value_mut("nomic-bert.rope.freq_base").context("rope")? = Value::F32(0.0);
+    let e = refused(&g);
+    assert!(e.contains("nomic-bert.rope.freq_base"), "{e}");
+
+    let mut g = base.clone();
+    for (key, value) in &mut g.metadata {
+        if let Some(rest) = key.strip_prefix("nomic-bert.") {
+            *key = format!("nomic-bert-moe.{rest}");
+        }
+        if key == "general.architecture" {
+            *value = Value::Str("nomic-bert-moe".into());
+        }
+    }
+    let e = refused(&g);
+    assert!(
+        e.contains("nomic-bert-moe") && e.contains("not implemented"),
+        "{e}"
+    );
     Ok(())
 }
