@@ -170,6 +170,46 @@ fn a_missing_model_or_template_is_a_clear_error() {
     assert!(text(&out).contains("no tokenizer"), "{}", text(&out));
 }
 
+/// `--draft-model` (the deployment's `[model] draft`): the fixture Llama drafting for itself
+/// from its Q8_0 GGUF — built over a cache instance of its own, since its KV layout is the
+/// draft's — keeps greedy output token for token and reports its drafts as kept; a draft model
+/// that is no decoder of the model's vocabulary (an encoder) is refused by name.
+#[test]
+fn a_draft_model_drafts_without_changing_greedy_output() {
+    let dir = model_dir();
+    let draft = root().join("plugins/arch-llama/tests/fixtures/models/llama/model.q8_0.gguf");
+    let draft = draft.to_str().unwrap();
+    let greedy = ["--temp", "0"];
+    let plain = generate_json(dir.path(), &greedy);
+    let fast = generate_json(
+        dir.path(),
+        &[&greedy[..], &["--draft-model", draft]].concat(),
+    );
+    assert_eq!(ids(&fast), ids(&plain), "{fast}");
+    let t = &fast["timings"];
+    let (drafted, kept) = (
+        t["draft_tokens"].as_u64(),
+        t["accepted_draft_tokens"].as_u64(),
+    );
+    assert!(drafted > Some(8) && kept == drafted, "{t}");
+
+    let encoder = root().join("plugins/arch-bert/tests/fixtures/models/nomic-bert-tiny.gguf");
+    let args = [
+        "generate",
+        "--prompt",
+        "x",
+        "--draft-model",
+        encoder.to_str().unwrap(),
+    ];
+    let out = run(&mut runner(&args, dir.path()));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("draft model") && text(&out).contains("Encoder"),
+        "{}",
+        text(&out)
+    );
+}
+
 /// On the default model's GGUF file: `tokenize` gives llama.cpp's prompt ids, and greedy
 /// `generate` llama.cpp's tokens up to the first step where the two part (step 5 of this
 /// prompt, at a top-2 gap of 0.034: see plugins/arch-llama/tests/llamacpp.rs), on one compute

@@ -32,6 +32,8 @@
 //! max_queued = 64          # requests that may wait; past that, 429 (default 64)
 //! step_tokens = 512        # tokens per forward pass, decodes first, prefill chunks share the rest
 //! aliases = ["gpt-4o-mini", "local/smollm2"]  # other names clients may ask for it by ("*": any)
+//! draft = "/srv/models/smollm2-q4.gguf"  # a smaller model of the same vocabulary that drafts
+//!                          # tokens for speculative decoding (read-granted as the model is)
 //! ```
 //!
 //! Grants use the capability names of [`u_sdk::manifest::Capability`]: `fs.read`/`fs.write`
@@ -296,12 +298,14 @@ pub struct Deployment {
     /// Directories adapters may be loaded from at run time (`[model] adapter_dirs`; none: no
     /// loading at run time).
     pub adapter_dirs: Vec<PathBuf>,
+    /// The draft model of speculative decoding (`[model] draft`), built beside the model.
+    pub draft_model: Option<PathBuf>,
 }
 
 impl Deployment {
-    /// Every file loaded beside the model — adapters, control vectors, soft prompts — and the
-    /// directories of adapters loaded at run time, whose paths are read-granted as the model's
-    /// are.
+    /// Every file loaded beside the model — adapters, control vectors, soft prompts, the draft
+    /// model — and the directories of adapters loaded at run time, whose paths are read-granted
+    /// as the model's are.
     pub fn model_extras(&self) -> impl Iterator<Item = &Path> {
         self.adapters
             .iter()
@@ -309,6 +313,7 @@ impl Deployment {
             .chain(&self.soft_prompts)
             .map(|(_, p)| p.as_path())
             .chain(self.adapter_dirs.iter().map(PathBuf::as_path))
+            .chain(self.draft_model.as_deref())
     }
 }
 
@@ -387,6 +392,7 @@ struct RawModel {
     control_vectors: BTreeMap<String, String>,
     #[serde(default)]
     soft_prompts: BTreeMap<String, String>,
+    draft: Option<String>,
 }
 
 impl Deployment {
@@ -511,6 +517,11 @@ impl Deployment {
                 .map(|m| m.adapter_dirs.iter().map(|d| resolve(&dir, d)).collect())
                 .unwrap_or_default(),
             architecture: raw.model.as_ref().and_then(|m| m.architecture.clone()),
+            draft_model: raw
+                .model
+                .as_ref()
+                .and_then(|m| m.draft.as_deref())
+                .map(|p| resolve(&dir, p)),
             model: raw.model.and_then(|m| m.path).map(|p| resolve(&dir, &p)),
         })
     }
@@ -917,6 +928,21 @@ process.fork = false
             .to_string();
             assert!(e.contains(says), "{aliases}: {e}");
         }
+    }
+
+    #[test]
+    fn a_draft_model_is_read_granted_beside_the_model() {
+        let d = parse("[deployment]\nname='t'\n[model]\npath='m.gguf'\ndraft='d/small.gguf'\n")
+            .unwrap();
+        assert_eq!(
+            d.draft_model.as_deref(),
+            Some(Path::new("/etc/u/d/small.gguf"))
+        );
+        assert!(
+            d.model_extras()
+                .any(|p| p == Path::new("/etc/u/d/small.gguf"))
+        );
+        assert_eq!(parse("[deployment]\nname='t'\n").unwrap().draft_model, None);
     }
 
     #[test]

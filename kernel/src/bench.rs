@@ -11,6 +11,9 @@
 //!   only — llama-bench's `pp` (one batch, last logits). Rate: `P` ÷ time.
 //! - **tgN**: `N` single-token forward passes on a fresh sequence, each producing its logits,
 //!   each fed a random token id (no sampling) — llama-bench's `tg`. Rate: `N` ÷ time.
+//! - **`-d D`** (llama-bench's `-d`): each run first fills the fresh sequence with `D` random
+//!   tokens in prefill chunks, untimed, so `pp`/`tg` measure at that context depth (named
+//!   `pp512 @ d4096` as llama-bench names them).
 //!
 //! Each test runs once untimed (warm-up: page faults on the mapped weights, scratch buffers)
 //! and then `--reps` times; the mean and sample standard deviation of the per-rep rates are
@@ -53,6 +56,9 @@ pub struct BenchArgs {
     /// Tokens of the generation test (0 skips it).
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     n_gen: u32,
+    /// Context depth: tokens already in the sequence (prefilled untimed) before each test.
+    #[arg(short = 'd', long = "n-depth", default_value_t = 0)]
+    n_depth: u32,
     /// Compute threads [default: the deployment's, else all cores].
     #[arg(long, short = 't')]
     threads: Option<u32>,
@@ -82,28 +88,39 @@ fn mean_std(xs: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
-/// Seconds of one test on a fresh sequence: `n_prompt` tokens in prefill chunks, or `n_gen`
-/// single-token passes.
+/// The lengths of one test: tokens already in the sequence, prompt tokens, generated tokens.
+#[derive(Clone, Copy)]
+struct Test {
+    depth: u32,
+    prompt: u32,
+    gen_tokens: u32,
+}
+
+/// Seconds of one test on a fresh sequence filled with `test.depth` tokens first (untimed):
+/// `test.prompt` tokens in prefill chunks, or `test.gen_tokens` single-token passes.
 fn run_once(
     model: &ModelBox,
     cache: &KvCacheBox,
     vocab: u32,
     rng: &mut Rng,
-    n_prompt: u32,
-    n_gen: u32,
+    test: Test,
 ) -> Result<f64> {
     let vocab = u64::from(vocab.max(1));
-    let prompt: Vec<u32> = (0..n_prompt)
-        .map(|_| (rng.next_u64() % vocab) as u32)
-        .collect();
-    let generated: Vec<u32> = (0..n_gen)
-        .map(|_| (rng.next_u64() % vocab) as u32)
-        .collect();
+    let mut draw =
+        |n: u32| -> Vec<u32> { (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect() };
+    let (depth, prompt, generated) = (draw(test.depth), draw(test.prompt), draw(test.gen_tokens));
     let mut logits = vec![0f32; vocab as usize];
     let seq = cache
         .create()
         .into_result()
         .map_err(|e| anyhow!("cache.create: {e}"))?;
+    let filled = depth
+        .chunks(PREFILL_CHUNK)
+        .try_for_each(|chunk| forward(model, seq, chunk, &mut []));
+    if let Err(e) = filled {
+        let _ = cache.release(seq);
+        return Err(e);
+    }
     let start = Instant::now();
     let chunks = prompt.len().div_ceil(PREFILL_CHUNK);
     let result = prompt
@@ -175,23 +192,32 @@ pub fn run(args: BenchArgs) -> Result<i32> {
     let tests = [(args.n_prompt, 0), (0, args.n_gen)]
         .into_iter()
         .filter(|&(p, n)| p + n > 0);
+    let depth = args.n_depth;
     let mut results = Vec::new();
     for (n_prompt, n_gen) in tests {
         let vocab = config.vocab_size;
-        run_once(&model, &cache, vocab, &mut rng, n_prompt, n_gen)?;
+        let test = Test {
+            depth,
+            prompt: n_prompt,
+            gen_tokens: n_gen,
+        };
+        run_once(&model, &cache, vocab, &mut rng, test)?;
         let secs = (0..reps)
-            .map(|_| run_once(&model, &cache, vocab, &mut rng, n_prompt, n_gen))
+            .map(|_| run_once(&model, &cache, vocab, &mut rng, test))
             .collect::<Result<Vec<f64>>>()?;
         let n = f64::from(n_prompt + n_gen);
         let ts: Vec<f64> = secs.iter().map(|s| n / s).collect();
         let ns: Vec<u64> = secs.iter().map(|s| (s * 1e9).round() as u64).collect();
         let (avg_ts, stddev_ts) = mean_std(&ts);
         let (avg_s, stddev_s) = mean_std(&secs);
-        let test = if n_gen == 0 {
+        let mut test = if n_gen == 0 {
             format!("pp{n_prompt}")
         } else {
             format!("tg{n_gen}")
         };
+        if depth > 0 {
+            test.push_str(&format!(" @ d{depth}"));
+        }
         if !args.json {
             if results.is_empty() {
                 println!("| model | size | params | threads | test | t/s |");
@@ -211,6 +237,7 @@ pub fn run(args: BenchArgs) -> Result<i32> {
             "n_threads": threads,
             "n_prompt": n_prompt,
             "n_gen": n_gen,
+            "n_depth": depth,
             "loader": opened.loader,
             "avg_ns": (avg_s * 1e9).round() as u64,
             "stddev_ns": (stddev_s * 1e9).round() as u64,

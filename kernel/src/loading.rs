@@ -39,6 +39,26 @@ pub struct LoadedPlugin {
     pub info: PluginInfo,
     /// Its entry object.
     pub instance: PluginInstance,
+    module: PluginModRef,
+    config: String,
+    threads: u32,
+}
+
+impl LoadedPlugin {
+    /// A second, independent entry object of the same plugin, with the same grants, settings
+    /// and threads: a KV cache for a second model (a draft model), whose layout differs from
+    /// the first one's.
+    pub fn another_instance(&self) -> Result<PluginInstance, String> {
+        let services = PluginServices::new(
+            &self.verified.manifest.name,
+            self.grants.clone(),
+            self.config.clone(),
+            self.threads,
+        );
+        (self.module.instantiate())(services.into_box())
+            .into_result()
+            .map_err(|e| format!("{}: instantiate failed: {e}", self.verified.manifest.name))
+    }
 }
 
 /// A plugin the host would not load, and why.
@@ -178,7 +198,7 @@ fn instantiate_one(plugin: OpenedPlugin, threads: u32) -> Result<LoadedPlugin, S
     let services = PluginServices::new(
         &manifest.name,
         plugin.grants.clone(),
-        plugin.config,
+        plugin.config.clone(),
         threads,
     );
     let info = (plugin.module.describe())();
@@ -198,6 +218,9 @@ fn instantiate_one(plugin: OpenedPlugin, threads: u32) -> Result<LoadedPlugin, S
         grants: plugin.grants,
         info,
         instance,
+        module: plugin.module,
+        config: plugin.config,
+        threads,
     })
 }
 

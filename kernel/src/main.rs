@@ -225,6 +225,10 @@ struct GenerateArgs {
     /// Start the prompt with a soft prompt: a PEFT prompt-tuning directory.
     #[arg(long, value_name = "PATH")]
     soft_prompt: Option<PathBuf>,
+    /// Draft with this smaller model of the same vocabulary (speculative decoding), as the
+    /// deployment's `[model] draft` does.
+    #[arg(long, value_name = "PATH")]
+    draft_model: Option<PathBuf>,
     /// The deployment [default: $U_DEPLOYMENT, else the build tree's manifests/dev.toml, else
     /// /etc/u/deployment.toml].
     #[arg(long)]
@@ -665,6 +669,9 @@ fn generate(args: GenerateArgs) -> Result<i32> {
         }
         None => String::new(),
     };
+    if let Some(draft) = &args.draft_model {
+        d.draft_model = Some(absolute(draft));
+    }
     let threads = args.threads.unwrap_or_else(|| threads(&d)).max(1);
     let opened = wiring::open(&d, &args.model, threads, wiring::Want::Engine)?;
     let (runner, engine) = opened.engine.context("no engine was started")?;

@@ -129,5 +129,6 @@ pub fn deployment(
         control_vectors: Vec::new(),
         soft_prompts: Vec::new(),
         adapter_dirs: Vec::new(),
+        draft_model: None,
     })
 }

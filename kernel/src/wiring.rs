@@ -235,10 +235,18 @@ pub fn build(
         load_adapter(report, &model_box, adapter, path)?;
     }
     if want == Want::Engine {
+        let draft = match &deployment.draft_model {
+            Some(path) => Some(draft_model(report, path, &config, &backend)?),
+            None => None,
+        };
         opened.engine = Some(start_runner(
             report,
             name,
-            (model_box, image_encoder),
+            Models {
+                model: model_box,
+                image_encoder,
+                draft,
+            },
             &config,
             opened.tokenizer.clone(),
             deployment,
@@ -373,6 +381,60 @@ fn as_gguf(report: &LoadReport, deployment: &Deployment, opened: &mut Opened) ->
     Ok(())
 }
 
+/// The draft model of speculative decoding (`[model] draft`): opened by the deployment's
+/// loaders, built by the architecture declaring its family, over a KV cache of its own (a
+/// second instance of the cache plugin, whose layout is the draft's). It must be a decoder of
+/// the served model's vocabulary.
+fn draft_model(
+    report: &LoadReport,
+    path: &Path,
+    served: &ModelConfig,
+    backend: &BackendBox,
+) -> Result<ModelBox> {
+    let shown = path.display();
+    let (loader, weights) = open_weights(path, &inspect::loaders(report))
+        .with_context(|| format!("the draft model {shown}"))?;
+    let family = weights
+        .architecture()
+        .into_result()
+        .map_err(|e| anyhow!("{loader}: {e}"))?
+        .into_option()
+        .map(|a| a.to_string());
+    let (arch_name, architecture) = choose_architecture(report, family.as_deref(), None)
+        .with_context(|| format!("the draft model {shown}"))?;
+    let cache = report
+        .loaded
+        .iter()
+        .find(|p| matches!(p.instance, PluginInstance::Cache(_)))
+        .map(|p| match p.another_instance() {
+            Ok(PluginInstance::Cache(c)) => Ok(c),
+            Ok(_) => Err(anyhow!("{}: not a cache the second time", p.path.display())),
+            Err(e) => Err(anyhow!("{e}")),
+        })
+        .transpose()?;
+    let (model, config) = build_model(
+        &arch_name,
+        &architecture,
+        BuildContext {
+            weights,
+            family: family.unwrap_or_default().into(),
+            backend: backend.clone(),
+            cache: cache.into(),
+        },
+    )
+    .with_context(|| format!("the draft model {shown}"))?;
+    if config.kind != ModelKind::Decoder || config.vocab_size != served.vocab_size {
+        bail!(
+            "the draft model {shown} is a {:?} of {} tokens; drafting for this model needs a \
+             decoder of its {} tokens",
+            config.kind,
+            config.vocab_size,
+            served.vocab_size
+        );
+    }
+    Ok(model)
+}
+
 fn build_model(
     arch_name: &str,
     architecture: &ArchitectureBox,
@@ -452,12 +514,23 @@ fn task_for(kind: ModelKind, has_image_encoder: bool) -> Option<Task> {
     }
 }
 
+/// The models a runner starts with: the served one, its image encoder and its draft model.
+struct Models {
+    model: ModelBox,
+    image_encoder: Option<ModelBox>,
+    draft: Option<ModelBox>,
+}
+
 /// Starts the first loaded runner whose signed manifest declares the model's task, with the
 /// deployment's serving limits, control vectors, soft prompts and adapter directories.
 fn start_runner(
     report: &LoadReport,
     name: &str,
-    (model, image_encoder): (ModelBox, Option<ModelBox>),
+    Models {
+        model,
+        image_encoder,
+        draft,
+    }: Models,
     config: &ModelConfig,
     tokenizer: Option<TokenizerBox>,
     deployment: &Deployment,
@@ -494,6 +567,7 @@ fn start_runner(
         extras: runner_extras(report, deployment)?.into(),
         adapter_opener: adapter_opener(report, deployment).into(),
         image_encoder: image_encoder.into(),
+        draft_model: draft.into(),
     };
     match runner.start(context) {
         RResult::ROk(engine) => Ok((runner_name, engine)),

@@ -16,6 +16,12 @@ token) unless the output matrix is tied to it. KV-cache reads (< 1% here) are no
     python3 tests/bench/llama_bench.py                         # all five types, 3 reps, 1 round
     python3 tests/bench/llama_bench.py --types Q4_0 --reps 1   # a quick try
     python3 tests/bench/llama_bench.py --rounds 3 --isa avx2   # both on their AVX2 paths
+    python3 tests/bench/llama_bench.py --depth 4096            # at 4096 tokens of context
+
+`--depth D` runs both at context depth D (llama-bench's `-d`, `u-runner bench -d`: D tokens
+prefilled untimed before each run) with U's KV cache as `--kv-type` says (`f32`, the default,
+or `int8`) and llama.cpp's F16 KV; the limit fractions then leave out the KV reads, which at
+depth are no longer small (D × 16 layers × 2 × 1024 values per decoded token).
 
 `--isa avx2` builds llama.cpp for AVX2 only and runs U's kernels on their AVX2 path (a copy of
 manifests/dev.toml with kernels-cpu's `isa = "avx2"`), so an AVX-512 machine can measure what
@@ -123,6 +129,8 @@ def split(results: list[dict]) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for r in results:
         test = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}"
+        if r.get("n_depth"):
+            test += f" @ d{r['n_depth']}"
         out.setdefault(test, []).extend(r["samples_ts"])
     return out
 
@@ -131,7 +139,7 @@ def run_llama(bin_dir: Path, model: Path, a) -> tuple[dict[str, list[float]], st
     """llama-bench's per-rep tokens/s, and its build number and commit."""
     out = subprocess.run(
         [str(bin_dir / "llama-bench"), "-m", str(model), "-p", str(a.p), "-n", str(a.n),
-         "-t", str(a.threads), "-r", str(a.reps), "-o", "json"],
+         "-t", str(a.threads), "-r", str(a.reps), "-d", str(a.depth), "-o", "json"],
         check=True, capture_output=True, text=True,
         env=dict(os.environ) if a.omp_active else dict(os.environ, OMP_WAIT_POLICY="passive"))
     results = json.loads(out.stdout)
@@ -141,14 +149,21 @@ def run_llama(bin_dir: Path, model: Path, a) -> tuple[dict[str, list[float]], st
     return split(results), build
 
 
-def deployment_for(isa: str) -> Path | None:
-    """For `--isa avx2`, a copy of manifests/dev.toml (beside it, so its relative paths hold)
-    whose kernels-cpu runs the AVX2 path even on an AVX-512 machine; else None (U's best)."""
-    if isa != "avx2":
+def deployment_for(isa: str, kv_type: str) -> Path | None:
+    """For `--isa avx2` or `--kv-type int8`, a copy of manifests/dev.toml (beside it, so its
+    relative paths hold) whose kernels-cpu runs the AVX2 path even on an AVX-512 machine, or
+    whose cache-kv stores int8 KV; else None (U's best path, f32 KV)."""
+    if isa != "avx2" and kv_type == "f32":
         return None
     dev = ROOT / "manifests" / "dev.toml"
-    plugin = 'path = "../target/plugins/kernels-cpu.so"\n'
-    text = dev.read_text().replace(plugin, plugin + '[plugins.config]\nisa = "avx2"\n')
+    text = dev.read_text()
+    if isa == "avx2":
+        plugin = 'path = "../target/plugins/kernels-cpu.so"\n'
+        text = text.replace(plugin, plugin + '[plugins.config]\nisa = "avx2"\n')
+    if kv_type != "f32":
+        plugin = 'path = "../target/plugins/cache-kv.so"\n'
+        assert plugin in text, "manifests/dev.toml loads cache-kv"
+        text = text.replace(plugin, plugin + f'[plugins.config]\nkv_dtype = "{kv_type}"\n')
     fd, name = tempfile.mkstemp(prefix=".bench-avx2-", suffix=".toml", dir=dev.parent)
     with os.fdopen(fd, "w") as f:
         f.write(text)
@@ -157,12 +172,13 @@ def deployment_for(isa: str) -> Path | None:
 
 def run_u(runner: Path, model: Path, a) -> dict[str, list[float]] | str:
     """U's per-rep tokens/s, or its error message."""
-    deployment = deployment_for(a.isa)
+    deployment = deployment_for(a.isa, a.kv_type)
     extra = ["--deployment", str(deployment)] if deployment else []
     try:
         out = subprocess.run(
             [str(runner), "bench", "--model", str(model), "-p", str(a.p), "-n", str(a.n),
-             "--threads", str(a.threads), "--reps", str(a.reps), "--json", *extra],
+             "-d", str(a.depth), "--threads", str(a.threads), "--reps", str(a.reps), "--json",
+             *extra],
             capture_output=True, text=True)
     finally:
         if deployment:
@@ -194,6 +210,10 @@ def main() -> int:
                          "like the pip build (see gen_bench_llama.py)")
     ap.add_argument("--omp-active", action="store_true",
                     help="let llama.cpp's OpenMP threads spin (its default; for idle machines)")
+    ap.add_argument("--depth", "-d", type=int, default=0,
+                    help="context depth: tokens prefilled (untimed) before each test")
+    ap.add_argument("--kv-type", choices=["f32", "int8"], default="f32",
+                    help="U's KV cache type (llama.cpp keeps its F16 default)")
     ap.add_argument("--bw-mib", type=int, default=1024, help="buffer of the bandwidth test")
     ap.add_argument("--json-out", type=Path, help="also write all samples here")
     a = ap.parse_args()
@@ -233,12 +253,14 @@ def main() -> int:
 
     bws.append(read_bandwidth(a.threads, a.bw_mib))
     bw = max(bws)
-    pp, tg = f"pp{a.p}", f"tg{a.n}"
+    at = f" @ d{a.depth}" if a.depth else ""
+    pp, tg = f"pp{a.p}{at}", f"tg{a.n}{at}"
     shape = ", ".join(f"{k} {v}" for k, v in fixtures.SHAPE.items())
     print(f"\nbench Llama ~244M ({shape}), {a.threads} threads, {a.reps} reps x {a.rounds} "
           f"round(s); llama.cpp {build}from the llama-cpp-python {fixtures.LLAMA_CPP_PYTHON} "
           f"sdist, {a.isa} build, U on its {'AVX2' if a.isa == 'avx2' else 'best'} path, "
-          f"OMP_WAIT_POLICY={'default' if a.omp_active else 'passive'}")
+          f"OMP_WAIT_POLICY={'default' if a.omp_active else 'passive'}, "
+          f"U KV {a.kv_type}, llama.cpp KV f16")
     print(f"read bandwidth {bw:.1f} GB/s (before {bws[0]:.1f}, after {bws[1]:.1f}; {a.threads} "
           f"threads, {a.bw_mib} MiB); tg limit = bandwidth / weight bytes per token\n")
     head = ("| type   | test  | U t/s             | llama.cpp t/s     | U/llama.cpp | "

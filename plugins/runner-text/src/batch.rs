@@ -2,14 +2,20 @@
 //! one its last token, a prefilling one as much of its prompt as the step's token budget leaves
 //! (oldest first), so long prompts never stall the decodes running beside them.
 //!
-//! A decoding request may run a prompt-lookup draft after its last token (see
-//! [`crate::lookup`]) while the pass carries few decodes.
+//! A decoding request may run a draft after its last token while the pass carries few decodes:
+//! the draft model's (see [`crate::drafter`]) where the deployment has one, else a prompt
+//! lookup (see [`crate::lookup`]).
 //!
 //! Constrained requests' next-token masks are computed on a worker thread while the forward
 //! pass runs (llguidance's mask takes about as long as a small model's decode step), so a
 //! batch that mixes constrained and free requests waits for neither in turn.
 
-use crate::{Error, Generator, Result, constraint::Guide, sequence::Sequence};
+use crate::{
+    Error, Generator, Result,
+    constraint::Guide,
+    drafter::{DraftJob, Drafter},
+    sequence::Sequence,
+};
 use abi_stable::std_types::{RSlice, RSliceMut};
 use u_sdk::{AdapterScale, Output, Rows, SeqChunk, SeqExtras, Steering};
 
@@ -83,8 +89,17 @@ impl<T> Batch<T> {
             0 => usize::MAX,
             n => n as usize,
         };
-        for (s, _) in slots.iter_mut() {
-            s.plan_draft(draft, context);
+        let planned: Vec<(usize, usize)> = slots
+            .iter_mut()
+            .enumerate()
+            .map(|(i, (s, _))| (i, s.plan_draft(draft, context)))
+            .filter(|&(_, max)| max > 0)
+            .collect();
+        match g.drafter() {
+            Some(drafter) => draft_with_model(drafter, slots, &planned),
+            None => planned
+                .iter()
+                .for_each(|&(i, max)| slots[i].0.draft_by_lookup(max)),
         }
         let hidden = g.config().hidden as usize;
         let mut prefill_left = step_tokens.saturating_sub(decoding).max(1);
@@ -179,5 +194,37 @@ impl<T> Batch<T> {
             }
         }
         Ok(true)
+    }
+}
+
+/// Drafts for the `planned` requests (index, most tokens) with the draft model, in batched
+/// passes. A request whose positions a draft model cannot read drafts nothing; if the draft
+/// model fails, this pass drafts nothing and the requests start their draft sequences afresh
+/// (drafts only speed decoding up: the served model decides every token either way).
+fn draft_with_model<T>(drafter: &Drafter, slots: &mut [(Sequence, T)], planned: &[(usize, usize)]) {
+    let mut order = Vec::with_capacity(planned.len());
+    let mut jobs = Vec::with_capacity(planned.len());
+    for (slot, (s, _)) in slots.iter_mut().enumerate() {
+        let Some(&(_, max)) = planned.iter().find(|&&(i, _)| i == slot) else {
+            continue;
+        };
+        if let Some((tokens, state)) = s.draft_model_input() {
+            order.push(slot);
+            jobs.push(DraftJob { tokens, state, max });
+        }
+    }
+    let drafts = drafter.propose(&mut jobs);
+    drop(jobs);
+    match drafts {
+        Ok(drafts) => {
+            for (slot, draft) in order.into_iter().zip(drafts) {
+                slots[slot].0.set_draft(draft);
+            }
+        }
+        Err(_) => {
+            for slot in order {
+                slots[slot].0.reset_draft_model();
+            }
+        }
     }
 }

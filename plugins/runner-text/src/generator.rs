@@ -4,6 +4,7 @@ use crate::{
     ChatMessage, Error, Result,
     batch::Batch,
     constraint::Grammars,
+    drafter::Drafter,
     sampler,
     sequence::{Origin, Sequence, Spec},
 };
@@ -97,6 +98,7 @@ pub struct Generator {
     template: Option<String>,
     prefill_chunk: usize,
     speculation: Speculation,
+    drafter: Option<Drafter>,
     grammars: OnceLock<Result<Grammars>>,
 }
 
@@ -171,6 +173,7 @@ impl Generator {
             template,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             speculation: Speculation::default(),
+            drafter: None,
             grammars: OnceLock::new(),
         })
     }
@@ -187,9 +190,24 @@ impl Generator {
         self
     }
 
-    /// Prompt-lookup speculative decoding's settings.
+    /// Drafts with `draft` (a decoder of this model's vocabulary) instead of by prompt lookup,
+    /// when given (see [`crate::drafter`]); the speculation settings apply to its drafts.
+    pub fn with_draft_model(mut self, draft: Option<ModelBox>) -> Result<Self> {
+        self.drafter = match draft {
+            Some(model) => Some(Drafter::new(model, self.config.vocab_size)?),
+            None => None,
+        };
+        Ok(self)
+    }
+
+    /// Speculative decoding's settings.
     pub fn speculation(&self) -> Speculation {
         self.speculation
+    }
+
+    /// The draft model, when speculation drafts with one.
+    pub(crate) fn drafter(&self) -> Option<&Drafter> {
+        self.drafter.as_ref()
     }
 
     /// The model's hyper-parameters.

@@ -31,6 +31,7 @@
 
 mod batch;
 mod constraint;
+mod drafter;
 pub mod extras;
 mod generator;
 mod handle;

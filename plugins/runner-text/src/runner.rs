@@ -22,7 +22,8 @@ impl Runner for TextRunner {
     fn start(&self, context: RunnerContext) -> RResult<EngineBox, UError> {
         (|| {
             let generator = Generator::new(context.model, context.tokenizer.into_option())?
-                .with_speculation(self.speculation);
+                .with_speculation(self.speculation)
+                .with_draft_model(context.draft_model.into_option())?;
             let defaults = Limits::default();
             let pick = |v: u32, d: usize| if v == 0 { d } else { v as usize };
             let l = context.limits;

@@ -13,6 +13,7 @@ use crate::owner::PrefixKey;
 use crate::{
     Error, GenerateOptions, Generator, Result,
     constraint::Guide,
+    drafter::DraftSeq,
     logprobs::LogSoftmax,
     lookup::{self, Lookup},
     sampler::Sampler,
@@ -168,6 +169,8 @@ pub(crate) struct Sequence {
     lookup: Lookup,
     /// This pass's input when it drafts: the last token, then the draft.
     drafted: Vec<u32>,
+    /// Its sequence in the draft model's cache, when a draft model drafts.
+    draft_seq: Option<DraftSeq>,
 }
 
 impl Drop for Sequence {
@@ -322,6 +325,7 @@ impl Sequence {
             prefilled: None,
             lookup: Lookup::default(),
             drafted: Vec::new(),
+            draft_seq: None,
         };
         // Checked once `s` exists, so that dropping it releases the sequences.
         let mut s = s;
@@ -451,28 +455,54 @@ impl Sequence {
         std::mem::take(&mut self.outbox)
     }
 
-    /// Plans this pass's draft: up to `max` tokens by prompt lookup (0: none this pass), when
-    /// the request decodes one token at a time unconstrained and has room for them. Called
-    /// before every pass, it also forgets the last pass's draft.
-    pub(crate) fn plan_draft(&mut self, max: usize, context: usize) {
+    /// Plans this pass's draft: how many tokens it may draft, up to `max` (0: none this
+    /// pass), when the request decodes one token at a time unconstrained, has room for them
+    /// and is not backing off after rejected drafts. Called before every pass, it also forgets
+    /// the last pass's draft.
+    pub(crate) fn plan_draft(&mut self, max: usize, context: usize) -> usize {
         self.drafted.clear();
         let pending = self.unknown + self.tokens.len() - self.computed;
         if self.state != State::Decode || self.guide.is_some() || pending != 1 || max == 0 {
-            return;
+            return 0;
         }
         let room = self
             .budget
             .saturating_sub(self.generated + 1)
             .min(context.saturating_sub(self.computed + 1));
         if room == 0 || !self.lookup.ready() {
-            return;
+            return 0;
         }
-        let draft = lookup::propose(&self.tokens, max.min(room));
+        max.min(room)
+    }
+
+    /// Drafts up to `max` tokens ([`Sequence::plan_draft`]) by prompt lookup.
+    pub(crate) fn draft_by_lookup(&mut self, max: usize) {
+        let draft = lookup::propose(&self.tokens, max);
+        self.set_draft(draft);
+    }
+
+    /// What a draft model needs to draft for this request: its tokens and its sequence in the
+    /// draft model's cache; `None` where positions are not all tokens (soft prompts, images),
+    /// which a draft model does not read.
+    pub(crate) fn draft_model_input(&mut self) -> Option<(&[u32], &mut Option<DraftSeq>)> {
+        match self.unknown == 0 && self.images.is_empty() {
+            true => Some((&self.tokens, &mut self.draft_seq)),
+            false => None,
+        }
+    }
+
+    /// Runs `draft` after the pending last token in the next pass.
+    pub(crate) fn set_draft(&mut self, draft: Vec<u32>) {
         if !draft.is_empty() {
             self.drafted
                 .push(*self.tokens.last().expect("one pending token"));
             self.drafted.extend(draft);
         }
+    }
+
+    /// Forgets the draft model's sequence (after the draft model failed).
+    pub(crate) fn reset_draft_model(&mut self) {
+        self.draft_seq = None;
     }
 
     /// The input this request runs in the next pass — soft-prompt rows not yet run, then at

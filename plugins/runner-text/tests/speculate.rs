@@ -1,10 +1,13 @@
-//! Prompt-lookup speculative decoding on the tiny Llama: greedy output is the output without
-//! speculation, token for token (f32 and Q8_0 weights), drafts are proposed and kept on
-//! repetitive text, and sampled output stays well-formed with the drafts verified by
-//! rejection sampling.
+//! Speculative decoding on the tiny Llama: greedy output is the output without speculation,
+//! token for token (f32 and Q8_0 weights), whether prompt lookup drafts (proposed and kept on
+//! repetitive text) or a draft model does (the Llama's own Q8_0 file, whose drafts it keeps;
+//! the tiny Mistral of the same vocabulary, some of whose drafts it turns down); sampled output
+//! stays well-formed with the drafts verified by rejection sampling; a draft model of another
+//! vocabulary is refused.
 
 mod common;
 
+use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut};
 use anyhow::Result;
 use u_runner_text::{GenerateOptions, Generator, Speculation, sampler};
 
@@ -78,5 +81,135 @@ fn sampled_output_is_verified_by_rejection_sampling() -> Result<()> {
     // The same seed gives the same draws.
     let again = g.generate("a b a b a b a b", &options, &mut |_, _| true)?;
     assert_eq!(again.tokens, out.tokens);
+    Ok(())
+}
+
+/// The tiny Llama (f32) drafting with fixture `draft` (file `file`, or its safetensors).
+fn with_draft_model(
+    draft: &str,
+    file: Option<&str>,
+    speculation: Speculation,
+) -> Result<Generator> {
+    let weights = match file {
+        None => common::safetensors(draft)?,
+        Some(f) => common::gguf(draft, f)?,
+    };
+    let draft = common::build_in(weights, common::cache())?;
+    Ok(generator(None, speculation)?.with_draft_model(Some(draft))?)
+}
+
+#[test]
+fn greedy_output_is_the_same_with_a_draft_model() -> Result<()> {
+    let on = Speculation {
+        draft_tokens: 4,
+        max_running: 4,
+    };
+    let options = GenerateOptions {
+        max_tokens: 40,
+        ..GenerateOptions::default()
+    };
+    let prompts = ["hello world", "the cat sat on the mat", "ddq ddw"];
+    for (draft, file) in [("llama", Some("model.q8_0.gguf")), ("mistral", None)] {
+        let (mut drafted, mut kept) = (0, 0);
+        for p in prompts {
+            let plain = generator(None, OFF)?.generate(p, &options, &mut |_, _| true)?;
+            let g = with_draft_model(draft, file, on)?;
+            let fast = g.generate(p, &options, &mut |_, _| true)?;
+            assert_eq!(fast.tokens, plain.tokens, "{draft}: {p:?}");
+            assert_eq!(fast.text, plain.text);
+            drafted += fast.timings.draft_tokens;
+            kept += fast.timings.accepted_tokens;
+            // The draft model's sequences continue from what the last request left behind.
+            let again = g.generate(p, &options, &mut |_, _| true)?;
+            assert_eq!(again.tokens, plain.tokens, "{draft}: {p:?}, second run");
+        }
+        eprintln!("draft model {draft}: {kept} of {drafted} drafted tokens kept");
+        match draft {
+            "llama" => assert!(
+                kept * 10 >= drafted * 9 && drafted > 40,
+                "{kept} of {drafted}"
+            ),
+            _ => assert!(kept < drafted && drafted > 0, "{kept} of {drafted}"),
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn sampling_with_a_draft_model_is_reproducible() -> Result<()> {
+    let on = Speculation {
+        draft_tokens: 3,
+        max_running: 4,
+    };
+    let options = GenerateOptions {
+        max_tokens: 40,
+        sampling: u_sdk::SamplingParams {
+            temperature: 2.0,
+            seed: abi_stable::std_types::ROption::RSome(5),
+            ..sampler::greedy()
+        },
+        ..GenerateOptions::default()
+    };
+    let g = with_draft_model("llama", Some("model.q8_0.gguf"), on)?;
+    let out = g.generate("a b c", &options, &mut |_, _| true)?;
+    assert_eq!(out.tokens.len(), 40);
+    // Sampling turns some of the greedy drafts down, so the draft model's sequence is cut back
+    // part of the way and goes on from there.
+    let t = &out.timings;
+    assert!(
+        t.accepted_tokens > 0 && t.accepted_tokens < t.draft_tokens,
+        "{t:?}"
+    );
+    let again = g.generate("a b c", &options, &mut |_, _| true)?;
+    assert_eq!(again.tokens, out.tokens);
+    Ok(())
+}
+
+/// A model that says it has one token more than it has: a draft model of another vocabulary.
+struct OtherVocabulary(u_sdk::ModelBox);
+
+impl u_sdk::Model for OtherVocabulary {
+    fn config(&self) -> RResult<u_sdk::ModelConfig, u_sdk::UError> {
+        self.0.config().map(|c| u_sdk::ModelConfig {
+            vocab_size: c.vocab_size + 1,
+            ..c
+        })
+    }
+
+    fn cache(&self) -> RResult<ROption<u_sdk::KvCacheBox>, u_sdk::UError> {
+        self.0.cache()
+    }
+
+    fn forward(
+        &self,
+        batch: RSlice<'_, u_sdk::SeqChunk<'_>>,
+        out: RSliceMut<'_, f32>,
+    ) -> RResult<(), u_sdk::UError> {
+        self.0.forward(batch, out)
+    }
+
+    fn graft(
+        &self,
+        dst: u_sdk::SeqId,
+        src: u_sdk::SeqId,
+        from: u64,
+        count: u64,
+    ) -> RResult<(), u_sdk::UError> {
+        self.0.graft(dst, src, from, count)
+    }
+}
+
+#[test]
+fn a_draft_model_of_another_vocabulary_is_refused() -> Result<()> {
+    let llama = common::build_in(common::safetensors("llama")?, common::cache())?;
+    let draft = u_sdk::ModelBox::new(OtherVocabulary(llama));
+    let e = match generator(None, OFF)?.with_draft_model(Some(draft)) {
+        Ok(_) => panic!("a draft model of 129 tokens was accepted for a model of 128"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains("draft model") && e.contains("129") && e.contains("128"),
+        "{e}"
+    );
     Ok(())
 }

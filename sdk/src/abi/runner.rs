@@ -55,6 +55,9 @@ pub struct RunnerContext {
     ///
     /// [`ModelConfig::image_token`]: crate::abi::model::ModelConfig::image_token
     pub image_encoder: ROption<ModelBox>,
+    /// A smaller decoder over the same vocabulary that drafts tokens for speculative decoding
+    /// (`[model] draft`), with its own KV cache; the runner verifies its drafts with `model`.
+    pub draft_model: ROption<ModelBox>,
 }
 
 /// An adapter's files as a loader read them.
