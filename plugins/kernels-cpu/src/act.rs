@@ -96,8 +96,50 @@ fn finish_q8(ob: &mut Q8Block, amax: f32, sum: i32) {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{Q8Block, finish_q8};
+    use super::{Q8Block, Q8KBlock, finish_q8};
     use core::arch::x86_64::*;
+
+    /// The sum of the eight i32 lanes of `v`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn hsum_epi32(v: __m256i) -> i32 {
+        let t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let t = _mm_add_epi32(t, _mm_shuffle_epi32::<0b0100_1110>(t));
+        _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32::<0b1011_0001>(t)))
+    }
+
+    /// [`super::quantize_q8k`]: `vcvtps2dq` rounds to nearest even as the portable code does.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn quantize_q8k(x: &[f32], out: &mut [Q8KBlock]) {
+        let sign = _mm256_set1_ps(-0.0);
+        for (xb, ob) in x.chunks_exact(256).zip(out.iter_mut()) {
+            // SAFETY: 32 loads of 8 values inside the 256-value block.
+            let v: [__m256; 32] =
+                core::array::from_fn(|i| unsafe { _mm256_loadu_ps(xb.as_ptr().add(8 * i)) });
+            let mut m = _mm256_andnot_ps(sign, v[0]);
+            for x in &v[1..] {
+                m = _mm256_max_ps(m, _mm256_andnot_ps(sign, *x));
+            }
+            let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+            let id = _mm256_set1_ps(if amax > 0.0 { 127.0 / amax } else { 0.0 });
+            for c in 0..8 {
+                let q: [__m256i; 4] =
+                    core::array::from_fn(|i| _mm256_cvtps_epi32(_mm256_mul_ps(v[4 * c + i], id)));
+                ob.bsums[2 * c] = hsum_epi32(_mm256_add_epi32(q[0], q[1])) as i16;
+                ob.bsums[2 * c + 1] = hsum_epi32(_mm256_add_epi32(q[2], q[3])) as i16;
+                let p = _mm256_packs_epi16(
+                    _mm256_packs_epi32(q[0], q[1]),
+                    _mm256_packs_epi32(q[2], q[3]),
+                );
+                let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+                // SAFETY: bytes 32c..32c + 32 of the 256 codes.
+                unsafe { _mm256_storeu_si256(ob.qs.as_mut_ptr().add(32 * c) as *mut __m256i, p) };
+            }
+            ob.d = amax / 127.0;
+        }
+    }
 
     /// [`super::quantize_q8`] with AVX2: the same operations per value (IEEE multiply, then
     /// round half to even, which `vcvtps2dq` does in the default rounding mode).
@@ -162,8 +204,19 @@ pub fn f32_to_f16_bits(x: f32) -> u16 {
     sign | ((rounded - 0x3800_0000) >> 13) as u16
 }
 
-/// Quantizes `x` (a whole number of 256-value blocks) into `out`.
+/// Quantizes `x` (a whole number of 256-value blocks) into `out` (AVX2 where the CPU has it:
+/// the same blocks bit for bit).
 pub fn quantize_q8k(x: &[f32], out: &mut [Q8KBlock]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { x86::quantize_q8k(x, out) };
+    }
+    quantize_q8k_portable(x, out);
+}
+
+/// [`quantize_q8k`] in portable code.
+pub fn quantize_q8k_portable(x: &[f32], out: &mut [Q8KBlock]) {
     for (xb, ob) in x.chunks_exact(256).zip(out.iter_mut()) {
         let amax = xb.iter().fold(0f32, |a, &v| a.max(v.abs()));
         let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
@@ -266,6 +319,34 @@ mod tests {
                 (b.d.to_bits(), b.s.to_bits(), b.s1.to_bits(), b.sum),
                 "block {i}"
             );
+        }
+    }
+
+    #[test]
+    fn simd_k_quantization_equals_the_portable_one_bit_for_bit() {
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut x: Vec<f32> = (0..256 * 8)
+            .map(|i| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let v = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                v * [1e-3, 1.0, 37.0, 1e4][i / 256 % 4]
+            })
+            .collect();
+        x[256..512].fill(0.0);
+        x[512] = 1e-30;
+        // 127 · v / 127 lands on whole and half steps: round half to even must agree.
+        for (i, v) in x[1024..1280].iter_mut().enumerate() {
+            *v = (i as f32 - 127.0) / 2.0;
+        }
+        let (mut a, mut b) = (vec![Q8KBlock::default(); 8], vec![Q8KBlock::default(); 8]);
+        quantize_q8k(&x, &mut a);
+        quantize_q8k_portable(&x, &mut b);
+        for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+            assert_eq!(a.qs, b.qs, "block {i}");
+            assert_eq!(a.bsums, b.bsums, "block {i}");
+            assert_eq!(a.d.to_bits(), b.d.to_bits(), "block {i}");
         }
     }
 

@@ -756,7 +756,7 @@ impl Engine for EngineHandle {
                     max_tokens: request.max_tokens,
                     sampling: request.sampling.clone(),
                     stop: request.stop.iter().map(|s| s.to_string()).collect(),
-                    ignore_eos: false,
+                    ignore_eos: request.ignore_eos,
                 },
                 breakpoints,
                 top_logprobs,

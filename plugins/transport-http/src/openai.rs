@@ -327,8 +327,9 @@ fn response_format(o: &Obj) -> Result<Constraint, ApiError> {
 }
 
 /// Fields both endpoints take, OpenAI's and this server's extensions (`top_k`, `min_p`,
-/// `repetition_penalty`, `resume_from`, `save_as`, `overwrite`).
-const COMMON: [&str; 23] = [
+/// `repetition_penalty`, `ignore_eos` as vLLM and llama-server take them, `resume_from`,
+/// `save_as`, `overwrite`).
+const COMMON: [&str; 24] = [
     "model",
     "lora",
     "control_vectors",
@@ -349,6 +350,7 @@ const COMMON: [&str; 23] = [
     "top_k",
     "min_p",
     "repetition_penalty",
+    "ignore_eos",
     "resume_from",
     "save_as",
     "overwrite",
@@ -518,6 +520,7 @@ pub fn parse(
     request.resume_from = resume_from.map(Into::into).into();
     request.save_as = save_as.map(Into::into).into();
     request.overwrite = json::boolean(&o, "overwrite")?;
+    request.ignore_eos = json::boolean(&o, "ignore_eos")?;
     request.client = user.map(|u| format!("user:{u}")).unwrap_or_default().into();
     request.logit_bias = logit_bias(&o)?.into();
     request.adapters = json::adapters(&o, "lora")?.into();
@@ -1280,6 +1283,12 @@ mod tests {
             .map(|b| (b.id, b.bias))
             .collect();
         assert_eq!(bias, [(5, -100.0), (7, 2.5)]);
+        assert!(!p.request.ignore_eos);
+        let p = parsed(
+            r#"{"model":"tiny","prompt":"a","ignore_eos":true}"#,
+            Endpoint::Completions,
+        );
+        assert!(p.request.ignore_eos, "vLLM's and llama-server's ignore_eos");
         let p = parsed(r#"{"model":"tiny","prompt":[7,8]}"#, Endpoint::Completions);
         assert!(p.is_single() && p.request.clamp_max_tokens);
         assert_eq!(p.request.prompt_tokens.as_slice(), [7, 8]);

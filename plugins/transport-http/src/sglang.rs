@@ -5,9 +5,9 @@
 //! `/generate` takes `text` (a prompt, used as is: no chat template) or `input_ids`, and
 //! `sampling_params` with SGLang's names: `max_new_tokens` (default 128, as SGLang), `stop`,
 //! `temperature`, `top_p`, `top_k` (-1 = off), `min_p`, `frequency_penalty`,
-//! `presence_penalty`, `repetition_penalty`, `regex` and `json_schema` (the generated text is
-//! constrained to them); the parameters SGLang gives a neutral default are accepted at that
-//! default (`n: 1`, `ignore_eos: false`, `min_new_tokens: 0`, …). `return_logprob` (with
+//! `presence_penalty`, `repetition_penalty`, `ignore_eos`, `regex` and `json_schema` (the
+//! generated text is constrained to them); the parameters SGLang gives a neutral default are
+//! accepted at that default (`n: 1`, `min_new_tokens: 0`, …). `return_logprob` (with
 //! `top_logprobs_num` and `return_text_in_logprobs`) reports each generated token as SGLang's
 //! `[logprob, token_id, text]` triples; prompt log-probabilities (`logprob_start_len` other than
 //! -1) are not offered. Any other field, batched prompts and a parameter set to what the engine
@@ -44,8 +44,9 @@ const FIELDS: [&str; 9] = [
 ];
 
 /// `sampling_params` this server applies.
-const SAMPLING: [&str; 11] = [
+const SAMPLING: [&str; 12] = [
     "max_new_tokens",
+    "ignore_eos",
     "stop",
     "temperature",
     "top_p",
@@ -59,9 +60,8 @@ const SAMPLING: [&str; 11] = [
 ];
 
 /// `sampling_params` accepted only at SGLang's default, which is what this engine does.
-const AT_DEFAULT: [&str; 7] = [
+const AT_DEFAULT: [&str; 6] = [
     "n",
-    "ignore_eos",
     "min_new_tokens",
     "skip_special_tokens",
     "spaces_between_special_tokens",
@@ -75,7 +75,7 @@ fn is_default(key: &str, v: &Value) -> bool {
         "n" => v.as_u64() == Some(1),
         "min_new_tokens" => v.as_u64() == Some(0),
         "stop_token_ids" => v.as_array().is_some_and(|a| a.is_empty()),
-        "ignore_eos" | "no_stop_trim" => v == &Value::Bool(false),
+        "no_stop_trim" => v == &Value::Bool(false),
         _ => v == &Value::Bool(true),
     }
 }
@@ -168,6 +168,7 @@ pub fn parse(body: &[u8], models: &[String]) -> Result<Parsed, ApiError> {
     };
     let mut request = GenerateRequest::new(&model, &prompt, max_new_tokens, sampling);
     request.prompt_tokens = tokens.into();
+    request.ignore_eos = json::boolean(p, "ignore_eos")?;
     request.stop = json::strings(p, "stop")?
         .into_iter()
         .map(Into::into)
@@ -391,6 +392,13 @@ mod tests {
         assert_eq!(r.stop.len(), 1);
         assert_eq!(r.top_logprobs, ROption::RSome(2));
         assert_eq!(r.constraint, Constraint::Regex("[ab]+".into()));
+        assert!(!r.ignore_eos);
+        let p = parse(
+            br#"{"text": "Hi", "sampling_params": {"ignore_eos": true}}"#,
+            &models(),
+        )
+        .unwrap();
+        assert!(p.request.ignore_eos);
         let p = parse(br#"{"input_ids": [1, 2, 3]}"#, &models()).unwrap();
         assert_eq!(p.request.prompt_tokens.as_slice(), [1, 2, 3]);
         assert_eq!(p.request.max_tokens, DEFAULT_MAX_NEW_TOKENS);
@@ -413,8 +421,8 @@ mod tests {
                 "sampling_params.n",
             ),
             (
-                json!({"text": "a", "sampling_params": {"ignore_eos": true}}),
-                "sampling_params.ignore_eos",
+                json!({"text": "a", "sampling_params": {"ignore_eos": 1}}),
+                "ignore_eos",
             ),
             (
                 json!({"text": "a", "sampling_params": {"ebnf": "root ::= \"a\""}}),

@@ -163,6 +163,9 @@ pub struct GenerateRequest {
     /// The soft prompt (by name) whose rows stand before the prompt; empty for none. Its
     /// virtual tokens count in the prompt's tokens but are never in the text.
     pub soft_prompt: RString,
+    /// Generate past end-of-sequence tokens, up to `max_tokens` (vLLM's and llama-server's
+    /// `ignore_eos`, for load tests of a fixed length).
+    pub ignore_eos: bool,
 }
 
 /// One control vector a request runs under.
@@ -258,6 +261,7 @@ impl GenerateRequest {
             adapters: RVec::new(),
             control_vectors: RVec::new(),
             soft_prompt: RString::new(),
+            ignore_eos: false,
         }
     }
 }
