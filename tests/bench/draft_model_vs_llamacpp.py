@@ -34,6 +34,7 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 import gen_bench_llama as fixtures  # noqa: E402
+from speculative_vs_llamacpp import deployment  # noqa: E402
 
 PROMPTS = [
     ("story", "Once upon a time, in a small village by the sea,"),
@@ -52,17 +53,6 @@ def models() -> tuple[pathlib.Path, pathlib.Path]:
         subprocess.run([str(ROOT / "target/release/u-runner"), "quantize", "--allow-requantize",
                         str(draft), str(target), "F16"], check=True)
     return target, draft
-
-
-def deployment(draft_tokens: int, folder: str) -> str:
-    """manifests/dev.toml with runner-text's `draft_tokens` set (paths made absolute)."""
-    text = (ROOT / "manifests/dev.toml").read_text().replace('"../', f'"{ROOT}/')
-    marker = 'path = "' + str(ROOT) + '/target/plugins/runner-text.so"\n'
-    assert marker in text, "runner-text is not in manifests/dev.toml"
-    text = text.replace(marker, marker + f"[plugins.config]\ndraft_tokens = {draft_tokens}\n")
-    path = os.path.join(folder, f"draft{draft_tokens}.toml")
-    pathlib.Path(path).write_text(text)
-    return path
 
 
 def run_u(target, draft, prompt, a, manifest):

@@ -255,6 +255,14 @@ fn build(gguf: &Gguf, dir: &Path) -> Result<ModelBox> {
     Ok(BertArchitecture.load(gguf_weights(&path)?, backend()?)?)
 }
 
+/// The error building `gguf` (written into `dir`) gets; a model built from it fails the test.
+fn refusal(gguf: &Gguf, dir: &Path) -> String {
+    match build(gguf, dir) {
+        Ok(_) => panic!("a malformed file was accepted"),
+        Err(e) => e.to_string(),
+    }
+}
+
 #[test]
 fn a_tiny_bert_from_gguf_equals_it_from_safetensors() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -286,12 +294,7 @@ fn a_tiny_bert_from_gguf_equals_it_from_safetensors() -> Result<()> {
 fn malformed_bert_gguf_files_are_refused() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let base = Gguf::from_hf(&tiny())?;
-    let refused = |g: &Gguf| -> String {
-        match build(g, dir.path()) {
-            Ok(_) => panic!("a malformed file was accepted"),
-            Err(e) => e.to_string(),
-        }
-    };
+    let refused = |g: &Gguf| refusal(g, dir.path());
     let mut g = base.clone();
     g.tensors.retain(|t| t.name != "blk.1.ffn_down.weight");
     let e = refused(&g);
@@ -498,12 +501,7 @@ fn malformed_nomic_bert_gguf_files_are_refused() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let base = read_gguf(&nomic_tiny())?;
     build(&base, dir.path())?;
-    let refused = |g: &Gguf| -> String {
-        match build(g, dir.path()) {
-            Ok(_) => panic!("a malformed file was accepted"),
-            Err(e) => e.to_string(),
-        }
-    };
+    let refused = |g: &Gguf| refusal(g, dir.path());
     let mut g = base.clone();
     g.tensors.retain(|t| t.name != "blk.1.ffn_gate.weight");
     let e = refused(&g);

@@ -59,21 +59,26 @@ fn greedy_output_is_the_same_with_and_without_drafts() -> Result<()> {
     Ok(())
 }
 
+/// `max_tokens` tokens sampled at `temperature` with a fixed seed.
+fn sampled(max_tokens: u32, temperature: f32) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens,
+        sampling: u_sdk::SamplingParams {
+            temperature,
+            seed: ROption::RSome(5),
+            ..sampler::greedy()
+        },
+        ..GenerateOptions::default()
+    }
+}
+
 #[test]
 fn sampled_output_is_verified_by_rejection_sampling() -> Result<()> {
     let on = Speculation {
         draft_tokens: 3,
         max_running: 4,
     };
-    let options = GenerateOptions {
-        max_tokens: 40,
-        sampling: u_sdk::SamplingParams {
-            temperature: 0.7,
-            seed: abi_stable::std_types::ROption::RSome(5),
-            ..sampler::greedy()
-        },
-        ..GenerateOptions::default()
-    };
+    let options = sampled(40, 0.7);
     let g = generator(None, on)?;
     let out = g.generate("a b a b a b a b", &options, &mut |_, _| true)?;
     assert_eq!(out.tokens.len(), 40);
@@ -141,15 +146,7 @@ fn sampling_with_a_draft_model_is_reproducible() -> Result<()> {
         draft_tokens: 3,
         max_running: 4,
     };
-    let options = GenerateOptions {
-        max_tokens: 40,
-        sampling: u_sdk::SamplingParams {
-            temperature: 2.0,
-            seed: abi_stable::std_types::ROption::RSome(5),
-            ..sampler::greedy()
-        },
-        ..GenerateOptions::default()
-    };
+    let options = sampled(40, 2.0);
     let g = with_draft_model("llama", Some("model.q8_0.gguf"), on)?;
     let out = g.generate("a b c", &options, &mut |_, _| true)?;
     assert_eq!(out.tokens.len(), 40);
