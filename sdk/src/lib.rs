@@ -40,6 +40,8 @@ mod guard;
 pub mod manifest;
 pub mod meta;
 pub mod nn;
+#[cfg(feature = "json")]
+pub mod preprocessor;
 pub mod quant;
 pub mod settings;
 pub mod subtitles;

@@ -31,7 +31,9 @@ use abi_stable::std_types::{ROption, RResult, RStr, RString, RVec};
 use serde_json::{Map, Value};
 use std::{collections::HashMap, sync::Arc};
 use u_sdk::{
-    ImageSpec, MetaValue, Resample, Result, TensorInfo, TensorView, UError, WeightSet, WeightSetBox,
+    ImageSpec, MetaValue, Resample, Result, TensorInfo, TensorView, UError, WeightSet,
+    WeightSetBox,
+    preprocessor::{self, ProcessorDefaults},
 };
 
 /// The family this module builds (HF `model_type`).
@@ -292,10 +294,7 @@ fn processor_spec(
     side: u32,
     rows: u32,
 ) -> Result<ImageSpec> {
-    let bad =
-        |why: String| UError::invalid(format!("arch-llama: llava preprocessor_config.json: {why}"));
-    let key = |k: &str| meta(set, &format!("preprocessor.{k}"));
-    let flag = |k: &str| !matches!(key(k), Some(MetaValue::Bool(false)));
+    // OpenAI CLIP's statistics (LLaVA's CLIP towers), SigLIP's [-1, 1].
     let (mean, std) = match vision_type {
         "siglip_vision_model" => ([0.5; 3], [0.5; 3]),
         _ => (
@@ -303,99 +302,32 @@ fn processor_spec(
             [0.268_629_54, 0.261_302_6, 0.275_777_1],
         ),
     };
-    let triple = |k: &str, default: [f32; 3]| -> Result<[f32; 3]> {
-        let values: Vec<f64> = match key(k) {
-            None => return Ok(default),
-            Some(MetaValue::FloatArray(v)) => v.to_vec(),
-            Some(MetaValue::UIntArray(v)) => v.iter().map(|&x| x as f64).collect(),
-            Some(v) => match v.as_f64() {
-                Some(x) => vec![x; 3],
-                None => return Err(bad(format!("`{k}` is not three numbers"))),
-            },
-        };
-        match values[..] {
-            [a, b, c] if values.iter().all(|v| v.is_finite()) => Ok([a as f32, b as f32, c as f32]),
-            _ => Err(bad(format!("`{k}` is not three finite numbers"))),
+    let p = preprocessor::read(
+        set,
+        "arch-llama",
+        ProcessorDefaults {
+            mean,
+            std,
+            resample: Resample::Bicubic,
+        },
+    )?;
+    match p.side {
+        Some((h, w)) if (h, w) != (u64::from(side), u64::from(side)) => {
+            Err(UError::unsupported(format!(
+                "arch-llama: the llava processor makes {h}×{w} images for a vision tower of \
+                 {side}×{side}"
+            )))
         }
-    };
-    let normalize = flag("do_normalize");
-    let mean = if normalize {
-        triple("image_mean", mean)?
-    } else {
-        [0.0; 3]
-    };
-    let std = if normalize {
-        triple("image_std", std)?
-    } else {
-        [1.0; 3]
-    };
-    if std.contains(&0.0) {
-        return Err(bad("an `image_std` of 0".into()));
+        _ => Ok(ImageSpec {
+            channels: 3,
+            height: side,
+            width: side,
+            rows,
+            shortest_edge: p.shortest_edge,
+            resample: p.resample,
+            rescale: p.rescale,
+            mean: p.mean,
+            std: p.std,
+        }),
     }
-    let rescale = match flag("do_rescale") {
-        true => key("rescale_factor")
-            .and_then(|v| v.as_f64())
-            .unwrap_or(1.0 / 255.0) as f32,
-        false => 1.0,
-    };
-    let resample = match key("resample").map(|v| v.as_u64()) {
-        None | Some(Some(3)) => Resample::Bicubic,
-        Some(Some(0)) => Resample::Nearest,
-        Some(Some(2)) => Resample::Bilinear,
-        Some(other) => {
-            return Err(UError::unsupported(format!(
-                "arch-llama: resampling filter {other:?} is not implemented (PIL's 0 nearest, \
-                 2 bilinear, 3 bicubic)"
-            )));
-        }
-    };
-    let json = |k: &str| match key(k) {
-        Some(MetaValue::Json(s)) => serde_json::from_str(&s).ok(),
-        Some(v) => v
-            .as_u64()
-            .map(|n| serde_json::json!({ "shortest_edge": n, "height": n, "width": n })),
-        None => None,
-    };
-    let size: Option<Value> = json("size");
-    let shortest_edge = match flag("do_resize") {
-        true => size
-            .as_ref()
-            .and_then(|s| s.get("shortest_edge"))
-            .and_then(Value::as_u64)
-            .unwrap_or(0) as u32,
-        false => 0,
-    };
-    if shortest_edge != 0 && !flag("do_center_crop") {
-        return Err(UError::unsupported(
-            "arch-llama: a shortest-edge resize without a centre crop gives images of varying \
-             size, which a LLaVA vision tower does not take",
-        ));
-    }
-    let made = if shortest_edge != 0 {
-        json("crop_size")
-    } else {
-        size
-    };
-    let square = |d: &Value| match (d.get("height"), d.get("width")) {
-        (Some(h), Some(w)) if h == w => h.as_u64(),
-        _ => None,
-    };
-    let made = made.as_ref().and_then(square).map_or(side, |s| s as u32);
-    if made != side {
-        return Err(UError::unsupported(format!(
-            "arch-llama: the llava processor makes {made}×{made} images for a vision tower of \
-             {side}×{side}"
-        )));
-    }
-    Ok(ImageSpec {
-        channels: 3,
-        height: side,
-        width: side,
-        rows,
-        shortest_edge,
-        resample,
-        rescale,
-        mean,
-        std,
-    })
 }

@@ -2,7 +2,10 @@
 //! the HF-format loaders present it), and the image preprocessing its
 //! `preprocessor_config.json` (`preprocessor.*`) states.
 
-use u_sdk::{ImageSpec, MetaValue, Resample, Result, UError, WeightSetBox};
+use u_sdk::{
+    ImageSpec, MetaValue, Resample, Result, UError, WeightSetBox,
+    preprocessor::{self, ProcessorDefaults},
+};
 
 /// The families this plugin builds, by `config.json`'s `model_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -290,8 +293,6 @@ impl Config {
 /// [`ImageSpec`].
 pub fn image_spec(w: &WeightSetBox, cfg: &Config) -> Result<ImageSpec> {
     let bad = |why: String| UError::invalid(format!("arch-vit: preprocessor_config.json: {why}"));
-    let key = |k: &str| get(w, &format!("preprocessor.{k}"));
-    let flag = |k: &str| !matches!(key(k), Some(MetaValue::Bool(false)));
     // ImageNet's statistics (DINOv2's processor), OpenAI CLIP's, and the [-1, 1] of ViT and
     // SigLIP.
     let (mean, std, resample) = match cfg.family {
@@ -308,95 +309,24 @@ pub fn image_spec(w: &WeightSetBox, cfg: &Config) -> Result<ImageSpec> {
         Family::Vit => ([0.5; 3], [0.5; 3], Resample::Bilinear),
         Family::Siglip => ([0.5; 3], [0.5; 3], Resample::Bicubic),
     };
-    let triple = |k: &str, default: [f32; 3]| -> Result<[f32; 3]> {
-        let values: Vec<f64> = match key(k) {
-            None => return Ok(default),
-            Some(MetaValue::FloatArray(v)) => v.to_vec(),
-            Some(MetaValue::UIntArray(v)) => v.iter().map(|&x| x as f64).collect(),
-            Some(MetaValue::IntArray(v)) => v.iter().map(|&x| x as f64).collect(),
-            Some(v) => match v.as_f64() {
-                Some(x) => vec![x; 3],
-                None => return Err(bad(format!("`{k}` is not a number or three numbers"))),
-            },
-        };
-        match values.as_slice() {
-            &[a, b, c] if values.iter().all(|v| v.is_finite()) => {
-                Ok([a as f32, b as f32, c as f32])
-            }
-            _ => Err(bad(format!("`{k}` is not three finite numbers"))),
-        }
-    };
-    let mean = if flag("do_normalize") {
-        triple("image_mean", mean)?
-    } else {
-        [0.0; 3]
-    };
-    let std = if flag("do_normalize") {
-        triple("image_std", std)?
-    } else {
-        [1.0; 3]
-    };
-    if std.contains(&0.0) {
-        return Err(bad("an `image_std` of 0".into()));
-    }
-    let rescale = if flag("do_rescale") {
-        key("rescale_factor")
-            .and_then(|v| v.as_f64())
-            .unwrap_or(1.0 / 255.0) as f32
-    } else {
-        1.0
-    };
-    let resample = match key("resample").map(|v| v.as_u64()) {
-        None => resample,
-        Some(Some(0)) => Resample::Nearest,
-        Some(Some(2)) => Resample::Bilinear,
-        Some(Some(3)) => Resample::Bicubic,
-        Some(other) => {
-            return Err(UError::unsupported(format!(
-                "arch-vit: resampling filter {other:?} is not implemented (PIL's 0 nearest, \
-                 2 bilinear, 3 bicubic)"
-            )));
-        }
-    };
-    // `size` is `{"height", "width"}` (resize to it) or `{"shortest_edge"}` (resize the shorter
-    // side, then centre crop).
-    let size: serde_json::Value = match key("size") {
-        Some(MetaValue::Json(s)) => serde_json::from_str(&s).map_err(|e| bad(e.to_string()))?,
-        Some(v) => match v.as_u64() {
-            Some(edge) => serde_json::json!({ "shortest_edge": edge }),
-            None => return Err(bad("`size` is not an object".into())),
+    let p = preprocessor::read(
+        w,
+        "arch-vit",
+        ProcessorDefaults {
+            mean,
+            std,
+            resample,
         },
-        None => serde_json::Value::Null,
-    };
-    let shortest_edge = if flag("do_resize") {
-        size.get("shortest_edge")
-            .and_then(|v| v.as_u64())
-            .unwrap_or(0) as u32
-    } else {
-        0
-    };
-    if shortest_edge != 0 && !flag("do_center_crop") {
-        return Err(UError::unsupported(
-            "arch-vit: a shortest-edge resize without a centre crop gives images of varying \
-             size, which the tower's fixed position table does not take",
-        ));
-    }
-    // The side the processor makes: the crop after a shortest-edge resize, else the resize.
-    let stated = if shortest_edge != 0 {
-        crop_size(w)?
-    } else {
-        size
-    };
+    )?;
     let table = cfg.image_size as u32;
-    let side = match [stated.get("height"), stated.get("width")].map(|d| d.and_then(|d| d.as_u64()))
-    {
-        [Some(h), Some(wd)] if h != wd => {
+    let side = match p.side {
+        Some((h, wd)) if h != wd => {
             return Err(UError::unsupported(format!(
                 "arch-vit: the processor makes {h}×{wd} images; square inputs are implemented"
             )));
         }
-        [Some(h), Some(_)] => u32::try_from(h).map_err(|_| bad(format!("a {h}-pixel side")))?,
-        _ => table,
+        Some((h, _)) => u32::try_from(h).map_err(|_| bad(format!("a {h}-pixel side")))?,
+        None => table,
     };
     if side != table && cfg.family != Family::Dinov2 {
         return Err(UError::unsupported(format!(
@@ -412,9 +342,10 @@ pub fn image_spec(w: &WeightSetBox, cfg: &Config) -> Result<ImageSpec> {
             cfg.patch
         )));
     }
-    if shortest_edge != 0 && shortest_edge < side {
+    if p.shortest_edge != 0 && p.shortest_edge < side {
         return Err(bad(format!(
-            "shortest edge {shortest_edge} is smaller than the {side}-pixel crop"
+            "shortest edge {} is smaller than the {side}-pixel crop",
+            p.shortest_edge
         )));
     }
     let input = Config {
@@ -426,25 +357,10 @@ pub fn image_spec(w: &WeightSetBox, cfg: &Config) -> Result<ImageSpec> {
         height: side,
         width: side,
         rows: input.rows() as u32,
-        shortest_edge,
-        resample,
-        rescale,
-        mean,
-        std,
-    })
-}
-
-fn crop_size(w: &WeightSetBox) -> Result<serde_json::Value> {
-    Ok(match get(w, "preprocessor.crop_size") {
-        Some(MetaValue::Json(s)) => serde_json::from_str(&s).map_err(|e| {
-            UError::invalid(format!(
-                "arch-vit: preprocessor_config.json: crop_size: {e}"
-            ))
-        })?,
-        Some(v) => match v.as_u64() {
-            Some(side) => serde_json::json!({ "height": side, "width": side }),
-            None => serde_json::Value::Null,
-        },
-        None => serde_json::Value::Null,
+        shortest_edge: p.shortest_edge,
+        resample: p.resample,
+        rescale: p.rescale,
+        mean: p.mean,
+        std: p.std,
     })
 }
