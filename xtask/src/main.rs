@@ -19,9 +19,10 @@
 //!   `u-runner generate --chat --model <cached model> --prompt PROMPT` (options such as
 //!   `--seed 1 -n 64` are passed on).
 //! - `fuzz [SECONDS] [--quick]`: a short `cargo fuzz` run (default 30 s) of every parser target
-//!   under `plugins/*/fuzz`, `attest/fuzz` and `chat-template/fuzz`, seeded with the crate's
-//!   fixtures; `--quick` builds them unoptimised and without a sanitizer (CI's brief pass). Needs `cargo-fuzz` (installed on first
-//!   use) and uses `RUSTC_BOOTSTRAP=1` because only the stable toolchain is available.
+//!   under `plugins/*/fuzz` and the host-side crates' `fuzz/` (attest, audio, chat-template,
+//!   diffusion, image, train), seeded with the crate's fixtures; `--quick` builds them
+//!   unoptimised and without a sanitizer (CI's brief pass). Needs `cargo-fuzz` (installed on
+//!   first use) and uses `RUSTC_BOOTSTRAP=1` because only the stable toolchain is available.
 //! - `test-aarch64`: the `u-kernels-cpu` tests cross-built for `aarch64-unknown-linux-gnu` and
 //!   run under `qemu-aarch64`, on qemu's default CPU (NEON with the dot-product extension) and on
 //!   a Cortex-A53 (NEON without it). Installs the Debian packages `gcc-aarch64-linux-gnu`,
@@ -358,12 +359,14 @@ fn fuzz(root: &Path, seconds: u32, quick: bool) -> Result<()> {
     }
     let mut failures = Vec::new();
     // Every plugin's fuzz crate, and those of the host-side parsers (deployments, components,
-    // chat templates, training state, audio).
+    // chat templates, scheduler configs, training state, audio, images).
     let mut crates: Vec<PathBuf> = std::fs::read_dir(root.join("plugins"))?
         .map(|e| e.map(|e| e.path()))
         .collect::<std::io::Result<_>>()?;
     crates.sort();
-    crates.extend(["attest", "audio", "chat-template", "image", "train"].map(|c| root.join(c)));
+    crates.extend(
+        ["attest", "audio", "chat-template", "diffusion", "image", "train"].map(|c| root.join(c)),
+    );
     for plugin in crates {
         let targets = plugin.join("fuzz/fuzz_targets");
         let Ok(entries) = std::fs::read_dir(&targets) else {

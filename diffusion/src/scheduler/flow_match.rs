@@ -1,0 +1,133 @@
+//! Flow-matching Euler (rectified flow; Esser et al. 2024, *Scaling Rectified Flow
+//! Transformers for High-Resolution Image Synthesis*, arXiv:2403.03206) as diffusers'
+//! `FlowMatchEulerDiscreteScheduler`: σ from 1 down to 1/`num_train_timesteps` (the ends of the
+//! training schedule, shifted by `shift`), then shifted for the run — by `shift`, or with
+//! `use_dynamic_shifting` by the exponential time shift `e^μ / (e^μ + (1/σ − 1))` with a μ
+//! that grows with the image (FLUX) — timestep 1000·σ, and `x ← x + (σ_next − σ)·v`.
+
+use super::{Config, Scheduler, check_index, check_step};
+use crate::{Error, Result};
+use serde_json::Value;
+
+/// A flow-matching Euler schedule for one run.
+pub struct FlowMatchEuler {
+    timesteps: Vec<f32>,
+    /// One σ per step and a final 0.
+    sigmas: Vec<f32>,
+}
+
+/// The μ of dynamic shifting for an image of `tokens` latent tokens: linear from `base_shift`
+/// at `base_image_seq_len` tokens to `max_shift` at `max_image_seq_len` (FLUX's pipelines).
+pub fn mu(c: &Config<'_>, tokens: usize) -> Result<f64> {
+    let (x1, x2) = (
+        c.usize("base_image_seq_len", 256)? as f64,
+        c.usize("max_image_seq_len", 4096)? as f64,
+    );
+    let (y1, y2) = (c.f64("base_shift", 0.5)?, c.f64("max_shift", 1.15)?);
+    if x2 <= x1 {
+        return Err(Error::Config(format!(
+            "max_image_seq_len {x2} is not above base_image_seq_len {x1}"
+        )));
+    }
+    let m = (y2 - y1) / (x2 - x1);
+    Ok(tokens as f64 * m + (y1 - m * x1))
+}
+
+impl FlowMatchEuler {
+    /// The schedule of `c` for `steps` steps; `mu` is required with `use_dynamic_shifting`.
+    pub fn new(c: &Config<'_>, steps: usize, mu: Option<f64>) -> Result<FlowMatchEuler> {
+        c.refuse(&[
+            ("invert_sigmas", Value::Bool(false)),
+            ("shift_terminal", Value::Null),
+            ("use_karras_sigmas", Value::Bool(false)),
+            ("use_exponential_sigmas", Value::Bool(false)),
+            ("use_beta_sigmas", Value::Bool(false)),
+            ("time_shift_type", Value::from("exponential")),
+            ("stochastic_sampling", Value::Bool(false)),
+        ])?;
+        let n = c.usize("num_train_timesteps", 1000)?;
+        if n == 0 {
+            return Err(Error::Config("0 training timesteps".into()));
+        }
+        let shift = c.f64("shift", 1.0)?;
+        if shift <= 0.0 {
+            return Err(Error::Config(format!("shift {shift} is not positive")));
+        }
+        let dynamic = c.bool("use_dynamic_shifting", false)?;
+        let mu = match (dynamic, mu) {
+            (true, Some(mu)) if mu.is_finite() => Some(mu),
+            (true, _) => {
+                return Err(Error::Config(
+                    "`use_dynamic_shifting` needs a finite μ (from the image's size)".into(),
+                ));
+            }
+            (false, _) => None,
+        };
+        // The training schedule's ends (f32, shifted unless shifting is dynamic).
+        let shifted = |s: f32| match dynamic {
+            true => s,
+            false => (shift as f32) * s / (1.0 + (shift as f32 - 1.0) * s),
+        };
+        let (max, min) = (shifted(1.0), shifted(1.0 / n as f32));
+        // np.linspace(1000·max, 1000·min, steps) in f64, over num_train_timesteps.
+        let (t0, t1) = (f64::from(max) * n as f64, f64::from(min) * n as f64);
+        let step = (t1 - t0) / (steps.max(2) - 1) as f64;
+        let mut sigmas: Vec<f32> = (0..steps)
+            .map(|i| {
+                let t = match i + 1 == steps && steps > 1 {
+                    true => t1,
+                    false => t0 + i as f64 * step,
+                };
+                let s = t / n as f64;
+                let s = match mu {
+                    Some(mu) => mu.exp() / (mu.exp() + (1.0 / s - 1.0)),
+                    None => shift * s / (1.0 + (shift - 1.0) * s),
+                };
+                s as f32
+            })
+            .collect();
+        let timesteps = sigmas.iter().map(|&s| s * n as f32).collect();
+        sigmas.push(0.0);
+        Ok(FlowMatchEuler { timesteps, sigmas })
+    }
+
+    /// The σ of each step and the final 0.
+    pub fn sigmas(&self) -> &[f32] {
+        &self.sigmas
+    }
+}
+
+impl Scheduler for FlowMatchEuler {
+    fn timesteps(&self) -> &[f32] {
+        &self.timesteps
+    }
+
+    fn init_noise_sigma(&self) -> f32 {
+        1.0
+    }
+
+    fn scale_model_input(&self, _sample: &mut [f32], step: usize) -> Result<()> {
+        check_index(step, self.timesteps.len())
+    }
+
+    fn needs_noise(&self, _step: usize) -> bool {
+        false
+    }
+
+    fn step(
+        &self,
+        output: &[f32],
+        step: usize,
+        sample: &[f32],
+        noise: Option<&[f32]>,
+    ) -> Result<Vec<f32>> {
+        check_index(step, self.timesteps.len())?;
+        check_step(output, sample, noise)?;
+        let dt = self.sigmas[step + 1] - self.sigmas[step];
+        Ok(output
+            .iter()
+            .zip(sample)
+            .map(|(&v, &x)| x + dt * v)
+            .collect())
+    }
+}

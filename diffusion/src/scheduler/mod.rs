@@ -1,0 +1,299 @@
+//! Noise schedulers: the [`Scheduler`] a sampling loop drives, and [`from_config`], which makes
+//! the one a diffusers `scheduler_config.json` names (`_class_name`) for an `n`-step run.
+//!
+//! A loop runs, for each step `i` of [`Scheduler::timesteps`]: `x = scale_model_input(sample,
+//! i)`, the model at `timesteps()[i]` on `x`, then `sample = step(output, i, sample, noise)`,
+//! starting from noise times [`Scheduler::init_noise_sigma`]. Arithmetic on samples is f32, as
+//! diffusers' is; schedules are computed as diffusers computes them (its f32 tensors and f64
+//! NumPy arrays), so timesteps and sigmas come out the same.
+
+pub mod ddim;
+pub mod euler;
+pub mod flow_match;
+
+use crate::{Error, Result};
+use serde_json::{Map, Value};
+
+/// A sampler's schedule and update rule.
+pub trait Scheduler: Send {
+    /// The model's timestep at each step, first to last.
+    fn timesteps(&self) -> &[f32];
+
+    /// What unit-variance noise is multiplied by to start a sample.
+    fn init_noise_sigma(&self) -> f32;
+
+    /// Scales `sample` in place into the model's input at step `step` (identity for most).
+    fn scale_model_input(&self, sample: &mut [f32], step: usize) -> Result<()>;
+
+    /// Whether [`Scheduler::step`] at `step` adds noise (and so needs some).
+    fn needs_noise(&self, step: usize) -> bool;
+
+    /// The sample after step `step`, from the model's `output` on `sample`; `noise` is
+    /// unit-variance noise of the sample's length where [`Scheduler::needs_noise`] says so.
+    fn step(
+        &self,
+        output: &[f32],
+        step: usize,
+        sample: &[f32],
+        noise: Option<&[f32]>,
+    ) -> Result<Vec<f32>>;
+}
+
+/// The scheduler `config` (a diffusers `scheduler_config.json`) names, set for `steps` steps.
+/// `mu` is the time shift of a flow-matching scheduler with `use_dynamic_shifting` (what a
+/// pipeline computes from the image's size, [`flow_match::mu`]). Options it does not implement
+/// are refused by name, never ignored.
+pub fn from_config(config: &str, steps: usize, mu: Option<f64>) -> Result<Box<dyn Scheduler>> {
+    let value: Value =
+        serde_json::from_str(config).map_err(|e| Error::Config(format!("not JSON: {e}")))?;
+    let map = value
+        .as_object()
+        .ok_or_else(|| Error::Config("not a JSON object".into()))?;
+    let c = Config(map);
+    if steps == 0 {
+        return Err(Error::Config("0 inference steps".into()));
+    }
+    match c.str("_class_name", "")? {
+        "DDIMScheduler" => Ok(Box::new(ddim::Ddim::new(&c, steps)?)),
+        "EulerDiscreteScheduler" => Ok(Box::new(euler::Euler::new(&c, steps, false)?)),
+        "EulerAncestralDiscreteScheduler" => Ok(Box::new(euler::Euler::new(&c, steps, true)?)),
+        "FlowMatchEulerDiscreteScheduler" => {
+            Ok(Box::new(flow_match::FlowMatchEuler::new(&c, steps, mu)?))
+        }
+        "" => Err(Error::Config("no `_class_name`".into())),
+        other => Err(Error::Config(format!(
+            "`{other}` is not implemented (DDIMScheduler, EulerDiscreteScheduler, \
+             EulerAncestralDiscreteScheduler, FlowMatchEulerDiscreteScheduler)"
+        ))),
+    }
+}
+
+/// A scheduler configuration read by diffusers' names, each with diffusers' default.
+pub struct Config<'a>(pub &'a Map<String, Value>);
+
+impl Config<'_> {
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.0.get(key).filter(|v| !v.is_null())
+    }
+
+    /// A number, or `default`.
+    pub fn f64(&self, key: &str, default: f64) -> Result<f64> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v
+                .as_f64()
+                .filter(|x| x.is_finite())
+                .ok_or_else(|| Error::Config(format!("`{key}` is not a number: {v}"))),
+        }
+    }
+
+    /// A whole number, or `default`.
+    pub fn usize(&self, key: &str, default: usize) -> Result<usize> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v
+                .as_u64()
+                .map(|n| n as usize)
+                .ok_or_else(|| Error::Config(format!("`{key}` is not a whole number: {v}"))),
+        }
+    }
+
+    /// A flag, or `default`.
+    pub fn bool(&self, key: &str, default: bool) -> Result<bool> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v
+                .as_bool()
+                .ok_or_else(|| Error::Config(format!("`{key}` is not true or false: {v}"))),
+        }
+    }
+
+    /// A string, or `default`.
+    pub fn str<'s>(&'s self, key: &str, default: &'s str) -> Result<&'s str> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v
+                .as_str()
+                .ok_or_else(|| Error::Config(format!("`{key}` is not a string: {v}"))),
+        }
+    }
+
+    /// Refuses each of `keys` set away from its default (`false`, or the given value).
+    pub fn refuse(&self, keys: &[(&str, Value)]) -> Result<()> {
+        for (key, default) in keys {
+            if let Some(v) = self.get(key)
+                && v != default
+            {
+                return Err(Error::Config(format!(
+                    "`{key}` = {v} is not implemented (only {default})"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the model predicts (`prediction_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prediction {
+    /// The noise (`epsilon`).
+    Epsilon,
+    /// The velocity `α·ε − σ·x₀` (`v_prediction`).
+    Velocity,
+    /// The clean sample (`sample`).
+    Sample,
+}
+
+impl Prediction {
+    fn read(c: &Config<'_>) -> Result<Prediction> {
+        match c.str("prediction_type", "epsilon")? {
+            "epsilon" => Ok(Prediction::Epsilon),
+            "v_prediction" => Ok(Prediction::Velocity),
+            "sample" | "original_sample" => Ok(Prediction::Sample),
+            other => Err(Error::Config(format!(
+                "prediction_type `{other}` is not one of epsilon, v_prediction, sample"
+            ))),
+        }
+    }
+}
+
+/// ᾱ_t for every training timestep (`alphas_cumprod`), from `beta_schedule` (`linear`,
+/// `scaled_linear`, `squaredcos_cap_v2`), `beta_start`, `beta_end` and `num_train_timesteps`,
+/// in f32 as diffusers' tensors hold them.
+pub fn alphas_cumprod(c: &Config<'_>) -> Result<Vec<f32>> {
+    let n = c.usize("num_train_timesteps", 1000)?;
+    if !(2..=100_000).contains(&n) {
+        return Err(Error::Config(format!("{n} training timesteps")));
+    }
+    c.refuse(&[
+        ("trained_betas", Value::Null),
+        ("rescale_betas_zero_snr", Value::Bool(false)),
+    ])?;
+    let (start, end) = (c.f64("beta_start", 0.0001)?, c.f64("beta_end", 0.02)?);
+    let betas: Vec<f32> = match c.str("beta_schedule", "linear")? {
+        "linear" => linspace_f32(start as f32, end as f32, n),
+        "scaled_linear" => linspace_f32(start.sqrt() as f32, end.sqrt() as f32, n)
+            .into_iter()
+            .map(|b| b * b)
+            .collect(),
+        "squaredcos_cap_v2" => {
+            let bar = |t: f64| {
+                ((t + 0.008) / 1.008 * std::f64::consts::FRAC_PI_2)
+                    .cos()
+                    .powi(2)
+            };
+            (0..n)
+                .map(|i| {
+                    let (t1, t2) = (i as f64 / n as f64, (i + 1) as f64 / n as f64);
+                    (1.0 - bar(t2) / bar(t1)).min(0.999) as f32
+                })
+                .collect()
+        }
+        other => {
+            return Err(Error::Config(format!(
+                "beta_schedule `{other}` is not one of linear, scaled_linear, squaredcos_cap_v2"
+            )));
+        }
+    };
+    let mut prod = 1f32;
+    Ok(betas
+        .into_iter()
+        .map(|b| {
+            prod *= 1.0 - b;
+            prod
+        })
+        .collect())
+}
+
+/// `torch.linspace(start, end, n)` in f32: the first half stepped from `start`, the second from
+/// `end`, as PyTorch computes it.
+fn linspace_f32(start: f32, end: f32, n: usize) -> Vec<f32> {
+    if n == 1 {
+        return vec![start];
+    }
+    let step = (end - start) / (n - 1) as f32;
+    let half = n / 2;
+    (0..n)
+        .map(|i| match i < half {
+            true => start + step * i as f32,
+            false => end - step * (n - 1 - i) as f32,
+        })
+        .collect()
+}
+
+/// The training timesteps an `steps`-step run visits, first to last, by `timestep_spacing`
+/// (`linspace`, `leading` with `steps_offset`, `trailing`), as f64 before each scheduler rounds
+/// or casts them its own way.
+pub fn spaced_timesteps(c: &Config<'_>, steps: usize, default: &str) -> Result<Vec<f64>> {
+    let n = c.usize("num_train_timesteps", 1000)?;
+    if steps > n {
+        return Err(Error::Config(format!(
+            "{steps} inference steps is more than the {n} training timesteps"
+        )));
+    }
+    let offset = c.usize("steps_offset", 0)? as f64;
+    Ok(match c.str("timestep_spacing", default)? {
+        "linspace" => {
+            // np.linspace(0, n − 1, steps): i·step, the last exactly n − 1; reversed.
+            let last = (n - 1) as f64;
+            let step = last / (steps.max(2) - 1) as f64;
+            (0..steps)
+                .rev()
+                .map(|i| match i + 1 == steps && steps > 1 {
+                    true => last,
+                    false => i as f64 * step,
+                })
+                .collect()
+        }
+        "leading" => {
+            let ratio = (n / steps) as f64;
+            (0..steps)
+                .rev()
+                .map(|i| (i as f64 * ratio).round() + offset)
+                .collect()
+        }
+        "trailing" => {
+            let ratio = n as f64 / steps as f64;
+            // np.arange(n, 0, -ratio): n, n − ratio, … while above 0.
+            let mut out = Vec::with_capacity(steps);
+            let mut k = 0;
+            loop {
+                let t = n as f64 - k as f64 * ratio;
+                if t <= 0.0 {
+                    break;
+                }
+                out.push(t.round() - 1.0);
+                k += 1;
+            }
+            out
+        }
+        other => {
+            return Err(Error::Config(format!(
+                "timestep_spacing `{other}` is not one of linspace, leading, trailing"
+            )));
+        }
+    })
+}
+
+/// Checks the buffers of one step: `output`, `sample` and, when given, `noise` of one length.
+fn check_step(output: &[f32], sample: &[f32], noise: Option<&[f32]>) -> Result<()> {
+    if output.len() != sample.len() || noise.is_some_and(|n| n.len() != sample.len()) {
+        return Err(Error::Invalid(format!(
+            "the model output has {} values, the sample {}, the noise {}",
+            output.len(),
+            sample.len(),
+            noise.map_or("none".into(), |n| n.len().to_string())
+        )));
+    }
+    Ok(())
+}
+
+/// The step index checked against a schedule of `len` steps.
+fn check_index(step: usize, len: usize) -> Result<()> {
+    match step < len {
+        true => Ok(()),
+        false => Err(Error::Invalid(format!(
+            "step {step} of a {len}-step schedule"
+        ))),
+    }
+}
