@@ -1,8 +1,9 @@
 //! Every scheduler against diffusers on diffusers' own test pattern
 //! (`fixtures/schedulers_expected.json`, made by `fixtures/gen_schedulers.py`): the whole loop
-//! of `dummy_sample_deter` (4×3×8×8) through the dummy model `sample·t/(t + 1)`, for DDIM
-//! (linear, scaled-linear and cosine betas; ε, v and sample prediction; leading, trailing and
-//! linspace spacing; clipping; η = 0.5 with noise), Euler (linear and Karras σ), ancestral
+//! of `dummy_sample_deter` (4×3×8×8) through the dummy model `sample·t/(t + 1)`, for DDPM
+//! (its three fixed variances, with noise), DDIM (linear, scaled-linear and cosine betas; ε, v
+//! and sample prediction; leading, trailing and linspace spacing; clipping; η = 0.5 with
+//! noise), Euler (linear and Karras σ), ancestral
 //! Euler and flow-matching Euler (a fixed shift, and dynamic shifting with μ). The timesteps,
 //! σ and `init_noise_sigma` equal diffusers', the final sample is within [`TOL`] of it element
 //! by element (relative to the largest value), and its sum and mean, which diffusers' own tests
@@ -13,7 +14,7 @@ use serde_json::Value;
 use u_diffusion::scheduler::{Config, Scheduler, ddim::Ddim, flow_match, from_config};
 
 /// Final sample against diffusers', per element, relative to the largest value (measured:
-/// at most 1.4e-6, ancestral Euler over 15 steps; flow matching 1e-16).
+/// at most 2.5e-6, DDPM over 20 steps; flow matching 1e-16).
 const TOL: f64 = 5e-6;
 
 fn fixture() -> Result<Value> {
@@ -174,6 +175,12 @@ fn what_a_scheduler_cannot_do_is_refused_by_name() -> Result<()> {
             10,
             None,
             "`thresholding`",
+        ),
+        (
+            r#"{"_class_name": "DDPMScheduler", "variance_type": "learned"}"#,
+            10,
+            None,
+            "`learned`",
         ),
         (
             r#"{"_class_name": "DDIMScheduler", "beta_schedule": "sigmoid"}"#,

@@ -8,6 +8,7 @@
 //! NumPy arrays), so timesteps and sigmas come out the same.
 
 pub mod ddim;
+pub mod ddpm;
 pub mod euler;
 pub mod flow_match;
 
@@ -54,6 +55,7 @@ pub fn from_config(config: &str, steps: usize, mu: Option<f64>) -> Result<Box<dy
         return Err(Error::Config("0 inference steps".into()));
     }
     match c.str("_class_name", "")? {
+        "DDPMScheduler" => Ok(Box::new(ddpm::Ddpm::new(&c, steps)?)),
         "DDIMScheduler" => Ok(Box::new(ddim::Ddim::new(&c, steps)?)),
         "EulerDiscreteScheduler" => Ok(Box::new(euler::Euler::new(&c, steps, false)?)),
         "EulerAncestralDiscreteScheduler" => Ok(Box::new(euler::Euler::new(&c, steps, true)?)),
@@ -62,7 +64,7 @@ pub fn from_config(config: &str, steps: usize, mu: Option<f64>) -> Result<Box<dy
         }
         "" => Err(Error::Config("no `_class_name`".into())),
         other => Err(Error::Config(format!(
-            "`{other}` is not implemented (DDIMScheduler, EulerDiscreteScheduler, \
+            "`{other}` is not implemented (DDPMScheduler, DDIMScheduler, EulerDiscreteScheduler, \
              EulerAncestralDiscreteScheduler, FlowMatchEulerDiscreteScheduler)"
         ))),
     }
