@@ -9,7 +9,8 @@
 //!
 //! Layout: [`scheduler`] (the [`Scheduler`] trait and [`from_config`]), with one module per
 //! family: [`scheduler::ddpm`] (Ho et al. 2020), [`scheduler::ddim`] (Song et al. 2020), [`scheduler::euler`] (Karras et al. 2022's
-//! Euler and ancestral Euler) and [`scheduler::flow_match`] (rectified flow, Esser et al. 2024).
+//! Euler and ancestral Euler), [`scheduler::lcm`] (latent consistency models) and
+//! [`scheduler::flow_match`] (rectified flow, Esser et al. 2024).
 //! `tests/` runs every scheduler over diffusers' own test pattern against diffusers' results.
 #![deny(missing_docs)]
 

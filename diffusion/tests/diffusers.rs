@@ -4,7 +4,7 @@
 //! (its three fixed variances, with noise), DDIM (linear, scaled-linear and cosine betas; ε, v
 //! and sample prediction; leading, trailing and linspace spacing; clipping; η = 0.5 with
 //! noise), Euler (linear and Karras σ), ancestral
-//! Euler and flow-matching Euler (a fixed shift, and dynamic shifting with μ). The timesteps,
+//! Euler, LCM (with noise) and flow-matching Euler (a fixed shift, and dynamic shifting with μ). The timesteps,
 //! σ and `init_noise_sigma` equal diffusers', the final sample is within [`TOL`] of it element
 //! by element (relative to the largest value), and its sum and mean, which diffusers' own tests
 //! assert, within 1e-4 relative. Noise, where a scheduler adds it, is the fixture's formula.
@@ -175,6 +175,12 @@ fn what_a_scheduler_cannot_do_is_refused_by_name() -> Result<()> {
             10,
             None,
             "`thresholding`",
+        ),
+        (
+            r#"{"_class_name": "LCMScheduler"}"#,
+            51,
+            None,
+            "more than original_inference_steps 50",
         ),
         (
             r#"{"_class_name": "DDPMScheduler", "variance_type": "learned"}"#,

@@ -3,7 +3,7 @@
 //! `clip_sample_range` with `clip_sample`) and noise recombined at the previous timestep's ᾱ;
 //! with `eta` > 0 a share of fresh noise (η = 1 is DDPM's posterior variance).
 
-use super::{Config, Prediction, Scheduler, alphas_cumprod, check_index, check_step};
+use super::{Config, DDPM_BETAS, Prediction, Scheduler, alphas_cumprod, check_index, check_step};
 use crate::{Error, Result};
 use serde_json::Value;
 
@@ -23,7 +23,7 @@ impl Ddim {
     /// DDIM from `c` for `steps` steps.
     pub fn new(c: &Config<'_>, steps: usize) -> Result<Ddim> {
         c.refuse(&[("thresholding", Value::Bool(false))])?;
-        let alphas_cumprod = alphas_cumprod(c)?;
+        let alphas_cumprod = alphas_cumprod(c, DDPM_BETAS)?;
         let n = alphas_cumprod.len();
         let spaced = super::spaced_timesteps(c, steps, "leading")?;
         let linspace = c.str("timestep_spacing", "leading")? == "linspace";

@@ -4,7 +4,7 @@
 //! posterior's noise (`variance_type` `fixed_small`, `fixed_small_log` or `fixed_large`) at
 //! every step but the one at timestep 0.
 
-use super::{Config, Prediction, Scheduler, alphas_cumprod, check_index, check_step};
+use super::{Config, DDPM_BETAS, Prediction, Scheduler, alphas_cumprod, check_index, check_step};
 use crate::{Error, Result};
 use serde_json::Value;
 
@@ -32,7 +32,7 @@ impl Ddpm {
     /// DDPM from `c` for `steps` steps.
     pub fn new(c: &Config<'_>, steps: usize) -> Result<Ddpm> {
         c.refuse(&[("thresholding", Value::Bool(false))])?;
-        let alphas_cumprod = alphas_cumprod(c)?;
+        let alphas_cumprod = alphas_cumprod(c, DDPM_BETAS)?;
         let n = alphas_cumprod.len();
         let linspace = c.str("timestep_spacing", "leading")? == "linspace";
         let timesteps: Vec<f32> = super::spaced_timesteps(c, steps, "leading")?

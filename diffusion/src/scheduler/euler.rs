@@ -5,7 +5,7 @@
 //! ends, with timesteps found back from σ), the input scaled by 1/√(σ² + 1), one Euler step of
 //! `dx/dσ = (x − x₀)/σ` per timestep; the ancestral one steps to σ_down and adds σ_up of noise.
 
-use super::{Config, Prediction, Scheduler, alphas_cumprod, check_index, check_step};
+use super::{Config, DDPM_BETAS, Prediction, Scheduler, alphas_cumprod, check_index, check_step};
 use crate::{Error, Result};
 use serde_json::Value;
 
@@ -38,7 +38,7 @@ impl Euler {
                     .into(),
             ));
         }
-        let alphas = alphas_cumprod(c)?;
+        let alphas = alphas_cumprod(c, DDPM_BETAS)?;
         // σ over the training timesteps, computed in f32 as the tensor is.
         let table: Vec<f32> = alphas.iter().map(|&a| ((1.0 - a) / a).sqrt()).collect();
         let spaced = super::spaced_timesteps(c, steps, "linspace")?;

@@ -11,6 +11,7 @@ pub mod ddim;
 pub mod ddpm;
 pub mod euler;
 pub mod flow_match;
+pub mod lcm;
 
 use crate::{Error, Result};
 use serde_json::{Map, Value};
@@ -59,13 +60,14 @@ pub fn from_config(config: &str, steps: usize, mu: Option<f64>) -> Result<Box<dy
         "DDIMScheduler" => Ok(Box::new(ddim::Ddim::new(&c, steps)?)),
         "EulerDiscreteScheduler" => Ok(Box::new(euler::Euler::new(&c, steps, false)?)),
         "EulerAncestralDiscreteScheduler" => Ok(Box::new(euler::Euler::new(&c, steps, true)?)),
+        "LCMScheduler" => Ok(Box::new(lcm::Lcm::new(&c, steps)?)),
         "FlowMatchEulerDiscreteScheduler" => {
             Ok(Box::new(flow_match::FlowMatchEuler::new(&c, steps, mu)?))
         }
         "" => Err(Error::Config("no `_class_name`".into())),
         other => Err(Error::Config(format!(
             "`{other}` is not implemented (DDPMScheduler, DDIMScheduler, EulerDiscreteScheduler, \
-             EulerAncestralDiscreteScheduler, FlowMatchEulerDiscreteScheduler)"
+             EulerAncestralDiscreteScheduler, LCMScheduler, FlowMatchEulerDiscreteScheduler)"
         ))),
     }
 }
@@ -159,10 +161,28 @@ impl Prediction {
     }
 }
 
+/// The β schedule a scheduler class assumes when its config leaves it out.
+#[derive(Clone, Copy, Debug)]
+pub struct Betas {
+    /// `beta_start`.
+    pub start: f64,
+    /// `beta_end`.
+    pub end: f64,
+    /// `beta_schedule`.
+    pub schedule: &'static str,
+}
+
+/// DDPM's linear β from 1e-4 to 0.02, the default of most classes.
+pub const DDPM_BETAS: Betas = Betas {
+    start: 0.0001,
+    end: 0.02,
+    schedule: "linear",
+};
+
 /// ᾱ_t for every training timestep (`alphas_cumprod`), from `beta_schedule` (`linear`,
-/// `scaled_linear`, `squaredcos_cap_v2`), `beta_start`, `beta_end` and `num_train_timesteps`,
-/// in f32 as diffusers' tensors hold them.
-pub fn alphas_cumprod(c: &Config<'_>) -> Result<Vec<f32>> {
+/// `scaled_linear`, `squaredcos_cap_v2`), `beta_start`, `beta_end` and `num_train_timesteps`
+/// (`defaults` where the config is silent), in f32 as diffusers' tensors hold them.
+pub fn alphas_cumprod(c: &Config<'_>, defaults: Betas) -> Result<Vec<f32>> {
     let n = c.usize("num_train_timesteps", 1000)?;
     if !(2..=100_000).contains(&n) {
         return Err(Error::Config(format!("{n} training timesteps")));
@@ -171,8 +191,11 @@ pub fn alphas_cumprod(c: &Config<'_>) -> Result<Vec<f32>> {
         ("trained_betas", Value::Null),
         ("rescale_betas_zero_snr", Value::Bool(false)),
     ])?;
-    let (start, end) = (c.f64("beta_start", 0.0001)?, c.f64("beta_end", 0.02)?);
-    let betas: Vec<f32> = match c.str("beta_schedule", "linear")? {
+    let (start, end) = (
+        c.f64("beta_start", defaults.start)?,
+        c.f64("beta_end", defaults.end)?,
+    );
+    let betas: Vec<f32> = match c.str("beta_schedule", defaults.schedule)? {
         "linear" => linspace_f32(start as f32, end as f32, n),
         "scaled_linear" => linspace_f32(start.sqrt() as f32, end.sqrt() as f32, n)
             .into_iter()
