@@ -4,8 +4,8 @@
 //! `scheduler_config.json` by diffusers' names (`num_train_timesteps`, `beta_schedule`,
 //! `prediction_type`, `timestep_spacing`, `steps_offset`, …), lays out the timesteps of an
 //! `n`-step run, scales the model's input and takes one denoising step from the model's output.
-//! Noise, where a scheduler adds some, comes from the caller, so a seed reproduces a sample
-//! whoever draws it.
+//! Noise, where a scheduler adds some, comes from the caller — [`Noise`] draws it from a seed —
+//! so a seed reproduces a sample.
 //!
 //! Layout: [`scheduler`] (the [`Scheduler`] trait and [`from_config`]), with one module per
 //! family: [`scheduler::ddpm`] (Ho et al. 2020), [`scheduler::ddim`] (Song et al. 2020), [`scheduler::euler`] (Karras et al. 2022's
@@ -14,8 +14,10 @@
 //! `tests/` runs every scheduler over diffusers' own test pattern against diffusers' results.
 #![deny(missing_docs)]
 
+pub mod noise;
 pub mod scheduler;
 
+pub use noise::Noise;
 pub use scheduler::{Scheduler, from_config};
 
 /// Why a scheduler could not be made or run.
