@@ -207,7 +207,7 @@ fn the_offline_proof_shows_the_families_and_tasks_each_plugin_declares() {
     assert!(out.status.success(), "{}", text(&out));
     for line in [
         "builds families: llama, mistral",
-        "builds families: bert",
+        "builds families: bert, nomic-bert",
         "serves tasks: text-generation",
         "serves tasks: embeddings",
     ] {
@@ -224,5 +224,5 @@ fn the_offline_proof_shows_the_families_and_tasks_each_plugin_declares() {
         .find(|p| p["name"] == "arch-bert")
         .expect("arch-bert in the proof");
     assert_eq!(bert["kind"], "architecture");
-    assert_eq!(bert["families"], serde_json::json!(["bert"]));
+    assert_eq!(bert["families"], serde_json::json!(["bert", "nomic-bert"]));
 }
