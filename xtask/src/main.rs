@@ -365,7 +365,15 @@ fn fuzz(root: &Path, seconds: u32, quick: bool) -> Result<()> {
         .collect::<std::io::Result<_>>()?;
     crates.sort();
     crates.extend(
-        ["attest", "audio", "chat-template", "diffusion", "image", "train"].map(|c| root.join(c)),
+        [
+            "attest",
+            "audio",
+            "chat-template",
+            "diffusion",
+            "image",
+            "train",
+        ]
+        .map(|c| root.join(c)),
     );
     for plugin in crates {
         let targets = plugin.join("fuzz/fuzz_targets");
