@@ -3,7 +3,9 @@
 //! `clip_sample_range` with `clip_sample`) and noise recombined at the previous timestep's ᾱ;
 //! with `eta` > 0 a share of fresh noise (η = 1 is DDPM's posterior variance).
 
-use super::{Config, DDPM_BETAS, Prediction, Scheduler, alphas_cumprod, check_index, check_step};
+use super::{
+    Config, DDPM_BETAS, Denoiser, Scheduler, alphas_cumprod, check_step, integer_timesteps, update,
+};
 use crate::{Error, Result};
 use serde_json::Value;
 
@@ -14,8 +16,7 @@ pub struct Ddim {
     final_alpha: f32,
     timesteps: Vec<f32>,
     stride: usize,
-    prediction: Prediction,
-    clip: Option<f32>,
+    denoiser: Denoiser,
     eta: f32,
 }
 
@@ -25,20 +26,7 @@ impl Ddim {
         c.refuse(&[("thresholding", Value::Bool(false))])?;
         let alphas_cumprod = alphas_cumprod(c, DDPM_BETAS)?;
         let n = alphas_cumprod.len();
-        let spaced = super::spaced_timesteps(c, steps, "leading")?;
-        let linspace = c.str("timestep_spacing", "leading")? == "linspace";
-        let timesteps: Vec<f32> = spaced
-            .into_iter()
-            .map(|t| match linspace {
-                true => t.round() as f32,
-                false => t as f32,
-            })
-            .collect();
-        if let Some(t) = timesteps.iter().find(|&&t| t < 0.0 || t as usize >= n) {
-            return Err(Error::Config(format!(
-                "timestep {t} is outside the {n} training timesteps (steps_offset?)"
-            )));
-        }
+        let timesteps = integer_timesteps(c, steps, n)?;
         Ok(Ddim {
             final_alpha: match c.bool("set_alpha_to_one", true)? {
                 true => 1.0,
@@ -47,11 +35,7 @@ impl Ddim {
             alphas_cumprod,
             timesteps,
             stride: n / steps,
-            prediction: Prediction::read(c)?,
-            clip: match c.bool("clip_sample", true)? {
-                true => Some(c.f64("clip_sample_range", 1.0)? as f32),
-                false => None,
-            },
+            denoiser: Denoiser::read(c, true)?,
             eta: 0.0,
         })
     }
@@ -79,14 +63,6 @@ impl Scheduler for Ddim {
         &self.timesteps
     }
 
-    fn init_noise_sigma(&self) -> f32 {
-        1.0
-    }
-
-    fn scale_model_input(&self, _sample: &mut [f32], step: usize) -> Result<()> {
-        check_index(step, self.timesteps.len())
-    }
-
     fn needs_noise(&self, _step: usize) -> bool {
         self.eta > 0.0
     }
@@ -98,18 +74,8 @@ impl Scheduler for Ddim {
         sample: &[f32],
         noise: Option<&[f32]>,
     ) -> Result<Vec<f32>> {
-        check_index(step, self.timesteps.len())?;
-        check_step(output, sample, noise)?;
-        let noise = match (self.eta > 0.0, noise) {
-            (true, None) => {
-                return Err(Error::Invalid(format!(
-                    "DDIM with eta {} needs noise at every step",
-                    self.eta
-                )));
-            }
-            (true, n) => n,
-            (false, _) => None,
-        };
+        let steps = ("DDIM with eta > 0", self.timesteps.len());
+        let noise = check_step(steps, step, (output, sample), noise, self.needs_noise(step))?;
         let t = self.timesteps[step] as i64;
         let prev = t - self.stride as i64;
         let (a, a_prev) = (self.alpha_at(t), self.alpha_at(prev));
@@ -118,25 +84,10 @@ impl Scheduler for Ddim {
         let variance = ((1.0 - a_prev) / b) * (1.0 - a / a_prev);
         let std_dev = self.eta * variance.sqrt();
         let direction = (1.0 - a_prev - std_dev * std_dev).sqrt();
-        Ok(output
-            .iter()
-            .zip(sample)
-            .enumerate()
-            .map(|(i, (&m, &x))| {
-                let (mut x0, eps) = match self.prediction {
-                    Prediction::Epsilon => ((x - sb * m) / sa, m),
-                    Prediction::Sample => (m, (x - sa * m) / sb),
-                    Prediction::Velocity => (sa * x - sb * m, sa * m + sb * x),
-                };
-                if let Some(r) = self.clip {
-                    x0 = x0.clamp(-r, r);
-                }
-                let prev = sa_prev * x0 + direction * eps;
-                match noise {
-                    Some(n) => prev + std_dev * n[i],
-                    None => prev,
-                }
-            })
-            .collect())
+        let noise = noise.map(|n| (n, std_dev));
+        Ok(update(output, sample, noise, |m, x| {
+            let (x0, eps) = self.denoiser.split(m, x, sa, sb);
+            sa_prev * x0 + direction * eps
+        }))
     }
 }

@@ -4,7 +4,9 @@
 //! posterior's noise (`variance_type` `fixed_small`, `fixed_small_log` or `fixed_large`) at
 //! every step but the one at timestep 0.
 
-use super::{Config, DDPM_BETAS, Prediction, Scheduler, alphas_cumprod, check_index, check_step};
+use super::{
+    Config, DDPM_BETAS, Denoiser, Scheduler, alphas_cumprod, check_step, integer_timesteps, update,
+};
 use crate::{Error, Result};
 use serde_json::Value;
 
@@ -23,8 +25,7 @@ enum Variance {
 pub struct Ddpm {
     alphas_cumprod: Vec<f32>,
     timesteps: Vec<f32>,
-    prediction: Prediction,
-    clip: Option<f32>,
+    denoiser: Denoiser,
     variance: Variance,
 }
 
@@ -33,20 +34,7 @@ impl Ddpm {
     pub fn new(c: &Config<'_>, steps: usize) -> Result<Ddpm> {
         c.refuse(&[("thresholding", Value::Bool(false))])?;
         let alphas_cumprod = alphas_cumprod(c, DDPM_BETAS)?;
-        let n = alphas_cumprod.len();
-        let linspace = c.str("timestep_spacing", "leading")? == "linspace";
-        let timesteps: Vec<f32> = super::spaced_timesteps(c, steps, "leading")?
-            .into_iter()
-            .map(|t| match linspace {
-                true => t.round() as f32,
-                false => t as f32,
-            })
-            .collect();
-        if let Some(t) = timesteps.iter().find(|&&t| t < 0.0 || t as usize >= n) {
-            return Err(Error::Config(format!(
-                "timestep {t} is outside the {n} training timesteps (steps_offset?)"
-            )));
-        }
+        let timesteps = integer_timesteps(c, steps, alphas_cumprod.len())?;
         let variance = match c.str("variance_type", "fixed_small")? {
             "fixed_small" => Variance::Small,
             "fixed_small_log" => Variance::SmallLog,
@@ -61,11 +49,7 @@ impl Ddpm {
         Ok(Ddpm {
             alphas_cumprod,
             timesteps,
-            prediction: Prediction::read(c)?,
-            clip: match c.bool("clip_sample", true)? {
-                true => Some(c.f64("clip_sample_range", 1.0)? as f32),
-                false => None,
-            },
+            denoiser: Denoiser::read(c, true)?,
             variance,
         })
     }
@@ -84,14 +68,6 @@ impl Scheduler for Ddpm {
         &self.timesteps
     }
 
-    fn init_noise_sigma(&self) -> f32 {
-        1.0
-    }
-
-    fn scale_model_input(&self, _sample: &mut [f32], step: usize) -> Result<()> {
-        check_index(step, self.timesteps.len())
-    }
-
     fn needs_noise(&self, step: usize) -> bool {
         self.timesteps.get(step).is_some_and(|&t| t > 0.0)
     }
@@ -103,18 +79,8 @@ impl Scheduler for Ddpm {
         sample: &[f32],
         noise: Option<&[f32]>,
     ) -> Result<Vec<f32>> {
-        check_index(step, self.timesteps.len())?;
-        check_step(output, sample, noise)?;
-        let noise = match (self.needs_noise(step), noise) {
-            (true, None) => {
-                return Err(Error::Invalid(format!(
-                    "DDPM needs noise at step {step} (timestep {})",
-                    self.timesteps[step]
-                )));
-            }
-            (true, n) => n,
-            (false, _) => None,
-        };
+        let steps = ("DDPM", self.timesteps.len());
+        let noise = check_step(steps, step, (output, sample), noise, self.needs_noise(step))?;
         let a = self.alphas_cumprod[self.timesteps[step] as usize];
         let a_prev = self.alpha_after(step);
         let (b, b_prev) = (1.0 - a, 1.0 - a_prev);
@@ -129,25 +95,9 @@ impl Scheduler for Ddpm {
             Variance::Large => beta_t.sqrt(),
         };
         let (sa, sb) = (a.sqrt(), b.sqrt());
-        Ok(output
-            .iter()
-            .zip(sample)
-            .enumerate()
-            .map(|(i, (&m, &x))| {
-                let mut x0 = match self.prediction {
-                    Prediction::Epsilon => (x - sb * m) / sa,
-                    Prediction::Sample => m,
-                    Prediction::Velocity => sa * x - sb * m,
-                };
-                if let Some(r) = self.clip {
-                    x0 = x0.clamp(-r, r);
-                }
-                let mean = x0_coeff * x0 + x_coeff * x;
-                match noise {
-                    Some(n) => mean + sigma * n[i],
-                    None => mean,
-                }
-            })
-            .collect())
+        Ok(update(output, sample, noise.map(|n| (n, sigma)), |m, x| {
+            let (x0, _) = self.denoiser.split(m, x, sa, sb);
+            x0_coeff * x0 + x_coeff * x
+        }))
     }
 }

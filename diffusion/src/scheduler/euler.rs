@@ -5,7 +5,7 @@
 //! ends, with timesteps found back from σ), the input scaled by 1/√(σ² + 1), one Euler step of
 //! `dx/dσ = (x − x₀)/σ` per timestep; the ancestral one steps to σ_down and adds σ_up of noise.
 
-use super::{Config, DDPM_BETAS, Prediction, Scheduler, alphas_cumprod, check_index, check_step};
+use super::{Config, DDPM_BETAS, Prediction, Scheduler, alphas_cumprod, check_step, update};
 use crate::{Error, Result};
 use serde_json::Value;
 
@@ -134,7 +134,7 @@ impl Scheduler for Euler {
     }
 
     fn scale_model_input(&self, sample: &mut [f32], step: usize) -> Result<()> {
-        check_index(step, self.timesteps.len())?;
+        super::check_index(step, self.timesteps.len())?;
         let sigma = self.sigmas[step];
         let scale = (sigma * sigma + 1.0).sqrt();
         sample.iter_mut().for_each(|x| *x /= scale);
@@ -152,8 +152,8 @@ impl Scheduler for Euler {
         sample: &[f32],
         noise: Option<&[f32]>,
     ) -> Result<Vec<f32>> {
-        check_index(step, self.timesteps.len())?;
-        check_step(output, sample, noise)?;
+        let steps = ("ancestral Euler", self.timesteps.len());
+        let noise = check_step(steps, step, (output, sample), noise, self.needs_noise(step))?;
         let (sigma, next) = (self.sigmas[step], self.sigmas[step + 1]);
         let x0 = |m: f32, x: f32| match self.prediction {
             Prediction::Epsilon => x - sigma * m,
@@ -162,24 +162,17 @@ impl Scheduler for Euler {
             }
             Prediction::Sample => m,
         };
-        if !self.ancestral {
-            let dt = next - sigma;
-            return Ok(output
-                .iter()
-                .zip(sample)
-                .map(|(&m, &x)| x + (x - x0(m, x)) / sigma * dt)
-                .collect());
-        }
-        let noise = noise
-            .ok_or_else(|| Error::Invalid("ancestral Euler needs noise at every step".into()))?;
-        let up = (next * next * (sigma * sigma - next * next) / (sigma * sigma)).sqrt();
-        let down = (next * next - up * up).sqrt();
-        let dt = down - sigma;
-        Ok(output
-            .iter()
-            .zip(sample)
-            .zip(noise)
-            .map(|((&m, &x), &n)| x + (x - x0(m, x)) / sigma * dt + n * up)
-            .collect())
+        // Ancestral: step to σ_down, then add σ_up of fresh noise.
+        let (to, up) = match self.ancestral {
+            true => {
+                let up = (next * next * (sigma * sigma - next * next) / (sigma * sigma)).sqrt();
+                ((next * next - up * up).sqrt(), up)
+            }
+            false => (next, 0.0),
+        };
+        let dt = to - sigma;
+        Ok(update(output, sample, noise.map(|n| (n, up)), |m, x| {
+            x + (x - x0(m, x)) / sigma * dt
+        }))
     }
 }

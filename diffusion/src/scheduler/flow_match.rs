@@ -5,7 +5,7 @@
 //! `use_dynamic_shifting` by the exponential time shift `e^μ / (e^μ + (1/σ − 1))` with a μ
 //! that grows with the image (FLUX) — timestep 1000·σ, and `x ← x + (σ_next − σ)·v`.
 
-use super::{Config, Scheduler, check_index, check_step};
+use super::{Config, Scheduler, check_step, update};
 use crate::{Error, Result};
 use serde_json::Value;
 
@@ -102,14 +102,6 @@ impl Scheduler for FlowMatchEuler {
         &self.timesteps
     }
 
-    fn init_noise_sigma(&self) -> f32 {
-        1.0
-    }
-
-    fn scale_model_input(&self, _sample: &mut [f32], step: usize) -> Result<()> {
-        check_index(step, self.timesteps.len())
-    }
-
     fn needs_noise(&self, _step: usize) -> bool {
         false
     }
@@ -121,13 +113,9 @@ impl Scheduler for FlowMatchEuler {
         sample: &[f32],
         noise: Option<&[f32]>,
     ) -> Result<Vec<f32>> {
-        check_index(step, self.timesteps.len())?;
-        check_step(output, sample, noise)?;
+        let steps = ("flow-matching Euler", self.timesteps.len());
+        check_step(steps, step, (output, sample), noise, false)?;
         let dt = self.sigmas[step + 1] - self.sigmas[step];
-        Ok(output
-            .iter()
-            .zip(sample)
-            .map(|(&v, &x)| x + dt * v)
-            .collect())
+        Ok(update(output, sample, None, |v, x| x + dt * v))
     }
 }

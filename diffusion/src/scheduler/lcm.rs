@@ -4,7 +4,7 @@
 //! function's boundary-condition mix `c_out·x̂₀ + c_skip·x` of the predicted clean sample, then
 //! noised back to the next timestep (fresh noise at every step but the last).
 
-use super::{Betas, Config, Prediction, Scheduler, alphas_cumprod, check_index, check_step};
+use super::{Betas, Config, Denoiser, Scheduler, alphas_cumprod, check_step, update};
 use crate::{Error, Result};
 use serde_json::Value;
 
@@ -19,8 +19,7 @@ const LCM_BETAS: Betas = Betas {
 pub struct Lcm {
     alphas_cumprod: Vec<f32>,
     timesteps: Vec<f32>,
-    prediction: Prediction,
-    clip: Option<f32>,
+    denoiser: Denoiser,
     timestep_scaling: f64,
 }
 
@@ -50,11 +49,7 @@ impl Lcm {
         Ok(Lcm {
             alphas_cumprod,
             timesteps,
-            prediction: Prediction::read(c)?,
-            clip: match c.bool("clip_sample", false)? {
-                true => Some(c.f64("clip_sample_range", 1.0)? as f32),
-                false => None,
-            },
+            denoiser: Denoiser::read(c, false)?,
             timestep_scaling: c.f64("timestep_scaling", 10.0)?,
         })
     }
@@ -63,14 +58,6 @@ impl Lcm {
 impl Scheduler for Lcm {
     fn timesteps(&self) -> &[f32] {
         &self.timesteps
-    }
-
-    fn init_noise_sigma(&self) -> f32 {
-        1.0
-    }
-
-    fn scale_model_input(&self, _sample: &mut [f32], step: usize) -> Result<()> {
-        check_index(step, self.timesteps.len())
     }
 
     fn needs_noise(&self, step: usize) -> bool {
@@ -84,17 +71,8 @@ impl Scheduler for Lcm {
         sample: &[f32],
         noise: Option<&[f32]>,
     ) -> Result<Vec<f32>> {
-        check_index(step, self.timesteps.len())?;
-        check_step(output, sample, noise)?;
-        let noise = match (self.needs_noise(step), noise) {
-            (true, None) => {
-                return Err(Error::Invalid(format!(
-                    "LCM needs noise at every step but the last (step {step})"
-                )));
-            }
-            (true, n) => n,
-            (false, _) => None,
-        };
+        let steps = ("LCM", self.timesteps.len());
+        let noise = check_step(steps, step, (output, sample), noise, self.needs_noise(step))?;
         let t = self.timesteps[step];
         let a = self.alphas_cumprod[t as usize];
         let a_prev = match self.timesteps.get(step + 1) {
@@ -108,25 +86,16 @@ impl Scheduler for Lcm {
         let scaled = f64::from(t) * self.timestep_scaling;
         let c_skip = (0.25 / (scaled * scaled + 0.25)) as f32;
         let c_out = (scaled / (scaled * scaled + 0.25).sqrt()) as f32;
-        Ok(output
-            .iter()
-            .zip(sample)
-            .enumerate()
-            .map(|(i, (&m, &x))| {
-                let mut x0 = match self.prediction {
-                    Prediction::Epsilon => (x - sb * m) / sa,
-                    Prediction::Sample => m,
-                    Prediction::Velocity => sa * x - sb * m,
-                };
-                if let Some(r) = self.clip {
-                    x0 = x0.clamp(-r, r);
-                }
-                let denoised = c_out * x0 + c_skip * x;
-                match noise {
-                    Some(n) => sa_prev * denoised + sb_prev * n[i],
-                    None => denoised,
-                }
-            })
-            .collect())
+        // With noise, the denoised sample is noised back to the next timestep.
+        let keep = if noise.is_some() { sa_prev } else { 1.0 };
+        Ok(update(
+            output,
+            sample,
+            noise.map(|n| (n, sb_prev)),
+            |m, x| {
+                let (x0, _) = self.denoiser.split(m, x, sa, sb);
+                keep * (c_out * x0 + c_skip * x)
+            },
+        ))
     }
 }

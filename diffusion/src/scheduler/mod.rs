@@ -21,11 +21,15 @@ pub trait Scheduler: Send {
     /// The model's timestep at each step, first to last.
     fn timesteps(&self) -> &[f32];
 
-    /// What unit-variance noise is multiplied by to start a sample.
-    fn init_noise_sigma(&self) -> f32;
+    /// What unit-variance noise is multiplied by to start a sample (1 for most).
+    fn init_noise_sigma(&self) -> f32 {
+        1.0
+    }
 
     /// Scales `sample` in place into the model's input at step `step` (identity for most).
-    fn scale_model_input(&self, sample: &mut [f32], step: usize) -> Result<()>;
+    fn scale_model_input(&self, _sample: &mut [f32], step: usize) -> Result<()> {
+        check_index(step, self.timesteps().len())
+    }
 
     /// Whether [`Scheduler::step`] at `step` adds noise (and so needs some).
     fn needs_noise(&self, step: usize) -> bool;
@@ -149,7 +153,8 @@ pub enum Prediction {
 }
 
 impl Prediction {
-    fn read(c: &Config<'_>) -> Result<Prediction> {
+    /// `prediction_type`.
+    pub fn read(c: &Config<'_>) -> Result<Prediction> {
         match c.str("prediction_type", "epsilon")? {
             "epsilon" => Ok(Prediction::Epsilon),
             "v_prediction" => Ok(Prediction::Velocity),
@@ -157,6 +162,42 @@ impl Prediction {
             other => Err(Error::Config(format!(
                 "prediction_type `{other}` is not one of epsilon, v_prediction, sample"
             ))),
+        }
+    }
+}
+
+/// How the ᾱ-parametrised schedulers (DDPM, DDIM, LCM) read the model: its prediction, and the
+/// clipping of the clean sample it implies (`clip_sample`, `clip_sample_range`).
+#[derive(Clone, Copy, Debug)]
+pub struct Denoiser {
+    prediction: Prediction,
+    clip: Option<f32>,
+}
+
+impl Denoiser {
+    /// From `c`, clipping by default where `clip_default` (the class's default).
+    pub fn read(c: &Config<'_>, clip_default: bool) -> Result<Denoiser> {
+        Ok(Denoiser {
+            prediction: Prediction::read(c)?,
+            clip: match c.bool("clip_sample", clip_default)? {
+                true => Some(c.f64("clip_sample_range", 1.0)? as f32),
+                false => None,
+            },
+        })
+    }
+
+    /// The clean sample (clipped) and the noise that the model's `output` on `x` stands for,
+    /// where `sa = √ᾱ_t` and `sb = √(1 − ᾱ_t)`.
+    #[inline]
+    pub fn split(&self, output: f32, x: f32, sa: f32, sb: f32) -> (f32, f32) {
+        let (x0, eps) = match self.prediction {
+            Prediction::Epsilon => ((x - sb * output) / sa, output),
+            Prediction::Sample => (output, (x - sa * output) / sb),
+            Prediction::Velocity => (sa * x - sb * output, sa * output + sb * x),
+        };
+        match self.clip {
+            Some(r) => (x0.clamp(-r, r), eps),
+            None => (x0, eps),
         }
     }
 }
@@ -300,8 +341,36 @@ pub fn spaced_timesteps(c: &Config<'_>, steps: usize, default: &str) -> Result<V
     })
 }
 
-/// Checks the buffers of one step: `output`, `sample` and, when given, `noise` of one length.
-fn check_step(output: &[f32], sample: &[f32], noise: Option<&[f32]>) -> Result<()> {
+/// The integer training timesteps of an `steps`-step run over `n` training timesteps (DDPM's and
+/// DDIM's: `linspace` spacing rounded), each checked to be one of them.
+fn integer_timesteps(c: &Config<'_>, steps: usize, n: usize) -> Result<Vec<f32>> {
+    let linspace = c.str("timestep_spacing", "leading")? == "linspace";
+    let timesteps: Vec<f32> = spaced_timesteps(c, steps, "leading")?
+        .into_iter()
+        .map(|t| match linspace {
+            true => t.round() as f32,
+            false => t as f32,
+        })
+        .collect();
+    match timesteps.iter().find(|&&t| t < 0.0 || t as usize >= n) {
+        Some(t) => Err(Error::Config(format!(
+            "timestep {t} is outside the {n} training timesteps (steps_offset?)"
+        ))),
+        None => Ok(timesteps),
+    }
+}
+
+/// Checks one step of `scheduler` (a schedule of `steps` steps): the index, and `output`,
+/// `sample` and, when given, `noise` of one length; returns the noise the step adds — `None`
+/// unless `needs_noise`, which without noise is an error.
+fn check_step<'n>(
+    (scheduler, steps): (&str, usize),
+    step: usize,
+    (output, sample): (&[f32], &[f32]),
+    noise: Option<&'n [f32]>,
+    needs_noise: bool,
+) -> Result<Option<&'n [f32]>> {
+    check_index(step, steps)?;
     if output.len() != sample.len() || noise.is_some_and(|n| n.len() != sample.len()) {
         return Err(Error::Invalid(format!(
             "the model output has {} values, the sample {}, the noise {}",
@@ -310,7 +379,27 @@ fn check_step(output: &[f32], sample: &[f32], noise: Option<&[f32]>) -> Result<(
             noise.map_or("none".into(), |n| n.len().to_string())
         )));
     }
-    Ok(())
+    match (needs_noise, noise) {
+        (true, None) => Err(Error::Invalid(format!(
+            "{scheduler} needs noise at step {step}"
+        ))),
+        (true, n) => Ok(n),
+        (false, _) => Ok(None),
+    }
+}
+
+/// One update of every element: `f(output, sample)`, plus `scale·noise` where a step adds noise.
+fn update(
+    output: &[f32],
+    sample: &[f32],
+    noise: Option<(&[f32], f32)>,
+    f: impl Fn(f32, f32) -> f32,
+) -> Vec<f32> {
+    let moved = output.iter().zip(sample).map(|(&m, &x)| f(m, x));
+    match noise {
+        Some((n, scale)) => moved.zip(n).map(|(v, &n)| v + scale * n).collect(),
+        None => moved.collect(),
+    }
 }
 
 /// The step index checked against a schedule of `len` steps.

@@ -89,17 +89,16 @@ impl<T> Batch<T> {
             0 => usize::MAX,
             n => n as usize,
         };
-        let planned: Vec<(usize, usize)> = slots
-            .iter_mut()
-            .enumerate()
-            .map(|(i, (s, _))| (i, s.plan_draft(draft, context)))
-            .filter(|&(_, max)| max > 0)
-            .collect();
         match g.drafter() {
-            Some(drafter) => draft_with_model(drafter, slots, &planned),
-            None => planned
-                .iter()
-                .for_each(|&(i, max)| slots[i].0.draft_by_lookup(max)),
+            Some(drafter) => draft_with_model(drafter, slots, draft, context),
+            None => {
+                for (s, _) in slots.iter_mut() {
+                    match s.plan_draft(draft, context) {
+                        0 => {}
+                        max => s.draft_by_lookup(max),
+                    }
+                }
+            }
         }
         let hidden = g.config().hidden as usize;
         let mut prefill_left = step_tokens.saturating_sub(decoding).max(1);
@@ -197,17 +196,24 @@ impl<T> Batch<T> {
     }
 }
 
-/// Drafts for the `planned` requests (index, most tokens) with the draft model, in batched
-/// passes. A request whose positions a draft model cannot read drafts nothing; if the draft
-/// model fails, this pass drafts nothing and the requests start their draft sequences afresh
-/// (drafts only speed decoding up: the served model decides every token either way).
-fn draft_with_model<T>(drafter: &Drafter, slots: &mut [(Sequence, T)], planned: &[(usize, usize)]) {
-    let mut order = Vec::with_capacity(planned.len());
-    let mut jobs = Vec::with_capacity(planned.len());
+/// Plans every request's draft (at most `draft` tokens within `context`) and drafts for those
+/// that may with the draft model, in batched passes. A request whose positions a draft model
+/// cannot read drafts nothing; if the draft model fails, this pass drafts nothing and the
+/// requests start their draft sequences afresh (drafts only speed decoding up: the served model
+/// decides every token either way).
+fn draft_with_model<T>(
+    drafter: &Drafter,
+    slots: &mut [(Sequence, T)],
+    draft: usize,
+    context: usize,
+) {
+    let mut order = Vec::with_capacity(slots.len());
+    let mut jobs = Vec::with_capacity(slots.len());
     for (slot, (s, _)) in slots.iter_mut().enumerate() {
-        let Some(&(_, max)) = planned.iter().find(|&&(i, _)| i == slot) else {
+        let max = s.plan_draft(draft, context);
+        if max == 0 {
             continue;
-        };
+        }
         if let Some((tokens, state)) = s.draft_model_input() {
             order.push(slot);
             jobs.push(DraftJob { tokens, state, max });

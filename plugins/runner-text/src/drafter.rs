@@ -11,7 +11,7 @@
 //! rest are cut, so the next draft feeds only what is new (the sampled token, and a kept
 //! draft's last token).
 
-use crate::{Error, Result};
+use crate::{Error, Result, sampler::argmax};
 use abi_stable::std_types::{RSlice, RSliceMut};
 use u_sdk::{KvCacheBox, ModelBox, ModelKind, Output, Rows, Segment, SeqChunk, SeqId};
 
@@ -145,7 +145,10 @@ impl Drafter {
             }
         }
         let mut active: Vec<usize> = (0..jobs.len()).filter(|&i| jobs[i].max > 0).collect();
-        let mut inputs: Vec<Vec<u32>> = active.iter().map(|&i| feeds[i].clone()).collect();
+        let mut inputs: Vec<Vec<u32>> = active
+            .iter()
+            .map(|&i| std::mem::take(&mut feeds[i]))
+            .collect();
         while !active.is_empty() {
             let seqs: Vec<SeqId> = active.iter().map(|&i| seq_of(&jobs[i])).collect();
             let next = self.pass(&seqs, &inputs, true)?;
@@ -191,18 +194,7 @@ impl Drafter {
             )
             .into_result()
             .map_err(|e| Error::plugin("draft model.forward", e))?;
-        Ok(out
-            .chunks_exact(self.vocab.max(1))
-            .map(|row| {
-                row.iter()
-                    .enumerate()
-                    .fold((0, f32::NEG_INFINITY), |best, (i, &v)| match v > best.1 {
-                        true => (i, v),
-                        false => best,
-                    })
-                    .0 as u32
-            })
-            .collect())
+        Ok(out.chunks_exact(self.vocab.max(1)).map(argmax).collect())
     }
 }
 
