@@ -26,7 +26,7 @@ use serde_json::json;
 use std::path::PathBuf;
 use std::time::Instant;
 use u_runner::wiring;
-use u_sdk::{KvCacheBox, ModelBox, Output, Rows, Segment, SeqChunk, SeqId};
+use u_sdk::{KvCacheBox, ModelBox, ModelCounter, Output, Rows, Segment, SeqChunk, SeqId};
 
 /// Prompt tokens per prefill pass (the text runner's default chunk).
 pub const PREFILL_CHUNK: usize = 512;
@@ -163,6 +163,29 @@ fn forward(model: &ModelBox, seq: SeqId, tokens: &[u32], logits: &mut [f32]) -> 
         .map_err(|e| anyhow!("model.forward: {e}"))
 }
 
+/// The model's own counters ([`u_sdk::Model::counters`]).
+fn counters(model: &ModelBox) -> Result<Vec<ModelCounter>> {
+    Ok(model
+        .counters()
+        .into_result()
+        .map_err(|e| anyhow!("model.counters: {e}"))?
+        .into_vec())
+}
+
+/// What the counters counted between `before` and `after` (running totals), or their level at
+/// the end (gauges), by name.
+fn counted_during(before: &[ModelCounter], after: &[ModelCounter]) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    for c in after {
+        let start = before
+            .iter()
+            .find(|b| b.name == c.name && !c.gauge)
+            .map_or(0.0, |b| b.value);
+        out.insert(c.name.to_string(), json!(c.value - start));
+    }
+    out.into()
+}
+
 /// Runs `u-runner bench`.
 pub fn run(args: BenchArgs) -> Result<i32> {
     let d = load_default(args.deployment)?;
@@ -202,9 +225,11 @@ pub fn run(args: BenchArgs) -> Result<i32> {
             gen_tokens: n_gen,
         };
         run_once(&model, &cache, vocab, &mut rng, test)?;
+        let before = counters(&model)?;
         let secs = (0..reps)
             .map(|_| run_once(&model, &cache, vocab, &mut rng, test))
             .collect::<Result<Vec<f64>>>()?;
+        let counted = counted_during(&before, &counters(&model)?);
         let n = f64::from(n_prompt + n_gen);
         let ts: Vec<f64> = secs.iter().map(|s| n / s).collect();
         let ns: Vec<u64> = secs.iter().map(|s| (s * 1e9).round() as u64).collect();
@@ -245,6 +270,7 @@ pub fn run(args: BenchArgs) -> Result<i32> {
             "stddev_ts": stddev_ts,
             "samples_ns": ns,
             "samples_ts": ts,
+            "model_counters": counted,
         }));
     }
     if args.json {

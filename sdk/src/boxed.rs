@@ -164,6 +164,9 @@ impl<T: Model> Model for Guarded<T> {
     fn adapters(&self) -> RResult<RVec<AdapterInfo>, UError> {
         run("model.adapters", || self.0.adapters())
     }
+    fn counters(&self) -> RResult<RVec<ModelCounter>, UError> {
+        run("model.counters", || self.0.counters())
+    }
     fn trainer(&self, spec: TrainSpec) -> RResult<TrainerBox, UError> {
         run("model.trainer", || self.0.trainer(spec))
     }

@@ -40,6 +40,7 @@ mod guard;
 pub mod manifest;
 pub mod meta;
 pub mod nn;
+pub mod pages;
 #[cfg(feature = "json")]
 pub mod preprocessor;
 pub mod quant;

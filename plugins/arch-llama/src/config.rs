@@ -110,9 +110,6 @@ pub struct MoeConfig {
     pub used: usize,
     /// Whether the top-k gate weights are renormalised to sum to one.
     pub norm_topk: bool,
-    /// Whether the routed experts' pages are asked for before the FFN runs (a plugin setting,
-    /// not model metadata: on unless the deployment turns it off).
-    pub prefetch: bool,
 }
 
 impl Config {
@@ -192,7 +189,6 @@ impl Config {
                     experts: experts as usize,
                     used,
                     norm_topk,
-                    prefetch: true,
                 })
             }
         };

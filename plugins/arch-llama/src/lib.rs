@@ -90,6 +90,7 @@
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod experts;
 pub mod gguf_view;
 pub mod idefics;
 pub mod llava;
@@ -104,11 +105,12 @@ pub use model::Llama;
 pub use weights::Weights;
 
 use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RStr, RString, RVec};
+use experts::ExpertPolicy;
 use std::sync::Arc;
 use u_sdk::{
     AdapterInfo, Architecture, ArchitectureBox, BackendBox, BuildContext, HostBox, KvCacheBox,
-    Model, ModelBox, ModelConfig, PluginInfo, PluginInstance, SeqChunk, SeqId, TrainSpec,
-    TrainerBox, UError, WeightSetBox, nn::Device,
+    Model, ModelBox, ModelConfig, ModelCounter, PluginInfo, PluginInstance, SeqChunk, SeqId,
+    TrainSpec, TrainerBox, UError, WeightSetBox, nn::Device,
 };
 
 fn describe() -> PluginInfo {
@@ -139,45 +141,59 @@ mod export {
 }
 
 /// The `architecture` entry object.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct LlamaArchitecture {
-    /// Whether MoE layers ask for the routed experts' pages (`madvise(MADV_WILLNEED)`) before
-    /// their FFN runs.
-    pub expert_prefetch: bool,
-}
-
-impl Default for LlamaArchitecture {
-    fn default() -> Self {
-        Self {
-            expert_prefetch: true,
-        }
-    }
+    /// What MoE models' expert cache does (see [`experts`]).
+    pub experts: ExpertPolicy,
 }
 
 impl LlamaArchitecture {
-    /// From the plugin's config table (TOML): `expert_prefetch = false` turns the expert
-    /// prefetch off (it is on by default: useful where weights are paged in from disk, pure
-    /// overhead where they are resident). Any other key, or another type, is an error.
+    /// From the plugin's config table (TOML), the expert cache's settings:
+    /// `expert_prefetch` (bool, on: ask for a routed expert's pages when they are out),
+    /// `expert_lookahead` (bool, on: ask for the next layer's predicted experts ahead),
+    /// `expert_budget_mb` (a positive integer: keep at most this many MiB of experts in memory,
+    /// evicting the least recently routed; unset: no limit) and `expert_pin_share` (a number
+    /// ≥ 0: pin experts routed this many times their fair share or more; 1.5 by default, 0
+    /// pins none). Any other key, or another type, is an error.
     pub fn from_config(config: &str) -> u_sdk::Result<Self> {
         let bad = |why: String| UError::invalid(format!("arch-llama config: {why}"));
         let table: toml::Table = config.parse().map_err(|e| bad(format!("{e}")))?;
-        let mut arch = Self::default();
+        let mut p = ExpertPolicy::default();
         for (key, value) in table {
             match (key.as_str(), value) {
-                ("expert_prefetch", toml::Value::Boolean(on)) => arch.expert_prefetch = on,
-                ("expert_prefetch", v) => {
+                ("expert_prefetch", toml::Value::Boolean(on)) => p.prefetch = on,
+                ("expert_lookahead", toml::Value::Boolean(on)) => p.lookahead = on,
+                ("expert_budget_mb", toml::Value::Integer(mb)) if mb > 0 => {
+                    p.budget = Some((mb as u64).saturating_mul(1 << 20));
+                }
+                ("expert_pin_share", toml::Value::Float(x)) if x >= 0.0 && x.is_finite() => {
+                    p.pin_share = x;
+                }
+                ("expert_pin_share", toml::Value::Integer(x)) if x >= 0 => {
+                    p.pin_share = x as f64;
+                }
+                (key @ ("expert_prefetch" | "expert_lookahead"), v) => {
+                    return Err(bad(format!("{key} must be true or false, not {v}")));
+                }
+                ("expert_budget_mb", v) => {
                     return Err(bad(format!(
-                        "expert_prefetch must be true or false, not {v}"
+                        "expert_budget_mb must be a positive whole number of MiB, not {v}"
+                    )));
+                }
+                ("expert_pin_share", v) => {
+                    return Err(bad(format!(
+                        "expert_pin_share must be a number of at least 0, not {v}"
                     )));
                 }
                 (other, _) => {
                     return Err(bad(format!(
-                        "unknown key `{other}` (the only setting is expert_prefetch)"
+                        "unknown key `{other}` (the settings are expert_prefetch, \
+                         expert_lookahead, expert_budget_mb and expert_pin_share)"
                     )));
                 }
             }
         }
-        Ok(arch)
+        Ok(Self { experts: p })
     }
 }
 
@@ -285,6 +301,10 @@ impl Model for LlamaModel {
         RResult::ROk(self.0.adapters().into())
     }
 
+    fn counters(&self) -> RResult<RVec<ModelCounter>, UError> {
+        RResult::ROk(self.0.counters().into())
+    }
+
     fn trainer(&self, spec: TrainSpec) -> RResult<TrainerBox, UError> {
         if self.0.is_cross_decoder() {
             return RResult::RErr(UError::unsupported(
@@ -331,15 +351,33 @@ mod tests {
     }
 
     #[test]
-    fn the_config_may_turn_the_expert_prefetch_off_and_nothing_else() {
-        assert!(LlamaArchitecture::from_config("").unwrap().expert_prefetch);
-        assert!(
-            !LlamaArchitecture::from_config("expert_prefetch = false")
-                .unwrap()
-                .expert_prefetch
+    fn the_config_sets_the_expert_cache_and_nothing_else() {
+        assert_eq!(
+            LlamaArchitecture::from_config("").unwrap().experts,
+            ExpertPolicy::default()
+        );
+        let p = LlamaArchitecture::from_config(
+            "expert_prefetch = false\nexpert_lookahead = false\nexpert_budget_mb = 512\n\
+             expert_pin_share = 0",
+        )
+        .unwrap()
+        .experts;
+        assert_eq!(
+            p,
+            ExpertPolicy {
+                prefetch: false,
+                lookahead: false,
+                budget: Some(512 << 20),
+                pin_share: 0.0,
+            }
         );
         for (bad, says) in [
             ("expert_prefetch = 1", "must be true or false"),
+            ("expert_lookahead = \"yes\"", "must be true or false"),
+            ("expert_budget_mb = 0", "positive whole number"),
+            ("expert_budget_mb = 1.5", "positive whole number"),
+            ("expert_pin_share = -1", "at least 0"),
+            ("expert_pin_share = nan", "at least 0"),
             ("prefetch = false", "unknown key `prefetch`"),
             ("expert_prefetch =", "arch-llama config"),
         ] {

@@ -7,6 +7,7 @@
 
 use crate::{
     config::{Config, FfnActivation, MoeConfig, RopeConfig},
+    experts::{ExpertCache, ExpertLayer},
     idefics::{CrossLayers, CrossPlan, CrossSpan},
     llava::ImageSlots,
     lora::{Adapter, Fit, Group, Plan, Stack, Target},
@@ -392,13 +393,13 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    /// Asks for the pages of its weights ahead of use (see [`Linear::prefetch`]).
-    pub fn prefetch(&self) {
-        if let Some(gate) = &self.gate {
-            gate.prefetch();
-        }
-        self.up.prefetch();
-        self.down.prefetch();
+    /// Its weight tensors (gate, up, down), for page advice.
+    pub fn weights(&self) -> Vec<Tensor> {
+        self.gate
+            .iter()
+            .chain([&self.up, &self.down])
+            .map(|l| l.weight().clone())
+            .collect()
     }
 
     /// Loads `blk.{i}.ffn_{gate,up,down}{suffix}` (with biases where present): gated when there
@@ -526,8 +527,9 @@ pub struct MoE {
     experts: Vec<Mlp>,
     used: usize,
     norm_topk: bool,
-    prefetch: bool,
     shared: Option<(Mlp, Option<Linear>)>,
+    /// The model's expert cache and this layer's index in it.
+    cache: Option<(Arc<ExpertCache>, usize)>,
 }
 
 impl MoE {
@@ -581,9 +583,22 @@ impl MoE {
             experts,
             used: moe.used,
             norm_topk: moe.norm_topk,
-            prefetch: moe.prefetch,
             shared,
+            cache: None,
         })
+    }
+
+    /// What the expert cache advises on for this layer: its router and experts' weights.
+    pub fn cache_layer(&self) -> ExpertLayer {
+        ExpertLayer {
+            router: self.router.weight().clone(),
+            experts: self.experts.iter().map(Mlp::weights).collect(),
+        }
+    }
+
+    /// Joins the model's expert cache as layer `layer`.
+    pub fn attach(&mut self, cache: Arc<ExpertCache>, layer: usize) {
+        self.cache = Some((cache, layer));
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -606,13 +621,16 @@ impl MoE {
             }
         }
 
-        // Only the routed experts' weights are read: ask for their pages before computing.
-        if self.prefetch {
-            for (expert, (toks, _)) in self.experts.iter().zip(&routes) {
-                if !toks.is_empty() {
-                    expert.prefetch();
-                }
-            }
+        // Only the routed experts' weights are read: the cache has their pages asked for (and
+        // the next layer's likely ones) before computing.
+        if let Some((cache, layer)) = &self.cache {
+            let routed: Vec<(usize, usize)> = routes
+                .iter()
+                .enumerate()
+                .filter(|(_, (toks, _))| !toks.is_empty())
+                .map(|(e, (toks, _))| (e, toks.len()))
+                .collect();
+            cache.before_experts(*layer, &routed, x)?;
         }
         let out = dev.from_f32(&vec![0.0; x.desc().shape.elements() as usize], x.dims())?;
         for (expert, (toks, gates)) in self.experts.iter().zip(&routes) {
@@ -813,6 +831,8 @@ pub struct Llama {
     images: Option<ImageSlots>,
     /// Gated cross-attention blocks over an image's features (IDEFICS), if the model has any.
     pub(crate) cross: Option<CrossLayers>,
+    /// The expert cache of an MoE model.
+    experts: Option<Arc<ExpertCache>>,
 }
 
 impl Llama {
@@ -825,13 +845,31 @@ impl Llama {
         settings: &crate::LlamaArchitecture,
     ) -> Result<Llama> {
         let mut cfg = Config::from_weights(&weights)?;
-        if let Some(moe) = &mut cfg.moe {
-            moe.prefetch = settings.expert_prefetch;
+        let advise = cfg.moe.is_some() && settings.experts.prefetch && weights.format() == "gguf";
+        if advise {
+            crate::experts::random_access(weights.set())?;
         }
         let dev = &device;
-        let blocks = (0..cfg.layers)
+        let mut blocks = (0..cfg.layers)
             .map(|i| Block::load(&weights, dev, &cfg, i))
             .collect::<Result<Vec<_>>>()?;
+        let experts = cfg.moe.as_ref().map(|moe| {
+            let layers = blocks
+                .iter()
+                .map(|b| match &b.ffn {
+                    FeedForward::MoE(m) => Some(m.cache_layer()),
+                    FeedForward::Dense(_) => None,
+                })
+                .collect();
+            ExpertCache::new(settings.experts, moe.used, layers)
+        });
+        if let Some(cache) = &experts {
+            for (i, b) in blocks.iter_mut().enumerate() {
+                if let FeedForward::MoE(m) = &mut b.ffn {
+                    m.attach(cache.clone(), i);
+                }
+            }
+        }
         let cross = CrossLayers::load(&weights, dev, &cfg)?;
         if cross.is_some() {
             cfg.family = crate::idefics::FAMILY.into();
@@ -843,6 +881,12 @@ impl Llama {
         };
         let embed = weights.import(dev, "token_embd.weight", None)?;
         let lm_head = Linear::load(&weights, dev, head, cfg.hidden, false)?;
+        if let Some(cache) = experts.as_ref().filter(|_| advise) {
+            // Embedding rows are read a few at a time, unless the table is the LM head too.
+            let sparse = [&embed];
+            let tied = head == "token_embd";
+            cache.will_need_dense(weights.set(), if tied { &[] } else { &sparse })?;
+        }
         if lm_head.outputs != cfg.vocab_size {
             return Err(UError::invalid(format!(
                 "arch-llama: LM head has {} outputs for a vocabulary of {}",
@@ -914,7 +958,15 @@ impl Llama {
             fit,
             images: None,
             cross,
+            experts,
         })
+    }
+
+    /// The counters of its expert cache (none for dense models).
+    pub fn counters(&self) -> Vec<u_sdk::ModelCounter> {
+        self.experts
+            .as_ref()
+            .map_or_else(Vec::new, |c| c.counters())
     }
 
     /// Makes the model the decoder of a multimodal checkpoint of `family` (LLaVA): its

@@ -408,11 +408,6 @@ impl Linear {
         }
     }
 
-    /// Asks for the weight's pages ahead of use (see [`Tensor::will_need`]).
-    pub fn prefetch(&self) {
-        self.weight.will_need();
-    }
-
     /// The weight (`[out, in]`).
     pub fn weight(&self) -> &Tensor {
         &self.weight

@@ -345,3 +345,82 @@ fn moe_layers_read_only_the_routed_experts() -> Result<()> {
     }
     Ok(())
 }
+
+/// The expert cache only moves pages: over the GGUF MoE fixtures, decoding with a budget so
+/// small that every routing evicts, hot-set pinning from the first routings and router
+/// lookahead gives the same logits, bit for bit, as with the cache doing nothing; and its
+/// counters show it acted (misses, evictions, lookahead predictions and hits).
+#[test]
+fn the_expert_cache_changes_no_value() -> Result<()> {
+    use u_arch_llama::{LlamaArchitecture, experts::ExpertPolicy};
+    let off = ExpertPolicy {
+        prefetch: false,
+        lookahead: false,
+        budget: None,
+        pin_share: 0.0,
+    };
+    let busy = ExpertPolicy {
+        prefetch: true,
+        lookahead: true,
+        budget: Some(1),
+        pin_share: 1.0,
+    };
+    // (fixture, whether a later MoE layer follows one for lookahead to predict)
+    for (model, several) in [("mixtral", true), ("qwen2_moe", false), ("olmoe", true)] {
+        let mut logits = Vec::new();
+        let mut counted = Vec::new();
+        for experts in [off, busy] {
+            let m = LlamaArchitecture { experts }.load(
+                support::gguf(model)?,
+                support::kernels(),
+                ReferenceCache::new_box(4),
+            )?;
+            let seq = m.cache().unwrap().unwrap().create().into_result()?;
+            let mut out = Vec::new();
+            for tokens in [&[1u32, 5, 9, 13][..], &[2], &[7], &[3], &[11]] {
+                out.extend(forward(&m, &[(seq, tokens, Output::Logits(Rows::Last))])?);
+            }
+            logits.push(out);
+            let counters = m.counters().into_result()?;
+            let value = |name: &str| {
+                counters
+                    .iter()
+                    .find(|c| c.name == name)
+                    .unwrap_or_else(|| panic!("{model}: no counter {name}"))
+                    .value
+            };
+            counted.push(
+                [
+                    "expert_routed_total",
+                    "expert_misses_total",
+                    "expert_evictions_total",
+                    "expert_predicted_total",
+                    "expert_predicted_hits_total",
+                    "expert_fetched_bytes_total",
+                ]
+                .map(value),
+            );
+        }
+        assert_eq!(
+            logits[0], logits[1],
+            "{model}: the cache changed the logits"
+        );
+        let [routed, misses, evictions, predicted, hits, fetched] = counted[1];
+        eprintln!(
+            "{model}: {routed} routed, {misses} misses, {evictions} evictions, \
+             {hits}/{predicted} predictions hit"
+        );
+        assert!(
+            routed > 0.0 && misses > 0.0 && evictions > 0.0 && fetched > 0.0,
+            "{model}"
+        );
+        if several {
+            assert!(predicted > 0.0 && hits > 0.0, "{model}: lookahead idle");
+        }
+        // With the cache off the ledger still counts routings, and fetches nothing.
+        let [routed_off, _, evictions_off, predicted_off, _, fetched_off] = counted[0];
+        assert_eq!(routed_off, routed, "{model}");
+        assert_eq!((evictions_off, predicted_off, fetched_off), (0.0, 0.0, 0.0));
+    }
+    Ok(())
+}

@@ -800,16 +800,13 @@ impl Engine for EngineHandle {
             .stats()
             .into_result()
             .map_or((0, 0), |s| (s.bytes, s.capacity_bytes));
-        let resident = self
-            .generator()
-            .model()
-            .adapters()
-            .into_result()
-            .map_or(0, |a| a.len() as u32);
+        let model = self.generator().model();
+        let resident = model.adapters().into_result().map_or(0, |a| a.len() as u32);
         RResult::ROk(EngineStats {
             kv_bytes,
             kv_capacity_bytes,
             resident_adapters: resident,
+            model_counters: model.counters().into_result().unwrap_or_default(),
             image_cache_hits: self.vision.as_ref().map_or(0, |v| v.cache_hits()),
             ..self.scheduler.stats()
         })

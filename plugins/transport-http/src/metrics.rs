@@ -192,8 +192,31 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
             );
         }
+        model_counters(stats, &mut out);
         inference_extension(stats, &mut out);
         out
+    }
+}
+
+/// The model's own counters as `u_model_<name>`; a name that is not Prometheus-safe is left
+/// out rather than breaking the page.
+fn model_counters(stats: &EngineStats, out: &mut String) {
+    for c in &stats.model_counters {
+        let safe =
+            !c.name.is_empty() && c.name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
+        if !safe {
+            continue;
+        }
+        let (name, kind) = (
+            format!("u_model_{}", c.name),
+            if c.gauge { "gauge" } else { "counter" },
+        );
+        let help = c.help.replace(['\\', '\n'], " ");
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}",
+            c.value
+        );
     }
 }
 
@@ -277,8 +300,37 @@ mod tests {
             resident_adapters: 3,
             running_adapters: vec!["sql".into(), "a\"b".into()].into(),
             waiting_adapters: vec!["chat".into()].into(),
+            model_counters: vec![
+                u_sdk::ModelCounter {
+                    name: "expert_misses_total".into(),
+                    help: "Experts read in.\nagain".into(),
+                    value: 7.0,
+                    gauge: false,
+                },
+                u_sdk::ModelCounter {
+                    name: "expert_resident_bytes".into(),
+                    help: "Bytes of experts in memory.".into(),
+                    value: 1024.0,
+                    gauge: true,
+                },
+                u_sdk::ModelCounter {
+                    name: "bad name{x=\"1\"}".into(),
+                    help: String::new().into(),
+                    value: 1.0,
+                    gauge: true,
+                },
+            ]
+            .into(),
             ..Default::default()
         });
+        assert!(text.contains(
+            "# HELP u_model_expert_misses_total Experts read in. again\n\
+             # TYPE u_model_expert_misses_total counter\nu_model_expert_misses_total 7\n"
+        ));
+        assert!(text.contains(
+            "# TYPE u_model_expert_resident_bytes gauge\nu_model_expert_resident_bytes 1024\n"
+        ));
+        assert!(!text.contains("bad name"), "{text}");
         assert!(text.contains("\nvllm:num_requests_running 2\n"), "{text}");
         assert!(text.contains("\nvllm:num_requests_waiting 3\n"), "{text}");
         assert!(text.contains("\nvllm:kv_cache_usage_perc 0.25\n"), "{text}");

@@ -359,6 +359,22 @@ pub struct AdapterInfo {
     pub bytes: u64,
 }
 
+/// A number a model reports about its own work (its MoE expert cache's hits and misses, say),
+/// for `u-runner bench --json` and `GET /metrics`.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq)]
+pub struct ModelCounter {
+    /// A Prometheus-safe name (`[a-z_]+`), without the `u_model_` prefix the host adds.
+    pub name: RString,
+    /// One line on what it counts.
+    pub help: RString,
+    /// The value now.
+    pub value: f64,
+    /// Whether it is a level that goes up and down (bytes resident) rather than a running
+    /// total (pages read).
+    pub gauge: bool,
+}
+
 /// What an architecture builds a model from.
 #[repr(C)]
 #[derive(StableAbi)]
@@ -439,6 +455,11 @@ pub trait Model: Send + Sync {
 
     /// The adapters it holds, by name.
     fn adapters(&self) -> RResult<RVec<AdapterInfo>, UError> {
+        RResult::ROk(RVec::new())
+    }
+
+    /// Counters of the model's own work (see [`ModelCounter`]); none by default.
+    fn counters(&self) -> RResult<RVec<ModelCounter>, UError> {
         RResult::ROk(RVec::new())
     }
 

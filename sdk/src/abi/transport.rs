@@ -343,7 +343,7 @@ pub trait TokenSink: Send {
 
 /// Counters of an engine, for `/metrics`.
 #[repr(C)]
-#[derive(StableAbi, Clone, Debug, Default, PartialEq, Eq)]
+#[derive(StableAbi, Clone, Debug, Default, PartialEq)]
 pub struct EngineStats {
     /// Requests accepted since start.
     pub requests: u64,
@@ -379,6 +379,8 @@ pub struct EngineStats {
     pub waiting_adapters: RVec<RString>,
     /// Images whose encoder output came from the engine's cache (no encoding).
     pub image_cache_hits: u64,
+    /// The model's own counters ([`crate::Model::counters`]).
+    pub model_counters: RVec<crate::abi::model::ModelCounter>,
 }
 
 /// One transcription request (OpenAI's `POST /v1/audio/transcriptions`, `u-runner
