@@ -24,7 +24,10 @@ pub struct ExpertPolicy {
     /// Bytes of experts to keep in memory at most (`None`: no limit, the OS decides).
     pub budget: Option<u64>,
     /// An expert routed at least this many times its fair share (`used / experts` of a layer's
-    /// routings) is pinned; 0 pins nothing.
+    /// routings) is pinned; 0 (the default) pins nothing. Off by default because it did not
+    /// pay where measured (tests/bench/moe_vs_llamacpp.py: under a budget, decode's routing
+    /// is local enough that LRU alone keeps the hot experts, and the pinned half of the budget
+    /// cost a third more misses).
     pub pin_share: f64,
 }
 
@@ -34,7 +37,7 @@ impl Default for ExpertPolicy {
             prefetch: true,
             lookahead: true,
             budget: None,
-            pin_share: 1.5,
+            pin_share: 0.0,
         }
     }
 }
@@ -191,7 +194,10 @@ impl Ledger {
         advice
     }
 
-    /// Records lookahead's prediction of `layer`'s experts and says which to read in now.
+    /// Records lookahead's prediction of `layer`'s experts and says which to read in now: those
+    /// not resident that fit the budget's free room. A guess never evicts — under a tight
+    /// budget a wrong one would cost a read and push out an expert that is needed — but it
+    /// counts as a use, so the predicted experts held are the last the budget evicts.
     pub fn predict(&mut self, layer: usize, experts: &[usize]) -> Vec<Advice> {
         let mut advice = Vec::new();
         for &expert in experts {
@@ -202,14 +208,17 @@ impl Ledger {
             slot.predicted = true;
             slot.last_use = self.clock;
             self.stats.predicted += 1;
-            if !slot.resident {
+            let room = self
+                .policy
+                .budget
+                .is_none_or(|b| self.stats.resident_bytes + slot.bytes <= b);
+            if !slot.resident && room {
                 slot.resident = true;
                 self.stats.resident_bytes += slot.bytes;
                 self.stats.fetched_bytes += slot.bytes;
                 advice.push(Advice::new(Act::Fetch, layer, expert));
             }
         }
-        self.evict(&mut advice);
         advice
     }
 
@@ -322,7 +331,19 @@ pub struct ExpertCache {
 
 impl ExpertCache {
     /// A cache over `layers` (`None` for dense ones), `used` experts routed per token.
-    pub fn new(policy: ExpertPolicy, used: usize, layers: Vec<Option<ExpertLayer>>) -> Arc<Self> {
+    /// Prefetch and lookahead act under a budget only: without one the OS pages experts in
+    /// with its read-ahead, which decoded 1.7× faster from a cold page cache than asking for
+    /// the routed experts alone (tests/bench/moe_vs_llamacpp.py), and in memory there is
+    /// nothing to ask for.
+    pub fn new(
+        mut policy: ExpertPolicy,
+        used: usize,
+        layers: Vec<Option<ExpertLayer>>,
+    ) -> Arc<Self> {
+        if policy.budget.is_none() {
+            policy.prefetch = false;
+            policy.lookahead = false;
+        }
         let sizes: Vec<Vec<u64>> = layers
             .iter()
             .map(|l| {
@@ -408,8 +429,8 @@ impl ExpertCache {
     }
 
     /// Asks for the tensors of the mapped weight file `set` that every token reads — all but
-    /// the experts and `sparse` (the embedding table) — where the cache prefetches; the file
-    /// was marked random-access before the model read any of it ([`random_access`]).
+    /// the experts and `sparse` (the embedding table); for a file marked random-access before
+    /// the model read any of it ([`random_access`]).
     pub fn will_need_dense(&self, set: &WeightSetBox, sparse: &[&Tensor]) -> Result<()> {
         if !self.ledger().policy().prefetch {
             return Ok(());
@@ -497,8 +518,8 @@ impl ExpertCache {
     }
 }
 
-/// Marks every page of the mapped weight file `set` random-access, before a model with an
-/// expert cache that prefetches reads any of it: the cache then reads exactly the experts it
+/// Marks every page of the mapped weight file `set` random-access, before a model whose expert
+/// cache prefetches under a budget reads any of it: the cache then reads exactly the experts it
 /// asks for, where the OS's read-ahead around a fault — 8 MiB on the disks here, centred on the
 /// fault — would pull in neighbouring experts no token was routed to.
 pub fn random_access(set: &WeightSetBox) -> Result<()> {
@@ -622,5 +643,19 @@ mod tests {
         // A prediction is scored once, against the next routing only.
         l.route(2, &[(3, 1)]);
         assert_eq!(l.stats().predicted_hits, 1);
+    }
+
+    #[test]
+    fn a_guess_fills_free_room_and_never_evicts() {
+        let mut l = ledger(ExpertPolicy {
+            budget: Some(3 * MB),
+            pin_share: 0.0,
+            ..ExpertPolicy::default()
+        });
+        l.route(0, &[(0, 1), (1, 1)]);
+        assert_eq!(fetched(&l.predict(2, &[0, 1])), [(2, 0)]);
+        assert_eq!(l.stats().resident_bytes, 3 * MB);
+        assert!(l.predict(2, &[2, 3]).is_empty());
+        assert_eq!(l.stats().evictions, 0);
     }
 }

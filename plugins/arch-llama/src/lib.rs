@@ -149,12 +149,13 @@ pub struct LlamaArchitecture {
 
 impl LlamaArchitecture {
     /// From the plugin's config table (TOML), the expert cache's settings:
-    /// `expert_prefetch` (bool, on: ask for a routed expert's pages when they are out),
-    /// `expert_lookahead` (bool, on: ask for the next layer's predicted experts ahead),
+    /// `expert_prefetch` (bool, on: under a budget, ask for a routed expert's pages when they
+    /// are out), `expert_lookahead` (bool, on: under a budget, ask for the next layer's
+    /// predicted experts ahead),
     /// `expert_budget_mb` (a positive integer: keep at most this many MiB of experts in memory,
     /// evicting the least recently routed; unset: no limit) and `expert_pin_share` (a number
-    /// ≥ 0: pin experts routed this many times their fair share or more; 1.5 by default, 0
-    /// pins none). Any other key, or another type, is an error.
+    /// ≥ 0: pin experts routed this many times their fair share or more, up to half the
+    /// budget, `mlock`ed where allowed; 0, the default, pins none). Any other key, or another type, is an error.
     pub fn from_config(config: &str) -> u_sdk::Result<Self> {
         let bad = |why: String| UError::invalid(format!("arch-llama config: {why}"));
         let table: toml::Table = config.parse().map_err(|e| bad(format!("{e}")))?;
