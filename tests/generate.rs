@@ -243,3 +243,62 @@ fn tokenize_and_generate_on_the_default_gguf_agree_with_llama_cpp() {
         assert_eq!(v["timings"]["prompt_tokens"], prompt_ids.len(), "{v}");
     }
 }
+
+/// `u-runner bench --json` carries the model's own counters: on the Mixtral GGUF fixture, under
+/// an expert budget the cache's routings, misses and prefetched bytes over the timed reps; with
+/// the shipped settings (no budget) it only counts and fetches nothing; a dense model has none.
+#[test]
+fn bench_json_reports_the_expert_cache_counters() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = format!("\"{}/", root().join("target").display());
+    let dev = std::fs::read_to_string(root().join("manifests/dev.toml"))
+        .unwrap()
+        .replace("\"../target/", &target);
+    let arch = "arch-llama.so\"\n";
+    assert!(dev.contains(arch), "manifests/dev.toml loads arch-llama");
+    let budget = dir.path().join("budget.toml");
+    let config = "arch-llama.so\"\n[plugins.config]\nexpert_budget_mb = 1\n";
+    std::fs::write(&budget, dev.replace(arch, config)).unwrap();
+    let bench = |model: &Path, deployment: &Path| -> Vec<Value> {
+        let out = run(Command::new(bin("u-runner"))
+            .args([
+                "bench", "-p", "4", "-n", "4", "--reps", "2", "--json", "--model",
+            ])
+            .arg(model)
+            .arg("--deployment")
+            .arg(deployment));
+        assert!(out.status.success(), "{}", text(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let counter = |row: &Value, name: &str| {
+        row["model_counters"][name]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no {name} in {row}"))
+    };
+    let mixtral = root().join("plugins/arch-llama/tests/fixtures/models/mixtral/model.gguf");
+    let rows = bench(&mixtral, &budget);
+    assert_eq!(rows.len(), 2, "pp and tg rows");
+    for row in &rows {
+        assert!(counter(row, "expert_routed_total") >= 8.0, "{row}");
+        assert!(counter(row, "expert_resident_bytes") > 0.0, "{row}");
+    }
+    assert!(
+        counter(&rows[0], "expert_misses_total") > 0.0,
+        "{}",
+        rows[0]
+    );
+    assert!(
+        counter(&rows[0], "expert_fetched_bytes_total") > 0.0,
+        "{}",
+        rows[0]
+    );
+    let shipped = bench(&mixtral, &root().join("manifests/dev.toml"));
+    for row in &shipped {
+        assert!(counter(row, "expert_routed_total") >= 8.0, "{row}");
+        assert_eq!(counter(row, "expert_fetched_bytes_total"), 0.0, "{row}");
+    }
+    let llama = root().join("plugins/arch-llama/tests/fixtures/models/llama/model.gguf");
+    for row in bench(&llama, &root().join("manifests/dev.toml")) {
+        assert_eq!(row["model_counters"], serde_json::json!({}), "{row}");
+    }
+}
