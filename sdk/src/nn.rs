@@ -600,11 +600,4 @@ impl Tensor {
             crate::pages::unlock(addr, len);
         }
     }
-
-    /// How many bytes of this tensor's pages are in memory now (`mincore`), or `None` outside
-    /// host memory.
-    pub fn resident_bytes(&self) -> Option<u64> {
-        let (addr, len) = self.host_range()?;
-        crate::pages::resident_bytes(addr, len)
-    }
 }

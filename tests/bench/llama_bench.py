@@ -149,25 +149,33 @@ def run_llama(bin_dir: Path, model: Path, a) -> tuple[dict[str, list[float]], st
     return split(results), build
 
 
-def deployment_for(isa: str, kv_type: str) -> Path | None:
-    """For `--isa avx2` or `--kv-type int8`, a copy of manifests/dev.toml (beside it, so its
-    relative paths hold) whose kernels-cpu runs the AVX2 path even on an AVX-512 machine, or
-    whose cache-kv stores int8 KV; else None (U's best path, f32 KV)."""
-    if isa != "avx2" and kv_type == "f32":
-        return None
+def deployment_with(configs: dict[str, dict]) -> Path:
+    """A copy of manifests/dev.toml (beside it, so its relative paths hold) in which each plugin
+    named in `configs` (`kernels-cpu`…) gets that table as its `[plugins.config]`. The caller
+    removes it."""
     dev = ROOT / "manifests" / "dev.toml"
     text = dev.read_text()
-    if isa == "avx2":
-        plugin = 'path = "../target/plugins/kernels-cpu.so"\n'
-        text = text.replace(plugin, plugin + '[plugins.config]\nisa = "avx2"\n')
-    if kv_type != "f32":
-        plugin = 'path = "../target/plugins/cache-kv.so"\n'
-        assert plugin in text, "manifests/dev.toml loads cache-kv"
-        text = text.replace(plugin, plugin + f'[plugins.config]\nkv_dtype = "{kv_type}"\n')
-    fd, name = tempfile.mkstemp(prefix=".bench-avx2-", suffix=".toml", dir=dev.parent)
+    for plugin, settings in configs.items():
+        line = f'path = "../target/plugins/{plugin}.so"\n'
+        assert line in text, f"manifests/dev.toml loads {plugin}"
+        table = "".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items())
+        text = text.replace(line, line + "[plugins.config]\n" + table)
+    fd, name = tempfile.mkstemp(prefix=".bench-", suffix=".toml", dir=dev.parent)
     with os.fdopen(fd, "w") as f:
         f.write(text)
     return Path(name)
+
+
+def deployment_for(isa: str, kv_type: str) -> Path | None:
+    """For `--isa avx2` or `--kv-type int8`, a copy of manifests/dev.toml whose kernels-cpu runs
+    the AVX2 path even on an AVX-512 machine, or whose cache-kv stores int8 KV; else None (U's
+    best path, f32 KV)."""
+    configs: dict[str, dict] = {}
+    if isa == "avx2":
+        configs["kernels-cpu"] = dict(isa="avx2")
+    if kv_type != "f32":
+        configs["cache-kv"] = dict(kv_dtype=kv_type)
+    return deployment_with(configs) if configs else None
 
 
 def run_u(runner: Path, model: Path, a) -> dict[str, list[float]] | str:

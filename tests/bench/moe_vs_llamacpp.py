@@ -36,10 +36,10 @@ import ctypes
 import json
 import mmap
 import os
+import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,48 +56,31 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def deployment(settings: dict) -> Path:
-    """A copy of manifests/dev.toml (beside it, so its relative paths hold) whose arch-llama
-    has `settings` as its config table."""
-    dev = ROOT / "manifests" / "dev.toml"
-    text = dev.read_text()
-    plugin = 'path = "../target/plugins/arch-llama.so"\n'
-    assert plugin in text, "manifests/dev.toml loads arch-llama"
-    table = "".join(f"{k} = {json.dumps(v) if not isinstance(v, bool) else str(v).lower()}\n"
-                    for k, v in settings.items())
-    if table:
-        text = text.replace(plugin, plugin + "[plugins.config]\n" + table)
-    fd, name = tempfile.mkstemp(prefix=".bench-moe-", suffix=".toml", dir=dev.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    return Path(name)
-
-
 def run_u(runner: Path, model: Path, settings: dict, n: int, reps: int, threads: int,
           cold: bool = False) -> dict:
     """`u-runner bench -p 0 -n n` under `settings`, the file first read whole into the page
     cache (or dropped from it, `cold`): tokens/s samples, the expert counters of the timed
     reps, and the bytes the process read from storage (its rusage)."""
-    dep = deployment(settings)
+    dep = llama_bench.deployment_with({"arch-llama": settings})
     if cold:
         drop_page_cache(model)
     else:
         warm_page_cache(model)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_inblock
     try:
-        p = subprocess.Popen(
+        p = subprocess.run(
             [str(runner), "bench", "--model", str(model), "-p", "0", "-n", str(n),
              "--threads", str(threads), "--reps", str(reps), "--json", "--deployment", str(dep)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        out = p.stdout.read()
-        err = p.stderr.read()
-        _, status, usage = os.wait4(p.pid, 0)
+            capture_output=True, text=True)
     finally:
         dep.unlink()
-    if status != 0:
-        raise SystemExit(f"u-runner bench failed: {err.strip()}")
+    blocks = resource.getrusage(resource.RUSAGE_CHILDREN).ru_inblock - before
+    if p.returncode != 0:
+        raise SystemExit(f"u-runner bench failed: {p.stderr.strip()}")
+    out = p.stdout
     r = json.loads(out)[0]
     return dict(ts=r["samples_ts"], counters=r["model_counters"], tokens=n * reps,
-                read_bytes=usage.ru_inblock * 512, all_tokens=n * (reps + 1))
+                read_bytes=blocks * 512, all_tokens=n * (reps + 1))
 
 
 def run_llama(bin_dir: Path, model: Path, n: int, reps: int, threads: int) -> list[float]:

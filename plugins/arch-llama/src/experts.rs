@@ -116,7 +116,6 @@ pub struct ExpertStats {
 #[derive(Debug)]
 pub struct Ledger {
     policy: ExpertPolicy,
-    used: usize,
     layers: Vec<Vec<Slot>>,
     routings: Vec<f64>,
     clock: u64,
@@ -125,8 +124,8 @@ pub struct Ledger {
 
 impl Ledger {
     /// A ledger for layers of experts of `sizes[layer][expert]` bytes (empty for dense
-    /// layers), `used` of them routed per token. Nothing is believed resident at first.
-    pub fn new(policy: ExpertPolicy, used: usize, sizes: &[Vec<u64>]) -> Ledger {
+    /// layers). Nothing is believed resident at first.
+    pub fn new(policy: ExpertPolicy, sizes: &[Vec<u64>]) -> Ledger {
         let layers = sizes
             .iter()
             .map(|l| {
@@ -140,7 +139,6 @@ impl Ledger {
             .collect();
         Ledger {
             policy,
-            used,
             layers,
             routings: vec![0.0; sizes.len()],
             clock: 0,
@@ -300,19 +298,6 @@ impl Ledger {
             advice.push(Advice::new(Act::Evict, layer, expert));
         }
     }
-
-    /// The top-`used` experts of each row of router logits `[rows, experts]`, as a set.
-    fn predicted(&self, logits: &[f32], experts: usize) -> Vec<usize> {
-        let mut chosen = vec![false; experts];
-        let mut order: Vec<usize> = Vec::with_capacity(experts);
-        for row in logits.chunks_exact(experts) {
-            order.clear();
-            order.extend(0..experts);
-            order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
-            order.iter().take(self.used).for_each(|&e| chosen[e] = true);
-        }
-        (0..experts).filter(|&e| chosen[e]).collect()
-    }
 }
 
 /// One MoE layer as the cache sees it: its router (for lookahead) and each expert's weights.
@@ -327,6 +312,7 @@ pub struct ExpertLayer {
 pub struct ExpertCache {
     ledger: Mutex<Ledger>,
     layers: Vec<Option<ExpertLayer>>,
+    used: usize,
 }
 
 impl ExpertCache {
@@ -356,8 +342,9 @@ impl ExpertCache {
             })
             .collect();
         Arc::new(ExpertCache {
-            ledger: Mutex::new(Ledger::new(policy, used, &sizes)),
+            ledger: Mutex::new(Ledger::new(policy, &sizes)),
             layers,
+            used,
         })
     }
 
@@ -388,12 +375,11 @@ impl ExpertCache {
         else {
             return Ok(());
         };
-        let logits = x.matmul_t(&l.router)?.to_vec()?;
-        let advice = {
-            let mut ledger = self.ledger();
-            let predicted = ledger.predicted(&logits, l.experts.len());
-            ledger.predict(next, &predicted)
-        };
+        let top = x.matmul_t(&l.router)?.top_k(self.used)?.to_vec_i32()?;
+        let mut predicted: Vec<usize> = top.iter().map(|&e| e as usize).collect();
+        predicted.sort_unstable();
+        predicted.dedup();
+        let advice = self.ledger().predict(next, &predicted);
         self.apply(&advice);
         Ok(())
     }
@@ -544,7 +530,7 @@ mod tests {
     const MB: u64 = 1 << 20;
 
     fn ledger(policy: ExpertPolicy) -> Ledger {
-        Ledger::new(policy, 2, &[vec![MB; 4], vec![], vec![MB; 4]])
+        Ledger::new(policy, &[vec![MB; 4], vec![], vec![MB; 4]])
     }
 
     fn acted(advice: &[Advice], act: Act) -> Vec<(usize, usize)> {
@@ -632,10 +618,6 @@ mod tests {
     #[test]
     fn lookahead_fetches_predictions_and_counts_its_hits() {
         let mut l = ledger(ExpertPolicy::default());
-        assert_eq!(
-            l.predicted(&[0.1, 0.9, -0.5, -1.0, 2.0, 0.0, 0.0, 1.0], 4),
-            [0, 1, 3]
-        );
         assert_eq!(fetched(&l.predict(2, &[1, 3])), [(2, 1), (2, 3)]);
         assert_eq!(fetched(&l.route(2, &[(1, 1), (2, 1)])), [(2, 2)]);
         let s = l.stats();
