@@ -42,6 +42,23 @@ impl Default for ExpertPolicy {
     }
 }
 
+impl ExpertPolicy {
+    /// The policy as it acts: prefetch and lookahead only under a budget. Without one the OS
+    /// pages experts in with its read-ahead, which decoded 1.7× faster from a cold page cache
+    /// than asking for the routed experts alone (tests/bench/moe_vs_llamacpp.py), and in
+    /// memory there is nothing to ask for.
+    pub fn effective(self) -> ExpertPolicy {
+        match self.budget {
+            Some(_) => self,
+            None => ExpertPolicy {
+                prefetch: false,
+                lookahead: false,
+                ..self
+            },
+        }
+    }
+}
+
 /// Routings a layer must have seen before its experts are pinned by share.
 const PIN_WARMUP: f64 = 64.0;
 /// Routings after which a layer's usage counts are halved, so the hot set follows the traffic.
@@ -316,20 +333,10 @@ pub struct ExpertCache {
 }
 
 impl ExpertCache {
-    /// A cache over `layers` (`None` for dense ones), `used` experts routed per token.
-    /// Prefetch and lookahead act under a budget only: without one the OS pages experts in
-    /// with its read-ahead, which decoded 1.7× faster from a cold page cache than asking for
-    /// the routed experts alone (tests/bench/moe_vs_llamacpp.py), and in memory there is
-    /// nothing to ask for.
-    pub fn new(
-        mut policy: ExpertPolicy,
-        used: usize,
-        layers: Vec<Option<ExpertLayer>>,
-    ) -> Arc<Self> {
-        if policy.budget.is_none() {
-            policy.prefetch = false;
-            policy.lookahead = false;
-        }
+    /// A cache over `layers` (`None` for dense ones), `used` experts routed per token, acting
+    /// as [`ExpertPolicy::effective`] says.
+    pub fn new(policy: ExpertPolicy, used: usize, layers: Vec<Option<ExpertLayer>>) -> Arc<Self> {
+        let policy = policy.effective();
         let sizes: Vec<Vec<u64>> = layers
             .iter()
             .map(|l| {
@@ -418,9 +425,6 @@ impl ExpertCache {
     /// the experts and `sparse` (the embedding table); for a file marked random-access before
     /// the model read any of it ([`random_access`]).
     pub fn will_need_dense(&self, set: &WeightSetBox, sparse: &[&Tensor]) -> Result<()> {
-        if !self.ledger().policy().prefetch {
-            return Ok(());
-        }
         let skip: Vec<(usize, usize)> = self
             .layers
             .iter()

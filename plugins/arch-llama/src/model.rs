@@ -845,10 +845,10 @@ impl Llama {
         settings: &crate::LlamaArchitecture,
     ) -> Result<Llama> {
         let mut cfg = Config::from_weights(&weights)?;
-        // Under an expert budget the cache decides what is read: the OS's read-ahead is off.
-        let p = settings.experts;
-        let advise =
-            cfg.moe.is_some() && p.prefetch && p.budget.is_some() && weights.format() == "gguf";
+        // Where the expert cache prefetches it decides what is read: the OS's read-ahead is off.
+        let advise = cfg.moe.is_some()
+            && settings.experts.effective().prefetch
+            && weights.format() == "gguf";
         if advise {
             crate::experts::random_access(weights.set())?;
         }
