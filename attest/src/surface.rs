@@ -46,10 +46,12 @@ fn need_of(symbol: &str) -> Option<Need> {
     let need = match symbol {
         "connect" => Need::One(NetConnect),
         "bind" | "listen" | "accept" | "accept4" => Need::One(NetListen),
-        "socket" | "socketpair" => Need::Socket,
-        "fork" | "vfork" | "clone" | "clone3" | "posix_spawn" | "posix_spawnp" | "execve"
-        | "execveat" | "fexecve" | "execv" | "execvp" | "execvpe" | "execl" | "execlp"
-        | "execle" | "system" | "popen" | "daemon" | "pidfd_spawn" | "pidfd_spawnp" => {
+        "socket" => Need::Socket,
+        // A connected pair without an address reaches nothing outside the process, only
+        // a child it forks: it needs what forking needs.
+        "socketpair" | "fork" | "vfork" | "clone" | "clone3" | "posix_spawn" | "posix_spawnp"
+        | "execve" | "execveat" | "fexecve" | "execv" | "execvp" | "execvpe" | "execl"
+        | "execlp" | "execle" | "system" | "popen" | "daemon" | "pidfd_spawn" | "pidfd_spawnp" => {
             Need::One(ProcessFork)
         }
         "open" | "open64" | "openat" | "openat64" | "__open_2" | "__open64_2" | "fopen"

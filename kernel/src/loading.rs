@@ -184,6 +184,7 @@ fn open_one(
     }
     let config = toml::to_string(&entry.config).map_err(|e| format!("plugin config: {e}"))?;
     let module = load_sealed(bytes, &manifest.name, &root_symbol)?;
+    crate::services::register_fork_hooks(module.before_fork(), module.after_fork());
     Ok(OpenedPlugin {
         verified,
         path: entry.path.clone(),

@@ -230,6 +230,54 @@ fn apply_landlock(plan: &Plan, notes: &mut Vec<String>) -> Enforcement {
     }
 }
 
+/// The rules that deny creating processes: `fork`, `vfork`, `execve`, `execveat`, and `clone`
+/// without `CLONE_THREAD` (threads stay allowed).
+type DenyRule = (libc::c_long, &'static str, Vec<SeccompRule>);
+fn process_rules() -> Result<Vec<DenyRule>, String> {
+    let no_thread_flag = SeccompCondition::new(
+        0,
+        SeccompCmpArgLen::Qword,
+        SeccompCmpOp::MaskedEq(libc::CLONE_THREAD as u64),
+        0,
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(vec![
+        #[cfg(target_arch = "x86_64")]
+        (libc::SYS_fork, "fork", vec![]),
+        #[cfg(target_arch = "x86_64")]
+        (libc::SYS_vfork, "vfork", vec![]),
+        (libc::SYS_execve, "execve", vec![]),
+        (libc::SYS_execveat, "execveat", vec![]),
+        (
+            libc::SYS_clone,
+            "clone(without CLONE_THREAD)",
+            vec![SeccompRule::new(vec![no_thread_flag]).map_err(|e| e.to_string())?],
+        ),
+    ])
+}
+
+/// Stacks a filter that denies creating processes (`EPERM`; `clone3` `ENOSYS`, so libc falls
+/// back to `clone`) on whatever the process already runs under, for every thread: a forked
+/// session process calls it before it runs anything a client sent.
+pub fn forbid_processes() -> Result<(), String> {
+    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| e.to_string())?;
+    let program = |rules, action| -> Result<BpfProgram, String> {
+        SeccompFilter::new(rules, SeccompAction::Allow, action, arch)
+            .map_err(|e| e.to_string())?
+            .try_into()
+            .map_err(|e: seccompiler::BackendError| e.to_string())
+    };
+    let rules = process_rules()?
+        .into_iter()
+        .map(|(nr, _, r)| (nr, r))
+        .collect();
+    let eperm = program(rules, SeccompAction::Errno(libc::EPERM as u32))?;
+    seccompiler::apply_filter_all_threads(&eperm).map_err(|e| e.to_string())?;
+    let enosys = BTreeMap::from([(libc::SYS_clone3, vec![])]);
+    let p = program(enosys, SeccompAction::Errno(libc::ENOSYS as u32))?;
+    seccompiler::apply_filter_all_threads(&p).map_err(|e| e.to_string())
+}
+
 fn apply_seccomp(plan: &Plan) -> Enforcement {
     let arch = match TargetArch::try_from(std::env::consts::ARCH) {
         Ok(a) => a,
@@ -252,25 +300,9 @@ fn apply_seccomp(plan: &Plan) -> Enforcement {
         }
         let mut enosys: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
         if !plan.fork {
-            #[cfg(target_arch = "x86_64")]
-            {
-                deny(libc::SYS_fork, "fork", vec![]);
-                deny(libc::SYS_vfork, "vfork", vec![]);
+            for (nr, name, rules) in process_rules()? {
+                deny(nr, name, rules);
             }
-            deny(libc::SYS_execve, "execve", vec![]);
-            deny(libc::SYS_execveat, "execveat", vec![]);
-            let no_thread_flag = SeccompCondition::new(
-                0,
-                SeccompCmpArgLen::Qword,
-                SeccompCmpOp::MaskedEq(libc::CLONE_THREAD as u64),
-                0,
-            )
-            .map_err(|e| e.to_string())?;
-            deny(
-                libc::SYS_clone,
-                "clone(without CLONE_THREAD)",
-                vec![SeccompRule::new(vec![no_thread_flag]).map_err(|e| e.to_string())?],
-            );
             enosys.insert(libc::SYS_clone3, vec![]);
         }
         let program = |rules, action| -> Result<BpfProgram, String> {

@@ -9,10 +9,32 @@ use std::{
     fs::OpenOptions,
     os::{fd::IntoRawFd, unix::fs::OpenOptionsExt},
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{Arc, Mutex},
 };
 use u_attest::deployment::{Grants, PathGrant, normalize};
 use u_sdk::{Host, HostBox, LogLevel, UError, WriteMode};
+
+/// Every loaded plugin's fork hooks (`before_fork`, `after_fork`), in load order.
+type ForkHooks = (extern "C" fn(), extern "C" fn(bool));
+static FORK_HOOKS: Mutex<Vec<ForkHooks>> = Mutex::new(Vec::new());
+
+/// Records a loaded plugin's fork hooks (absent in plugins built before they existed: such a
+/// plugin is taken to start no threads).
+pub fn register_fork_hooks(before: Option<extern "C" fn()>, after: Option<extern "C" fn(bool)>) {
+    if let (Some(b), Some(a)) = (before, after) {
+        FORK_HOOKS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((b, a));
+    }
+}
+
+fn fork_hooks() -> Vec<ForkHooks> {
+    FORK_HOOKS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+}
 
 /// The host-services object handed to one plugin.
 #[derive(Clone)]
@@ -169,6 +191,33 @@ impl Host for PluginServices {
 
     fn config(&self) -> RString {
         self.inner.config.as_str().into()
+    }
+
+    fn prepare_fork(&self) -> RResult<(), UError> {
+        if !self.inner.grants.process_fork {
+            return RResult::RErr(UError::denied(format!(
+                "plugin `{}` may not fork: the deployment does not grant it `process.fork`",
+                self.inner.name
+            )));
+        }
+        // Stopped in reverse load order: a plugin's threads may call those loaded before it.
+        fork_hooks().iter().rev().for_each(|(before, _)| before());
+        RResult::ROk(())
+    }
+
+    fn after_fork(&self, in_child: bool) {
+        fork_hooks().iter().for_each(|(_, after)| after(in_child));
+    }
+
+    fn forbid_processes(&self) -> RResult<(), UError> {
+        crate::sandbox::forbid_processes()
+            .map_err(|e| {
+                UError::new(
+                    u_sdk::ErrorKind::Internal,
+                    format!("cannot forbid processes: {e}"),
+                )
+            })
+            .into()
     }
 }
 

@@ -221,8 +221,11 @@ pub struct PluginManifest {
     pub kind: PluginKind,
     /// One line on what it does.
     pub description: String,
-    /// Capabilities requested.
+    /// Capabilities requested: a deployment that does not grant them all cannot load it.
     pub capabilities: BTreeSet<Capability>,
+    /// Capabilities a feature of the plugin uses only when the deployment grants them (e.g. a
+    /// runner's fork isolation, `process.fork`); loading needs none of them.
+    pub optional: BTreeSet<Capability>,
     /// The model families an architecture builds (GGUF `general.architecture` names, HF
     /// `model_type`s); empty for other kinds.
     pub families: Vec<String>,
@@ -238,6 +241,7 @@ struct RawManifest {
     kind: Option<String>,
     description: Option<String>,
     capabilities: Option<Vec<String>>,
+    optional_capabilities: Option<Vec<String>>,
     families: Option<Vec<String>>,
     tasks: Option<Vec<String>>,
 }
@@ -275,13 +279,26 @@ impl PluginManifest {
         let kind =
             PluginKind::from_name(&kind_name).ok_or(ManifestError::UnknownKind(kind_name))?;
         let mut caps = BTreeSet::new();
-        for cap in capabilities {
-            let c =
-                Capability::from_name(&cap).ok_or_else(|| ManifestError::UnknownCapability {
-                    name: cap.clone(),
-                    known: Capability::known_names(),
-                })?;
-            if !caps.insert(c) {
+        let mut optional = BTreeSet::new();
+        let listed = capabilities.iter().map(|c| (c, false));
+        let optional_listed = raw
+            .optional_capabilities
+            .iter()
+            .flatten()
+            .map(|c| (c, true));
+        for (cap, is_optional) in listed.chain(optional_listed) {
+            let c = Capability::from_name(cap).ok_or_else(|| ManifestError::UnknownCapability {
+                name: cap.clone(),
+                known: Capability::known_names(),
+            })?;
+            if caps.contains(&c)
+                || !(if is_optional {
+                    &mut optional
+                } else {
+                    &mut caps
+                })
+                .insert(c)
+            {
                 return Err(ManifestError::Invalid {
                     field: "capabilities",
                     reason: format!("`{cap}` is listed twice"),
@@ -344,14 +361,15 @@ impl PluginManifest {
             kind,
             description: raw.description.unwrap_or_default(),
             capabilities: caps,
+            optional,
             families,
             tasks,
         })
     }
 
-    /// Whether the manifest requests `cap`.
+    /// Whether the manifest requests `cap`, required or optional.
     pub fn requests(&self, cap: Capability) -> bool {
-        self.capabilities.contains(&cap)
+        self.capabilities.contains(&cap) || self.optional.contains(&cap)
     }
 
     /// Whether an architecture declares `family`.

@@ -231,6 +231,12 @@ fn nonzero<const N: usize>(a: [u8; N]) -> Option<[u8; N]> {
     a.iter().any(|&b| b != 0).then_some(a)
 }
 
+/// The `before_fork` hook of a plugin that starts no threads.
+pub fn no_threads() {}
+
+/// The `after_fork` hook of a plugin that starts no threads.
+pub fn no_threads_after_fork(_in_child: bool) {}
+
 /// Exports a plugin: embeds its manifest in `.u.meta` and exports the root module.
 ///
 /// ```ignore
@@ -238,14 +244,28 @@ fn nonzero<const N: usize>(a: [u8; N]) -> Option<[u8; N]> {
 ///     manifest: "plugin.toml",          // relative to the crate's Cargo.toml
 ///     describe: describe,               // fn() -> u_sdk::PluginInfo
 ///     instantiate: instantiate,         // fn(u_sdk::HostBox) -> u_sdk::Result<u_sdk::PluginInstance>
+///     before_fork: stop_threads,        // optional: fn(), joins the plugin's threads
+///     after_fork: start_threads,        // optional: fn(in_child: bool), restarts them
 /// }
 /// ```
 ///
-/// Both functions run under [`guard`](crate::guard): a panic becomes an error, never an abort.
+/// Every function runs under [`guard`](crate::guard): a panic becomes an error (or, for the
+/// fork hooks, nothing), never an abort. A plugin that starts threads gives the fork hooks
+/// (see [`PluginMod::before_fork`](crate::PluginMod)); the others get [`no_threads`].
 /// The root module is exported as `u_plugin_root_<crate name>`.
 #[macro_export]
 macro_rules! export_plugin {
     (manifest: $manifest:literal, describe: $describe:path, instantiate: $instantiate:path $(,)?) => {
+        $crate::export_plugin! {
+            manifest: $manifest,
+            describe: $describe,
+            instantiate: $instantiate,
+            before_fork: $crate::meta::no_threads,
+            after_fork: $crate::meta::no_threads_after_fork,
+        }
+    };
+    (manifest: $manifest:literal, describe: $describe:path, instantiate: $instantiate:path,
+     before_fork: $before:path, after_fork: $after:path $(,)?) => {
         #[used]
         #[unsafe(link_section = ".u.meta")]
         static U_META: [u8; $crate::meta::META_SIZE] = $crate::meta::build_section(include_str!(
@@ -272,12 +292,22 @@ macro_rules! export_plugin {
             $crate::guard("instantiate", move || $instantiate(host))
         }
 
+        extern "C" fn __u_before_fork() {
+            $crate::guard_infallible($before, || ())
+        }
+
+        extern "C" fn __u_after_fork(in_child: bool) {
+            $crate::guard_infallible(move || $after(in_child), || ())
+        }
+
         fn __u_root_module() -> $crate::PluginModRef {
             use $crate::abi_stable::prefix_type::PrefixTypeTrait;
             $crate::PluginMod {
                 meta_section: __u_meta_section,
                 describe: __u_describe,
                 instantiate: __u_instantiate,
+                before_fork: __u_before_fork,
+                after_fork: __u_after_fork,
             }
             .leak_into_prefix()
         }

@@ -26,6 +26,10 @@ pub struct Options {
     pub plugins: String,
     /// Lines of runner-text's `[plugins.config]`.
     pub runner_config: String,
+    /// Lines of runner-text's `[plugins.grants]`.
+    pub runner_grants: String,
+    /// Environment variables of the server process.
+    pub env: Vec<(String, String)>,
     /// Lines of runner-embeddings' `[plugins.config]`.
     pub embedder_config: String,
 }
@@ -234,6 +238,8 @@ fs.write = ["{kv}/**"]
 
 [[plugins]]
 path = "{runner}"
+[plugins.grants]
+{runner_grants}
 [plugins.config]
 {runner_config}
 
@@ -267,6 +273,7 @@ path = "{model}"
         cache = plugin("cache-kv").display(),
         runner = plugin("runner-text").display(),
         runner_config = options.runner_config,
+        runner_grants = options.runner_grants,
         embedder = plugin("runner-embeddings").display(),
         embedder_config = options.embedder_config,
         http = plugin("transport-http").display(),
@@ -285,6 +292,7 @@ path = "{model}"
         .arg("--strict")
         .arg(&manifest)
         .env("NO_COLOR", "1")
+        .envs(options.env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()

@@ -7,15 +7,131 @@ use crate::team::Team;
 use crate::vecops::VecOps;
 use crate::{attention, matmul, ops};
 use abi_stable::std_types::RString;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
 use u_sdk::{Activation, BackendInfo, Result, RopeParams, TensorView, UError};
+
+/// A rayon pool that can be stopped before a fork and built again after it (the child has
+/// none of the parent's threads); while stopped, [`Pool::install`] runs on the caller.
+pub struct Pool {
+    pool: RwLock<Option<rayon::ThreadPool>>,
+    threads: usize,
+    /// Pool threads alive, so [`Pool::stop`] can wait for the last to exit.
+    alive: Arc<(Mutex<usize>, Condvar)>,
+}
+
+impl Pool {
+    /// A pool of `threads` threads.
+    pub fn new(threads: usize) -> Result<Pool> {
+        let pool = Pool {
+            pool: RwLock::new(None),
+            threads,
+            alive: Arc::new((Mutex::new(0), Condvar::new())),
+        };
+        pool.start()?;
+        Ok(pool)
+    }
+
+    /// Runs `f` inside the pool (or on the caller while the pool is stopped).
+    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match &*self
+            .pool
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        {
+            Some(pool) => pool.install(f),
+            None => f(),
+        }
+    }
+
+    /// Builds the pool's threads if they are not running.
+    pub fn start(&self) -> Result<()> {
+        let mut slot = self
+            .pool
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if slot.is_some() {
+            return Ok(());
+        }
+        let (up, down) = (self.alive.clone(), self.alive.clone());
+        let count = |a: &(Mutex<usize>, Condvar), d: isize| {
+            let mut n =
+                a.0.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+            *n = n.saturating_add_signed(d);
+            a.1.notify_all();
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(self.threads)
+            .thread_name(|i| format!("u-kernels-cpu-{i}"))
+            .start_handler(move |_| count(&up, 1))
+            .exit_handler(move |_| count(&down, -1))
+            .build()
+            .map_err(|e| {
+                UError::new(
+                    u_sdk::ErrorKind::ResourceExhausted,
+                    format!(
+                        "kernels-cpu: cannot build a {}-thread pool: {e}",
+                        self.threads
+                    ),
+                )
+            })?;
+        *slot = Some(pool);
+        Ok(())
+    }
+
+    /// Waits for the running jobs, drops the pool and waits until its last thread has exited.
+    pub fn stop(&self) {
+        let pool = self
+            .pool
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        drop(pool);
+        let (n, exited) = &*self.alive;
+        let mut n = n.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        while *n > 0 {
+            n = exited
+                .wait(n)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+}
+
+/// Every live engine of this plugin, for the fork hooks.
+static ENGINES: Mutex<Vec<Weak<Engine>>> = Mutex::new(Vec::new());
+
+fn live_engines() -> Vec<Arc<Engine>> {
+    let mut all = ENGINES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    all.retain(|e| e.strong_count() > 0);
+    all.iter().filter_map(Weak::upgrade).collect()
+}
+
+/// The plugin's `before_fork` hook: stops every engine's team helpers and pool threads.
+pub fn stop_threads() {
+    for e in live_engines() {
+        e.team.stop();
+        e.pool.stop();
+    }
+}
+
+/// The plugin's `after_fork` hook: starts every engine's threads again (in the parent, or in a
+/// forked child, which has none of them). A thread that cannot start leaves that engine on
+/// the caller alone, slower but correct.
+pub fn start_threads(_in_child: bool) {
+    for e in live_engines() {
+        let _ = e.team.start();
+        let _ = e.pool.start();
+    }
+}
 
 /// Everything a kernel needs: ISA, pool and the vector helpers for that ISA.
 pub struct Engine {
     /// The instruction-set path every kernel uses.
     pub isa: Isa,
     /// This plugin's own thread pool (each cdylib has its own; never the global one).
-    pub pool: rayon::ThreadPool,
+    pub pool: Pool,
     /// Threads in `pool`.
     pub threads: usize,
     /// The caller plus `threads − 1` helpers, for decode-sized ops ([`Engine::split`]).
@@ -54,31 +170,25 @@ impl CpuKernels {
             )));
         }
         let threads = threads.max(1);
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("u-kernels-cpu-{i}"))
-            .build()
-            .map_err(|e| {
-                UError::new(
-                    u_sdk::ErrorKind::ResourceExhausted,
-                    format!("kernels-cpu: cannot build a {threads}-thread pool: {e}"),
-                )
-            })?;
+        let pool = Pool::new(threads)?;
         let team = Team::new(threads).map_err(|e| {
             UError::new(
                 u_sdk::ErrorKind::ResourceExhausted,
                 format!("kernels-cpu: cannot start the team helper threads: {e}"),
             )
         })?;
-        Ok(CpuKernels {
-            eng: Arc::new(Engine {
-                isa,
-                pool,
-                threads,
-                team,
-                vec: VecOps::new(isa),
-            }),
-        })
+        let eng = Arc::new(Engine {
+            isa,
+            pool,
+            threads,
+            team,
+            vec: VecOps::new(isa),
+        });
+        ENGINES
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(Arc::downgrade(&eng));
+        Ok(CpuKernels { eng })
     }
 
     /// The ISA in use.

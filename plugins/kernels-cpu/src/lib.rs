@@ -110,6 +110,8 @@ mod export {
         manifest: "plugin.toml",
         describe: super::describe,
         instantiate: super::instantiate,
+        before_fork: crate::engine::stop_threads,
+        after_fork: crate::engine::start_threads,
     }
 }
 

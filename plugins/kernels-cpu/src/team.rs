@@ -49,7 +49,10 @@ pub struct Team {
     shared: Arc<Shared>,
     /// Held by the thread running a job; a second caller (or a nested call) runs serially.
     busy: Mutex<()>,
-    helpers: Vec<JoinHandle<()>>,
+    /// The helper threads; empty while stopped for a fork ([`Team::stop`]).
+    helpers: Mutex<Vec<JoinHandle<()>>>,
+    /// Helpers the team runs with when started.
+    wanted: usize,
 }
 
 impl Team {
@@ -65,25 +68,53 @@ impl Team {
             stop: AtomicBool::new(false),
             panicked: AtomicBool::new(false),
         });
-        let helpers = (1..threads.max(1))
-            .map(|i| {
-                let s = shared.clone();
-                std::thread::Builder::new()
-                    .name(format!("u-kernels-cpu-team-{i}"))
-                    .spawn(move || helper(&s))
-            })
-            .collect::<std::io::Result<Vec<_>>>()?;
-        Ok(Team {
+        let team = Team {
             shared,
             busy: Mutex::new(()),
-            helpers,
-        })
+            helpers: Mutex::new(Vec::new()),
+            wanted: threads.max(1) - 1,
+        };
+        team.start()?;
+        Ok(team)
+    }
+
+    /// Starts the helpers if they are not running (at creation, and after a fork).
+    pub fn start(&self) -> std::io::Result<()> {
+        let mut helpers = lock(&self.helpers);
+        if !helpers.is_empty() {
+            return Ok(());
+        }
+        self.shared.stop.store(false, SeqCst);
+        for i in 1..=self.wanted {
+            let s = self.shared.clone();
+            helpers.push(
+                std::thread::Builder::new()
+                    .name(format!("u-kernels-cpu-team-{i}"))
+                    .spawn(move || helper(&s))?,
+            );
+        }
+        Ok(())
+    }
+
+    /// Waits for the running job, then stops and joins the helpers (before a fork: the child
+    /// would not have them). [`Team::run`] runs on the caller alone until [`Team::start`].
+    pub fn stop(&self) {
+        let _running = lock(&self.busy);
+        let s = &*self.shared;
+        s.stop.store(true, SeqCst);
+        {
+            let _l = lock(&s.lock);
+            s.wake.notify_all();
+        }
+        for h in lock(&self.helpers).drain(..) {
+            let _ = h.join();
+        }
     }
 
     /// Runs `f(t)` for every `t < tasks`, on the caller and whichever helpers join in.
     pub fn run(&self, tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         let guard = match self.busy.try_lock() {
-            Ok(g) if !self.helpers.is_empty() && tasks > 1 => g,
+            Ok(g) if !self.shared.stop.load(SeqCst) && self.wanted > 0 && tasks > 1 => g,
             _ => {
                 (0..tasks).for_each(f);
                 return;
@@ -138,19 +169,13 @@ impl Team {
 
 impl Drop for Team {
     fn drop(&mut self) {
-        let s = &*self.shared;
-        s.stop.store(true, SeqCst);
-        {
-            let _l = s
-                .lock
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            s.wake.notify_all();
-        }
-        for h in self.helpers.drain(..) {
-            let _ = h.join();
-        }
+        self.stop();
     }
+}
+
+/// Locks `m`, ignoring poison (the team's locks guard no data a panic could leave half-made).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A helper's loop: wait for an open epoch, join its job, repeat.

@@ -33,6 +33,7 @@ mod batch;
 mod constraint;
 mod drafter;
 pub mod extras;
+pub mod fork;
 mod generator;
 mod handle;
 mod images;

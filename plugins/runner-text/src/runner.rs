@@ -1,5 +1,6 @@
 //! The plugin glue: [`TextRunner`] starts an [`EngineHandle`] for the model the host built.
 
+use crate::fork::{self, ForkSettings};
 use crate::{EngineHandle, Generator, ImageSettings, Limits, Speculation, owner::Sharing};
 use abi_stable::std_types::{RResult, RVec};
 use std::sync::Arc;
@@ -8,7 +9,7 @@ use u_sdk::{
 };
 
 /// The `runner` entry object, with its plugin settings.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct TextRunner {
     /// Which clients share cached prompt prefixes (`share_prefixes`).
     pub sharing: Sharing,
@@ -16,6 +17,9 @@ pub struct TextRunner {
     pub speculation: Speculation,
     /// How images are read (`max_image_pixels`, `image_cache_bytes`).
     pub images: ImageSettings,
+    /// Fork isolation (`isolation = "fork"`), with the host that stops and restarts the
+    /// plugins' threads around each fork.
+    pub fork: Option<(ForkSettings, HostBox)>,
 }
 
 impl Runner for TextRunner {
@@ -48,6 +52,10 @@ impl Runner for TextRunner {
             )
         })()
         .map_err(|e: crate::Error| e.to_uerror())
+        .and_then(|engine| match &self.fork {
+            Some((settings, host)) => fork::start(engine, host.clone(), settings.clone()),
+            None => Ok(engine),
+        })
         .into()
     }
 }
@@ -64,8 +72,12 @@ fn describe() -> PluginInfo {
 /// "all" | "client" | "none"` (default `client`: see [`Sharing`]); `draft_tokens = N` (most
 /// tokens a prompt-lookup draft proposes per pass, 0 turns speculation off; default 4),
 /// `draft_max_running = N` (drafts run while a pass decodes at most N requests; default 4),
-/// and for a model that reads images `max_image_pixels = N` (default PIL's limit) and
-/// `image_cache_bytes = N` (encoder outputs kept for repeated images; default 256 MiB).
+/// for a model that reads images `max_image_pixels = N` (default PIL's limit) and
+/// `image_cache_bytes = N` (encoder outputs kept for repeated images; default 256 MiB); and
+/// `isolation = "thread" | "fork"` (default `thread`; `fork` runs each request in its own
+/// process, see [`crate::fork`], and needs `process.fork` granted) with `fork_pool = N`
+/// (sessions forked ahead, default 2), `warm_prompt = "…"`, `session_memory_mb = N` and
+/// `session_cpu_seconds = N` ([`ForkSettings`]).
 fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
     let config: toml::Table = host
         .config()
@@ -73,6 +85,11 @@ fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
         .parse()
         .map_err(|e| UError::invalid(format!("runner-text config: {e}")))?;
     let mut runner = TextRunner::default();
+    let mut fork = ForkSettings {
+        pool: 2,
+        ..ForkSettings::default()
+    };
+    let mut isolated = false;
     for (key, value) in &config {
         let count = || match value.as_integer() {
             Some(n @ 0..=64) => Ok(n as usize),
@@ -92,6 +109,28 @@ fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
             ("draft_tokens", _) => runner.speculation.draft_tokens = count()?,
             ("draft_max_running", _) => runner.speculation.max_running = count()?,
             ("share_prefixes", Some(sharing)) => runner.sharing = sharing,
+            ("isolation", _) => {
+                isolated = match value.as_str() {
+                    Some("fork") => true,
+                    Some("thread") => false,
+                    _ => {
+                        return Err(UError::invalid(
+                            "runner-text config: isolation must be \"thread\" or \"fork\"",
+                        ));
+                    }
+                }
+            }
+            ("fork_pool", _) => fork.pool = count()?.max(1),
+            ("warm_prompt", _) => {
+                fork.warm_prompt = value
+                    .as_str()
+                    .ok_or_else(|| {
+                        UError::invalid("runner-text config: warm_prompt must be a string")
+                    })?
+                    .to_string()
+            }
+            ("session_memory_mb", _) => fork.memory_mb = bytes()?,
+            ("session_cpu_seconds", _) => fork.cpu_seconds = bytes()?,
             ("share_prefixes", None) => {
                 return Err(UError::invalid(
                     "runner-text config: share_prefixes must be \"all\", \"client\" or \"none\"",
@@ -104,6 +143,13 @@ fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
             }
         }
     }
+    if isolated {
+        runner.fork = Some((fork, host));
+    } else if !fork.warm_prompt.is_empty() || fork.memory_mb != 0 || fork.cpu_seconds != 0 {
+        return Err(UError::invalid(
+            "runner-text config: warm_prompt and session limits apply only with isolation = \"fork\"",
+        ));
+    }
     Ok(PluginInstance::Runner(RunnerBox::new(runner)))
 }
 
@@ -113,5 +159,7 @@ mod export {
         manifest: "plugin.toml",
         describe: super::describe,
         instantiate: super::instantiate,
+        before_fork: crate::scheduler::stop_threads,
+        after_fork: crate::scheduler::start_threads,
     }
 }

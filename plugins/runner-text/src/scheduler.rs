@@ -19,7 +19,7 @@ use abi_stable::std_types::{RString, RVec};
 use std::{
     collections::{HashMap, VecDeque},
     sync::{
-        Arc, Condvar, Mutex, MutexGuard,
+        Arc, Condvar, Mutex, MutexGuard, Weak,
         atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
         mpsc::{self, Receiver, Sender},
     },
@@ -98,6 +98,8 @@ struct Queue {
     /// Submitted requests not yet done (waiting or running).
     in_flight: usize,
     stop: bool,
+    /// Set before a fork: the thread returns once it has nothing to do ([`stop_threads`]).
+    pause: bool,
 }
 
 struct Shared {
@@ -109,6 +111,64 @@ struct Shared {
     checkpoints: Mutex<HashMap<String, Vec<u32>>>,
     /// The adapters the running requests use, as of the last pass.
     running_adapters: Mutex<Vec<String>>,
+    /// The scheduler thread, while it runs.
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// Every live scheduler of this plugin, for the fork hooks.
+static SCHEDULERS: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+
+fn live_schedulers() -> Vec<Arc<Shared>> {
+    let mut all = lock(&SCHEDULERS);
+    all.retain(|s| s.strong_count() > 0);
+    all.iter().filter_map(Weak::upgrade).collect()
+}
+
+/// The plugin's `before_fork` hook: every scheduler finishes the work it has, and its thread
+/// exits (requests submitted meanwhile wait for [`start_threads`]).
+pub fn stop_threads() {
+    for s in live_schedulers() {
+        lock(&s.queue).pause = true;
+        s.wake.notify_all();
+        if let Some(t) = lock(&s.thread).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The plugin's `after_fork` hook: restarts the scheduler threads (in the parent, or in the
+/// forked child, which has none).
+pub fn start_threads(_in_child: bool) {
+    for s in live_schedulers() {
+        lock(&s.queue).pause = false;
+        spawn(&s);
+    }
+}
+
+/// Starts `shared`'s scheduler thread unless it runs; if it cannot start, the scheduler stops
+/// (requests are refused with [`Error::Stopped`]).
+fn spawn(shared: &Arc<Shared>) {
+    let mut thread = lock(&shared.thread);
+    if thread.is_some() {
+        return;
+    }
+    let worker = shared.clone();
+    *thread = std::thread::Builder::new()
+        .name("u-engine-scheduler".into())
+        .spawn(move || {
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&worker)));
+            if ran.is_err() {
+                // A bug: refuse new work; dropping the waiting jobs (and, while unwinding,
+                // the running ones) closes their channels, which their callers report.
+                let mut q = lock(&worker.queue);
+                q.stop = true;
+                q.pending.clear();
+            }
+        })
+        .ok();
+    if thread.is_none() {
+        lock(&shared.queue).stop = true;
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -118,14 +178,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The scheduler thread and its queue; dropping it stops the thread once its work is done.
 pub(crate) struct Scheduler {
     shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl Drop for Scheduler {
     fn drop(&mut self) {
         lock(&self.shared.queue).stop = true;
         self.shared.wake.notify_all();
-        if let Some(t) = self.thread.take() {
+        if let Some(t) = lock(&self.shared.thread).take() {
             // A panicked scheduler has nothing left to clean up.
             let _ = t.join();
         }
@@ -147,27 +206,17 @@ impl Scheduler {
                 served: Served::default(),
                 in_flight: 0,
                 stop: false,
+                pause: false,
             }),
             wake: Condvar::new(),
             counters: Counters::default(),
             checkpoints: Mutex::new(HashMap::new()),
             running_adapters: Mutex::new(Vec::new()),
+            thread: Mutex::new(None),
         });
-        let worker = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name("u-engine-scheduler".into())
-            .spawn(move || {
-                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&worker)));
-                if ran.is_err() {
-                    // A bug: refuse new work; dropping the waiting jobs (and, while unwinding,
-                    // the running ones) closes their channels, which their callers report.
-                    let mut q = lock(&worker.queue);
-                    q.stop = true;
-                    q.pending.clear();
-                }
-            })
-            .ok();
-        Self { shared, thread }
+        lock(&SCHEDULERS).push(Arc::downgrade(&shared));
+        spawn(&shared);
+        Self { shared }
     }
 
     /// The generator requests run on.
@@ -193,7 +242,7 @@ impl Scheduler {
         let l = self.shared.limits;
         {
             let mut q = lock(&self.shared.queue);
-            if self.thread.is_none() || q.stop {
+            if q.stop {
                 return Err(Error::Stopped);
             }
             if q.in_flight >= l.max_running + l.max_queued {
@@ -278,7 +327,7 @@ fn run(shared: &Shared) {
     loop {
         let admitted: Vec<Job> = {
             let mut q = lock(&shared.queue);
-            while batch.is_empty() && q.pending.is_empty() && !q.stop {
+            while batch.is_empty() && q.pending.is_empty() && !q.stop && !q.pause {
                 q = shared
                     .wake
                     .wait(q)

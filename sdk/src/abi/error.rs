@@ -7,7 +7,9 @@ use abi_stable::{
 
 /// What went wrong, coarsely; the message says the rest.
 #[repr(u8)]
-#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(
+    StableAbi, serde::Serialize, serde::Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash,
+)]
 pub enum ErrorKind {
     /// The caller passed something malformed (a bad file, request or argument).
     InvalidInput,
@@ -36,7 +38,7 @@ pub enum ErrorKind {
 
 /// An error with a kind and a human-readable message naming what failed and why.
 #[repr(C)]
-#[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
+#[derive(StableAbi, serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct UError {
     /// The coarse category.
     pub kind: ErrorKind,

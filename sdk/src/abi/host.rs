@@ -66,6 +66,25 @@ pub trait Host: Send + Sync + Clone {
 
     /// The plugin's `[plugins.config]` table from the deployment manifest, as TOML text.
     fn config(&self) -> RString;
+
+    /// Readies the process for `fork`: every loaded plugin's `before_fork` hook stops its
+    /// threads. Refused unless this plugin was granted `process.fork`.
+    fn prepare_fork(&self) -> RResult<(), UError> {
+        RResult::RErr(UError::unsupported("this host cannot fork plugins"))
+    }
+
+    /// Restarts the threads [`Host::prepare_fork`] stopped, in the parent or in the forked
+    /// child (`in_child`).
+    fn after_fork(&self, _in_child: bool) {}
+
+    /// In a forked child: forbids creating processes from now on (a seccomp filter stacked on
+    /// the deployment's: `fork`, `vfork`, `clone` without `CLONE_THREAD`, `execve`), for the
+    /// whole process.
+    fn forbid_processes(&self) -> RResult<(), UError> {
+        RResult::RErr(UError::unsupported(
+            "this host cannot restrict a forked child",
+        ))
+    }
 }
 
 /// The host services object a plugin receives at instantiation.

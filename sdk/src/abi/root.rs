@@ -60,9 +60,8 @@ pub struct PluginInfo {
 
 /// The root module: the functions the host calls right after loading a plugin.
 ///
-/// A prefix type: later SDK versions may append fields after `instantiate` (e.g. lifecycle
-/// hooks to quiesce threads before a fork and restart them in the child) without breaking
-/// plugins built against this one.
+/// A prefix type: fields after `instantiate` are optional, so plugins built before they were
+/// added still load (the host treats a missing fork hook as "no threads to stop").
 #[repr(C)]
 #[derive(StableAbi)]
 #[sabi(kind(Prefix(prefix_ref = PluginModRef)))]
@@ -77,6 +76,18 @@ pub struct PluginMod {
     /// Creates the plugin's entry object, giving it its host services.
     #[sabi(last_prefix_field)]
     pub instantiate: extern "C" fn(host: HostBox) -> RResult<PluginInstance, UError>,
+
+    /// Stops (joins) every thread the plugin started, leaving their work ready to restart, so
+    /// the process can fork with no lock held by a thread the child will not have
+    /// ([`Host::prepare_fork`](crate::abi::host::Host::prepare_fork)). Plugins without threads
+    /// do nothing.
+    #[sabi(missing_field(option))]
+    pub before_fork: extern "C" fn(),
+
+    /// Restarts what `before_fork` stopped: in the parent (`in_child` false) or in the forked
+    /// child, which has only the forking thread.
+    #[sabi(missing_field(option))]
+    pub after_fork: extern "C" fn(in_child: bool),
 }
 
 impl RootModule for PluginModRef {

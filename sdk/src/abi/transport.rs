@@ -22,7 +22,7 @@ pub struct Listener {
 
 /// Sampling settings of one request.
 #[repr(C)]
-#[derive(StableAbi, Clone, Debug, PartialEq)]
+#[derive(StableAbi, serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
 pub struct SamplingParams {
     /// Softmax temperature; 0 means greedy.
     pub temperature: f32,
@@ -44,7 +44,7 @@ pub struct SamplingParams {
 
 /// One message of a chat conversation.
 #[repr(C)]
-#[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
+#[derive(StableAbi, serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct ChatTurn {
     /// `system`, `user`, `assistant`…
     pub role: RString,
@@ -69,7 +69,7 @@ impl ChatTurn {
 /// An image in a chat turn: the file as sent, decoded and preprocessed by the engine for its
 /// model.
 #[repr(C)]
-#[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
+#[derive(StableAbi, serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct ChatImage {
     /// The image file's bytes (PNG, JPEG, WebP, GIF or BMP).
     pub data: RVec<u8>,
@@ -81,7 +81,7 @@ pub struct ChatImage {
 /// `messages[turn].content[..offset]` (a byte offset) is kept, so a later request that starts
 /// with the same text prefills only what follows. Any number of breakpoints may be given.
 #[repr(C)]
-#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(StableAbi, serde::Serialize, serde::Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CacheBreakpoint {
     /// Index into [`GenerateRequest::messages`].
     pub turn: u32,
@@ -91,7 +91,7 @@ pub struct CacheBreakpoint {
 
 /// One generation request as the engine sees it.
 #[repr(C)]
-#[derive(StableAbi, Clone, Debug, PartialEq)]
+#[derive(StableAbi, serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
 pub struct GenerateRequest {
     /// The model name the client asked for.
     pub model: RString,
@@ -170,7 +170,7 @@ pub struct GenerateRequest {
 
 /// One control vector a request runs under.
 #[repr(C)]
-#[derive(StableAbi, Clone, Debug, PartialEq)]
+#[derive(StableAbi, serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
 pub struct ControlUse {
     /// The vector's name.
     pub name: RString,
@@ -184,7 +184,7 @@ pub struct ControlUse {
 
 /// One adapter a request runs under.
 #[repr(C)]
-#[derive(StableAbi, Clone, Debug, PartialEq)]
+#[derive(StableAbi, serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
 pub struct AdapterUse {
     /// The adapter's name, as the model holds it.
     pub name: RString,
@@ -194,7 +194,7 @@ pub struct AdapterUse {
 
 /// What the generated text must match (compiled by the runner; an invalid one is refused).
 #[repr(u8)]
-#[derive(StableAbi, Clone, Debug, PartialEq, Eq, Default)]
+#[derive(StableAbi, serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 pub enum Constraint {
     /// Free text.
     #[default]
@@ -210,7 +210,7 @@ pub enum Constraint {
 
 /// A bias added to one token's logit.
 #[repr(C)]
-#[derive(StableAbi, Clone, Copy, Debug, PartialEq)]
+#[derive(StableAbi, serde::Serialize, serde::Deserialize, Clone, Copy, Debug, PartialEq)]
 pub struct LogitBias {
     /// Token id.
     pub id: u32,
@@ -268,7 +268,7 @@ impl GenerateRequest {
 
 /// A token and its log-probability under the sampling distribution's source logits.
 #[repr(C)]
-#[derive(StableAbi, Clone, Debug, PartialEq)]
+#[derive(StableAbi, serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
 pub struct TokenLogprob {
     /// Token id.
     pub id: u32,
@@ -295,7 +295,7 @@ pub struct GeneratedToken<'a> {
 
 /// Why generation ended.
 #[repr(u8)]
-#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(StableAbi, serde::Serialize, serde::Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinishReason {
     /// An end-of-sequence token or a stop string.
     Stop,
@@ -307,7 +307,7 @@ pub enum FinishReason {
 
 /// Token counts and outcome of a finished request.
 #[repr(C)]
-#[derive(StableAbi, Clone, Debug, PartialEq)]
+#[derive(StableAbi, serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
 pub struct GenerateSummary {
     /// Tokens in the prompt.
     pub prompt_tokens: u32,
