@@ -101,6 +101,11 @@ fn a_crashing_or_memory_hungry_session_fails_alone() {
             assert!(message.contains("session process ended"), "{v}");
         }
     }
+    // The zygote reaps its sessions every half second and logs how they ended.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !server.log().contains("killed by SIGABRT") && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     let log = server.log();
     assert!(
         log.contains("killed by SIGABRT"),
@@ -137,4 +142,57 @@ fn fork_mode_needs_process_fork_granted() {
         Err(p) => p.downcast_ref::<String>().cloned().unwrap_or_default(),
     };
     assert!(message.contains("process.fork"), "{message}");
+}
+
+/// The warm-up line of a fork-mode log: (prompt tokens, tokens from the cache).
+fn warm_up(log: &str) -> (u32, u32) {
+    let line = log
+        .lines()
+        .find(|l| l.contains("warm-up of"))
+        .unwrap_or_else(|| panic!("no warm-up line:\n{log}"));
+    let numbers: Vec<u32> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    (numbers[0], numbers[1])
+}
+
+#[test]
+fn a_warm_restart_maps_the_warm_up_back_instead_of_prefilling_it() {
+    let kv = tempfile::tempdir().unwrap();
+    let options = Options {
+        runner_grants: "process.fork = true".into(),
+        runner_config: "isolation = \"fork\"\nwarm_prompt = \"You are a helpful assistant. Answer briefly and kindly, in plain words.\"".into(),
+        cache_config: format!("dir = \"{}\"", kv.path().display()),
+        kv_dir: Some(kv.path().to_path_buf()),
+        ..Options::default()
+    };
+    let mut first = start_tiny(&options);
+    let (prompt, cached) = warm_up(&first.log());
+    assert!(prompt > 8, "{}", first.log());
+    assert_eq!(cached, 0, "a first start prefills: {}", first.log());
+    let (status, v) = complete(
+        &first,
+        "You are a helpful assistant. Answer briefly and kindly, in plain words. Hi",
+    );
+    assert_eq!(status, 200, "{v}");
+    assert!(first.stop().is_some_and(|s| s.success()), "{}", first.log());
+    let second = start_tiny(&options);
+    let (again, cached) = warm_up(&second.log());
+    assert_eq!(again, prompt);
+    assert!(
+        cached + 1 >= prompt,
+        "the restart maps the warm-up's KV back (all but the token it must run): {}",
+        second.log()
+    );
+    let (status, v2) = complete(
+        &second,
+        "You are a helpful assistant. Answer briefly and kindly, in plain words. Hi",
+    );
+    assert_eq!(status, 200, "{v2}");
+    assert_eq!(
+        text_of(&v2),
+        text_of(&v),
+        "the restarted server answers as the first did"
+    );
 }

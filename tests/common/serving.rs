@@ -30,6 +30,11 @@ pub struct Options {
     pub runner_grants: String,
     /// Environment variables of the server process.
     pub env: Vec<(String, String)>,
+    /// Lines of cache-kv's `[plugins.config]`.
+    pub cache_config: String,
+    /// The KV directory cache-kv is granted, instead of one in the server's own directory (to
+    /// outlive it).
+    pub kv_dir: Option<PathBuf>,
     /// Lines of runner-embeddings' `[plugins.config]`.
     pub embedder_config: String,
 }
@@ -202,7 +207,10 @@ fn registry_model(env: &str, cached: &str, fetch: &str) -> PathBuf {
 /// Unix socket in `dir` and an ephemeral loopback port; returns once `/health` answers.
 pub fn start_with(dir: tempfile::TempDir, model: &Path, loader: &str, options: &Options) -> Server {
     let socket = dir.path().join("u.sock");
-    let kv = dir.path().join("kv");
+    let kv = options
+        .kv_dir
+        .clone()
+        .unwrap_or_else(|| dir.path().join("kv"));
     let port = free_port();
     let read = if model.is_dir() {
         format!("fs.read = [\"{}/**\"]", model.display())
@@ -235,6 +243,8 @@ path = "{cache}"
 [plugins.grants]
 fs.read = ["{kv}/**"]
 fs.write = ["{kv}/**"]
+[plugins.config]
+{cache_config}
 
 [[plugins]]
 path = "{runner}"
@@ -274,6 +284,7 @@ path = "{model}"
         runner = plugin("runner-text").display(),
         runner_config = options.runner_config,
         runner_grants = options.runner_grants,
+        cache_config = options.cache_config,
         embedder = plugin("runner-embeddings").display(),
         embedder_config = options.embedder_config,
         http = plugin("transport-http").display(),

@@ -83,7 +83,11 @@ pub fn start(
     settings: ForkSettings,
 ) -> Result<EngineBox, UError> {
     if !settings.warm_prompt.is_empty() {
-        warm(&engine, &settings.warm_prompt)?;
+        let s = warm(&engine, &settings.warm_prompt)?;
+        host.info(&format!(
+            "runner-text: fork isolation: warm-up of {} prompt tokens, {} of them from the cache",
+            s.prompt_tokens, s.cached_tokens
+        ));
     }
     let (ours, theirs) = UnixStream::pair()
         .map_err(|e| UError::io("fork isolation: socket pair for the zygote", e))?;
@@ -145,8 +149,10 @@ fn limits_note(s: &ForkSettings) -> String {
     )
 }
 
-/// Prefills `prompt` once (one token generated and dropped), so its KV is cached.
-fn warm(engine: &EngineBox, prompt: &str) -> Result<(), UError> {
+/// Prefills `prompt` once (one token generated and dropped), so its KV is cached. A KV cache
+/// that persists its prefix tree (cache-kv's `dir`) has it from the last run: a warm restart
+/// maps it back instead of prefilling (the summary's cached tokens say how much).
+fn warm(engine: &EngineBox, prompt: &str) -> Result<GenerateSummary, UError> {
     let model = engine
         .models()
         .into_result()?
@@ -160,7 +166,6 @@ fn warm(engine: &EngineBox, prompt: &str) -> Result<(), UError> {
             TokenSinkBox::from_value(Discard, abi_stable::sabi_trait::TD_Opaque),
         )
         .into_result()
-        .map(drop)
 }
 
 /// A sink that keeps nothing.
