@@ -865,6 +865,24 @@ process.fork = false
         assert!(!g.grants(Capability::ProcessFork));
     }
 
+    /// A deployment need not grant an optional capability; when it does, the grant holds.
+    #[test]
+    fn an_optional_capability_takes_effect_only_when_granted() {
+        let manifest = PluginManifest::parse(
+            "name = \"r\"\nversion = \"0.1.0\"\nkind = \"runner\"\ncapabilities = []\n\
+             optional_capabilities = [\"process.fork\"]\ntasks = [\"text-generation\"]\n",
+        )
+        .unwrap();
+        let none = Grants::default();
+        assert!(none.missing_for(&manifest).is_empty());
+        let fork = Grants {
+            process_fork: true,
+            ..Grants::default()
+        };
+        assert!(fork.missing_for(&manifest).is_empty());
+        assert!(fork.restricted_to(&manifest).process_fork);
+    }
+
     #[test]
     fn each_defect_gets_one_clear_error() {
         let unknown = parse(

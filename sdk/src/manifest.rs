@@ -399,6 +399,23 @@ capabilities = ["fs.read"]
         assert!(!m.requests(Capability::NetConnect));
     }
 
+    /// An optional capability is requested (a grant of it takes effect) but not required; it
+    /// may not also be required, nor listed twice.
+    #[test]
+    fn optional_capabilities_are_requested_not_required() {
+        let m = PluginManifest::parse(&format!(
+            "{GOOD}optional_capabilities = [\"process.fork\"]\n"
+        ))
+        .unwrap();
+        assert!(m.requests(Capability::ProcessFork));
+        assert!(!m.capabilities.contains(&Capability::ProcessFork));
+        for bad in ["[\"fs.read\"]", "[\"process.fork\", \"process.fork\"]"] {
+            let e = PluginManifest::parse(&format!("{GOOD}optional_capabilities = {bad}\n"))
+                .unwrap_err();
+            assert!(e.to_string().contains("listed twice"), "{e}");
+        }
+    }
+
     #[test]
     fn each_defect_gets_its_own_error() {
         let missing = GOOD.replace("kind = \"loader\"\n", "");

@@ -272,3 +272,47 @@ impl CpuKernels {
         ops::embedding(&self.eng, table, ids, out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fork hooks leave no pool thread behind, the kernels work meanwhile (on the caller),
+    /// and the restarted pool runs work on its threads again. (The hooks act on every engine
+    /// of the process, so other tests' engines run on their callers for a moment: slower,
+    /// never wrong.)
+    #[test]
+    fn the_fork_hooks_stop_and_restart_every_thread() {
+        let k = CpuKernels::new(2).expect("kernels");
+        let pool = &k.engine().pool;
+        let on_pool = || pool.install(|| rayon::current_thread_index().is_some());
+        assert!(on_pool());
+        stop_threads();
+        assert_eq!(
+            *pool.alive.0.lock().unwrap(),
+            0,
+            "a pool thread outlived the stop"
+        );
+        assert!(!on_pool());
+        let (w, x) = (vec![0u8; 4 * 64 * 8], vec![1f32; 64]);
+        let mut y = vec![0f32; 8];
+        let weight = matmul::Weight {
+            dtype: u_sdk::DType::F32,
+            rows: 8,
+            row_len: 64,
+            data: &w,
+        };
+        matmul::matmul_weight(k.engine(), weight, &x, 1, &mut y).expect("matmul while stopped");
+        start_threads(true);
+        assert!(on_pool());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while *pool.alive.0.lock().unwrap() < 2 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(
+            *pool.alive.0.lock().unwrap(),
+            2,
+            "the pool restarted short of threads"
+        );
+    }
+}

@@ -255,6 +255,35 @@ mod tests {
         assert!(runs.iter().all(|r| r.load(SeqCst) == 1));
     }
 
+    /// Before a fork the team stops: its helpers are joined and it runs on the caller alone;
+    /// started again (in the parent, or in a child that has none of them), it has helpers.
+    #[test]
+    fn a_stopped_team_runs_on_the_caller_and_starts_again() {
+        let team = Team::new(3).expect("team");
+        let ran_on = |team: &Team| {
+            let ids = Mutex::new(std::collections::HashSet::new());
+            team.run(256, &|_| {
+                ids.lock().unwrap().insert(std::thread::current().id());
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            });
+            ids.into_inner().unwrap()
+        };
+        team.stop();
+        assert!(lock(&team.helpers).is_empty());
+        assert_eq!(
+            ran_on(&team),
+            [std::thread::current().id()].into_iter().collect()
+        );
+        team.start().expect("start");
+        assert_eq!(lock(&team.helpers).len(), 2);
+        // A helper that starts while a job is open waits for the next one.
+        assert!(
+            (0..50).any(|_| ran_on(&team).len() > 1),
+            "no helper joined after the restart"
+        );
+        once_each(&team, 1000, None);
+    }
+
     #[test]
     fn every_task_runs_exactly_once() {
         for threads in [1, 2, 4] {
