@@ -196,3 +196,30 @@ fn a_warm_restart_maps_the_warm_up_back_instead_of_prefilling_it() {
         "the restarted server answers as the first did"
     );
 }
+
+/// Sessions are bounded as thread mode's requests are: `max_running` run at once, `max_queued`
+/// more wait for one to end, and a request past both is refused with 429.
+#[test]
+fn sessions_are_bounded_by_max_running_and_max_queued() {
+    let server = start_tiny(&Options {
+        runner_grants: "process.fork = true".into(),
+        runner_config: "isolation = \"fork\"\nfork_pool = 1".into(),
+        model_config: "max_running = 1\nmax_queued = 1".into(),
+        env: vec![("U_FORK_TEST_TRIGGERS".into(), "1".into())],
+        ..Options::default()
+    });
+    let server = &server;
+    let statuses: Vec<u16> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..3)
+            .map(|i| {
+                s.spawn(move || {
+                    // Staggered, so the first holds the one running slot and the second waits.
+                    std::thread::sleep(std::time::Duration::from_millis(300 * i));
+                    complete(server, &format!("Request {i} <<u-test:stall>>")).0
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(statuses, [200, 200, 429], "{}", server.log());
+}

@@ -46,18 +46,25 @@ pub struct ForkSettings {
     pub memory_mb: u64,
     /// CPU seconds a session may use (`session_cpu_seconds`; 0: no limit).
     pub cpu_seconds: u64,
+    /// Sessions that run at once (`[model] max_running`); more requests wait.
+    pub max_running: usize,
+    /// Requests that may wait for a session (`[model] max_queued`); past that, `Busy` (429).
+    pub max_queued: usize,
     /// The parent's address space when it forked the zygote, in bytes (read from its
     /// `/proc/self/status`: a session's own `/proc` entry lies outside the sandbox's rules).
     pub mapped_at_fork: Option<u64>,
 }
 
 /// Set in the environment (to `1`) by tests: a prompt holding [`ABORT_TRIGGER`] makes its
-/// session abort, one holding [`MEMORY_TRIGGER`] makes it allocate until its limit stops it.
+/// session abort, one holding [`MEMORY_TRIGGER`] makes it allocate until its limit stops it,
+/// one holding [`STALL_TRIGGER`] holds its session a while.
 pub const TEST_TRIGGERS_ENV: &str = "U_FORK_TEST_TRIGGERS";
 /// See [`TEST_TRIGGERS_ENV`].
 pub const ABORT_TRIGGER: &str = "<<u-test:abort>>";
 /// See [`TEST_TRIGGERS_ENV`].
 pub const MEMORY_TRIGGER: &str = "<<u-test:exhaust-memory>>";
+/// See [`TEST_TRIGGERS_ENV`]: the session waits two seconds before it generates.
+pub const STALL_TRIGGER: &str = "<<u-test:stall>>";
 
 /// What a session process sends back, one JSON line each.
 #[derive(Serialize, Deserialize)]
@@ -118,6 +125,12 @@ pub fn start(
                 zygote: Mutex::new(ours),
                 idle: Mutex::new(Vec::new()),
                 pool: settings.pool,
+                slots: Slots {
+                    taken: Mutex::new((0, 0)),
+                    freed: std::sync::Condvar::new(),
+                    max_running: settings.max_running.max(1),
+                    max_queued: settings.max_queued,
+                },
                 running: AtomicU32::new(0),
                 counts: Counts::default(),
             };
@@ -330,6 +343,9 @@ fn test_triggers(request: &GenerateRequest, settings: &ForkSettings) {
     if text.contains(ABORT_TRIGGER) {
         std::process::abort();
     }
+    if text.contains(STALL_TRIGGER) {
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    }
     if text.contains(MEMORY_TRIGGER) {
         // Past twice the limit, the limit did not work: exit rather than eat the machine.
         let mut hoard: Vec<Vec<u8>> = Vec::new();
@@ -401,8 +417,58 @@ struct Sessions {
     zygote: Mutex<UnixStream>,
     idle: Mutex<Vec<UnixStream>>,
     pool: usize,
+    slots: Slots,
     running: AtomicU32,
     counts: Counts,
+}
+
+/// The bound on sessions alive at once: `max_running` run, `max_queued` more wait for one of
+/// them to end, and a request past both is refused as `Busy` — the same bounds as thread
+/// mode's scheduler, so a burst cannot fork a process per request without limit.
+struct Slots {
+    /// (running, waiting).
+    taken: Mutex<(usize, usize)>,
+    freed: std::sync::Condvar,
+    max_running: usize,
+    max_queued: usize,
+}
+
+impl Slots {
+    /// Waits for a running slot; `Busy` when the wait list is full.
+    fn acquire(&self) -> Result<SlotGuard<'_>, UError> {
+        let mut t = lock(&self.taken);
+        if t.0 >= self.max_running {
+            if t.1 >= self.max_queued {
+                return Err(UError::new(
+                    ErrorKind::Busy,
+                    format!(
+                        "the engine is at capacity ({} running and {} queued requests); retry later",
+                        self.max_running, self.max_queued
+                    ),
+                ));
+            }
+            t.1 += 1;
+            while t.0 >= self.max_running {
+                t = self
+                    .freed
+                    .wait(t)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+            t.1 -= 1;
+        }
+        t.0 += 1;
+        Ok(SlotGuard(self))
+    }
+}
+
+/// A running slot, given back when dropped.
+struct SlotGuard<'a>(&'a Slots);
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.taken).0 -= 1;
+        self.0.freed.notify_one();
+    }
 }
 
 impl Sessions {
@@ -506,6 +572,10 @@ impl Engine for ForkEngine {
         request: &GenerateRequest,
         mut sink: TokenSinkBox,
     ) -> RResult<GenerateSummary, UError> {
+        let _slot = match self.slots.acquire() {
+            Ok(slot) => slot,
+            Err(e) => return RResult::RErr(e),
+        };
         let taken = lock(&self.idle).pop();
         let session = match taken {
             Some(s) => Ok(s),
@@ -543,6 +613,7 @@ impl Engine for ForkEngine {
                 let c = &self.counts;
                 s.requests += c.requests.load(Ordering::Relaxed);
                 s.running = self.running.load(Ordering::Relaxed);
+                s.queued = lock(&self.slots.taken).1 as u32;
                 s.prompt_tokens += c.prompt_tokens.load(Ordering::Relaxed);
                 s.cached_tokens += c.cached_tokens.load(Ordering::Relaxed);
                 s.generated_tokens += c.generated_tokens.load(Ordering::Relaxed);

@@ -24,18 +24,18 @@ pub struct TextRunner {
 
 impl Runner for TextRunner {
     fn start(&self, context: RunnerContext) -> RResult<EngineBox, UError> {
+        let defaults = Limits::default();
+        let pick = |v: u32, d: usize| if v == 0 { d } else { v as usize };
+        let l = context.limits;
+        let limits = Limits {
+            max_running: pick(l.max_running, defaults.max_running),
+            max_queued: pick(l.max_queued, defaults.max_queued),
+            step_tokens: pick(l.step_tokens, defaults.step_tokens),
+        };
         (|| {
             let generator = Generator::new(context.model, context.tokenizer.into_option())?
                 .with_speculation(self.speculation)
                 .with_draft_model(context.draft_model.into_option())?;
-            let defaults = Limits::default();
-            let pick = |v: u32, d: usize| if v == 0 { d } else { v as usize };
-            let l = context.limits;
-            let limits = Limits {
-                max_running: pick(l.max_running, defaults.max_running),
-                max_queued: pick(l.max_queued, defaults.max_queued),
-                step_tokens: pick(l.step_tokens, defaults.step_tokens),
-            };
             let aliases = context.aliases.iter().map(|a| a.to_string()).collect();
             let extras = context.extras.into_vec();
             Ok(
@@ -53,7 +53,14 @@ impl Runner for TextRunner {
         })()
         .map_err(|e: crate::Error| e.to_uerror())
         .and_then(|engine| match &self.fork {
-            Some((settings, host)) => fork::start(engine, host.clone(), settings.clone()),
+            Some((settings, host)) => {
+                let settings = ForkSettings {
+                    max_running: limits.max_running,
+                    max_queued: limits.max_queued,
+                    ..settings.clone()
+                };
+                fork::start(engine, host.clone(), settings)
+            }
             None => Ok(engine),
         })
         .into()
