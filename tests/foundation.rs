@@ -328,7 +328,12 @@ fn inspect_json_of_the_real_components_matches_their_manifests() {
             .arg(&built));
         let v: Value = serde_json::from_slice(&out.stdout)
             .unwrap_or_else(|_| panic!("{}: {}", built.display(), text(&out)));
-        let declared: Vec<&str> = m.capabilities.iter().map(|c| c.name()).collect();
+        let declared: Vec<String> = m
+            .capabilities
+            .iter()
+            .map(|c| c.name().to_string())
+            .chain(m.optional.iter().map(|c| format!("{c} (optional)")))
+            .collect();
         assert_eq!(v["name"], m.name.as_str());
         assert_eq!(
             v["declared"],

@@ -211,6 +211,7 @@ pub fn inspect_bytes(bytes: &[u8]) -> Result<SurfaceReport, InspectError> {
             .capabilities
             .iter()
             .map(|c| c.name().to_string())
+            .chain(manifest.optional.iter().map(|c| format!("{c} (optional)")))
             .collect(),
         observed,
         surface: Surface {

@@ -562,6 +562,26 @@ impl Sessions {
     }
 }
 
+impl ForkEngine {
+    /// Forks a session to replace the one just taken, on a thread of its own: a fork copies
+    /// the page tables of the whole model, which the request being served should not wait for.
+    fn refill(&self) {
+        if lock(&self.idle).len() >= self.pool {
+            return;
+        }
+        let this = self.clone();
+        let forked = std::thread::Builder::new()
+            .name("u-fork-refill".into())
+            .spawn(move || {
+                if let Ok(next) = this.spawn() {
+                    lock(&this.idle).push(next);
+                }
+            });
+        // Without a thread the next request forks its own session.
+        drop(forked);
+    }
+}
+
 impl Engine for ForkEngine {
     fn models(&self) -> RResult<RVec<RString>, UError> {
         self.inner.models()
@@ -584,11 +604,7 @@ impl Engine for ForkEngine {
         let result = session.and_then(|s| {
             self.running.fetch_add(1, Ordering::Relaxed);
             self.counts.requests.fetch_add(1, Ordering::Relaxed);
-            if lock(&self.idle).len() < self.pool
-                && let Ok(next) = self.spawn()
-            {
-                lock(&self.idle).push(next);
-            }
+            self.refill();
             let r = self.relay(s, request, &mut sink);
             self.running.fetch_sub(1, Ordering::Relaxed);
             r
