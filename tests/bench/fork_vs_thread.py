@@ -35,64 +35,18 @@ SYSTEM = ("You are a careful assistant. Answer in plain sentences, cite no sourc
           "every answer short and kind. ") * 4
 
 
-def deployment(folder: pathlib.Path, model: pathlib.Path, port: int, fork_pool: int) -> pathlib.Path:
-    plugins = ROOT / "target" / "plugins"
-    kv = folder / "kv"
-    runner = (f'[plugins.grants]\nprocess.fork = true\n[plugins.config]\nisolation = "fork"\n'
-              f'fork_pool = {fork_pool}\nwarm_prompt = {json.dumps(SYSTEM)}\n'
-              f'session_memory_mb = 1024\n') if fork_pool else ""
-    text = f'''[deployment]
-name = "fork-bench"
-threads = 2
-
-[[trust]]
-name = "u-dev"
-key_file = "{ROOT / "target/dev-keys/dev.pub"}"
-
-[[plugins]]
-path = "{plugins / "loader-gguf.so"}"
-[plugins.grants]
-fs.read = ["{model}"]
-
-[[plugins]]
-path = "{plugins / "tokenizer.so"}"
-[plugins.grants]
-fs.read = ["{model}"]
-
-[[plugins]]
-path = "{plugins / "kernels-cpu.so"}"
-
-[[plugins]]
-path = "{plugins / "arch-llama.so"}"
-
-[[plugins]]
-path = "{plugins / "cache-kv.so"}"
-[plugins.grants]
-fs.read = ["{kv}/**"]
-fs.write = ["{kv}/**"]
-
-[[plugins]]
-path = "{plugins / "runner-text.so"}"
-{runner}
-[[plugins]]
-path = "{plugins / "transport-http.so"}"
-[plugins.grants]
-net.listen = ["tcp:127.0.0.1:{port}"]
-fs.read = ["{folder / "secrets"}/**"]
-
-[model]
-path = "{model}"
-max_running = 8
-max_queued = 32
-'''
-    path = folder / f"fork-{fork_pool}.toml"
-    path.write_text(text)
-    return path
+def runner_config(fork_pool: int) -> str:
+    """runner-text's grants and config for fork mode with `fork_pool` sessions (0: thread mode)."""
+    if not fork_pool:
+        return ""
+    return (f'[plugins.grants]\nprocess.fork = true\n[plugins.config]\nisolation = "fork"\n'
+            f'fork_pool = {fork_pool}\nwarm_prompt = {json.dumps(SYSTEM)}\n'
+            f'session_memory_mb = 1024\n')
 
 
 def start(folder: pathlib.Path, model: pathlib.Path, fork_pool: int):
     port = serving.free_port()
-    manifest = deployment(folder, model, port, fork_pool)
+    manifest = serving.u_deployment(folder, model, port, 8, runner_config(fork_pool))
     log = open(folder / f"u-{fork_pool}.log", "w")
     proc = subprocess.Popen([str(ROOT / "target/release/u-runner"), "serve", "--strict",
                              str(manifest)], stdout=subprocess.DEVNULL, stderr=log)

@@ -51,7 +51,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def u_deployment(folder: pathlib.Path, model: pathlib.Path, port: int, slots: int) -> pathlib.Path:
+def u_deployment(folder: pathlib.Path, model: pathlib.Path, port: int, slots: int,
+                 runner: str = "") -> pathlib.Path:
+    """The bench deployment: `slots` running requests, 4x as many queued; `runner` is appended
+    to runner-text's `[[plugins]]` entry (its grants and config tables)."""
     plugins = ROOT / "target" / "plugins"
     kv = folder / "kv"
     text = f'''[deployment]
@@ -86,7 +89,7 @@ fs.write = ["{kv}/**"]
 
 [[plugins]]
 path = "{plugins / "runner-text.so"}"
-
+{runner}
 [[plugins]]
 path = "{plugins / "transport-http.so"}"
 [plugins.grants]
