@@ -5,12 +5,12 @@ use clap::{Parser, Subcommand};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use tracing::Level;
-use tracing_subscriber::{filter::Targets, layer::SubscriberExt, util::SubscriberInitExt};
 use u_attest::deployment::{PathGrant, absolute};
 use u_attest::{Deployment, signing::verify_bytes};
 use u_runner::{inspect, load_deployment, oneline, open_deployment, sandbox, serve, wiring};
 
 mod bench;
+mod log;
 mod perplexity;
 mod quantize;
 mod train;
@@ -276,16 +276,9 @@ fn main() {
     );
     // `RUST_LOG` takes `level` or `target=level,...` (no regular expressions: the host stays
     // small); unset or unparsable, the default level applies.
-    let filter = std::env::var("RUST_LOG")
-        .ok()
-        .and_then(|s| s.parse::<Targets>().ok())
-        .unwrap_or_else(|| {
-            Targets::new().with_default(if quiet { Level::ERROR } else { Level::INFO })
-        });
-    tracing_subscriber::registry()
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
-        .with(filter)
-        .init();
+    let default = if quiet { Level::ERROR } else { Level::INFO };
+    let spec = std::env::var("RUST_LOG").ok();
+    let _ = tracing::subscriber::set_global_default(log::StderrLog::new(default, spec.as_deref()));
     let code = match run(cli) {
         Ok(code) => code,
         Err(e) => {
