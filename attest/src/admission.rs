@@ -4,7 +4,7 @@
 
 use crate::{
     PluginEntry, PublicKey, Verified,
-    deployment::Grants,
+    deployment::{Grants, Isolation},
     elf,
     signing::{check_abi, verify_bytes},
     surface,
@@ -62,6 +62,13 @@ pub fn admit(
     }
     if manifest.kind == PluginKind::Host {
         return Err("a host component cannot be loaded as a plugin".into());
+    }
+    if entry.isolation == Isolation::Worker && manifest.kind != PluginKind::Loader {
+        return Err(format!(
+            "isolation = \"worker\" is built for loader plugins (their calls and tensors cross \
+             the process boundary); `{}` is a {} plugin and runs in the host's process",
+            manifest.name, manifest.kind
+        ));
     }
     if taken.contains(&manifest.name) {
         return Err(format!(

@@ -13,6 +13,7 @@
 //!
 //! [[plugins]]
 //! path = "plugins/loader-gguf.so"
+//! isolation = "worker"     # run it in its own sandboxed process (loaders; default "in-process")
 //! [plugins.grants]
 //! fs.read = ["/srv/models/**"]
 //!
@@ -250,6 +251,22 @@ pub struct PluginEntry {
     pub grants: Grants,
     /// Its configuration table.
     pub config: toml::Table,
+    /// Which process runs it.
+    pub isolation: Isolation,
+}
+
+/// Which process runs a plugin. Seccomp and Landlock confine a whole process, so plugins that
+/// share the host's process share the union of their grants; a plugin in a worker process holds
+/// its own grants alone, and the host's process holds none of them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Isolation {
+    /// In the host's process (the default).
+    #[default]
+    InProcess,
+    /// In a worker process of its own, under a sandbox built from its grants alone; its calls
+    /// and tensors cross the process boundary (loader plugins).
+    Worker,
 }
 
 impl PluginEntry {
@@ -371,6 +388,8 @@ struct RawPlugin {
     grants: toml::Table,
     #[serde(default)]
     config: toml::Table,
+    #[serde(default)]
+    isolation: Isolation,
 }
 
 #[derive(Deserialize)]
@@ -457,6 +476,7 @@ impl Deployment {
                 path: resolve(&dir, &p.path),
                 grants,
                 config: p.config,
+                isolation: p.isolation,
             });
         }
         Ok(Deployment {

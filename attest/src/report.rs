@@ -3,7 +3,7 @@
 
 use crate::{
     admission,
-    deployment::{Deployment, Grants, Listener, PathGrant, model_grants},
+    deployment::{Deployment, Grants, Isolation, Listener, PathGrant, model_grants},
     signing::{check_abi, verify_bytes},
     surface::{SurfaceReport, inspect_bytes},
 };
@@ -52,6 +52,17 @@ pub struct ModelProof {
     pub declared: bool,
 }
 
+/// A plugin that runs in a worker process of its own, and what that process can and cannot do.
+#[derive(Debug, Serialize)]
+pub struct WorkerProof {
+    /// The plugin's manifest name.
+    pub plugin: String,
+    /// Everything the worker process is granted (its own grants, and the model it reads).
+    pub granted: Vec<String>,
+    /// What the worker process cannot do, one statement per capability it is not granted.
+    pub guarantees: Vec<String>,
+}
+
 /// The proof for a deployment.
 #[derive(Debug, Serialize)]
 pub struct DeploymentProof {
@@ -69,6 +80,8 @@ pub struct DeploymentProof {
     pub effective: BTreeMap<String, Vec<String>>,
     /// Statements that hold for the whole deployment.
     pub guarantees: Vec<String>,
+    /// Plugins in worker processes of their own: each process is confined to its own grants.
+    pub workers: Vec<WorkerProof>,
     /// True when every plugin verifies, stays within its declaration and is granted what it asks.
     pub ok: bool,
 }
@@ -80,6 +93,7 @@ pub fn prove(deployment: &Deployment) -> DeploymentProof {
     let mut union = Grants::default();
     let mut readers = Vec::new();
     let mut taken = std::collections::BTreeSet::new();
+    let mut workers = Vec::new();
     for entry in &deployment.plugins {
         let path = entry.path.display().to_string();
         let bytes = match std::fs::read(&entry.path) {
@@ -139,7 +153,7 @@ pub fn prove(deployment: &Deployment) -> DeploymentProof {
             });
         let accepted = refusal.is_none() && surface.as_ref().is_some_and(|s| s.ok);
         if accepted && let Ok(v) = &verified {
-            merge(&mut union, &entry.grants.restricted_to(&v.manifest));
+            let mut own = entry.grants.restricted_to(&v.manifest);
             if let Some(model) = &deployment.model
                 && matches!(
                     v.manifest.kind,
@@ -152,7 +166,15 @@ pub fn prove(deployment: &Deployment) -> DeploymentProof {
                     fs_read: model_grants(model).into_iter().chain(adapters).collect(),
                     ..Grants::default()
                 };
-                merge(&mut union, &read);
+                merge(&mut own, &read);
+            }
+            merge(&mut union, &own);
+            if entry.isolation == Isolation::Worker {
+                workers.push(WorkerProof {
+                    plugin: v.manifest.name.clone(),
+                    granted: own.describe(),
+                    guarantees: guarantees(&own),
+                });
             }
         }
         plugins.push(PluginProof {
@@ -221,6 +243,7 @@ pub fn prove(deployment: &Deployment) -> DeploymentProof {
         warnings: deployment.warnings(),
         effective,
         guarantees: guarantees(&union),
+        workers,
         ok,
     }
 }
@@ -357,6 +380,21 @@ impl DeploymentProof {
         out.push_str("guarantees:\n");
         for g in &self.guarantees {
             out.push_str(&format!("  - {g}\n"));
+        }
+        for w in &self.workers {
+            out.push_str(&format!(
+                "worker process of {} (its own sandbox; the host's process holds none of its \
+                 grants but the model's):\n  granted: {}\n",
+                w.plugin,
+                if w.granted.is_empty() {
+                    "(nothing)".to_string()
+                } else {
+                    w.granted.join("; ")
+                }
+            ));
+            for g in &w.guarantees {
+                out.push_str(&format!("  - {g}\n"));
+            }
         }
         for w in &self.warnings {
             out.push_str(&format!("warning: {w}\n"));

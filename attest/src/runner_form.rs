@@ -54,6 +54,7 @@ pub fn deployment(
             path: dir.join(TRANSPORT),
             grants: Default::default(),
             config: Default::default(),
+            isolation: Default::default(),
         });
     }
     let entry = base

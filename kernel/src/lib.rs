@@ -30,6 +30,7 @@ pub mod sandbox;
 pub mod serve;
 pub mod services;
 pub mod wiring;
+pub mod worker;
 
 pub use loading::{
     LoadReport, LoadedPlugin, OpenReport, OpenedPlugin, Refusal, instantiate, load_deployment,

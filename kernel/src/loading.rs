@@ -11,8 +11,16 @@ use nix::{
     fcntl::{FcntlArg, SealFlag, fcntl},
     sys::memfd::{MFdFlags, memfd_create},
 };
-use std::{ffi::CString, io::Write, os::fd::IntoRawFd, path::PathBuf};
-use u_attest::{Deployment, PluginEntry, Verified, admission, deployment::Grants};
+use std::{
+    ffi::CString,
+    io::Write,
+    os::fd::{IntoRawFd, OwnedFd},
+    path::PathBuf,
+};
+use u_attest::{
+    Deployment, PluginEntry, Verified, admission,
+    deployment::{Grants, Isolation},
+};
 use u_sdk::{PluginInfo, PluginInstance, PluginModRef};
 
 /// A plugin whose file passed every check and whose code is mapped, not yet instantiated.
@@ -23,8 +31,37 @@ pub struct OpenedPlugin {
     pub path: PathBuf,
     /// Its effective grants (the deployment's grant restricted to what it requested).
     pub grants: Grants,
-    module: PluginModRef,
+    code: Code,
     config: String,
+}
+
+/// Where an opened plugin's code is.
+enum Code {
+    /// Verified bytes in a sealed memfd, not mapped yet ([`start_workers`] maps them, or has a
+    /// worker process map them when `in_worker`).
+    Sealed {
+        memfd: OwnedFd,
+        symbol: String,
+        in_worker: bool,
+    },
+    /// Mapped into the host's process.
+    InProcess(PluginModRef),
+    /// Loaded and instantiated in a worker process; the host's process never maps it.
+    Worker(crate::worker::Worker),
+}
+
+impl OpenedPlugin {
+    /// Whether it runs in a worker process of its own (its grants are not the host process's).
+    pub fn in_worker(&self) -> bool {
+        matches!(
+            self.code,
+            Code::Worker(_)
+                | Code::Sealed {
+                    in_worker: true,
+                    ..
+                }
+        )
+    }
 }
 
 /// A plugin that passed every check and was instantiated.
@@ -39,7 +76,8 @@ pub struct LoadedPlugin {
     pub info: PluginInfo,
     /// Its entry object.
     pub instance: PluginInstance,
-    module: PluginModRef,
+    /// Its root module, when it runs in the host's process.
+    module: Option<PluginModRef>,
     config: String,
     threads: u32,
 }
@@ -49,13 +87,19 @@ impl LoadedPlugin {
     /// and threads: a KV cache for a second model (a draft model), whose layout differs from
     /// the first one's.
     pub fn another_instance(&self) -> Result<PluginInstance, String> {
+        let module = self.module.ok_or_else(|| {
+            format!(
+                "{} runs in a worker process: it has one instance",
+                self.verified.manifest.name
+            )
+        })?;
         let services = PluginServices::new(
             &self.verified.manifest.name,
             self.grants.clone(),
             self.config.clone(),
             self.threads,
         );
-        (self.module.instantiate())(services.into_box())
+        (module.instantiate())(services.into_box())
             .into_result()
             .map_err(|e| format!("{}: instantiate failed: {e}", self.verified.manifest.name))
     }
@@ -91,14 +135,71 @@ pub struct LoadReport {
 }
 
 /// Verifies and loads every plugin of `deployment`, each with `threads` compute threads:
-/// [`open_deployment`] then [`instantiate`].
+/// [`open_deployment`], [`start_workers`], then [`instantiate`] (without locking down).
 pub fn load_deployment(deployment: &Deployment, threads: u32) -> LoadReport {
-    instantiate(open_deployment(deployment), threads)
+    let mut opened = open_deployment(deployment);
+    start_workers(&mut opened, threads);
+    instantiate(opened, threads)
+}
+
+/// Phase one and a half: starts a worker process for every opened plugin the deployment
+/// isolates (`isolation = "worker"`) — it loads the plugin, locks itself down to that plugin's
+/// grants alone and instantiates it — then maps the other plugins' code into the host's
+/// process, so no worker inherits a mapping of another plugin. Call after the plugins' grants
+/// are final and before the host locks its own process down. A plugin whose worker fails to
+/// start, or whose code fails to map, is refused.
+pub fn start_workers(opened: &mut OpenReport, threads: u32) {
+    let mut kept = Vec::with_capacity(opened.opened.len());
+    for mut plugin in std::mem::take(&mut opened.opened) {
+        if let Code::Sealed {
+            memfd,
+            symbol,
+            in_worker: true,
+        } = plugin.code
+        {
+            let name = plugin.verified.manifest.name.clone();
+            let started = crate::worker::Worker::start(
+                &name,
+                memfd,
+                &symbol,
+                &plugin.grants,
+                &plugin.config,
+                threads,
+            );
+            match started {
+                Ok(worker) => plugin.code = Code::Worker(worker),
+                Err(reason) => {
+                    let refusal = refuse(name, plugin.path, format!("worker process: {reason}"));
+                    opened.refused.push(refusal);
+                    continue;
+                }
+            }
+        }
+        kept.push(plugin);
+    }
+    for mut plugin in std::mem::take(&mut kept) {
+        if let Code::Sealed { memfd, symbol, .. } = plugin.code {
+            match load_sealed(memfd, &symbol) {
+                Ok(module) => {
+                    crate::services::register_fork_hooks(module.before_fork(), module.after_fork());
+                    plugin.code = Code::InProcess(module);
+                }
+                Err(reason) => {
+                    let name = plugin.verified.manifest.name.clone();
+                    opened.refused.push(refuse(name, plugin.path, reason));
+                    continue;
+                }
+            }
+        }
+        kept.push(plugin);
+    }
+    opened.opened = kept;
 }
 
 /// Phase one: verifies every plugin of `deployment` ([`u_attest::admission`], the checks
-/// `u-attest verify` makes too) and maps the verified bytes. No plugin object exists yet, so the
-/// host can lock the process down before any plugin starts threads.
+/// `u-attest verify` makes too) and seals the verified bytes in memfds ([`start_workers`] maps
+/// them). No plugin object exists yet, so the host can lock the process down before any plugin
+/// starts threads.
 pub fn open_deployment(deployment: &Deployment) -> OpenReport {
     let trusted = deployment.trusted_keys();
     let mut report = OpenReport::default();
@@ -154,7 +255,7 @@ fn refuse(plugin: String, path: PathBuf, reason: String) -> Refusal {
     refusal
 }
 
-/// Maps an admitted plugin's verified `bytes`.
+/// Seals an admitted plugin's verified `bytes` in a memfd.
 fn open_one(
     entry: &PluginEntry,
     admitted: admission::Admitted,
@@ -183,29 +284,42 @@ fn open_one(
         );
     }
     let config = toml::to_string(&entry.config).map_err(|e| format!("plugin config: {e}"))?;
-    let module = load_sealed(bytes, &manifest.name, &root_symbol)?;
-    crate::services::register_fork_hooks(module.before_fork(), module.after_fork());
+    let memfd = sealed_memfd(bytes, &manifest.name)
+        .map_err(|e| format!("memfd for {}: {e}", manifest.name))?;
     Ok(OpenedPlugin {
         verified,
         path: entry.path.clone(),
         grants,
-        module,
+        code: Code::Sealed {
+            memfd,
+            symbol: root_symbol,
+            in_worker: entry.isolation == Isolation::Worker,
+        },
         config,
     })
 }
 
 fn instantiate_one(plugin: OpenedPlugin, threads: u32) -> Result<LoadedPlugin, String> {
     let manifest = &plugin.verified.manifest;
-    let services = PluginServices::new(
-        &manifest.name,
-        plugin.grants.clone(),
-        plugin.config.clone(),
-        threads,
-    );
-    let info = (plugin.module.describe())();
-    let instance = (plugin.module.instantiate())(services.into_box())
-        .into_result()
-        .map_err(|e| format!("instantiate failed: {e}"))?;
+    let (info, instance, module) = match plugin.code {
+        Code::InProcess(module) => {
+            let (info, instance) = instantiate_module(
+                module,
+                &manifest.name,
+                &plugin.grants,
+                &plugin.config,
+                threads,
+            )?;
+            (info, instance, Some(module))
+        }
+        Code::Worker(worker) => {
+            let (info, instance) = worker.into_instance();
+            (info, instance, None)
+        }
+        Code::Sealed { .. } => {
+            return Err("its code was never mapped (start_workers)".into());
+        }
+    };
     if instance.kind_name() != manifest.kind.name() {
         return Err(format!(
             "manifest says kind `{}` but the plugin created a `{}`",
@@ -219,21 +333,37 @@ fn instantiate_one(plugin: OpenedPlugin, threads: u32) -> Result<LoadedPlugin, S
         grants: plugin.grants,
         info,
         instance,
-        module: plugin.module,
+        module,
         config: plugin.config,
         threads,
     })
 }
 
-/// Copies verified bytes into a sealed memfd and loads the plugin's root module from it.
-fn load_sealed(bytes: &[u8], name: &str, symbol: &str) -> Result<PluginModRef, String> {
-    let fd = sealed_memfd(bytes, name).map_err(|e| format!("memfd for {name}: {e}"))?;
+/// Describes and instantiates a loaded root module with host services bound to `grants`.
+pub(crate) fn instantiate_module(
+    module: PluginModRef,
+    name: &str,
+    grants: &Grants,
+    config: &str,
+    threads: u32,
+) -> Result<(u_sdk::PluginInfo, PluginInstance), String> {
+    let services = PluginServices::new(name, grants.clone(), config.to_string(), threads);
+    let info = (module.describe())();
+    let instance = (module.instantiate())(services.into_box())
+        .into_result()
+        .map_err(|e| format!("instantiate failed: {e}"))?;
+    Ok((info, instance))
+}
+
+/// Loads a plugin's root module from the sealed memfd holding its verified bytes.
+pub(crate) fn load_sealed(memfd: OwnedFd, symbol: &str) -> Result<PluginModRef, String> {
     // The memfd stays open for the life of the process: the mapping is the plugin's code.
+    let fd = memfd.into_raw_fd();
     let path = format!("/proc/self/fd/{fd}");
     u_sdk::meta::load_root_module(std::path::Path::new(&path), symbol)
 }
 
-fn sealed_memfd(bytes: &[u8], name: &str) -> std::io::Result<i32> {
+fn sealed_memfd(bytes: &[u8], name: &str) -> std::io::Result<OwnedFd> {
     // MFD_EXEC (Linux 6.3) is not among nix's flags; the kernel's value.
     const MFD_EXEC: MFdFlags = MFdFlags::from_bits_retain(0x10);
     let cname = CString::new(format!("u-plugin:{name}")).map_err(std::io::Error::other)?;
@@ -248,6 +378,5 @@ fn sealed_memfd(bytes: &[u8], name: &str) -> std::io::Result<i32> {
         | SealFlag::F_SEAL_GROW
         | SealFlag::F_SEAL_WRITE;
     fcntl(&file, FcntlArg::F_ADD_SEALS(seals))?;
-    // The descriptor stays open for the life of the process (see `load_sealed`).
-    Ok(file.into_raw_fd())
+    Ok(file.into())
 }

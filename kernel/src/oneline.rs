@@ -109,6 +109,7 @@ pub fn deployment(
                 path: root.join("plugins").join(format!("{name}.so")),
                 grants,
                 config,
+                isolation: Default::default(),
             }
         })
         .collect();

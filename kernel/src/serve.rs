@@ -127,9 +127,12 @@ pub fn run(
         plan.read
             .extend(wiring::grant_extras(&mut opened, deployment));
     }
+    crate::loading::start_workers(&mut opened, threads);
     let mut sockets_by_plugin = std::collections::BTreeMap::new();
     for plugin in &opened.opened {
-        plan.add(&plugin.grants);
+        if !plugin.in_worker() {
+            plan.add(&plugin.grants);
+        }
         let name = plugin.verified.manifest.name.clone();
         for address in &plugin.grants.net_listen {
             let l = listeners::open(address)

@@ -113,8 +113,9 @@ pub fn open_writing(
     let mut opened = open_deployment(deployment);
     let mut grants = grant_model(&mut opened, &model);
     grants.extend(grant_extras(&mut opened, deployment));
+    crate::loading::start_workers(&mut opened, threads);
     let mut plan = sandbox::Plan::default();
-    for p in &opened.opened {
+    for p in opened.opened.iter().filter(|p| !p.in_worker()) {
         plan.add(&p.grants);
     }
     plan.read.extend(grants);

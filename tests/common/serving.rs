@@ -37,6 +37,8 @@ pub struct Options {
     pub kv_dir: Option<PathBuf>,
     /// Lines of runner-embeddings' `[plugins.config]`.
     pub embedder_config: String,
+    /// Lines of the loader's own `[[plugins]]` entry (e.g. `isolation = "worker"`).
+    pub loader_entry: String,
 }
 
 /// A running `u-runner serve`; stopped (SIGTERM, then SIGKILL) when dropped.
@@ -221,6 +223,7 @@ pub fn start_with(dir: tempfile::TempDir, model: &Path, loader: &str, options: &
         r#"
 [[plugins]]
 path = "{loader}"
+{loader_entry}
 [plugins.grants]
 {read}
 
@@ -276,6 +279,7 @@ path = "{model}"
 {model_config}
 "#,
         loader = plugin(loader).display(),
+        loader_entry = options.loader_entry,
         tokenizer = plugin("tokenizer").display(),
         kernels = plugin("kernels-cpu").display(),
         arch = plugin("arch-llama").display(),
