@@ -8,9 +8,12 @@
 //! vocabulary were part of that (now f32 polynomial weights ranked band by band: 383 → 465
 //! tok/s aggregate), and it now measures 2.4–2.9× (aggregate 460–470 tok/s against 165–190 for
 //! one client). A 64-row pass is bound by the tile kernels' integer-dot throughput: a
-//! sixteen-row 512-bit variant measured no faster on these machines. Shared CI machines are
-//! noisy, so both sides are the best of several windows and the test asserts [`MIN_RATIO`],
-//! which any loss of batching (one pass per request gives about 1×) still fails.
+//! sixteen-row 512-bit variant measured no faster on these machines. On 2026-12-07 the same
+//! machine gave 298–365 tok/s aggregate against 92–174 for one client, both at HEAD and at
+//! 748bdc5 (before the fork-isolation work): 1.75–3.3×, the low end whenever one client runs
+//! at its best, and CI failed at 1.75. Shared CI machines are noisy, so both sides are the best
+//! of several windows and the test asserts [`MIN_RATIO`], which any loss of batching (one pass
+//! per request gives about 1×) still fails.
 
 use serde_json::Value;
 use std::{
@@ -22,7 +25,7 @@ use u_conformance::serving::{Options, http, start_smollm2};
 const CLIENTS: usize = 64;
 const TOKENS: u32 = 48;
 /// The least aggregate/one-client ratio accepted (see the module docs).
-const MIN_RATIO: f64 = 2.0;
+const MIN_RATIO: f64 = 1.5;
 
 /// One streamed completion; the tokens it generated, from the usage chunk.
 fn stream_once(port: u16, i: usize) -> Result<u64, String> {

@@ -9,7 +9,7 @@ use std::{
 };
 use u_conformance::{
     bin, root, run,
-    serving::{Options, http, post, smollm2_path, start_smollm2},
+    serving::{Options, http, model_dir, post, smollm2_path, start_smollm2},
     text,
 };
 
@@ -62,23 +62,6 @@ fn token_ids(out: &std::process::Output) -> Vec<u64> {
         .collect()
 }
 
-/// A model directory: the Llama fixture's safetensors and config plus the tiny tokenizer.
-fn tiny_safetensors_model(dir: &Path) -> PathBuf {
-    let model = dir.join("tiny");
-    std::fs::create_dir(&model).unwrap();
-    let weights = root().join("plugins/arch-llama/tests/fixtures/models/llama");
-    let tokenizer = root().join("plugins/runner-text/tests/fixtures/tiny-tokenizer");
-    for (from, name) in [
-        (&weights, "config.json"),
-        (&weights, "model.safetensors"),
-        (&tokenizer, "tokenizer.json"),
-        (&tokenizer, "tokenizer_config.json"),
-    ] {
-        std::fs::copy(from.join(name), model.join(name)).unwrap();
-    }
-    model
-}
-
 /// Greedy tokens are the same whether the loader runs in the host's process or in a worker,
 /// for GGUF (SmolLM2, Q4_1 blocks and a 49k-token vocabulary in the metadata) and for
 /// safetensors (the tiny Llama fixture).
@@ -89,7 +72,7 @@ fn a_loader_in_a_worker_gives_the_tokens_it_gives_in_the_host() {
         dev_deployment(dir.path(), false),
         dev_deployment(dir.path(), true),
     );
-    let tiny = tiny_safetensors_model(dir.path());
+    let tiny = model_dir(dir.path());
     for (model, n) in [(smollm2_path(), "24"), (tiny, "16")] {
         let expected = token_ids(&generate(&in_host, &model, &["-n", n]));
         let got = token_ids(&generate(&in_worker, &model, &["-n", n]));

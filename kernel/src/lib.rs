@@ -13,6 +13,9 @@
 //! 4. instantiates each plugin with host services bound to its own grants ([`services`]) and
 //!    runs the transports ([`serve`]).
 //!
+//! A loader the deployment isolates (`isolation = "worker"`) runs in a worker process of its
+//! own instead, forked before lock-down and confined to its own grants ([`worker`]).
+//!
 //! [`inspect`] reads a model file through the deployment's loaders, for `u-runner inspect`;
 //! [`wiring`] opens a model, builds it with the architecture plugin that declares its family
 //! and hands it to the runner plugin for its task, for `u-runner generate`, `tokenize`, `bench`

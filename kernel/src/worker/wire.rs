@@ -222,22 +222,8 @@ impl Wire for UError {
     }
 
     fn get(r: &mut Reader<'_>) -> Result<Self, String> {
-        use ErrorKind::*;
-        let kinds = [
-            InvalidInput,
-            NotFound,
-            AlreadyExists,
-            PermissionDenied,
-            Unsupported,
-            Io,
-            ResourceExhausted,
-            Cancelled,
-            Busy,
-            Internal,
-            Panicked,
-        ];
-        let kind = kinds.get(r.u8()? as usize).copied().unwrap_or(Internal);
-        Ok(UError::new(kind, r.str()?))
+        let kind = ErrorKind::ALL.get(r.u8()? as usize).copied();
+        Ok(UError::new(kind.unwrap_or(ErrorKind::Internal), r.str()?))
     }
 }
 
@@ -287,6 +273,10 @@ mod tests {
             byte_len: 272_160,
         };
         assert_eq!(decode::<TensorInfo>(&encode(&t)).unwrap(), t);
+        for kind in ErrorKind::ALL {
+            let e = UError::new(kind, "why");
+            assert_eq!(decode::<UError>(&encode(&e)).unwrap(), e);
+        }
     }
 
     #[test]

@@ -36,6 +36,23 @@ pub enum ErrorKind {
     Panicked,
 }
 
+impl ErrorKind {
+    /// Every kind, in declaration order (a kind's position is its `u8` value).
+    pub const ALL: [ErrorKind; 11] = [
+        ErrorKind::InvalidInput,
+        ErrorKind::NotFound,
+        ErrorKind::AlreadyExists,
+        ErrorKind::PermissionDenied,
+        ErrorKind::Unsupported,
+        ErrorKind::Io,
+        ErrorKind::ResourceExhausted,
+        ErrorKind::Cancelled,
+        ErrorKind::Busy,
+        ErrorKind::Internal,
+        ErrorKind::Panicked,
+    ];
+}
+
 /// An error with a kind and a human-readable message naming what failed and why.
 #[repr(C)]
 #[derive(StableAbi, serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq, Eq)]
