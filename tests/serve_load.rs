@@ -8,12 +8,12 @@
 //! vocabulary were part of that (now f32 polynomial weights ranked band by band: 383 → 465
 //! tok/s aggregate), and it now measures 2.4–2.9× (aggregate 460–470 tok/s against 165–190 for
 //! one client). A 64-row pass is bound by the tile kernels' integer-dot throughput: a
-//! sixteen-row 512-bit variant measured no faster on these machines. On 2026-12-07 the same
-//! machine gave 298–365 tok/s aggregate against 92–174 for one client, both at HEAD and at
-//! 748bdc5 (before the fork-isolation work): 1.75–3.3×, the low end whenever one client runs
-//! at its best, and CI failed at 1.75. Shared CI machines are noisy, so both sides are the best
-//! of several windows and the test asserts [`MIN_RATIO`], which any loss of batching (one pass
-//! per request gives about 1×) still fails.
+//! sixteen-row 512-bit variant measured no faster on these machines. On 2026-12-07 one machine
+//! gave 298–408 tok/s aggregate against 92–193 for one client at HEAD, and 351–394 against
+//! 193–203 at f42e1ce (the commit that measured 460–470): 1.73–3.3× for both, the low end
+//! whenever one client runs at its best, and CI failed at 1.75. Shared CI machines are noisy,
+//! so both sides are the best of several windows and the test asserts [`MIN_RATIO`], which any
+//! loss of batching (one pass per request gives about 1×) still fails.
 
 use serde_json::Value;
 use std::{

@@ -79,6 +79,19 @@ fn a_loader_in_a_worker_gives_the_tokens_it_gives_in_the_host() {
         assert_eq!(expected.len(), n.parse::<usize>().unwrap());
         assert_eq!(got, expected, "{}", model.display());
     }
+    let listed = run(Command::new(bin("u-runner"))
+        .args(["plugins", "--json"])
+        .arg(&in_worker));
+    assert!(listed.status.success(), "{}", text(&listed));
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    for p in listed["loaded"].as_array().unwrap() {
+        let isolated = matches!(
+            p["name"].as_str(),
+            Some("loader-gguf" | "loader-safetensors")
+        );
+        let process = if isolated { "worker" } else { "host" };
+        assert_eq!(p["process"], process, "{p}");
+    }
 }
 
 /// A malformed model file fails in the worker with the loader's own error, not a crash of the

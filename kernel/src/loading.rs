@@ -83,6 +83,11 @@ pub struct LoadedPlugin {
 }
 
 impl LoadedPlugin {
+    /// Whether it runs in a worker process of its own.
+    pub fn in_worker(&self) -> bool {
+        self.module.is_none()
+    }
+
     /// A second, independent entry object of the same plugin, with the same grants, settings
     /// and threads: a KV cache for a second model (a draft model), whose layout differs from
     /// the first one's.

@@ -450,6 +450,7 @@ fn run(cli: Cli) -> Result<i32> {
                             "grants": p.grants.describe(),
                             "summary": p.info.summary.as_str(),
                             "details": p.info.details.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+                            "process": if p.in_worker() { "worker" } else { "host" },
                         })
                     })
                     .collect();
@@ -468,6 +469,9 @@ fn run(cli: Cli) -> Result<i32> {
                     print_plugin("[LOADED] ", &p.verified, &p.grants);
                     let details: Vec<&str> = p.info.details.iter().map(|s| s.as_str()).collect();
                     println!("  answers: {} [{}]", p.info.summary, details.join(", "));
+                    if p.in_worker() {
+                        println!("  runs in: a worker process of its own, under its grants alone");
+                    }
                 }
                 print_refused(&report.refused);
             }
