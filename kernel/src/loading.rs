@@ -378,10 +378,16 @@ fn sealed_memfd(bytes: &[u8], name: &str) -> std::io::Result<OwnedFd> {
         .or_else(|_| memfd_create(cname.as_c_str(), flags))?;
     let mut file = std::fs::File::from(fd);
     file.write_all(bytes)?;
+    seal(&file)?;
+    Ok(file.into())
+}
+
+/// Seals a written memfd for good: no write, no resize, no change to the seals.
+pub(crate) fn seal(file: &std::fs::File) -> std::io::Result<()> {
     let seals = SealFlag::F_SEAL_SEAL
         | SealFlag::F_SEAL_SHRINK
         | SealFlag::F_SEAL_GROW
         | SealFlag::F_SEAL_WRITE;
-    fcntl(&file, FcntlArg::F_ADD_SEALS(seals))?;
-    Ok(file.into())
+    fcntl(file, FcntlArg::F_ADD_SEALS(seals))?;
+    Ok(())
 }

@@ -210,11 +210,7 @@ pub(super) fn share(name: &str, weights: &WeightSetBox) -> Result<(OwnedFd, u64)
     };
     file.write_all(&wire::encode(&header)).map_err(io)?;
     let file = file.into_inner().map_err(|e| io(e.into_error()))?;
-    let seals = SealFlag::F_SEAL_SEAL
-        | SealFlag::F_SEAL_SHRINK
-        | SealFlag::F_SEAL_GROW
-        | SealFlag::F_SEAL_WRITE;
-    fcntl(&file, FcntlArg::F_ADD_SEALS(seals)).map_err(|e| io(e.into()))?;
+    crate::loading::seal(&file).map_err(io)?;
     Ok((file.into(), at))
 }
 
