@@ -381,6 +381,106 @@ impl Tensor {
         )
     }
 
+    /// Group normalisation of `self` `[channels, …]` in `groups` groups of channels, with scale
+    /// `weight` and shift `bias` per channel.
+    pub fn group_norm(
+        &self,
+        weight: &Tensor,
+        bias: &Tensor,
+        groups: u32,
+        eps: f32,
+    ) -> Result<Tensor> {
+        self.device.compute(
+            Op::GroupNorm { groups, eps },
+            &[self, weight, bias],
+            DType::F32,
+            self.dims(),
+        )
+    }
+
+    /// 2-D convolution of `self` `[c_in, h, w]` with `weight` `[c_out, c_in, kh, kw]` and an
+    /// optional `bias` `[c_out]`, zeros `padding` `[before, after]` on both axes:
+    /// `[c_out, h_out, w_out]`.
+    pub fn conv2d(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        stride: u32,
+        padding: [u32; 2],
+    ) -> Result<Tensor> {
+        let (x, w) = (self.dims(), weight.dims());
+        let (&[_, h, wi], &[c_out, _, kh, kw]) = (x, w) else {
+            return Err(UError::invalid(format!(
+                "conv2d of {x:?} with a weight {w:?}: want [c_in, h, w] and [c_out, c_in, kh, kw]"
+            )));
+        };
+        let side = |n: u64, k: u64| {
+            (n + u64::from(padding[0]) + u64::from(padding[1]))
+                .checked_sub(k)
+                .filter(|_| stride > 0)
+                .map(|v| v / u64::from(stride) + 1)
+                .ok_or_else(|| {
+                    UError::invalid(format!(
+                        "conv2d: a {kh}×{kw} kernel is larger than the padded {h}×{wi} input"
+                    ))
+                })
+        };
+        let dims = [c_out, side(h, kh)?, side(wi, kw)?];
+        let op = Op::Conv2d { stride, padding };
+        match bias {
+            Some(b) => self
+                .device
+                .compute(op, &[self, weight, b], DType::F32, &dims),
+            None => self.device.compute(op, &[self, weight], DType::F32, &dims),
+        }
+    }
+
+    /// Nearest-neighbour upsampling of `self` `[c, h, w]` by `factor` on both spatial axes.
+    pub fn upsample(&self, factor: u32) -> Result<Tensor> {
+        let &[c, h, w] = self.dims() else {
+            return Err(UError::invalid(format!(
+                "upsampling a {:?} tensor: want [c, h, w]",
+                self.dims()
+            )));
+        };
+        let f = u64::from(factor);
+        self.device.compute(
+            Op::Upsample(factor),
+            &[self],
+            DType::F32,
+            &[c, h * f, w * f],
+        )
+    }
+
+    /// `F32` tensors of the same inner dimensions stacked along the outermost one (PyTorch's
+    /// `cat(dim=0)`; for channels-first maps, a channel concatenation).
+    pub fn concat(parts: &[&Tensor]) -> Result<Tensor> {
+        let first = parts
+            .first()
+            .ok_or_else(|| UError::invalid("concatenating no tensors"))?;
+        let inner = &first.dims()[1..];
+        if parts.iter().any(|p| &p.dims()[1..] != inner) {
+            return Err(UError::invalid(format!(
+                "concatenating tensors of shapes {:?}",
+                parts.iter().map(|p| p.dims().to_vec()).collect::<Vec<_>>()
+            )));
+        }
+        let outer: u64 = parts.iter().map(|p| p.dims()[0]).sum();
+        let mut dims = vec![outer];
+        dims.extend_from_slice(inner);
+        let out = first.device.alloc(DType::F32, &dims)?;
+        let width: u64 = inner.iter().product();
+        let flat = out.reshape(&[outer, width])?;
+        let mut at = 0;
+        for part in parts {
+            let n = part.dims()[0] as usize;
+            part.reshape(&[n as u64, width])?
+                .copy_into(None, &flat.rows_range(at..at + n)?)?;
+            at += n;
+        }
+        Ok(out)
+    }
+
     /// Rotary embedding at `positions` (`I32`, one per row), in place.
     pub fn rope_assign(&self, positions: &Tensor, params: &RopeParams) -> Result<()> {
         self.device.run(Op::Rope(params), &[self, positions], self)

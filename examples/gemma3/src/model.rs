@@ -445,6 +445,7 @@ impl Gemma3 {
             context_shape: [0, 0],
             image: ROption::RNone,
             image_token: u_sdk::NO_IMAGE_TOKEN,
+            planes: abi_stable::std_types::ROption::RNone,
         }
     }
 
@@ -473,9 +474,10 @@ impl Gemma3 {
                     )));
                 }
                 Segment::Embeddings(_) => {}
-                Segment::Image(_) => {
+                Segment::Image(_) | Segment::Planes(_) => {
                     return Err(UError::unsupported(
-                        "arch-gemma3: the model reads token ids and embedding rows, not images",
+                        "arch-gemma3: the model reads token ids and embedding rows, not images or \
+                         feature maps",
                     ));
                 }
             }
@@ -498,6 +500,11 @@ impl Gemma3 {
                 "hidden state after block {layer} of {}",
                 self.cfg.layers
             )));
+        }
+        if chunk.output == Output::Planes {
+            return Err(UError::unsupported(
+                "arch-gemma3: a decoder writes logits and hidden states, not feature maps",
+            ));
         }
         let rows = chunk.rows(hidden);
         if rows == 0 && chunk.output != Output::Nothing {
@@ -575,8 +582,10 @@ impl Gemma3 {
                     e.copy_into(None, &dst)?;
                 }
                 Segment::Embeddings(e) => dst.write(e)?,
-                Segment::Image(_) => {
-                    return Err(UError::unsupported("arch-gemma3: images are not read"));
+                Segment::Image(_) | Segment::Planes(_) => {
+                    return Err(UError::unsupported(
+                        "arch-gemma3: images and feature maps are not read",
+                    ));
                 }
             }
             at += n;
@@ -616,7 +625,8 @@ impl Gemma3 {
         let mut at = 0;
         for (chunk, span) in batch.iter().zip(spans) {
             match &chunk.output {
-                Output::Nothing => {}
+                // `check` refused feature maps before the pass.
+                Output::Nothing | Output::Planes => {}
                 Output::Logits(r) => {
                     let rows = wanted(r, span);
                     let logits = normed.rows_range(rows.clone())?.matmul_t(&self.lm_head)?;

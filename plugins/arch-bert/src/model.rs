@@ -187,8 +187,10 @@ impl Embeddings {
                         .copy_into(None, &dst)?;
                 }
                 Segment::Embeddings(e) => dst.write(e)?,
-                Segment::Image(_) => {
-                    return Err(UError::unsupported("arch-bert: images are not read"));
+                Segment::Image(_) | Segment::Planes(_) => {
+                    return Err(UError::unsupported(
+                        "arch-bert: images and feature maps are not read",
+                    ));
                 }
             }
             at += n;
@@ -437,6 +439,7 @@ impl Bert {
             context_shape: [0, 0],
             image: ROption::RNone,
             image_token: u_sdk::NO_IMAGE_TOKEN,
+            planes: abi_stable::std_types::ROption::RNone,
         }
     }
 
@@ -459,9 +462,10 @@ impl Bert {
                     )));
                 }
                 Segment::Embeddings(_) => {}
-                Segment::Image(_) => {
+                Segment::Image(_) | Segment::Planes(_) => {
                     return Err(UError::unsupported(
-                        "arch-bert: the model reads token ids and embedding rows, not images",
+                        "arch-bert: the model reads token ids and embedding rows, not images or \
+                         feature maps",
                     ));
                 }
             }
@@ -479,9 +483,10 @@ impl Bert {
         }
         let rows = chunk.rows(hidden);
         match chunk.output {
-            Output::Logits(_) => {
+            Output::Logits(_) | Output::Planes => {
                 return Err(UError::unsupported(
-                    "arch-bert: an encoder produces hidden states and pooled vectors, not logits",
+                    "arch-bert: an encoder produces hidden states and pooled vectors, not logits \
+                     or feature maps",
                 ));
             }
             Output::Hidden { layer, .. } if layer as usize > self.cfg.layers => {
@@ -565,7 +570,7 @@ impl Bert {
                     rows: Rows::Last, ..
                 } => dst.copy_from_slice(&rows[rows.len() - hidden..]),
                 Output::Pooled(p) => p.pool(rows, hidden, dst)?,
-                Output::Nothing | Output::Logits(_) => {}
+                Output::Nothing | Output::Logits(_) | Output::Planes => {}
             }
             at += n;
         }

@@ -1,6 +1,8 @@
 //! The typed hyper-parameters of CLIP's text tower, from a `CLIPModel` checkpoint's
 //! `config.json` (`config.*` metadata, as the HF-format loaders present it): the nested
-//! `text_config` object, and the top-level `projection_dim`.
+//! `text_config` object, and the top-level `projection_dim`; or from a text tower saved alone
+//! (`CLIPTextModel`, `CLIPTextModelWithProjection`: `model_type` `clip_text_model`, the text
+//! configuration at the top level), as Stable Diffusion's `text_encoder/` is.
 //!
 //! transformers saves a sub-configuration with only the values that differ from its class's
 //! defaults in older releases, so a key `text_config` leaves out takes `CLIPTextConfig`'s
@@ -9,8 +11,12 @@
 use serde_json::{Map, Value};
 use u_sdk::{MetaValue, Result, UError, WeightSetBox};
 
-/// The `model_type` of the checkpoints this plugin reads.
+/// The `model_type` of a full CLIP checkpoint (`CLIPModel`).
 pub const CHECKPOINT: &str = "clip";
+
+/// The `model_type` of a text tower saved alone (`CLIPTextModel`, with or without its
+/// projection).
+pub const TEXT_CHECKPOINT: &str = "clip_text_model";
 
 /// The `eos_token_id` of CLIP configurations written before transformers PR #24773, under which
 /// the pooled row is the one holding the largest token id (the end-of-text token is the last
@@ -74,6 +80,8 @@ impl EosRule {
 /// Everything the text tower needs besides the weights.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
+    /// The checkpoint's `model_type`, the family built: [`CHECKPOINT`] or [`TEXT_CHECKPOINT`].
+    pub family: &'static str,
     /// Token ids (rows of the token embedding table).
     pub vocab_size: usize,
     /// Width of a token row.
@@ -117,30 +125,38 @@ fn meta(w: &WeightSetBox, key: &str) -> Option<MetaValue> {
     w.metadata(key.into()).into_result().ok()?.into_option()
 }
 
-/// Whether `w` is a full CLIP checkpoint (`config.model_type` is `clip`).
-pub fn is_clip(w: &WeightSetBox) -> bool {
-    meta(w, "config.model_type").is_some_and(|v| v.as_str() == Some(CHECKPOINT))
-}
-
 impl Config {
-    /// Reads the text tower's configuration of the CLIP checkpoint `w`.
+    /// Reads the text tower's configuration of the CLIP checkpoint `w` (a `CLIPModel`, or a
+    /// text tower saved alone).
     pub fn from_weights(w: &WeightSetBox) -> Result<Config> {
         let bad = |why: String| UError::invalid(format!("arch-clip: config.json: {why}"));
-        if !is_clip(w) {
-            return Err(bad(format!(
-                "`model_type` is not `{CHECKPOINT}` (a full CLIP checkpoint, `CLIPModel`)"
-            )));
-        }
+        let alone = match meta(w, "config.model_type")
+            .as_ref()
+            .and_then(|v| v.as_str())
+        {
+            Some(CHECKPOINT) => false,
+            Some(TEXT_CHECKPOINT) => true,
+            _ => {
+                return Err(bad(format!(
+                    "`model_type` is neither `{CHECKPOINT}` (a full CLIP checkpoint, `CLIPModel`) \
+                     nor `{TEXT_CHECKPOINT}` (its text tower alone)"
+                )));
+            }
+        };
         let text: Map<String, Value> = match meta(w, "config.text_config") {
+            _ if alone => Map::new(),
             Some(MetaValue::Json(t)) => match serde_json::from_str(&t) {
                 Ok(Value::Object(map)) => map,
                 _ => return Err(bad("`text_config` is not an object".into())),
             },
             _ => return Err(bad("no `text_config` object".into())),
         };
-        let value = |k: &str| match text.get(k) {
-            None | Some(Value::Null) => text_default(k),
-            Some(v) => Some(u_sdk::weights::json_to_meta(v)),
+        let value = |k: &str| match alone {
+            true => meta(w, &format!("config.{k}")).or_else(|| text_default(k)),
+            false => match text.get(k) {
+                None | Some(Value::Null) => text_default(k),
+                Some(v) => Some(u_sdk::weights::json_to_meta(v)),
+            },
         };
         let need = |k: &str| {
             value(k)
@@ -171,13 +187,15 @@ impl Config {
             _ => return Err(bad("`text_config.eos_token_id` is not a token id".into())),
         };
         // The top-level `projection_dim` is the joint space's (a sub-configuration's own
-        // `projection_dim` is a stale class default in many saves).
+        // `projection_dim` is a stale class default in many saves); a tower saved alone keeps
+        // it at the top level too.
         let projection = meta(w, "config.projection_dim")
             .map_or(Some(512), |v| v.as_u64())
             .filter(|&v| v > 0 && v < 1 << 31)
             .ok_or_else(|| bad("`projection_dim` is not a positive integer".into()))?
             as usize;
         Ok(Config {
+            family: if alone { TEXT_CHECKPOINT } else { CHECKPOINT },
             vocab_size: need("vocab_size")?,
             hidden,
             layers: need("num_hidden_layers")?,

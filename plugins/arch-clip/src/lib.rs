@@ -21,6 +21,12 @@
 //! `visual_projection`) is arch-vit's; the host builds both from one checkpoint and the
 //! embeddings runner sends images to that one.
 //!
+//! A text tower saved alone (`model_type` `clip_text_model`: `CLIPTextModel`, as Stable
+//! Diffusion's `text_encoder/` is, or `CLIPTextModelWithProjection`) is family
+//! `clip_text_model`: without a projection its rows are the tower's own width, and
+//! `Output::Hidden` at the last layer gives transformers' `last_hidden_state` — every
+//! final-normed row, what a diffusion UNet cross-attends to.
+//!
 //! Reference implementation: Hugging Face `transformers` (`modeling_clip.py`), against which
 //! `tests/` checks a tiny random-weight CLIP (`tests/fixtures/clip_tiny/` at the workspace root).
 //!

@@ -4,7 +4,7 @@
 //! Every chunk of a batch is one whole text: its rows run together through the projections
 //! (one matmul per weight per pass) and attend, causally, to the rows of their own text only.
 
-use crate::config::{Act, Config};
+use crate::config::{Act, CHECKPOINT, Config, TEXT_CHECKPOINT};
 use abi_stable::std_types::ROption;
 use u_sdk::{
     Activation, AttentionMask, AttentionParams, DType, ErrorKind, ModelConfig, ModelKind, Output,
@@ -12,10 +12,8 @@ use u_sdk::{
     nn::{Device, Tensor},
 };
 
-/// The family this plugin builds (HF `model_type` `clip`); its image side is `clip.vision`.
-pub const FAMILY: &str = "clip";
-
-/// Where the text tower's tensors live in a `CLIPModel` checkpoint.
+/// Where the text tower's tensors live in a `CLIPModel` checkpoint (and in a tower saved alone
+/// by transformers before version 5, which saves it without the prefix).
 const TOWER: &str = "text_model.";
 
 /// The projection into the joint space.
@@ -25,6 +23,8 @@ const PROJECTION: &str = "text_projection.weight";
 struct Weights<'w> {
     weights: &'w WeightSetBox,
     device: Device,
+    /// The prefix of the tower's tensors: [`TOWER`] or none.
+    tower: &'static str,
 }
 
 impl Weights<'_> {
@@ -134,7 +134,7 @@ struct Embeddings {
 
 impl Embeddings {
     fn load(w: &Weights<'_>, cfg: &Config) -> Result<Embeddings> {
-        let p = |t: &str| format!("{TOWER}embeddings.{t}.weight");
+        let p = |t: &str| format!("{}embeddings.{t}.weight", w.tower);
         Ok(Embeddings {
             token: w.matrix(&p("token_embedding"), cfg.vocab_size, cfg.hidden)?,
             position: w.matrix(&p("position_embedding"), cfg.max_positions, cfg.hidden)?,
@@ -248,7 +248,7 @@ struct Block {
 
 impl Block {
     fn load(w: &Weights<'_>, cfg: &Config, i: usize) -> Result<Block> {
-        let p = format!("{TOWER}encoder.layers.{i}.");
+        let p = format!("{}encoder.layers.{i}.", w.tower);
         Ok(Block {
             norm1: LayerNorm::load(w, &format!("{p}layer_norm1"), cfg)?,
             attention: SelfAttention::load(w, &format!("{p}self_attn."), cfg)?,
@@ -271,33 +271,48 @@ pub struct ClipText {
     embeddings: Embeddings,
     blocks: Vec<Block>,
     final_norm: LayerNorm,
-    /// `text_projection` (no bias): the tower's width to the joint space's.
-    projection: Dense,
-    /// Width of the joint space.
+    /// `text_projection` (no bias): the tower's width to the joint space's; none for a tower
+    /// saved without it.
+    projection: Option<Dense>,
+    /// Width of the output rows: the joint space's, or the tower's own without a projection.
     width: usize,
 }
 
 impl ClipText {
-    /// Builds the text tower of the CLIP checkpoint `weights` on `device`.
+    /// Builds the text tower of the CLIP checkpoint `weights` on `device`. A `CLIPModel`
+    /// must have its `text_projection`; a tower saved alone is used with its projection when
+    /// it has one (`CLIPTextModelWithProjection`) and without (`CLIPTextModel`, whose rows
+    /// Stable Diffusion's UNet reads) otherwise.
     pub fn load(weights: &WeightSetBox, device: Device) -> Result<ClipText> {
         let cfg = Config::from_weights(weights)?;
-        let w = Weights { weights, device };
-        if !w.has(PROJECTION) {
+        let mut w = Weights {
+            weights,
+            device,
+            tower: TOWER,
+        };
+        if cfg.family == TEXT_CHECKPOINT && !w.has(&format!("{TOWER}final_layer_norm.weight")) {
+            w.tower = "";
+        }
+        let projected = w.has(PROJECTION);
+        if !projected && cfg.family == CHECKPOINT {
             return Err(UError::invalid(format!(
                 "arch-clip: the checkpoint has no `{PROJECTION}`: a CLIP text embedding is the \
                  tower's pooled row projected into the joint space (a `CLIPModel` or \
                  `CLIPTextModelWithProjection` save has it)"
             )));
         }
-        let width = match w.tensor(PROJECTION)?.dims() {
-            [p, h] if *h == cfg.hidden as u64 && *p == cfg.projection as u64 => cfg.projection,
-            dims => {
-                return Err(UError::invalid(format!(
-                    "arch-clip: {PROJECTION} has shape {dims:?}, expected [{}, {}] \
-                     (projection_dim, the text tower's width)",
-                    cfg.projection, cfg.hidden
-                )));
-            }
+        let width = match projected {
+            false => cfg.hidden,
+            true => match w.tensor(PROJECTION)?.dims() {
+                [p, h] if *h == cfg.hidden as u64 && *p == cfg.projection as u64 => cfg.projection,
+                dims => {
+                    return Err(UError::invalid(format!(
+                        "arch-clip: {PROJECTION} has shape {dims:?}, expected [{}, {}] \
+                         (projection_dim, the text tower's width)",
+                        cfg.projection, cfg.hidden
+                    )));
+                }
+            },
         };
         let blocks = (0..cfg.layers)
             .map(|i| Block::load(&w, &cfg, i))
@@ -305,21 +320,30 @@ impl ClipText {
         Ok(ClipText {
             embeddings: Embeddings::load(&w, &cfg)?,
             blocks,
-            final_norm: LayerNorm::load(&w, &format!("{TOWER}final_layer_norm"), &cfg)?,
-            projection: Dense::load(&w, "text_projection", (cfg.hidden, width), false)?,
+            final_norm: LayerNorm::load(&w, &format!("{}final_layer_norm", w.tower), &cfg)?,
+            projection: match projected {
+                true => Some(Dense::load(
+                    &w,
+                    "text_projection",
+                    (cfg.hidden, width),
+                    false,
+                )?),
+                false => None,
+            },
             width,
             cfg,
         })
     }
 
     /// What the model is, as the ABI says it: an encoder whose rows and pooled vectors are in
-    /// the joint space ([`ModelConfig::hidden`] is `projection_dim`); its own pooling is the
-    /// checkpoint's head ([`Pooling::Head`]: the end-of-text row, projected).
+    /// the joint space ([`ModelConfig::hidden`] is `projection_dim`; the tower's own width for
+    /// a tower saved without its projection); its own pooling is the checkpoint's head
+    /// ([`Pooling::Head`]: the end-of-text row, projected).
     pub fn model_config(&self) -> ModelConfig {
         let c = &self.cfg;
         ModelConfig {
             kind: ModelKind::Encoder,
-            family: FAMILY.into(),
+            family: c.family.into(),
             vocab_size: c.vocab_size as u32,
             hidden: self.width as u32,
             layers: c.layers as u32,
@@ -330,6 +354,7 @@ impl ClipText {
             context_shape: [0, 0],
             image: ROption::RNone,
             image_token: u_sdk::NO_IMAGE_TOKEN,
+            planes: abi_stable::std_types::ROption::RNone,
         }
     }
 
@@ -341,7 +366,7 @@ impl ClipText {
         for segment in chunk.input.iter() {
             match segment {
                 Segment::Tokens(t) => ids.extend_from_slice(t.as_slice()),
-                Segment::Embeddings(_) | Segment::Image(_) => {
+                Segment::Embeddings(_) | Segment::Image(_) | Segment::Planes(_) => {
                     return Err(UError::unsupported(
                         "arch-clip: the text tower reads token ids only (images are the \
                          `clip.vision` encoder's)",
@@ -367,9 +392,9 @@ impl ClipText {
         }
         match chunk.output {
             Output::Nothing => {}
-            Output::Logits(_) => {
+            Output::Logits(_) | Output::Planes => {
                 return Err(UError::unsupported(
-                    "arch-clip: an encoder produces embeddings, not logits",
+                    "arch-clip: an encoder produces embeddings, not logits or feature maps",
                 ));
             }
             Output::Hidden { layer, .. } if layer as usize != layers => {
@@ -428,10 +453,11 @@ impl ClipText {
         for block in &self.blocks {
             x = block.forward(&x, &spans)?;
         }
-        let projected = self
-            .projection
-            .forward(&self.final_norm.forward(&x)?)?
-            .to_vec()?;
+        let normed = self.final_norm.forward(&x)?;
+        let projected = match &self.projection {
+            Some(p) => p.forward(&normed)?.to_vec()?,
+            None => normed.to_vec()?,
+        };
         let width = self.width;
         let mut at = 0;
         for ((chunk, ids), span) in batch.iter().zip(&texts).zip(&spans) {
@@ -451,7 +477,7 @@ impl ClipText {
                 Output::Hidden {
                     rows: Rows::Last, ..
                 } => dst.copy_from_slice(&rows[rows.len() - width..]),
-                Output::Nothing | Output::Logits(_) => {}
+                Output::Nothing | Output::Logits(_) | Output::Planes => {}
             }
         }
         Ok(())

@@ -193,7 +193,7 @@ fn bad_input_is_refused() -> Result<()> {
         let e = encode(&model, &[&ids], output).expect_err("refused");
         assert!(e.message.contains(says), "{output:?}: {e}");
     }
-    // A checkpoint without the projection, and one that is not a CLIPModel.
+    // A CLIPModel without the projection, and a checkpoint that is no CLIP text tower.
     let e = load(hidden::Hide::new_box(
         weights()?,
         "text_projection.weight",
@@ -207,12 +207,12 @@ fn bad_input_is_refused() -> Result<()> {
         "",
         Some((
             "config.model_type",
-            MetaValue::Str("clip_text_model".into()),
+            MetaValue::Str("clip_vision_model".into()),
         )),
     ))
     .err()
-    .expect("not a CLIPModel");
-    assert!(e.message.contains("`model_type` is not `clip`"), "{e}");
+    .expect("not a CLIP text checkpoint");
+    assert!(e.message.contains("`model_type` is neither `clip`"), "{e}");
     Ok(())
 }
 

@@ -1007,6 +1007,7 @@ impl Llama {
                 (None, Some(i)) => i.token,
                 (None, None) => u_sdk::NO_IMAGE_TOKEN,
             },
+            planes: abi_stable::std_types::ROption::RNone,
         }
     }
 
@@ -1049,12 +1050,18 @@ impl Llama {
                         self.cfg.family
                     )));
                 }
-                Segment::Image(_) => {
+                Segment::Image(_) | Segment::Planes(_) => {
                     return Err(UError::unsupported(
-                        "arch-llama: the model reads token ids and embedding rows, not images",
+                        "arch-llama: the model reads token ids and embedding rows, not images or \
+                         feature maps",
                     ));
                 }
             }
+        }
+        if chunk.output == Output::Planes {
+            return Err(UError::unsupported(
+                "arch-llama: a decoder writes logits and hidden states, not feature maps",
+            ));
         }
         let x = &chunk.extras;
         if !x.conditioning.is_empty() {
@@ -1158,7 +1165,7 @@ impl Llama {
             let ids: Vec<i32> = segments()
                 .flat_map(|s| match s {
                     Segment::Tokens(t) => t.as_slice(),
-                    Segment::Embeddings(_) | Segment::Image(_) => &[],
+                    Segment::Embeddings(_) | Segment::Image(_) | Segment::Planes(_) => &[],
                 })
                 .map(|&t| t as i32)
                 .collect();
@@ -1179,8 +1186,10 @@ impl Llama {
                     e.copy_into(None, &dst)?;
                 }
                 Segment::Embeddings(e) => dst.write(e)?,
-                Segment::Image(_) => {
-                    return Err(UError::unsupported("arch-llama: images are not read"));
+                Segment::Image(_) | Segment::Planes(_) => {
+                    return Err(UError::unsupported(
+                        "arch-llama: images and feature maps are not read",
+                    ));
                 }
             }
             at += n;
@@ -1379,7 +1388,8 @@ impl Llama {
         let (mut at, mut next_logit) = (0, 0);
         for (chunk, span) in batch.iter().zip(spans) {
             match &chunk.output {
-                Output::Nothing => {}
+                // `check` refused feature maps before the pass.
+                Output::Nothing | Output::Planes => {}
                 Output::Logits(r) => {
                     let rows = wanted(r, span).len();
                     let logits = logits.as_ref().ok_or_else(|| {

@@ -122,6 +122,7 @@ impl ClipVision {
             context_shape: [0, 0],
             image: ROption::RSome(self.spec),
             image_token: NO_IMAGE_TOKEN,
+            planes: abi_stable::std_types::ROption::RNone,
         }
     }
 

@@ -488,6 +488,7 @@ impl VisionTransformer {
             context_shape: [0, 0],
             image: ROption::RSome(self.spec),
             image_token: u_sdk::NO_IMAGE_TOKEN,
+            planes: abi_stable::std_types::ROption::RNone,
         }
     }
 
@@ -496,8 +497,9 @@ impl VisionTransformer {
         let bad = |why: String| UError::invalid(format!("arch-vit: {why}"));
         let pixels = self.pixels(chunk, self.cfg.rows())?;
         match chunk.output {
-            Output::Logits(_) => Err(UError::unsupported(
-                "arch-vit: an encoder produces hidden states and pooled vectors, not logits",
+            Output::Logits(_) | Output::Planes => Err(UError::unsupported(
+                "arch-vit: an encoder produces hidden states and pooled vectors, not logits or \
+                 feature maps",
             )),
             Output::Hidden { layer, .. } if layer as usize > self.cfg.layers => Err(bad(format!(
                 "hidden state after layer {layer} of a {}-layer encoder",
@@ -569,6 +571,7 @@ impl VisionTransformer {
             context_shape: [0, 0],
             image: ROption::RSome(spec),
             image_token: u_sdk::NO_IMAGE_TOKEN,
+            planes: abi_stable::std_types::ROption::RNone,
         }
     }
 
@@ -689,7 +692,7 @@ impl VisionTransformer {
             let dst = &mut out[at..at + n];
             at += n;
             let layer = match chunk.output {
-                Output::Nothing | Output::Logits(_) => continue,
+                Output::Nothing | Output::Logits(_) | Output::Planes => continue,
                 Output::Pooled(Pooling::Head) => {
                     let image = span.offset..span.offset + span.len;
                     let pooled = match self.head.as_ref() {
@@ -729,7 +732,7 @@ impl VisionTransformer {
                     rows: Rows::Last, ..
                 } => dst.copy_from_slice(&image[image.len() - hidden..]),
                 Output::Pooled(p) => p.pool(image, hidden, dst)?,
-                Output::Nothing | Output::Logits(_) => {}
+                Output::Nothing | Output::Logits(_) | Output::Planes => {}
             }
         }
         Ok(())

@@ -563,6 +563,7 @@ impl Whisper {
             context_shape: [c.n_mels as u32, c.frames() as u32],
             image: ROption::RNone,
             image_token: u_sdk::NO_IMAGE_TOKEN,
+            planes: abi_stable::std_types::ROption::RNone,
         }
     }
 
@@ -573,7 +574,7 @@ impl Whisper {
         for segment in chunk.input.iter() {
             match segment {
                 Segment::Tokens(t) => tokens.extend_from_slice(t),
-                Segment::Embeddings(_) | Segment::Image(_) => {
+                Segment::Embeddings(_) | Segment::Image(_) | Segment::Planes(_) => {
                     return Err(UError::unsupported(
                         "arch-whisper: the decoder reads token ids, not embedding rows or images",
                     ));
@@ -600,8 +601,10 @@ impl Whisper {
             return Err(invalid("the cross context's sequence is the chunk's own"));
         }
         match chunk.output {
-            Output::Pooled(_) => {
-                return Err(UError::unsupported("arch-whisper: no pooled output"));
+            Output::Pooled(_) | Output::Planes => {
+                return Err(UError::unsupported(
+                    "arch-whisper: no pooled output or feature maps",
+                ));
             }
             Output::Hidden { layer, .. } if layer as usize > self.cfg.decoder_layers => {
                 return Err(invalid(format!(
@@ -800,7 +803,7 @@ impl Whisper {
                         Rows::Last => dst.copy_from_slice(&mine[mine.len() - d..]),
                     }
                 }
-                Output::Nothing | Output::Pooled(_) => {}
+                Output::Nothing | Output::Pooled(_) | Output::Planes => {}
             }
             at += n;
         }

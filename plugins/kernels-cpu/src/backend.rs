@@ -471,9 +471,13 @@ impl CpuBackend {
                 let row = x.desc.shape.row_len() as usize;
                 routing::top_k(x.f32()?, row, *k as usize, dst.i32_mut()?)
             }
-            Op::Conv1d { stride, padding } | Op::Conv2d { stride, padding } => {
+            Op::Conv1d { .. } | Op::Conv2d { .. } => {
                 need(2)?;
-                let one_d = matches!(call.op, Op::Conv1d { .. });
+                let (one_d, stride, [padding, padding_end]) = match &call.op {
+                    Op::Conv1d { stride, padding } => (true, *stride, [*padding; 2]),
+                    Op::Conv2d { stride, padding } => (false, *stride, *padding),
+                    _ => unreachable!("matched above"),
+                };
                 let (x, w) = (Region::of(srcs[0])?, Region::of(srcs[1])?);
                 let b = srcs.get(2).map(|d| Region::of(d)).transpose()?;
                 dst.apart(&[&x, &w])?;
@@ -491,8 +495,9 @@ impl CpuBackend {
                         w: len as usize,
                         kh: 1,
                         kw: k as usize,
-                        stride: *stride as usize,
-                        padding: *padding as usize,
+                        stride: stride as usize,
+                        padding: padding as usize,
+                        padding_end: padding_end as usize,
                         one_d,
                     },
                     (false, &[c_in, h, wi], &[c_out, wc, kh, kw]) if wc == c_in => Conv {
@@ -502,8 +507,9 @@ impl CpuBackend {
                         w: wi as usize,
                         kh: kh as usize,
                         kw: kw as usize,
-                        stride: *stride as usize,
-                        padding: *padding as usize,
+                        stride: stride as usize,
+                        padding: padding as usize,
+                        padding_end: padding_end as usize,
                         one_d,
                     },
                     _ => return Err(bad()),

@@ -30,27 +30,33 @@ pub struct Conv {
     pub kw: usize,
     /// Step between output positions (both axes).
     pub stride: usize,
-    /// Zeros added at each border (both axes; none vertically for 1-D).
+    /// Zeros added before each axis (top, left; none vertically for 1-D).
     pub padding: usize,
+    /// Zeros added after each axis (bottom, right; none vertically for 1-D).
+    pub padding_end: usize,
     /// Whether this is a 1-D convolution (no vertical padding).
     pub one_d: bool,
 }
 
 impl Conv {
-    fn pad_h(&self) -> usize {
-        if self.one_d { 0 } else { self.padding }
+    fn pad_h(&self) -> (usize, usize) {
+        if self.one_d {
+            (0, 0)
+        } else {
+            (self.padding, self.padding_end)
+        }
     }
 
     /// Output height and width.
     pub fn out_dims(&self) -> Result<(usize, usize)> {
-        let out = |n: usize, k: usize, pad: usize| {
-            (n + 2 * pad)
+        let out = |n: usize, k: usize, (before, after): (usize, usize)| {
+            (n + before + after)
                 .checked_sub(k)
                 .map(|v| v / self.stride.max(1) + 1)
         };
         match (
             out(self.h, self.kh, self.pad_h()),
-            out(self.w, self.kw, self.padding),
+            out(self.w, self.kw, (self.padding, self.padding_end)),
         ) {
             (Some(h), Some(w)) if self.stride > 0 => Ok((h, w)),
             _ => Err(UError::invalid(format!(
@@ -94,7 +100,7 @@ pub fn conv(
     if g.c_in * g.kh * g.kw == 0 || g.c_out == 0 {
         return Err(bad("no input channels, kernel taps or output channels"));
     }
-    let (ph, pw) = (g.pad_h() as isize, g.padding as isize);
+    let (ph, pw) = (g.pad_h().0 as isize, g.padding as isize);
     let k = g.c_in * g.kh * g.kw;
     let positions = oh * ow;
     // im2col: each output position's receptive field as one row of `k` values (zeros where
@@ -242,7 +248,7 @@ mod tests {
     /// The definition: the direct sum over every input channel and kernel tap.
     fn direct(g: Conv, input: &[f32], weight: &[f32], bias: &[f32]) -> Vec<f32> {
         let (oh, ow) = g.out_dims().unwrap();
-        let (ph, pw) = (g.pad_h() as isize, g.padding as isize);
+        let (ph, pw) = (g.pad_h().0 as isize, g.padding as isize);
         let mut out = vec![0f32; g.c_out * oh * ow];
         for co in 0..g.c_out {
             for y in 0..oh {
@@ -294,6 +300,7 @@ mod tests {
                 kw: 3,
                 stride: 1,
                 padding: 1,
+                padding_end: 1,
                 one_d: true,
             }),
             (Conv {
@@ -305,6 +312,7 @@ mod tests {
                 kw: 3,
                 stride: 2,
                 padding: 1,
+                padding_end: 1,
                 one_d: true,
             }),
             // 2-D: a UNet's 3×3, a downsampling 3×3 stride 2, a 1×1 and an unpadded 4×4.
@@ -317,6 +325,7 @@ mod tests {
                 kw: 3,
                 stride: 1,
                 padding: 1,
+                padding_end: 1,
                 one_d: false,
             }),
             (Conv {
@@ -328,6 +337,7 @@ mod tests {
                 kw: 3,
                 stride: 2,
                 padding: 1,
+                padding_end: 1,
                 one_d: false,
             }),
             (Conv {
@@ -339,6 +349,20 @@ mod tests {
                 kw: 1,
                 stride: 1,
                 padding: 0,
+                padding_end: 0,
+                one_d: false,
+            }),
+            // The VAE encoder's downsampling: zeros after (bottom, right) only, stride 2.
+            (Conv {
+                c_in: 3,
+                c_out: 2,
+                h: 8,
+                w: 6,
+                kh: 3,
+                kw: 3,
+                stride: 2,
+                padding: 0,
+                padding_end: 1,
                 one_d: false,
             }),
             (Conv {
@@ -350,6 +374,7 @@ mod tests {
                 kw: 4,
                 stride: 4,
                 padding: 0,
+                padding_end: 0,
                 one_d: false,
             }),
         ];
@@ -384,6 +409,7 @@ mod tests {
             kw: 3,
             stride: 1,
             padding: 1,
+            padding_end: 1,
             one_d: true,
         };
         assert!(COLUMN_FLOATS / (g.c_in * 3) < 7100);

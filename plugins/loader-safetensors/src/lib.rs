@@ -1,14 +1,16 @@
 //! # loader-safetensors — safetensors weights for U
 //!
 //! Reads a single `.safetensors` file or a sharded model (`model.safetensors.index.json`, given
-//! directly or found in a directory). Files are opened through the host's `open_read` (so the
+//! directly or found in a directory), or a diffusers component folder (`vae/`, `unet/`: its
+//! `diffusion_pytorch_model.safetensors`). Files are opened through the host's `open_read` (so the
 //! deployment's `fs.read` grant applies) and memory-mapped; tensor views point into the maps,
 //! nothing is copied. Tensors keep their stored dtype (F16, BF16, F32, F64, I8, U8, I16, I32,
 //! I64); [`SafetensorsModel::tensor_f32`] converts on request.
 //!
 //! The loader knows the format, not models: tensors keep the names they are stored under, and
 //! a `config.json` next to the weights becomes metadata, every entry as `config.<key>`
-//! ([`u_sdk::weights::config_metadata`]); its `model_type` names the architecture. What the
+//! ([`u_sdk::weights::config_metadata`]); its `model_type` (diffusers: `_class_name`) names the
+//! architecture. What the
 //! names and keys mean is for the architecture plugin to say.
 //!
 //! The parsing core ([`header`], [`index`], [`model`]) is plain Rust that needs no host, so it

@@ -14,7 +14,7 @@ use std::{
 };
 use u_sdk::{
     DType, MetaValue, TensorInfo, TensorView,
-    files::{self, FileError},
+    files::{self, FileError, OpenError},
     weights,
 };
 
@@ -24,6 +24,9 @@ pub const MAX_CONFIG_LEN: u64 = 16 * 1024 * 1024;
 pub const INDEX_NAME: &str = "model.safetensors.index.json";
 /// File name of a single-file model inside a model directory.
 pub const SINGLE_NAME: &str = "model.safetensors";
+/// The single file of a diffusers component folder (`unet/`, `vae/`, …), read where a
+/// directory has no [`SINGLE_NAME`].
+pub const DIFFUSERS_NAME: &str = "diffusion_pytorch_model.safetensors";
 
 pub use u_sdk::files::{FileOpener, StdFs};
 
@@ -100,7 +103,15 @@ impl SafetensorsModel {
             let index = path.join(INDEX_NAME);
             match opener.open(&index).map_err(|e| FileError::open(&index, e)) {
                 Ok(_) => (path.to_path_buf(), Some(index), None),
-                Err(e) if e.is_absent() => (path.to_path_buf(), None, Some(path.join(SINGLE_NAME))),
+                Err(e) if e.is_absent() => {
+                    let single = path.join(SINGLE_NAME);
+                    let diffusers = path.join(DIFFUSERS_NAME);
+                    let pick = match opener.open(&single) {
+                        Err(OpenError::NotFound) if opener.open(&diffusers).is_ok() => diffusers,
+                        _ => single,
+                    };
+                    (path.to_path_buf(), None, Some(pick))
+                }
                 Err(e) => return Err(e.into()),
             }
         };
@@ -168,11 +179,15 @@ impl SafetensorsModel {
             })?;
         }
         let mut file_meta = Vec::new();
-        let architecture = metadata
-            .iter()
-            .find(|(k, _)| k == "config.model_type")
-            .and_then(|(_, v)| v.as_str())
-            .map(str::to_string);
+        // transformers names the architecture `model_type`; diffusers, `_class_name`.
+        let named = |key: &str| {
+            metadata
+                .iter()
+                .find(|(k, _)| k == key)
+                .and_then(|(_, v)| v.as_str())
+                .map(str::to_string)
+        };
+        let architecture = named("config.model_type").or_else(|| named("config._class_name"));
 
         let mut raw: Vec<(usize, RawTensor)> = Vec::new();
         let mut shard_of: HashMap<String, usize> = HashMap::new();

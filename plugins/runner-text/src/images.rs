@@ -397,7 +397,7 @@ mod tests {
             .map(|s| match s {
                 Segment::Tokens(t) => ('t', t.len()),
                 Segment::Embeddings(e) => ('e', e.len() / hidden),
-                Segment::Image(_) => ('i', 0),
+                Segment::Image(_) | Segment::Planes(_) => ('i', 0),
             })
             .collect();
         assert_eq!(shape, [('t', 3), ('e', 3), ('t', 1)]);

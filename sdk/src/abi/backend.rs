@@ -334,8 +334,9 @@ pub enum Op<'a> {
     Conv2d {
         /// Step between output positions (both axes).
         stride: u32,
-        /// Zeros added at each border (both axes).
-        padding: u32,
+        /// Zeros added before (top, left) and after (bottom, right) on both axes: `[1, 1]`
+        /// for a "same" 3×3 convolution, `[0, 1]` for the VAE encoder's downsampling.
+        padding: [u32; 2],
     },
     /// Nearest-neighbour upsampling of `src0` `[c, h, w]` by `factor` on both spatial axes.
     Upsample(u32),

@@ -32,9 +32,10 @@ pub enum ModelKind {
     /// decoder over the audio encoder's output: static cross-attention KV).
     CrossDecoder,
     /// A denoiser of diffusion latents (UNet, DiT, MMDiT): latent rows and conditioning in,
-    /// the prediction out; no tokens.
+    /// the prediction out; no tokens. Reads [`Segment::Planes`], writes [`Output::Planes`].
     Denoiser,
-    /// A variational autoencoder's encoder or decoder (images ↔ latents); no tokens.
+    /// A variational autoencoder's encoder or decoder (images ↔ latents); no tokens. Reads
+    /// [`Segment::Planes`], writes [`Output::Planes`].
     Autoencoder,
 }
 
@@ -128,6 +129,50 @@ pub struct ModelConfig {
     /// the encoder makes as its context ([`ModelConfig::context_shape`]). [`NO_IMAGE_TOKEN`]
     /// for the rest.
     pub image_token: u32,
+    /// For a model that maps feature maps to feature maps (a [`ModelKind::Denoiser`] or
+    /// [`ModelKind::Autoencoder`]): what it reads and writes; `RNone` for the rest.
+    pub planes: ROption<PlaneSpec>,
+}
+
+/// The feature maps a denoiser or autoencoder reads ([`Segment::Planes`]) and writes
+/// ([`Output::Planes`]): channels-first floats of a size the caller picks, within the model's
+/// step ([`PlaneSpec::multiple`]).
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PlaneSpec {
+    /// Channels of an input map (a VAE decoder: its latent channels).
+    pub in_channels: u32,
+    /// Channels of the output map (a VAE encoder: twice its latent channels, mean then log
+    /// variance).
+    pub out_channels: u32,
+    /// The output's side over the input's, `[numerator, denominator]`: `[8, 1]` for a VAE
+    /// decoder, `[1, 8]` for its encoder, `[1, 1]` for a denoiser.
+    pub scale: [u32; 2],
+    /// Input height and width must be multiples of this (the model's total downsampling).
+    pub multiple: u32,
+}
+
+impl PlaneSpec {
+    /// Output height and width for an input `height × width`, or why that input does not fit.
+    pub fn out_size(&self, height: u32, width: u32) -> Result<(u32, u32), UError> {
+        let step = self.multiple.max(1);
+        if height == 0 || width == 0 || !height.is_multiple_of(step) || !width.is_multiple_of(step)
+        {
+            return Err(UError::invalid(format!(
+                "a {height}×{width} map does not fit this model: height and width must be \
+                 positive multiples of {step}"
+            )));
+        }
+        let [num, den] = self.scale;
+        let side = |v: u32| {
+            u64::from(v)
+                .checked_mul(u64::from(num))
+                .map(|v| v / u64::from(den.max(1)))
+                .and_then(|v| u32::try_from(v).ok())
+                .ok_or_else(|| UError::invalid(format!("a {height}×{width} map is too large")))
+        };
+        Ok((side(height)?, side(width)?))
+    }
 }
 
 /// [`ModelConfig::image_token`] of a model that reads no images among tokens.
@@ -201,6 +246,9 @@ pub enum Output {
     /// One vector of `hidden` floats over the chunk's rows (after the final norm), pooled as
     /// asked.
     Pooled(Pooling),
+    /// The output map of a model that maps [`Segment::Planes`] to planes: [`PlaneSpec`]'s
+    /// `out_channels` planes of the input's size times its `scale`, channels first.
+    Planes,
 }
 
 impl Output {
@@ -215,6 +263,11 @@ impl Output {
             Output::Logits(r) => count(r) * config.vocab_size as usize,
             Output::Hidden { rows: r, .. } => count(r) * config.hidden as usize,
             Output::Pooled(_) => usize::from(rows > 0) * config.hidden as usize,
+            Output::Planes => config.planes.as_ref().map_or(0, |p| {
+                let [num, den] = p.scale;
+                let den = den.max(1) as usize;
+                p.out_channels as usize * rows * (num as usize).pow(2) / den.pow(2)
+            }),
         }
     }
 }
@@ -231,6 +284,50 @@ pub enum Segment<'a> {
     /// An image, preprocessed as the model's [`ModelConfig::image`] says, that the model
     /// encodes into [`ImageSpec::rows`] rows.
     Image(ImageInput<'a>),
+    /// A feature map for a denoiser or autoencoder ([`ModelConfig::planes`]): diffusion
+    /// latents, an image's pixels.
+    Planes(Planes<'a>),
+}
+
+/// A feature map, `channels × height × width` floats, channels first (PyTorch's layout of one
+/// batch entry). It counts as `height × width` rows.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug)]
+pub struct Planes<'a> {
+    /// The values.
+    pub values: RSlice<'a, f32>,
+    /// Channels.
+    pub channels: u32,
+    /// Height.
+    pub height: u32,
+    /// Width.
+    pub width: u32,
+}
+
+impl Planes<'_> {
+    /// Checks that the values hold `channels × height × width` floats and that the map fits
+    /// `spec`, giving the output's height and width.
+    pub fn check(&self, spec: &PlaneSpec) -> Result<(u32, u32), UError> {
+        if self.channels != spec.in_channels {
+            return Err(UError::invalid(format!(
+                "a map of {} channels given to a model that reads {}",
+                self.channels, spec.in_channels
+            )));
+        }
+        let want = [self.channels, self.height, self.width]
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d as usize));
+        if want != Some(self.values.len()) {
+            return Err(UError::invalid(format!(
+                "a {}×{}×{} map given as {} floats",
+                self.channels,
+                self.height,
+                self.width,
+                self.values.len()
+            )));
+        }
+        spec.out_size(self.height, self.width)
+    }
 }
 
 /// One preprocessed image: `channels × height × width` floats, channels first (the layout of
@@ -252,6 +349,7 @@ impl Segment<'_> {
             Segment::Tokens(t) => t.len(),
             Segment::Embeddings(e) => e.len() / hidden.max(1),
             Segment::Image(i) => i.rows as usize,
+            Segment::Planes(p) => p.height as usize * p.width as usize,
         }
     }
 }
@@ -475,3 +573,71 @@ pub trait Model: Send + Sync {
 pub type ArchitectureBox = Architecture_TO<'static, RBox<()>>;
 /// An owned model object.
 pub type ModelBox = Model_TO<'static, RBox<()>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DECODER: PlaneSpec = PlaneSpec {
+        in_channels: 4,
+        out_channels: 3,
+        scale: [8, 1],
+        multiple: 1,
+    };
+    const ENCODER: PlaneSpec = PlaneSpec {
+        in_channels: 3,
+        out_channels: 8,
+        scale: [1, 8],
+        multiple: 8,
+    };
+
+    #[test]
+    fn a_plane_spec_sizes_the_output_and_refuses_what_does_not_fit() {
+        assert_eq!(DECODER.out_size(64, 96).ok(), Some((512, 768)));
+        assert_eq!(ENCODER.out_size(512, 768).ok(), Some((64, 96)));
+        for (h, w) in [(0, 8), (8, 0), (12, 8), (8, 100)] {
+            let e = ENCODER.out_size(h, w).unwrap_err();
+            assert!(e.message.contains("multiples of 8"), "{}", e.message);
+        }
+        let e = DECODER.out_size(u32::MAX, 8).unwrap_err();
+        assert!(e.message.contains("too large"), "{}", e.message);
+    }
+
+    #[test]
+    fn planes_are_checked_and_counted_as_rows() {
+        let values = vec![0.0; 3 * 16 * 24];
+        let planes = |channels, height, width| Planes {
+            values: RSlice::from_slice(&values),
+            channels,
+            height,
+            width,
+        };
+        assert_eq!(planes(3, 16, 24).check(&ENCODER).ok(), Some((2, 3)));
+        assert!(planes(4, 16, 18).check(&ENCODER).is_err(), "channels");
+        assert!(planes(3, 16, 16).check(&ENCODER).is_err(), "length");
+        assert!(planes(3, u32::MAX, u32::MAX).check(&ENCODER).is_err());
+        let segment = Segment::Planes(planes(3, 16, 24));
+        assert_eq!(segment.rows(1), 16 * 24);
+
+        let mut config = ModelConfig {
+            kind: ModelKind::Autoencoder,
+            family: "AutoencoderKL.encoder".into(),
+            vocab_size: 0,
+            hidden: 3,
+            layers: 4,
+            context_length: 0,
+            experts: 0,
+            attention: AttentionMask::Bidirectional,
+            pooling: Pooling::Mean,
+            context_shape: [0, 0],
+            image: ROption::RNone,
+            image_token: NO_IMAGE_TOKEN,
+            planes: ROption::RSome(ENCODER),
+        };
+        assert_eq!(Output::Planes.floats(16 * 24, &config), 8 * 2 * 3);
+        config.planes = ROption::RSome(DECODER);
+        assert_eq!(Output::Planes.floats(2 * 3, &config), 3 * 16 * 24);
+        config.planes = ROption::RNone;
+        assert_eq!(Output::Planes.floats(16, &config), 0);
+    }
+}

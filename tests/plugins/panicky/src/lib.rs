@@ -141,6 +141,7 @@ impl Model for Toy {
             context_shape: [0, 0],
             image: ROption::RNone,
             image_token: u_sdk::NO_IMAGE_TOKEN,
+            planes: abi_stable::std_types::ROption::RNone,
         })
     }
 
@@ -159,7 +160,7 @@ impl Model for Toy {
                 .iter()
                 .flat_map(|s| match s {
                     Segment::Tokens(t) => t.to_vec(),
-                    Segment::Embeddings(_) | Segment::Image(_) => Vec::new(),
+                    Segment::Embeddings(_) | Segment::Image(_) | Segment::Planes(_) => Vec::new(),
                 })
                 .collect()
         };

@@ -1,0 +1,393 @@
+//! The typed hyper-parameters of diffusers' `AutoencoderKL` and `UNet2DConditionModel`, from a
+//! component folder's `config.json` (`config.*` metadata, as the safetensors loader presents
+//! it). A key the file leaves out takes the class's default; a setting this plugin does not
+//! implement (SDXL's added embeddings, class conditioning, LCM's guidance embedding…) is an
+//! error that names it, never silently ignored.
+
+use u_sdk::{MetaValue, Result, UError, WeightSetBox};
+
+/// `config.json` of one component, read with its class's defaults.
+struct Meta<'w> {
+    weights: &'w WeightSetBox,
+    class: &'static str,
+}
+
+impl Meta<'_> {
+    fn get(&self, key: &str) -> Option<MetaValue> {
+        self.weights
+            .metadata(format!("config.{key}").as_str().into())
+            .into_result()
+            .ok()?
+            .into_option()
+    }
+
+    fn bad(&self, why: String) -> UError {
+        UError::invalid(format!("arch-diffusion: {} config.json: {why}", self.class))
+    }
+
+    /// A positive count (`default` where the key is absent).
+    fn count(&self, key: &str, default: usize) -> Result<usize> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v
+                .as_u64()
+                .filter(|&n| n > 0 && n < 1 << 20)
+                .map(|n| n as usize)
+                .ok_or_else(|| self.bad(format!("`{key}` is not a positive integer ({v:?})"))),
+        }
+    }
+
+    fn float(&self, key: &str, default: f64) -> Result<f64> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v
+                .as_f64()
+                .filter(|x| x.is_finite())
+                .ok_or_else(|| self.bad(format!("`{key}` is not a number ({v:?})"))),
+        }
+    }
+
+    fn flag(&self, key: &str, default: bool) -> Result<bool> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(MetaValue::Bool(b)) => Ok(b),
+            Some(v) => Err(self.bad(format!("`{key}` is not a boolean ({v:?})"))),
+        }
+    }
+
+    fn name(&self, key: &str, default: &str) -> Result<String> {
+        match self.get(key) {
+            None => Ok(default.to_string()),
+            Some(MetaValue::Str(s)) => Ok(s.into()),
+            Some(v) => Err(self.bad(format!("`{key}` is not a name ({v:?})"))),
+        }
+    }
+
+    /// A list of positive counts.
+    fn counts(&self, key: &str, default: &[usize]) -> Result<Vec<usize>> {
+        let list = match self.get(key) {
+            None => return Ok(default.to_vec()),
+            Some(MetaValue::UIntArray(v)) => v.to_vec(),
+            Some(v) => return Err(self.bad(format!("`{key}` is not a list of counts ({v:?})"))),
+        };
+        if list.is_empty() || list.iter().any(|&n| n == 0 || n >= 1 << 20) {
+            return Err(self.bad(format!("`{key}` holds a count out of range ({list:?})")));
+        }
+        Ok(list.into_iter().map(|n| n as usize).collect())
+    }
+
+    /// A count per block: one value for every block, or a list of one per block.
+    fn per_block(&self, key: &str, default: usize, blocks: usize) -> Result<Vec<usize>> {
+        match self.get(key) {
+            Some(MetaValue::UIntArray(_)) => {
+                let list = self.counts(key, &[])?;
+                if list.len() != blocks {
+                    return Err(self.bad(format!(
+                        "`{key}` has {} entries for {blocks} blocks",
+                        list.len()
+                    )));
+                }
+                Ok(list)
+            }
+            _ => Ok(vec![self.count(key, default)?; blocks]),
+        }
+    }
+
+    fn names(&self, key: &str) -> Result<Vec<String>> {
+        match self.get(key) {
+            Some(MetaValue::StrArray(v)) => Ok(v.iter().map(|s| s.to_string()).collect()),
+            Some(v) => Err(self.bad(format!("`{key}` is not a list of names ({v:?})"))),
+            None => Err(self.bad(format!("no `{key}`"))),
+        }
+    }
+
+    /// Refuses a key that is present with a value other than its inert default.
+    fn refuse_unless(&self, key: &str, inert: impl Fn(&MetaValue) -> bool) -> Result<()> {
+        match self.get(key) {
+            Some(v) if !inert(&v) => Err(UError::unsupported(format!(
+                "arch-diffusion: {} with `{key}` = {v:?} is not implemented",
+                self.class
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    fn check_class(&self) -> Result<()> {
+        match self.get("_class_name") {
+            Some(MetaValue::Str(s)) if s.as_str() == self.class => Ok(()),
+            other => Err(self.bad(format!(
+                "`_class_name` is {other:?}, not `{}` (a diffusers component folder)",
+                self.class
+            ))),
+        }
+    }
+
+    fn silu(&self, key: &str) -> Result<()> {
+        match self.name(key, "silu")?.as_str() {
+            "silu" | "swish" => Ok(()),
+            other => Err(UError::unsupported(format!(
+                "arch-diffusion: {} with `{key}` `{other}` is not implemented (silu)",
+                self.class
+            ))),
+        }
+    }
+}
+
+/// Hyper-parameters of an `AutoencoderKL` (Rombach et al. 2022's KL-regularised autoencoder).
+#[derive(Debug, Clone, PartialEq)]
+pub struct VaeConfig {
+    /// Channels of an image (3).
+    pub in_channels: usize,
+    /// Channels of a decoded image (3).
+    pub out_channels: usize,
+    /// Channels of a latent (4 for SD 1/2, 16 for SD3/FLUX).
+    pub latent_channels: usize,
+    /// Channels of each encoder block, first to last (the decoder's, reversed).
+    pub block_out_channels: Vec<usize>,
+    /// Resnets per encoder block (the decoder's blocks have one more).
+    pub layers_per_block: usize,
+    /// Group normalisation's groups.
+    pub norm_groups: usize,
+    /// Whether the mid blocks have their self-attention.
+    pub mid_attention: bool,
+    /// Whether the encoder's moments pass through `quant_conv`.
+    pub quant_conv: bool,
+    /// Whether latents pass through `post_quant_conv` before the decoder.
+    pub post_quant_conv: bool,
+    /// The factor latents are multiplied by for the denoiser (the pipeline's business).
+    pub scaling_factor: f32,
+}
+
+/// The default `block_out_channels` of `AutoencoderKL`.
+const VAE_BLOCKS: [usize; 1] = [64];
+
+impl VaeConfig {
+    /// Reads the configuration of the `AutoencoderKL` folder `w`.
+    pub fn from_weights(w: &WeightSetBox) -> Result<VaeConfig> {
+        let m = Meta {
+            weights: w,
+            class: "AutoencoderKL",
+        };
+        m.check_class()?;
+        m.silu("act_fn")?;
+        let blocks = m.counts("block_out_channels", &VAE_BLOCKS)?;
+        for (key, want) in [
+            ("down_block_types", "DownEncoderBlock2D"),
+            ("up_block_types", "UpDecoderBlock2D"),
+        ] {
+            if m.get(key).is_some() {
+                let types = m.names(key)?;
+                if types.len() != blocks.len() || types.iter().any(|t| t != want) {
+                    return Err(UError::unsupported(format!(
+                        "arch-diffusion: AutoencoderKL with `{key}` {types:?} is not \
+                         implemented ({} × {want})",
+                        blocks.len()
+                    )));
+                }
+            }
+        }
+        let norm_groups = m.count("norm_num_groups", 32)?;
+        if let Some(c) = blocks.iter().find(|&&c| !c.is_multiple_of(norm_groups)) {
+            return Err(m.bad(format!(
+                "{c} channels do not split into {norm_groups} norm groups"
+            )));
+        }
+        Ok(VaeConfig {
+            in_channels: m.count("in_channels", 3)?,
+            out_channels: m.count("out_channels", 3)?,
+            latent_channels: m.count("latent_channels", 4)?,
+            layers_per_block: m.count("layers_per_block", 1)?,
+            norm_groups,
+            mid_attention: m.flag("mid_block_add_attention", true)?,
+            quant_conv: m.flag("use_quant_conv", true)?,
+            post_quant_conv: m.flag("use_post_quant_conv", true)?,
+            scaling_factor: m.float("scaling_factor", 0.18215)? as f32,
+            block_out_channels: blocks,
+        })
+    }
+
+    /// The side of an image over the side of its latent: 2 per downsampling block.
+    pub fn scale(&self) -> u32 {
+        1 << (self.block_out_channels.len() - 1)
+    }
+}
+
+/// One down or up block of a UNet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnetBlock {
+    /// Its output channels.
+    pub channels: usize,
+    /// Whether its resnets are each followed by a cross-attention transformer.
+    pub cross_attention: bool,
+    /// Attention heads of those transformers.
+    pub heads: usize,
+}
+
+/// Hyper-parameters of a `UNet2DConditionModel` (the text-conditioned UNet of Stable
+/// Diffusion 1 and 2).
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnetConfig {
+    /// Latent channels read.
+    pub in_channels: usize,
+    /// Channels of the prediction.
+    pub out_channels: usize,
+    /// The down blocks, first to last (`block_out_channels`, `down_block_types`).
+    pub down: Vec<UnetBlock>,
+    /// The up blocks, first (deepest) to last (`up_block_types`, channels reversed).
+    pub up: Vec<UnetBlock>,
+    /// Heads of the mid block's transformer (the last block's).
+    pub mid_heads: usize,
+    /// Resnets per down block (up blocks have one more).
+    pub layers_per_block: usize,
+    /// Group normalisation's groups.
+    pub norm_groups: usize,
+    /// Group normalisation's epsilon (resnets and the output norm).
+    pub norm_eps: f32,
+    /// Width of a row of the text encoder's output (the cross-attention context).
+    pub cross_attention_dim: usize,
+    /// Whether the transformers project in and out with linear layers (SD 2) rather than
+    /// 1×1 convolutions (SD 1).
+    pub linear_projection: bool,
+    /// Whether the sinusoidal timestep embedding puts cosines first.
+    pub flip_sin_to_cos: bool,
+    /// The frequency shift of the timestep embedding.
+    pub freq_shift: f32,
+    /// Whether a sample is mapped to `2x − 1` first.
+    pub center_input: bool,
+    /// Kernel of `conv_in` (odd: "same" padding).
+    pub conv_in_kernel: usize,
+    /// Kernel of `conv_out` (odd).
+    pub conv_out_kernel: usize,
+    /// Padding of the down blocks' stride-2 convolutions.
+    pub downsample_padding: u32,
+    /// What the mid block's resnets divide their output by.
+    pub mid_scale: f32,
+}
+
+impl UnetConfig {
+    /// Reads the configuration of the `UNet2DConditionModel` folder `w`.
+    pub fn from_weights(w: &WeightSetBox) -> Result<UnetConfig> {
+        let m = Meta {
+            weights: w,
+            class: "UNet2DConditionModel",
+        };
+        m.check_class()?;
+        m.silu("act_fn")?;
+        for key in [
+            "addition_embed_type",
+            "class_embed_type",
+            "num_class_embeds",
+            "time_cond_proj_dim",
+            "encoder_hid_dim",
+            "encoder_hid_dim_type",
+            "time_embedding_act_fn",
+            "timestep_post_act",
+            "cross_attention_norm",
+            "time_embedding_dim",
+            "reverse_transformer_layers_per_block",
+        ] {
+            m.refuse_unless(key, |_| false)?;
+        }
+        let is = |want: &'static str| move |v: &MetaValue| v.as_str() == Some(want);
+        let off = |v: &MetaValue| *v == MetaValue::Bool(false);
+        m.refuse_unless("time_embedding_type", is("positional"))?;
+        m.refuse_unless("resnet_time_scale_shift", is("default"))?;
+        m.refuse_unless("attention_type", is("default"))?;
+        m.refuse_unless("mid_block_type", is("UNetMidBlock2DCrossAttn"))?;
+        m.refuse_unless("only_cross_attention", off)?;
+        m.refuse_unless("dual_cross_attention", off)?;
+        m.refuse_unless("resnet_skip_time_act", off)?;
+        m.refuse_unless("class_embeddings_concat", off)?;
+        m.refuse_unless("resnet_out_scale_factor", |v| v.as_f64() == Some(1.0))?;
+        m.refuse_unless("transformer_layers_per_block", |v| v.as_u64() == Some(1))?;
+
+        let channels = m.counts("block_out_channels", &[320, 640, 1280, 1280])?;
+        let n = channels.len();
+        // diffusers' legacy naming: `attention_head_dim` is the number of heads unless
+        // `num_attention_heads` is given.
+        let heads = match m.get("num_attention_heads") {
+            Some(_) => m.per_block("num_attention_heads", 8, n)?,
+            None => m.per_block("attention_head_dim", 8, n)?,
+        };
+        let kinds = |key: &str, plain: &str, cross: &str| -> Result<Vec<bool>> {
+            let types = m.names(key)?;
+            if types.len() != n {
+                return Err(m.bad(format!(
+                    "`{key}` has {} entries for {n} blocks",
+                    types.len()
+                )));
+            }
+            types
+                .iter()
+                .map(|t| match t {
+                    t if t == plain => Ok(false),
+                    t if t == cross => Ok(true),
+                    other => Err(UError::unsupported(format!(
+                        "arch-diffusion: UNet2DConditionModel block `{other}` is not \
+                         implemented ({plain}, {cross})"
+                    ))),
+                })
+                .collect()
+        };
+        let down_cross = kinds("down_block_types", "DownBlock2D", "CrossAttnDownBlock2D")?;
+        let up_cross = kinds("up_block_types", "UpBlock2D", "CrossAttnUpBlock2D")?;
+        let down = (0..n)
+            .map(|i| UnetBlock {
+                channels: channels[i],
+                cross_attention: down_cross[i],
+                heads: heads[i],
+            })
+            .collect();
+        let up = (0..n)
+            .map(|i| UnetBlock {
+                channels: channels[n - 1 - i],
+                cross_attention: up_cross[i],
+                heads: heads[n - 1 - i],
+            })
+            .collect();
+        let norm_groups = m.count("norm_num_groups", 32)?;
+        if let Some(c) = channels.iter().find(|&&c| !c.is_multiple_of(norm_groups)) {
+            return Err(m.bad(format!(
+                "{c} channels do not split into {norm_groups} norm groups"
+            )));
+        }
+        let kernel = |key: &str| -> Result<usize> {
+            let k = m.count(key, 3)?;
+            if k.is_multiple_of(2) {
+                return Err(m.bad(format!("`{key}` {k} is even (no \"same\" padding)")));
+            }
+            Ok(k)
+        };
+        Ok(UnetConfig {
+            in_channels: m.count("in_channels", 4)?,
+            out_channels: m.count("out_channels", 4)?,
+            down,
+            up,
+            mid_heads: heads[n - 1],
+            layers_per_block: m.count("layers_per_block", 2)?,
+            norm_groups,
+            norm_eps: m.float("norm_eps", 1e-5)? as f32,
+            cross_attention_dim: m.count("cross_attention_dim", 1280)?,
+            linear_projection: m.flag("use_linear_projection", false)?,
+            flip_sin_to_cos: m.flag("flip_sin_to_cos", true)?,
+            freq_shift: m.float("freq_shift", 0.0)? as f32,
+            center_input: m.flag("center_input_sample", false)?,
+            conv_in_kernel: kernel("conv_in_kernel")?,
+            conv_out_kernel: kernel("conv_out_kernel")?,
+            downsample_padding: match m.get("downsample_padding") {
+                None => 1,
+                Some(v) => v
+                    .as_u64()
+                    .filter(|&p| p <= 1)
+                    .ok_or_else(|| m.bad(format!("`downsample_padding` {v:?} is not 0 or 1")))?
+                    as u32,
+            },
+            mid_scale: m.float("mid_block_scale_factor", 1.0)? as f32,
+        })
+    }
+
+    /// Input sides must be multiples of this: 2 per downsampling block.
+    pub fn multiple(&self) -> u32 {
+        1 << (self.down.len() - 1)
+    }
+}
