@@ -58,6 +58,7 @@ pub fn model_entry_file(model: &Path) -> PathBuf {
     for name in [
         "model.safetensors.index.json",
         "model.safetensors",
+        "diffusion_pytorch_model.safetensors",
         "model.onnx",
     ] {
         if model.join(name).is_file() {

@@ -154,6 +154,9 @@ pub fn build(
     deployment: &Deployment,
     name: &str,
 ) -> Result<Opened> {
+    if model.join(MODEL_INDEX).is_file() && want != Want::Weights {
+        return build_pipeline(report, model, want, status, deployment, name);
+    }
     let (loader, weights) = open_weights(model, &inspect::loaders(report))?;
     let factory = first(report, |i| match i {
         PluginInstance::Tokenizer(t) => Some(t.clone()),
@@ -247,6 +250,7 @@ pub fn build(
                 model: model_box,
                 image_encoder,
                 draft,
+                pipeline: None,
             },
             &config,
             opened.tokenizer.clone(),
@@ -254,6 +258,124 @@ pub fn build(
         )?);
     } else {
         opened.model = Some(model_box);
+    }
+    opened.built = Some((arch_name, config));
+    Ok(opened)
+}
+
+/// The index of a diffusers pipeline folder, naming its components.
+const MODEL_INDEX: &str = "model_index.json";
+
+/// Builds a diffusers pipeline folder (`model_index.json`): its denoiser `unet/` is the model,
+/// `text_encoder/` and `vae/` (the decoder, and the encoder where an architecture declares
+/// `<family>.encoder`) its components, each built by the architecture declaring its family;
+/// the tokenizer comes from `tokenizer/`; the scheduler's and the components' configuration
+/// files go to the runner as text.
+fn build_pipeline(
+    report: &LoadReport,
+    dir: &Path,
+    want: Want,
+    status: sandbox::Status,
+    deployment: &Deployment,
+    name: &str,
+) -> Result<Opened> {
+    let loaders = inspect::loaders(report);
+    let (_, backend) = first(report, |i| match i {
+        PluginInstance::Kernels(k) => Some(k.clone()),
+        _ => None,
+    })
+    .context("the deployment loads no kernels plugin")?;
+    let part = |component: &str, weights: &WeightSetBox, suffix: &str| {
+        let family = weights
+            .architecture()
+            .into_result()
+            .ok()
+            .and_then(|a| a.into_option())
+            .map(|a| format!("{a}{suffix}"))
+            .with_context(|| format!("{}: the `{component}` names no class", dir.display()))?;
+        let (arch_name, architecture) = choose_architecture(report, Some(&family), None)?;
+        let context = BuildContext {
+            weights: weights.clone(),
+            family: family.as_str().into(),
+            backend: backend.clone(),
+            cache: ROption::RNone,
+        };
+        let (model, config) = build_model(&arch_name, &architecture, context)?;
+        anyhow::Ok((arch_name, model, config))
+    };
+    let (loader, weights) = open_weights(&dir.join("unet"), &loaders)?;
+    let (arch_name, unet, config) = part("unet", &weights, "")?;
+    let tokenizer = match first(report, |i| match i {
+        PluginInstance::Tokenizer(t) => Some(t.clone()),
+        _ => None,
+    }) {
+        Some((_, f)) => build_tokenizer(&f, &dir.join("tokenizer"), &weights)?,
+        None => None,
+    };
+    let mut opened = Opened {
+        weights,
+        loader,
+        tokenizer,
+        built: None,
+        model: None,
+        backend: Some(
+            backend
+                .info()
+                .into_result()
+                .map_err(|e| anyhow!("kernels: {e}"))?,
+        ),
+        kernels: None,
+        converted_from: None,
+        engine: None,
+        sandbox: status,
+    };
+    if want != Want::Engine {
+        opened.model = Some(unet);
+    } else {
+        let mut components = Vec::new();
+        let mut configs = Vec::new();
+        for (component, file) in [
+            ("scheduler", "scheduler_config.json"),
+            ("unet", "config.json"),
+            ("text_encoder", "config.json"),
+            ("vae", "config.json"),
+        ] {
+            let path = dir.join(component).join(file);
+            configs.push(u_sdk::PipelineConfig {
+                component: component.into(),
+                json: std::fs::read_to_string(&path)
+                    .with_context(|| format!("reading {}", path.display()))?
+                    .into(),
+            });
+        }
+        for component in ["text_encoder", "vae"] {
+            let (_, weights) = open_weights(&dir.join(component), &loaders)?;
+            let (_, model, built) = part(component, &weights, "")?;
+            components.push(u_sdk::PipelineComponent {
+                name: component.into(),
+                model,
+            });
+            if declares(report, &format!("{}.encoder", built.family)) {
+                let (_, model, _) = part(component, &weights, ".encoder")?;
+                components.push(u_sdk::PipelineComponent {
+                    name: format!("{component}.encoder").into(),
+                    model,
+                });
+            }
+        }
+        let models = Models {
+            model: unet,
+            image_encoder: None,
+            draft: None,
+            pipeline: Some(u_sdk::PipelineParts {
+                components: components.into(),
+                configs: configs.into(),
+            }),
+        };
+        let tokenizer = opened.tokenizer.clone();
+        opened.engine = Some(start_runner(
+            report, name, models, &config, tokenizer, deployment,
+        )?);
     }
     opened.built = Some((arch_name, config));
     Ok(opened)
@@ -511,15 +633,18 @@ fn task_for(kind: ModelKind, has_image_encoder: bool) -> Option<Task> {
         ModelKind::Encoder => Some(Task::Embeddings),
         ModelKind::CrossDecoder if has_image_encoder => Some(Task::TextGeneration),
         ModelKind::CrossDecoder => Some(Task::Transcription),
-        ModelKind::Denoiser | ModelKind::Autoencoder => None,
+        ModelKind::Denoiser => Some(Task::ImageGeneration),
+        ModelKind::Autoencoder => None,
     }
 }
 
-/// The models a runner starts with: the served one, its image encoder and its draft model.
+/// The models a runner starts with: the served one, its image encoder, its draft model and,
+/// for a diffusion pipeline, its other parts.
 struct Models {
     model: ModelBox,
     image_encoder: Option<ModelBox>,
     draft: Option<ModelBox>,
+    pipeline: Option<u_sdk::PipelineParts>,
 }
 
 /// Starts the first loaded runner whose signed manifest declares the model's task, with the
@@ -531,6 +656,7 @@ fn start_runner(
         model,
         image_encoder,
         draft,
+        pipeline,
     }: Models,
     config: &ModelConfig,
     tokenizer: Option<TokenizerBox>,
@@ -569,6 +695,7 @@ fn start_runner(
         adapter_opener: adapter_opener(report, deployment).into(),
         image_encoder: image_encoder.into(),
         draft_model: draft.into(),
+        pipeline: pipeline.into(),
     };
     match runner.start(context) {
         RResult::ROk(engine) => Ok((runner_name, engine)),

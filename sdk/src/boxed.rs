@@ -350,12 +350,28 @@ impl<T: Engine> Engine for Guarded<T> {
     fn transcribe(&self, request: &TranscribeRequest) -> RResult<Transcript, UError> {
         run("engine.transcribe", || self.0.transcribe(request))
     }
+    fn generate_image(
+        &self,
+        request: &ImageRequest,
+        sink: ImageSinkBox,
+    ) -> RResult<GeneratedImage, UError> {
+        run("engine.generate_image", || {
+            self.0.generate_image(request, sink)
+        })
+    }
 }
 
 impl<T: TokenSink> TokenSink for Guarded<T> {
     /// A panicking sink cancels its request.
     fn token(&mut self, token: &GeneratedToken<'_>) -> bool {
         run_or(|| self.0.token(token), false)
+    }
+}
+
+impl<T: ImageSink> ImageSink for Guarded<T> {
+    /// A panicking sink cancels its request.
+    fn step(&mut self, progress: &ImageProgress) -> bool {
+        run_or(|| self.0.step(progress), false)
     }
 }
 
@@ -431,6 +447,10 @@ guarded_box!(
 guarded_box!(
     /// A token sink, panic-guarded (a panic cancels the request).
     TokenSinkBox = TokenSink_TO<RBox>: TokenSink
+);
+guarded_box!(
+    /// An image progress sink, panic-guarded (a panic cancels the request).
+    ImageSinkBox = ImageSink_TO<RBox>: ImageSink
 );
 guarded_box!(
     /// A transport, panic-guarded.

@@ -4,7 +4,8 @@
 //! with `eta` > 0 a share of fresh noise (η = 1 is DDPM's posterior variance).
 
 use super::{
-    Config, DDPM_BETAS, Denoiser, Scheduler, alphas_cumprod, check_step, integer_timesteps, update,
+    Config, DDPM_BETAS, Denoiser, Scheduler, add_noise_at_alpha, alphas_cumprod, check_step,
+    integer_timesteps, update,
 };
 use crate::{Error, Result};
 use serde_json::Value;
@@ -89,5 +90,9 @@ impl Scheduler for Ddim {
             let (x0, eps) = self.denoiser.split(m, x, sa, sb);
             sa_prev * x0 + direction * eps
         }))
+    }
+
+    fn add_noise(&self, sample: &[f32], noise: &[f32], step: usize) -> Result<Vec<f32>> {
+        add_noise_at_alpha((&self.alphas_cumprod, &self.timesteps), sample, noise, step)
     }
 }

@@ -5,7 +5,8 @@
 //! every step but the one at timestep 0.
 
 use super::{
-    Config, DDPM_BETAS, Denoiser, Scheduler, alphas_cumprod, check_step, integer_timesteps, update,
+    Config, DDPM_BETAS, Denoiser, Scheduler, add_noise_at_alpha, alphas_cumprod, check_step,
+    integer_timesteps, update,
 };
 use crate::{Error, Result};
 use serde_json::Value;
@@ -99,5 +100,9 @@ impl Scheduler for Ddpm {
             let (x0, _) = self.denoiser.split(m, x, sa, sb);
             x0_coeff * x0 + x_coeff * x
         }))
+    }
+
+    fn add_noise(&self, sample: &[f32], noise: &[f32], step: usize) -> Result<Vec<f32>> {
+        add_noise_at_alpha((&self.alphas_cumprod, &self.timesteps), sample, noise, step)
     }
 }

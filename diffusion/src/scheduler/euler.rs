@@ -5,7 +5,10 @@
 //! ends, with timesteps found back from σ), the input scaled by 1/√(σ² + 1), one Euler step of
 //! `dx/dσ = (x − x₀)/σ` per timestep; the ancestral one steps to σ_down and adds σ_up of noise.
 
-use super::{Config, DDPM_BETAS, Prediction, Scheduler, alphas_cumprod, check_step, update};
+use super::{
+    Config, DDPM_BETAS, Prediction, Scheduler, alphas_cumprod, check_index, check_lengths,
+    check_step, update,
+};
 use crate::{Error, Result};
 use serde_json::Value;
 
@@ -174,5 +177,17 @@ impl Scheduler for Euler {
         Ok(update(output, sample, noise.map(|n| (n, up)), |m, x| {
             x + (x - x0(m, x)) / sigma * dt
         }))
+    }
+
+    /// `x + n · σ` at the step's σ (diffusers' `add_noise` from the begin index).
+    fn add_noise(&self, sample: &[f32], noise: &[f32], step: usize) -> Result<Vec<f32>> {
+        check_index(step, self.timesteps.len())?;
+        check_lengths(sample, noise)?;
+        let sigma = self.sigmas[step];
+        Ok(sample
+            .iter()
+            .zip(noise)
+            .map(|(x, n)| x + n * sigma)
+            .collect())
     }
 }

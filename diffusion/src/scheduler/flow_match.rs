@@ -5,7 +5,7 @@
 //! `use_dynamic_shifting` by the exponential time shift `e^μ / (e^μ + (1/σ − 1))` with a μ
 //! that grows with the image (FLUX) — timestep 1000·σ, and `x ← x + (σ_next − σ)·v`.
 
-use super::{Config, Scheduler, check_step, update};
+use super::{Config, Scheduler, check_index, check_lengths, check_step, update};
 use crate::{Error, Result};
 use serde_json::Value;
 
@@ -117,5 +117,17 @@ impl Scheduler for FlowMatchEuler {
         check_step(steps, step, (output, sample), noise, false)?;
         let dt = self.sigmas[step + 1] - self.sigmas[step];
         Ok(update(output, sample, None, |v, x| x + dt * v))
+    }
+
+    /// `σ · n + (1 − σ) · x` at the step's σ (diffusers' `scale_noise`).
+    fn add_noise(&self, sample: &[f32], noise: &[f32], step: usize) -> Result<Vec<f32>> {
+        check_index(step, self.timesteps.len())?;
+        check_lengths(sample, noise)?;
+        let sigma = self.sigmas[step];
+        Ok(sample
+            .iter()
+            .zip(noise)
+            .map(|(x, n)| sigma * n + (1.0 - sigma) * x)
+            .collect())
     }
 }

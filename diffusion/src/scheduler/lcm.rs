@@ -4,7 +4,9 @@
 //! function's boundary-condition mix `c_out·x̂₀ + c_skip·x` of the predicted clean sample, then
 //! noised back to the next timestep (fresh noise at every step but the last).
 
-use super::{Betas, Config, Denoiser, Scheduler, alphas_cumprod, check_step, update};
+use super::{
+    Betas, Config, Denoiser, Scheduler, add_noise_at_alpha, alphas_cumprod, check_step, update,
+};
 use crate::{Error, Result};
 use serde_json::Value;
 
@@ -97,5 +99,9 @@ impl Scheduler for Lcm {
                 keep * (c_out * x0 + c_skip * x)
             },
         ))
+    }
+
+    fn add_noise(&self, sample: &[f32], noise: &[f32], step: usize) -> Result<Vec<f32>> {
+        add_noise_at_alpha((&self.alphas_cumprod, &self.timesteps), sample, noise, step)
     }
 }

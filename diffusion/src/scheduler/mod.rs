@@ -43,6 +43,44 @@ pub trait Scheduler: Send {
         sample: &[f32],
         noise: Option<&[f32]>,
     ) -> Result<Vec<f32>>;
+
+    /// A clean `sample` noised with unit-variance `noise` to the level of step `step` (where a
+    /// run that starts from an image begins: diffusers' `add_noise`, or `scale_noise` of a
+    /// flow-matching scheduler).
+    fn add_noise(&self, sample: &[f32], noise: &[f32], step: usize) -> Result<Vec<f32>>;
+}
+
+/// `√ᾱ · x + √(1 − ᾱ) · n` at the training timestep of step `step` (diffusers' `add_noise` of
+/// the ᾱ-parameterised schedulers: DDPM, DDIM, LCM).
+fn add_noise_at_alpha(
+    (alphas_cumprod, timesteps): (&[f32], &[f32]),
+    sample: &[f32],
+    noise: &[f32],
+    step: usize,
+) -> Result<Vec<f32>> {
+    check_index(step, timesteps.len())?;
+    check_lengths(sample, noise)?;
+    let alpha = alphas_cumprod
+        .get(timesteps[step] as usize)
+        .copied()
+        .ok_or_else(|| Error::Invalid(format!("timestep {} has no ᾱ", timesteps[step])))?;
+    let (a, b) = (alpha.powf(0.5), (1.0 - alpha).powf(0.5));
+    Ok(sample
+        .iter()
+        .zip(noise)
+        .map(|(x, n)| a * x + b * n)
+        .collect())
+}
+
+fn check_lengths(sample: &[f32], noise: &[f32]) -> Result<()> {
+    match sample.len() == noise.len() {
+        true => Ok(()),
+        false => Err(Error::Invalid(format!(
+            "noise of {} values for a sample of {}",
+            noise.len(),
+            sample.len()
+        ))),
+    }
 }
 
 /// The scheduler `config` (a diffusers `scheduler_config.json`) names, set for `steps` steps.

@@ -156,6 +156,8 @@ pub struct VaeConfig {
     pub post_quant_conv: bool,
     /// The factor latents are multiplied by for the denoiser (the pipeline's business).
     pub scaling_factor: f32,
+    /// The side of the images it was trained at, in pixels.
+    pub sample_size: usize,
 }
 
 /// The default `block_out_channels` of `AutoencoderKL`.
@@ -202,6 +204,7 @@ impl VaeConfig {
             quant_conv: m.flag("use_quant_conv", true)?,
             post_quant_conv: m.flag("use_post_quant_conv", true)?,
             scaling_factor: m.float("scaling_factor", 0.18215)? as f32,
+            sample_size: m.count("sample_size", 32)?,
             block_out_channels: blocks,
         })
     }
@@ -262,6 +265,8 @@ pub struct UnetConfig {
     pub downsample_padding: u32,
     /// What the mid block's resnets divide their output by.
     pub mid_scale: f32,
+    /// The side of the latents it was trained at.
+    pub sample_size: usize,
 }
 
 impl UnetConfig {
@@ -383,6 +388,7 @@ impl UnetConfig {
                     as u32,
             },
             mid_scale: m.float("mid_block_scale_factor", 1.0)? as f32,
+            sample_size: m.count("sample_size", 64)?,
         })
     }
 

@@ -65,12 +65,14 @@ impl DiffusionModel {
                     out_channels: vae.out_channels as u32,
                     scale: [s, 1],
                     multiple: 1,
+                    sample_size: vae.sample_size as u32 / s,
                 },
                 false => PlaneSpec {
                     in_channels: vae.in_channels as u32,
                     out_channels: 2 * vae.latent_channels as u32,
                     scale: [1, s],
                     multiple: s,
+                    sample_size: vae.sample_size as u32,
                 },
             }
         };
@@ -82,6 +84,7 @@ impl DiffusionModel {
                 out_channels: u.config().out_channels as u32,
                 scale: [1, 1],
                 multiple: u.config().multiple(),
+                sample_size: u.config().sample_size as u32,
             },
         }
     }

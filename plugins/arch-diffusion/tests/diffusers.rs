@@ -122,7 +122,8 @@ fn the_vae_decoder_equals_diffusers() -> Result<()> {
             in_channels: 4,
             out_channels: 3,
             scale: [2, 1],
-            multiple: 1
+            multiple: 1,
+            sample_size: 16,
         })
     );
     let (latents, shape) = flat(&e["vae.decode"]["latents"]);

@@ -160,6 +160,7 @@ impl Generator {
                     bos: ROption::RNone,
                     eos: RVec::new(),
                     add_bos: false,
+                    pad: ROption::RNone,
                 },
                 None,
             ),

@@ -53,6 +53,8 @@ pub(crate) struct Parts {
     /// metadata holds them).
     pub merges: Vec<String>,
     pub add_bos: bool,
+    /// The padding token the file names.
+    pub pad: Option<u32>,
     pub chat_template: Option<String>,
 }
 
@@ -222,13 +224,14 @@ impl Tok {
         }
     }
 
-    /// BOS, end-of-generation ids and whether BOS is added.
+    /// BOS, end-of-generation ids, whether BOS is added, and the padding token.
     pub fn special_tokens(&self) -> SpecialTokens {
         let p = self.p();
         SpecialTokens {
             bos: p.bos.into(),
             eos: p.eog.iter().copied().collect(),
             add_bos: p.add_bos,
+            pad: p.pad.into(),
         }
     }
 

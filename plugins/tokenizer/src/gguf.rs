@@ -38,6 +38,7 @@ impl Tok {
             eog: v.eog_ids(),
             merges: Vec::new(),
             add_bos: v.add_bos,
+            pad: v.pad,
             chat_template: v.chat_template.clone(),
         }))
     }

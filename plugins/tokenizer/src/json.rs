@@ -2,7 +2,7 @@
 //!
 //! The pipeline is HF's own, loaded as is. What `tokenizers` does not expose is read from the
 //! JSON: how the decoder turns pieces into bytes (byte-level, SentencePiece `▁` and byte
-//! fallback, WordPiece `##`), and from the config the chat template, BOS/EOS and
+//! fallback, WordPiece `##`), and from the config the chat template, BOS/EOS/padding and
 //! `add_bos_token`.
 
 use crate::{
@@ -163,6 +163,7 @@ impl Tok {
         let cfg = config.as_ref();
         let mut bos = cfg.and_then(|c| id_of(c.get("bos_token")));
         let cfg_eos = cfg.and_then(|c| id_of(c.get("eos_token")));
+        let pad = cfg.and_then(|c| id_of(c.get("pad_token")));
         // Whether the post-processor adds a leading special token tells `add_bos`.
         let probe = hf
             .encode_fast("", true)
@@ -213,6 +214,7 @@ impl Tok {
             eog,
             merges: bpe_merges(&doc["model"]),
             add_bos,
+            pad,
             chat_template,
         }))
     }

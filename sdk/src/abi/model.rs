@@ -150,6 +150,9 @@ pub struct PlaneSpec {
     pub scale: [u32; 2],
     /// Input height and width must be multiples of this (the model's total downsampling).
     pub multiple: u32,
+    /// The side of the square input map the model was trained at (diffusers' `sample_size`),
+    /// a caller's default size; 0 where the checkpoint states none.
+    pub sample_size: u32,
 }
 
 impl PlaneSpec {
@@ -583,12 +586,14 @@ mod tests {
         out_channels: 3,
         scale: [8, 1],
         multiple: 1,
+        sample_size: 64,
     };
     const ENCODER: PlaneSpec = PlaneSpec {
         in_channels: 3,
         out_channels: 8,
         scale: [1, 8],
         multiple: 8,
+        sample_size: 512,
     };
 
     #[test]

@@ -58,6 +58,41 @@ pub struct RunnerContext {
     /// A smaller decoder over the same vocabulary that drafts tokens for speculative decoding
     /// (`[model] draft`), with its own KV cache; the runner verifies its drafts with `model`.
     pub draft_model: ROption<ModelBox>,
+    /// For a diffusion pipeline (a diffusers folder, `model` its denoiser): the other parts.
+    pub pipeline: ROption<PipelineParts>,
+}
+
+/// The parts of a diffusion pipeline besides its denoiser, as a diffusers folder holds them.
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct PipelineParts {
+    /// Built components by their `model_index.json` names: `text_encoder`, `vae` (the
+    /// autoencoder's decoder) and, where an architecture builds it, `vae.encoder`.
+    pub components: RVec<PipelineComponent>,
+    /// The configuration files of its parts as text, by component name: `scheduler` (its
+    /// `scheduler_config.json`), and the `config.json` of `unet`, `text_encoder` and `vae`
+    /// (the autoencoder's `scaling_factor` is the pipeline's to apply).
+    pub configs: RVec<PipelineConfig>,
+}
+
+/// One configuration file of a pipeline.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq)]
+pub struct PipelineConfig {
+    /// The component it configures.
+    pub component: RString,
+    /// Its JSON text.
+    pub json: RString,
+}
+
+/// One built component of a pipeline.
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct PipelineComponent {
+    /// Its name in `model_index.json` (`.encoder` appended for an autoencoder's encoder).
+    pub name: RString,
+    /// The model.
+    pub model: ModelBox,
 }
 
 /// An adapter's files as a loader read them.

@@ -16,6 +16,10 @@ pub struct SpecialTokens {
     pub eos: RVec<u32>,
     /// Whether `encode` with `add_special` prepends BOS.
     pub add_bos: bool,
+    /// The token that pads a text to a fixed length (the config's `pad_token`, GGUF
+    /// `padding_token_id`), where the model names one: what a diffusion pipeline fills its
+    /// text encoder's 77 positions with.
+    pub pad: ROption<u32>,
 }
 
 /// Entry interface of a `tokenizer` plugin: builds tokenizers from model files.

@@ -456,6 +456,75 @@ pub struct Transcript {
     pub segments: RVec<TranscriptSegment>,
 }
 
+/// One image-generation request (OpenAI's `POST /v1/images/generations`, `u-runner image`):
+/// text to image, or, with an initial image, image to image.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq)]
+pub struct ImageRequest {
+    /// The model name the client asked for.
+    pub model: RString,
+    /// What the image shows.
+    pub prompt: RString,
+    /// What it should not show (classifier-free guidance's unconditional text; empty: none).
+    pub negative_prompt: RString,
+    /// Width in pixels; 0: the model's default.
+    pub width: u32,
+    /// Height in pixels; 0: the model's default.
+    pub height: u32,
+    /// Denoising steps of the schedule (at least 1).
+    pub steps: u32,
+    /// Classifier-free guidance scale; at most 1 turns guidance off (one pass per step).
+    pub guidance_scale: f32,
+    /// The seed of the initial noise (and of a stochastic scheduler's noise): the same request
+    /// with the same seed gives the same image.
+    pub seed: u64,
+    /// An image file (PNG, JPEG, WebP, GIF, BMP) to start from; empty for text to image.
+    pub init_image: RVec<u8>,
+    /// With an initial image: how much of it is noised away, in (0, 1] (the last
+    /// `steps · strength` steps run).
+    pub strength: f32,
+    /// Who is asking, for fair queueing (see [`GenerateRequest::client`]).
+    pub client: RString,
+}
+
+/// How far an image request has come, sent after each denoising step.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageProgress {
+    /// Steps done.
+    pub step: u32,
+    /// Steps the request runs.
+    pub steps: u32,
+    /// Whether this step's result came from the trajectory cache rather than the model.
+    pub cached: bool,
+}
+
+/// Receives an image request's progress.
+#[sabi_trait]
+pub trait ImageSink: Send {
+    /// Called after each step. Returns `false` to cancel the request (its trajectory so far is
+    /// kept, so the same request resumes where it stopped).
+    fn step(&mut self, progress: &ImageProgress) -> bool;
+}
+
+/// A generated image.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq)]
+pub struct GeneratedImage {
+    /// The image as a PNG file (8-bit RGB).
+    pub png: RVec<u8>,
+    /// Its width in pixels.
+    pub width: u32,
+    /// Its height in pixels.
+    pub height: u32,
+    /// The seed it was made from.
+    pub seed: u64,
+    /// Steps the request ran.
+    pub steps: u32,
+    /// Steps taken from the trajectory cache instead of the model (a resumed request).
+    pub cached_steps: u32,
+}
+
 /// What to do with KV checkpoints.
 #[repr(u8)]
 #[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq)]
@@ -598,6 +667,20 @@ pub trait Engine: Send + Sync + Clone {
             request.model
         )))
     }
+
+    /// Generates an image, reporting each denoising step to `sink`. Engines of other tasks
+    /// keep this default.
+    fn generate_image(
+        &self,
+        request: &ImageRequest,
+        sink: ImageSinkBox,
+    ) -> RResult<GeneratedImage, UError> {
+        let _ = sink;
+        RResult::RErr(UError::unsupported(format!(
+            "`{}` does not generate images (a diffusion pipeline does)",
+            request.model
+        )))
+    }
 }
 
 /// What [`Engine::embed_image`] answers for a model that reads no images.
@@ -639,6 +722,8 @@ pub trait Transport: Send + Sync {
 
 /// An owned sink object.
 pub type TokenSinkBox = TokenSink_TO<'static, RBox<()>>;
+/// An owned image progress sink.
+pub type ImageSinkBox = ImageSink_TO<'static, RBox<()>>;
 /// An owned engine object.
 pub type EngineBox = Engine_TO<'static, RBox<()>>;
 /// An owned shutdown object.

@@ -1,0 +1,305 @@
+//! One image request from start to finish, as diffusers' `StableDiffusionPipeline` (text to
+//! image) and `StableDiffusionImg2ImgPipeline` (image to image) run it:
+//!
+//! ```text
+//! cond = text_encoder(prompt);  uncond = text_encoder(negative)       # when guided (g > 1)
+//! z = noise · init_noise_sigma            | z = add_noise(vae.encode(image) · scale, noise, t₀)
+//! for each step k:  ε = unet(scale_input(z), t_k, [uncond, cond]) guided;  z = step(ε, k, z)
+//! image = vae.decode(z / scale)
+//! ```
+//!
+//! Noise comes from the seed ([`u_diffusion::Noise`]): draw 0 the starting noise, draw `k + 1`
+//! the noise of step `k`, [`LATENT_SAMPLE_DRAW`] the sample of an initial image's latent
+//! distribution. The caches ([`crate::cache`]) take what is already known.
+
+use crate::{
+    cache::{Caches, Progress, TrajectoryKey},
+    picture,
+    pipeline::Pipeline,
+};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use u_diffusion::Noise;
+use u_sdk::{ErrorKind, ImageProgress, ImageRequest, UError};
+
+/// The most steps a request may ask for (diffusers' schedules have 1000 training steps).
+pub const MAX_STEPS: u32 = 1000;
+
+/// The draw of the seed's noise that samples an initial image's latent distribution.
+pub const LATENT_SAMPLE_DRAW: u64 = u64::MAX;
+
+/// Noise a caller supplies instead of the seed's, by draw (a comparison with another
+/// implementation that drew its own); the draws it does not hold come from the seed. A request
+/// with given noise neither reads nor writes the trajectory cache.
+#[derive(Clone, Debug, Default)]
+pub struct GivenNoise(pub HashMap<u64, Vec<f32>>);
+
+/// A request's noise: given draws first, then the seed's.
+struct Draws<'a> {
+    seed: Noise,
+    given: Option<&'a GivenNoise>,
+}
+
+impl Draws<'_> {
+    fn draw(&self, draw: u64, len: usize) -> u_sdk::Result<Vec<f32>> {
+        match self.given.and_then(|g| g.0.get(&draw)) {
+            Some(v) if v.len() == len => Ok(v.clone()),
+            Some(v) => Err(invalid(format!(
+                "given noise of draw {draw} has {} values, not {len}",
+                v.len()
+            ))),
+            None => Ok(self.seed.draw(draw, len)),
+        }
+    }
+}
+
+/// What a finished request made.
+pub struct Outcome {
+    /// The pixels, `[3, height, width]` in [0, 1].
+    pub pixels: Vec<f32>,
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+    /// Steps of the schedule the request ran.
+    pub steps: u32,
+    /// Steps taken from the trajectory cache.
+    pub cached_steps: u32,
+}
+
+fn invalid(why: String) -> UError {
+    UError::invalid(format!("runner-image: {why}"))
+}
+
+fn scheduler_error(e: u_diffusion::Error) -> UError {
+    invalid(e.to_string())
+}
+
+/// The image size a request asks for: its own, else the initial image's (rounded down to the
+/// pipeline's multiple), else the pipeline's default; checked against the step and
+/// `max_pixels`.
+fn size_of(
+    pipeline: &Pipeline,
+    request: &ImageRequest,
+    init: Option<(u32, u32)>,
+    max_pixels: u64,
+) -> u_sdk::Result<(u32, u32)> {
+    let step = pipeline.multiple();
+    let pick = |asked: u32, from_image: Option<u32>| match (asked, from_image) {
+        (0, Some(side)) => side / step * step,
+        (0, None) => pipeline.default_side(),
+        (side, _) => side,
+    };
+    let (w, h) = (
+        pick(request.width, init.map(|i| i.0)),
+        pick(request.height, init.map(|i| i.1)),
+    );
+    if w == 0 || h == 0 || !w.is_multiple_of(step) || !h.is_multiple_of(step) {
+        return Err(invalid(format!(
+            "a {w}×{h} image: width and height must be positive multiples of {step}"
+        )));
+    }
+    if u64::from(w) * u64::from(h) > max_pixels {
+        return Err(UError::new(
+            ErrorKind::ResourceExhausted,
+            format!(
+                "runner-image: a {w}×{h} image is larger than this deployment's {max_pixels} \
+                 pixels (runner setting `max_pixels`)"
+            ),
+        ));
+    }
+    Ok((w, h))
+}
+
+/// The text encoder's rows for `prompt`, from the cache when it holds them.
+fn prompt_rows(
+    pipeline: &Pipeline,
+    caches: &Mutex<Caches>,
+    prompt: &str,
+) -> u_sdk::Result<Arc<Vec<f32>>> {
+    let lock = || caches.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(rows) = lock().prompt(prompt) {
+        return Ok(rows);
+    }
+    let rows = Arc::new(pipeline.encode_prompt(prompt)?);
+    lock().keep_prompt(prompt, rows.clone());
+    Ok(rows)
+}
+
+/// Runs `request` on `pipeline`, reporting each step to `progress` (which returns `false` to
+/// cancel), with the draws of `given` in place of the seed's.
+pub fn generate(
+    pipeline: &Pipeline,
+    caches: &Mutex<Caches>,
+    request: &ImageRequest,
+    given: Option<&GivenNoise>,
+    max_pixels: u64,
+    progress: &mut dyn FnMut(ImageProgress) -> bool,
+) -> u_sdk::Result<Outcome> {
+    let steps = request.steps;
+    if steps == 0 || steps > MAX_STEPS {
+        return Err(invalid(format!(
+            "{steps} steps: a request runs 1 to {MAX_STEPS}"
+        )));
+    }
+    let guidance = request.guidance_scale;
+    if !guidance.is_finite() {
+        return Err(invalid(format!("guidance scale {guidance}")));
+    }
+    let init = match request.init_image.is_empty() {
+        true => None,
+        false => {
+            let strength = request.strength;
+            if !(strength > 0.0 && strength <= 1.0) {
+                return Err(invalid(format!(
+                    "strength {strength}: starting from an image takes a strength in (0, 1]"
+                )));
+            }
+            Some(picture::decode(&request.init_image, max_pixels)?)
+        }
+    };
+    let (width, height) = size_of(
+        pipeline,
+        request,
+        init.as_ref().map(|i| (i.width(), i.height())),
+        max_pixels,
+    )?;
+    let s = pipeline.vae_scale();
+    let latent = (height / s, width / s);
+    let len = (pipeline.channels() * latent.0 * latent.1) as usize;
+    let scheduler = u_diffusion::from_config(pipeline.scheduler_config(), steps as usize, None)
+        .map_err(scheduler_error)?;
+    let timesteps = scheduler.timesteps().to_vec();
+    let cond = prompt_rows(pipeline, caches, &request.prompt)?;
+    let uncond = match guidance > 1.0 {
+        true => Some(prompt_rows(pipeline, caches, &request.negative_prompt)?),
+        false => None,
+    };
+    let noise = Draws {
+        seed: Noise::new(request.seed),
+        given,
+    };
+
+    // Where the trajectory starts: pure noise, or the initial image's latent noised to the
+    // first step that runs.
+    let (first, mut latents) = match &init {
+        None => {
+            let sigma = scheduler.init_noise_sigma();
+            let z = noise.draw(0, len)?;
+            (0, z.into_iter().map(|v| v * sigma).collect::<Vec<f32>>())
+        }
+        Some(image) => {
+            let pixels = picture::normalised(image, (width, height))?;
+            let (mean, std) = pipeline.encode_image(&pixels, (height, width))?;
+            let sample = noise.draw(LATENT_SAMPLE_DRAW, len)?;
+            let l = pipeline.latent_scale();
+            let clean: Vec<f32> = mean
+                .iter()
+                .zip(&std)
+                .zip(&sample)
+                .map(|((m, sd), n)| (m + sd * n - l.shift) * l.scale)
+                .collect();
+            // diffusers' `int(steps · strength)` in Python floats, the strength as written
+            // (0.7, not the f32 nearest it: 10 · 0.7 runs 7 steps, not 6).
+            let strength: f64 = request.strength.to_string().parse().unwrap_or(0.0);
+            let runs = ((f64::from(steps) * strength) as u32).min(steps);
+            if runs == 0 {
+                return Err(invalid(format!(
+                    "strength {} of {steps} steps runs none; raise either",
+                    request.strength
+                )));
+            }
+            let first = (steps - runs) as usize;
+            let start = noise.draw(0, len)?;
+            let z = scheduler
+                .add_noise(&clean, &start, first)
+                .map_err(scheduler_error)?;
+            (first, z)
+        }
+    };
+
+    let key = TrajectoryKey {
+        prompt: request.prompt.to_string(),
+        negative: request.negative_prompt.to_string(),
+        seed: request.seed,
+        size: latent,
+        steps,
+        guidance: guidance.to_bits(),
+        scheduler: pipeline.scheduler_config().into(),
+        init_image: request.init_image.as_slice().into(),
+        strength: if init.is_some() {
+            request.strength.to_bits()
+        } else {
+            0
+        },
+    };
+    let lock = || caches.lock().unwrap_or_else(|e| e.into_inner());
+    let mut done = first;
+    let mut cached_steps = 0;
+    if given.is_none()
+        && let Some(p) = lock().trajectory(&key)
+        && p.step as usize > first
+    {
+        cached_steps = p.step - first as u32;
+        done = p.step as usize;
+        latents = p.latents.to_vec();
+        progress(ImageProgress {
+            step: p.step,
+            steps,
+            cached: true,
+        });
+    }
+    for (k, &t) in timesteps.iter().enumerate().skip(done) {
+        let mut x = latents.clone();
+        scheduler
+            .scale_model_input(&mut x, k)
+            .map_err(scheduler_error)?;
+        let prediction = pipeline.denoise(
+            &x,
+            latent,
+            t,
+            (&cond, uncond.as_deref().map(Vec::as_slice)),
+            guidance,
+        )?;
+        let fresh = match scheduler.needs_noise(k) {
+            true => Some(noise.draw(k as u64 + 1, len)?),
+            false => None,
+        };
+        latents = scheduler
+            .step(&prediction, k, &latents, fresh.as_deref())
+            .map_err(scheduler_error)?;
+        let keep = |latents: &[f32]| {
+            if given.is_none() {
+                let latents = Arc::new(latents.to_vec());
+                let step = k as u32 + 1;
+                lock().keep_trajectory(key.clone(), Progress { step, latents });
+            }
+        };
+        let go_on = progress(ImageProgress {
+            step: k as u32 + 1,
+            steps,
+            cached: false,
+        });
+        if !go_on {
+            keep(&latents);
+            return Err(UError::new(
+                ErrorKind::Cancelled,
+                format!(
+                    "runner-image: cancelled after step {} of {steps} (the same request resumes \
+                     there)",
+                    k + 1
+                ),
+            ));
+        }
+        if k + 1 == steps as usize {
+            keep(&latents);
+        }
+    }
+    Ok(Outcome {
+        pixels: pipeline.decode(&latents, latent)?,
+        width,
+        height,
+        steps,
+        cached_steps,
+    })
+}
