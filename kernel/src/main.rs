@@ -10,6 +10,7 @@ use u_attest::{Deployment, signing::verify_bytes};
 use u_runner::{inspect, load_deployment, oneline, open_deployment, sandbox, serve, wiring};
 
 mod bench;
+mod image;
 mod log;
 mod perplexity;
 mod quantize;
@@ -99,6 +100,10 @@ enum Command {
     /// 30 s windows, timestamps, temperature fallback as openai-whisper does; the text (or
     /// JSON) on stdout, speed on stderr.
     Transcribe(transcribe::TranscribeArgs),
+    /// Generate an image from a prompt (or from an image and a prompt) with a diffusion
+    /// pipeline (a diffusers folder), wired as for `generate`: a progress bar per step on
+    /// stderr, the PNG written to `--out`.
+    Image(image::ImageArgs),
     /// Tokenize text with a model's tokenizer (from its GGUF metadata or a tokenizer.json in or
     /// beside it), or with `--decode` turn token ids back into text.
     Tokenize {
@@ -272,6 +277,7 @@ fn main() {
                 | Command::Quantize(_)
                 | Command::Train(_)
                 | Command::Transcribe(_)
+                | Command::Image(_)
         )
     );
     // `RUST_LOG` takes `level` or `target=level,...` (no regular expressions: the host stays
@@ -508,6 +514,7 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Quantize(args) => quantize::run(args),
         Command::Train(args) => train::run(args),
         Command::Transcribe(args) => transcribe::run(args),
+        Command::Image(args) => image::run(args),
         Command::Tokenize {
             model,
             text,

@@ -215,7 +215,10 @@ fn build(root: &Path) -> Result<()> {
 /// a few) where the C library runs them (glibc 2.36 and later), so that a host built on an
 /// older system still starts there; and identical code folding by the linker (LLD, the
 /// toolchain's default linker on x86-64 Linux: 28 KB of functions that monomorphization made
-/// twice; Rust promises no distinct function addresses, and the host compares none).
+/// twice; Rust promises no distinct function addresses, and the host compares none); and no
+/// `.eh_frame_hdr` (39 KB: the index an unwinder searches; the host aborts on panic and never
+/// unwinds — plugins unwind within their own objects, each with its own index — so the only
+/// loss is the backtrace of a host panic, which still prints its message).
 fn host_rustflags() -> std::ffi::OsString {
     let mut flags = vec![
         "--cfg",
@@ -224,6 +227,8 @@ fn host_rustflags() -> std::ffi::OsString {
         "curve25519_dalek_backend=\"serial\"",
         "-C",
         "link-arg=-Wl,--icf=all",
+        "-C",
+        "link-arg=-Wl,--no-eh-frame-hdr",
     ];
     let glibc = Command::new("getconf")
         .arg("GNU_LIBC_VERSION")

@@ -445,7 +445,7 @@ impl Gemma3 {
             context_shape: [0, 0],
             image: ROption::RNone,
             image_token: u_sdk::NO_IMAGE_TOKEN,
-            planes: abi_stable::std_types::ROption::RNone,
+            planes: u_sdk::abi_stable::std_types::ROption::RNone,
         }
     }
 

@@ -51,6 +51,7 @@ mod bridge;
 pub mod checkpoints;
 pub mod choices;
 pub mod error;
+pub mod generations;
 pub mod images;
 pub mod json;
 pub mod metrics;

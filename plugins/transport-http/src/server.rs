@@ -372,6 +372,7 @@ enum Route {
     UnloadAdapter,
     Transcriptions,
     Translations,
+    ImageGenerations,
     Unknown,
 }
 
@@ -400,6 +401,7 @@ impl Route {
             "/v1/unload_lora_adapter" => Route::UnloadAdapter,
             "/v1/audio/transcriptions" => Route::Transcriptions,
             "/v1/audio/translations" => Route::Translations,
+            "/v1/images/generations" => Route::ImageGenerations,
             p if p.starts_with("/v1/models/") => Route::Model,
             p if p.starts_with("/v1/messages/") => Route::MessagesOther,
             p if p.starts_with("/v1/checkpoints/") => Route::Checkpoint,
@@ -435,6 +437,7 @@ impl Route {
             Route::UnloadAdapter => "/v1/unload_lora_adapter",
             Route::Transcriptions => "/v1/audio/transcriptions",
             Route::Translations => "/v1/audio/translations",
+            Route::ImageGenerations => "/v1/images/generations",
             Route::Unknown => "other",
         }
     }
@@ -818,6 +821,47 @@ async fn dispatch(
                 HeaderValue::from_static("text/plain; charset=utf-8"),
             );
             Ok(r.into())
+        }
+        Route::ImageGenerations => {
+            let mut parsed = crate::generations::parse(&body, &models)?;
+            parsed.request.client = peer.into();
+            let mut updates = crate::generations::start(state.engine.clone(), &parsed);
+            if !parsed.stream {
+                let v = crate::generations::whole(updates).await?;
+                return Ok(json_response(200, &v).into());
+            }
+            // A request refused before its first step is still answered with a status.
+            let first = match updates.recv().await {
+                Some(crate::generations::Update::Failed(e)) => {
+                    return Err(ApiError::from_engine(&e));
+                }
+                None => return Err(ApiError::status(500, "server_error", "the engine stopped")),
+                Some(first) => first,
+            };
+            let (tx, rx) = mpsc::channel::<Bytes>(32);
+            let (state, line) = (state.clone(), line.clone());
+            tokio::spawn(async move {
+                let mut next = Some(first);
+                loop {
+                    let u = match next.take() {
+                        Some(u) => u,
+                        None => match updates.recv().await {
+                            Some(u) => u,
+                            None => break,
+                        },
+                    };
+                    let event = crate::generations::event(&u);
+                    if tx.send(Bytes::from(event)).await.is_err() {
+                        break;
+                    }
+                }
+                state.finished(route, &line, 200, None);
+            });
+            Ok(Answered {
+                response: event_stream(rx),
+                recorded: true,
+                usage: None,
+            })
         }
         Route::Embeddings => {
             let v = tokens::embeddings(state.engine.clone(), &body, &models).await?;

@@ -27,7 +27,7 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// A request's `model`, or the first served one when absent (llama-server's endpoints).
-fn model(o: &Obj, models: &[String], required: bool) -> Result<String, ApiError> {
+pub(crate) fn model(o: &Obj, models: &[String], required: bool) -> Result<String, ApiError> {
     let model = match (json::string(o, "model")?, required) {
         (Some(m), _) => m,
         (None, true) => json::required_string(o, "model")?,
@@ -43,7 +43,7 @@ fn model(o: &Obj, models: &[String], required: bool) -> Result<String, ApiError>
 }
 
 /// Refuses fields outside `known`, naming them.
-fn only(o: &Obj, known: &[&str]) -> Result<(), ApiError> {
+pub(crate) fn only(o: &Obj, known: &[&str]) -> Result<(), ApiError> {
     match o
         .iter()
         .find(|(k, v)| !v.is_null() && !known.contains(&k.as_str()))

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Image generation beside diffusers: seconds per denoising step of the same pipeline, and what
+runner-image's exact caches save.
+
+Pipelines: the tiny one of `tests/fixtures/diffusion_tiny/sd` (32×32 images), and a larger
+random-weight Stable Diffusion layout made once into ~/.cache/u/bench/sd-bench (UNet
+`block_out_channels` (64, 128, 256) with cross-attention in the first two, CLIP text encoder of
+width 256, a three-block VAE; 128×128 images from 32×32 latents), both with DDIM and
+classifier-free guidance (two UNet passes per step).
+
+Per pipeline: `u-runner image` and diffusers' `StableDiffusionPipeline` (PyTorch CPU,
+`torch.set_num_threads` the same) each run at 2 and 12 steps, interleaved; seconds per step is
+the difference over 10 steps (loading, text encoding and decoding cancel), median of `--runs`.
+
+Caches, on `u-runner serve` of the larger pipeline (over HTTP, 12 steps): a request cold; the
+same request again (its trajectory is cached: only the decoder runs); a new seed with the same
+prompt (the prompt's rows are cached); a new prompt; and a streamed request abandoned after
+step 6, then asked again (it resumes at step 6).
+
+    python3 tests/bench/diffusion_vs_diffusers.py [--threads 2] [--runs 3]
+
+Needs `cargo xtask build`, torch, diffusers and transformers (tests/fixtures/requirements.txt).
+Quote the ratios: the machines here are shared.
+"""
+import argparse
+import http.client
+import json
+import pathlib
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+RUNNER = ROOT / "target/release/u-runner"
+TINY = ROOT / "tests/fixtures/diffusion_tiny/sd"
+BENCH = pathlib.Path.home() / ".cache/u/bench/sd-bench"
+PROMPT = "a photo of a red cat"
+sys.path.insert(0, str(ROOT / "tests/fixtures/diffusion_tiny"))
+
+
+def make_bench_pipeline() -> None:
+    """The larger random-weight pipeline (once)."""
+    if (BENCH / "model_index.json").exists():
+        return
+    import torch
+    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline
+    from diffusers import UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+    import gen_diffusion_tiny as tiny
+
+    gen = torch.Generator().manual_seed(2024)
+    tok = tiny.tokenizer()
+    unet = UNet2DConditionModel(
+        sample_size=32, in_channels=4, out_channels=4,
+        down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
+        block_out_channels=(64, 128, 256), layers_per_block=2, norm_num_groups=32,
+        cross_attention_dim=256, attention_head_dim=8).eval()
+    vae = AutoencoderKL(
+        down_block_types=("DownEncoderBlock2D",) * 3, up_block_types=("UpDecoderBlock2D",) * 3,
+        block_out_channels=(32, 64, 64), layers_per_block=1, latent_channels=4,
+        norm_num_groups=32, sample_size=128).eval()
+    text = CLIPTextModel(CLIPTextConfig(
+        vocab_size=len(tok), hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
+        num_attention_heads=4, max_position_embeddings=77, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)).eval()
+    for model in (unet, vae, text):
+        tiny.reinit(model, gen)
+    scheduler = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                              clip_sample=False, set_alpha_to_one=False, steps_offset=1)
+    pipe = StableDiffusionPipeline(vae=vae, text_encoder=text, tokenizer=tok, unet=unet,
+                                   scheduler=scheduler, safety_checker=None,
+                                   feature_extractor=None, requires_safety_checker=False)
+    pipe.save_pretrained(BENCH, safe_serialization=True)
+
+
+def u_seconds(model: pathlib.Path, steps: int, threads: int) -> float:
+    """Generation seconds (after loading) that `u-runner image` reports."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = subprocess.run(
+            [str(RUNNER), "image", "--model", str(model), "--prompt", PROMPT, "--steps",
+             str(steps), "--seed", "1", "--threads", str(threads), "--out", f"{tmp}/x.png",
+             "--deployment", str(ROOT / "manifests/dev.toml")],
+            check=True, capture_output=True, text=True).stderr
+    return float(re.search(r"steps in ([0-9.]+) s", out).group(1))
+
+
+def diffusers_seconds(pipe, steps: int) -> float:
+    import torch
+    start = time.perf_counter()
+    with torch.no_grad():
+        pipe(PROMPT, num_inference_steps=steps, guidance_scale=7.5,
+             generator=torch.Generator().manual_seed(1), output_type="np")
+    return time.perf_counter() - start
+
+
+def per_step(model: pathlib.Path, threads: int, runs: int) -> None:
+    import torch
+    from diffusers import StableDiffusionPipeline
+    torch.set_num_threads(threads)
+    pipe = StableDiffusionPipeline.from_pretrained(model)
+    pipe.set_progress_bar_config(disable=True)
+    u, d = [], []
+    u_seconds(model, 2, threads)
+    diffusers_seconds(pipe, 2)
+    for _ in range(runs):
+        u.append((u_seconds(model, 12, threads) - u_seconds(model, 2, threads)) / 10)
+        d.append((diffusers_seconds(pipe, 12) - diffusers_seconds(pipe, 2)) / 10)
+    mu, md = statistics.median(u), statistics.median(d)
+    print(f"{model.name:<10} s/step U {mu:.4f}  diffusers {md:.4f}  diffusers/U {md / mu:.2f}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(model: pathlib.Path, folder: pathlib.Path, threads: int):
+    port = free_port()
+    text = (ROOT / "manifests/dev.toml").read_text().replace('"../', f'"{ROOT}/')
+    text = text.replace('"/srv/models/**"', f'"{model}/**"')
+    text = text.replace('name = "dev"\n', f'name = "dev"\nthreads = {threads}\n', 1)
+    text += (f'\n[[plugins]]\npath = "{ROOT}/target/plugins/transport-http.so"\n'
+             f'[plugins.grants]\nnet.listen = ["tcp:127.0.0.1:{port}"]\n'
+             f'\n[model]\npath = "{model}"\n')
+    manifest = folder / "deployment.toml"
+    manifest.write_text(text)
+    log = open(folder / "server.log", "w")
+    proc = subprocess.Popen([str(RUNNER), "serve", str(manifest)], stdout=subprocess.DEVNULL,
+                            stderr=log)
+    for _ in range(600):
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            c.request("GET", "/health")
+            if c.getresponse().status == 200:
+                return proc, port
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit((folder / "server.log").read_text())
+
+
+def timed(port: int, body: dict, stop_after: int = 0) -> float:
+    """Seconds of one request; with `stop_after`, a streamed one abandoned after that step."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    start = time.perf_counter()
+    c.request("POST", "/v1/images/generations", json.dumps(dict(body, stream=stop_after > 0)),
+              {"Content-Type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 200, r.read()
+    if stop_after:
+        for line in r:
+            if line.startswith(b"data: ") and json.loads(line[6:]).get("step") == stop_after:
+                break
+        c.sock.shutdown(socket.SHUT_RDWR)
+        c.close()
+        time.sleep(0.5)
+    else:
+        r.read()
+    return time.perf_counter() - start
+
+
+def caches(threads: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, port = serve(BENCH, pathlib.Path(tmp), threads)
+        try:
+            base = {"model": "sd-bench", "prompt": PROMPT, "steps": 12, "seed": 1}
+            timed(port, dict(base, seed=99))  # warm
+            cold = timed(port, base)
+            again = timed(port, base)
+            same_prompt = timed(port, dict(base, seed=2))
+            new_prompt = timed(port, dict(base, seed=3, prompt="two dogs!"))
+            timed(port, dict(base, seed=4), stop_after=6)
+            resumed = timed(port, dict(base, seed=4))
+        finally:
+            proc.terminate()
+            proc.wait()
+    print(f"12 steps, cold {cold:.3f} s; repeated (trajectory cached) {again:.3f} s "
+          f"({cold / again:.1f}x); new seed, cached prompt {same_prompt:.3f} s; new prompt "
+          f"{new_prompt:.3f} s (text encoder {new_prompt - same_prompt:+.3f} s); resumed at step "
+          f"6 {resumed:.3f} s (saves {cold - resumed:.3f} s)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    make_bench_pipeline()
+    for model in (TINY, BENCH):
+        per_step(model, args.threads, args.runs)
+    caches(args.threads)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+//! Image generation through the signed host (issue #19), on the tiny random-weight Stable
+//! Diffusion folder of `tests/fixtures/diffusion_tiny/sd/` (diffusers' layout, made by
+//! `gen_diffusion_tiny.py`): loader-safetensors opens each component, arch-diffusion and
+//! arch-clip build them, runner-image runs the pipeline.
+//! - `u-runner image` writes a PNG of the pipeline's size; the same seed gives the same bytes,
+//!   another seed another image; an initial image (`--init-image`) is refined; a folder without
+//!   its `vae/` and `--steps 0` are clear errors.
+//! - Served by `u-runner serve`, the official `openai` client's `images.generate` returns the
+//!   same PNG as the command line for the same seed, over TCP and the Unix socket; a streamed
+//!   request reports every step, then the image; bad requests get 4xx answers.
+
+use base64::Engine as _;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use u_conformance::{
+    bin, plugin, root, run,
+    serving::{Options, Server, http, post, python_client_both, start_with},
+    text,
+};
+
+fn sd() -> PathBuf {
+    root().join("tests/fixtures/diffusion_tiny/sd")
+}
+
+const PROMPT: &str = "a photo of a red cat";
+
+fn image(model: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+    let mut cmd = Command::new(bin("u-runner"));
+    cmd.arg("image")
+        .args(["--prompt", PROMPT, "--threads", "2", "--model"])
+        .arg(model)
+        .arg("--out")
+        .arg(out)
+        .arg("--deployment")
+        .arg(root().join("manifests/dev.toml"))
+        .args(extra);
+    run(&mut cmd)
+}
+
+/// Width and height of a PNG file.
+fn png_size(png: &[u8]) -> (u32, u32) {
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "a PNG signature");
+    let be = |at: usize| u32::from_be_bytes(png[at..at + 4].try_into().unwrap());
+    (be(16), be(20))
+}
+
+#[test]
+fn the_command_line_writes_a_seeded_png() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = |name: &str| dir.path().join(name);
+    let first = image(&sd(), &out("a.png"), &["--steps", "4", "--seed", "7"]);
+    assert!(first.status.success(), "{}", text(&first));
+    assert!(text(&first).contains("4 steps"), "{}", text(&first));
+    let a = std::fs::read(out("a.png")).unwrap();
+    assert_eq!(png_size(&a), (32, 32), "the pipeline's own size");
+    let again = image(&sd(), &out("b.png"), &["--steps", "4", "--seed", "7"]);
+    assert!(again.status.success(), "{}", text(&again));
+    assert_eq!(
+        a,
+        std::fs::read(out("b.png")).unwrap(),
+        "same seed, same bytes"
+    );
+    let other = image(
+        &sd(),
+        &out("c.png"),
+        &["--steps", "2", "--seed", "8", "--width", "48"],
+    );
+    assert!(other.status.success(), "{}", text(&other));
+    assert_eq!(png_size(&std::fs::read(out("c.png")).unwrap()), (48, 32));
+
+    let init = root().join("tests/fixtures/diffusion_tiny/init.png");
+    let refined = image(
+        &sd(),
+        &out("d.png"),
+        &[
+            "--init-image",
+            init.to_str().unwrap(),
+            "--strength",
+            "0.5",
+            "--steps",
+            "4",
+        ],
+    );
+    assert!(refined.status.success(), "{}", text(&refined));
+    assert_eq!(png_size(&std::fs::read(out("d.png")).unwrap()), (32, 32));
+
+    let zero = image(&sd(), &out("e.png"), &["--steps", "0"]);
+    assert!(!zero.status.success());
+    assert!(text(&zero).contains("0 steps"), "{}", text(&zero));
+    assert!(
+        !out("e.png").exists(),
+        "nothing is written for a failed run"
+    );
+
+    // A pipeline folder without its autoencoder.
+    let broken = dir.path().join("broken");
+    for part in ["unet", "text_encoder", "tokenizer", "scheduler"] {
+        let to = broken.join(part);
+        std::fs::create_dir_all(&to).unwrap();
+        for f in std::fs::read_dir(sd().join(part)).unwrap() {
+            let f = f.unwrap().path();
+            std::fs::copy(&f, to.join(f.file_name().unwrap())).unwrap();
+        }
+    }
+    std::fs::copy(
+        sd().join("model_index.json"),
+        broken.join("model_index.json"),
+    )
+    .unwrap();
+    let missing = image(&broken, &out("f.png"), &["--steps", "1"]);
+    assert!(!missing.status.success());
+    assert!(text(&missing).contains("vae"), "{}", text(&missing));
+}
+
+fn server() -> Server {
+    let extra: String = ["arch-clip", "arch-diffusion", "runner-image"]
+        .iter()
+        .map(|p| format!("[[plugins]]\npath = \"{}\"\n\n", plugin(p).display()))
+        .collect();
+    let options = Options {
+        plugins: extra,
+        ..Options::default()
+    };
+    start_with(
+        tempfile::tempdir().unwrap(),
+        &sd(),
+        "loader-safetensors",
+        &options,
+    )
+}
+
+#[test]
+fn the_openai_client_generates_images_over_http() {
+    let server = server();
+    let dir = tempfile::tempdir().unwrap();
+    let cli = dir.path().join("cli.png");
+    let made = image(&sd(), &cli, &["--steps", "4", "--seed", "11"]);
+    assert!(made.status.success(), "{}", text(&made));
+    let want = std::fs::read(&cli).unwrap();
+
+    let script = r#"
+import base64, json
+c = openai_client()
+r = c.images.generate(model="sd", prompt="a photo of a red cat", size="32x32",
+                      response_format="b64_json", extra_body={"steps": 4, "seed": 11})
+two = c.images.generate(model="sd", prompt="a photo of a red cat", n=2,
+                        extra_body={"steps": 2, "seed": 3})
+print(json.dumps({
+    "png": r.data[0].b64_json,
+    "seed": r.data[0].model_dump().get("seed"),
+    "seeds": [d.model_dump().get("seed") for d in two.data],
+    "distinct": two.data[0].b64_json != two.data[1].b64_json,
+}))
+"#;
+    for answer in python_client_both(script, &[], &server) {
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(answer["png"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(png, want, "served = command line for the same seed");
+        assert_eq!(answer["seed"], 11);
+        assert_eq!(answer["seeds"], serde_json::json!([3, 4]));
+        assert_eq!(answer["distinct"], true);
+    }
+
+    // Streamed: a progress event per step, then the image.
+    let body = br#"{"model":"sd","prompt":"two dogs!","steps":3,"seed":5,"stream":true}"#;
+    let raw = format!(
+        "POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let (status, reply) = http(server.port, &[raw.as_bytes(), body].concat()).unwrap();
+    assert_eq!(status, 200, "{reply}");
+    let events: Vec<Value> = reply
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "image_generation.progress",
+            "image_generation.progress",
+            "image_generation.progress",
+            "image_generation.completed"
+        ],
+        "{reply}"
+    );
+    assert_eq!(
+        (events[2]["step"].as_u64(), events[2]["steps"].as_u64()),
+        (Some(3), Some(3))
+    );
+    assert!(events[3]["b64_json"].as_str().unwrap().len() > 100);
+
+    for (body, status) in [
+        (&br#"{"model":"sd","prompt":"x","steps":0}"#[..], 400),
+        (
+            br#"{"model":"sd","prompt":"x","size":"30x30","steps":1}"#,
+            400,
+        ),
+        (
+            br#"{"model":"sd","prompt":"x","size":"4096x4096","steps":1}"#,
+            400,
+        ),
+        (
+            br#"{"model":"sd","prompt":"x","response_format":"url"}"#,
+            400,
+        ),
+        (br#"{"model":"nope","prompt":"x"}"#, 404),
+        (
+            br#"{"model":"sd","prompt":"x","image":"aGVsbG8=","steps":1}"#,
+            400,
+        ),
+        (br#"{"model":"sd""#, 400),
+    ] {
+        let (got, reply) = post(server.port, "/v1/images/generations", body);
+        assert_eq!(got, status, "{}: {reply}", String::from_utf8_lossy(body));
+        assert!(reply["error"]["message"].is_string(), "{reply}");
+    }
+    // The server serves on.
+    let (got, _) = post(
+        server.port,
+        "/v1/images/generations",
+        br#"{"model":"sd","prompt":"x","steps":1,"seed":1}"#,
+    );
+    assert_eq!(got, 200);
+}
