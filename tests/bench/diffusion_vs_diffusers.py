@@ -127,6 +127,7 @@ def serve(model: pathlib.Path, folder: pathlib.Path, threads: int):
     text = text.replace('name = "dev"\n', f'name = "dev"\nthreads = {threads}\n', 1)
     text += (f'\n[[plugins]]\npath = "{ROOT}/target/plugins/transport-http.so"\n'
              f'[plugins.grants]\nnet.listen = ["tcp:127.0.0.1:{port}"]\n'
+             f'fs.read = ["{folder}/secrets/**"]\n'
              f'\n[model]\npath = "{model}"\n')
     manifest = folder / "deployment.toml"
     manifest.write_text(text)

@@ -104,16 +104,11 @@ pub fn conv(
     let k = g.c_in * g.kh * g.kw;
     let positions = oh * ow;
     // im2col: each output position's receptive field as one row of `k` values (zeros where
-    // the kernel overhangs the padded border), so the convolution is one matrix product with
-    // the weight `[c_out, k]` on the GEMM kernels, a tile of positions at a time.
+    // the kernel overhangs the padded border), so the convolution is one matrix product on
+    // the GEMM kernels, a tile of positions at a time. The columns stand as the product's
+    // "weight" and the filters `[c_out, k]` as its activation rows: the filters stay in cache
+    // while each column is read once, and the result comes out channels first.
     let tile = (COLUMN_FLOATS / k).clamp(1, positions);
-    let weight_bytes: &[u8] = bytemuck_f32(weight);
-    let w = Weight {
-        dtype: DType::F32,
-        rows: g.c_out as u64,
-        row_len: k as u64,
-        data: weight_bytes,
-    };
     let mut cols = vec![0f32; tile * k];
     let mut prod = vec![0f32; tile * g.c_out];
     for first in (0..positions).step_by(tile) {
@@ -133,8 +128,14 @@ pub fn conv(
                             continue;
                         }
                         let line = &plane[iy as usize * g.w..][..g.w];
+                        let x0 = (x * g.stride) as isize - pw;
+                        if x0 >= 0 && x0 as usize + g.kw <= g.w {
+                            // Inside the border: the taps are a run of the input row.
+                            dst.copy_from_slice(&line[x0 as usize..][..g.kw]);
+                            continue;
+                        }
                         for (j, d) in dst.iter_mut().enumerate() {
-                            let ix = (x * g.stride) as isize + j as isize - pw;
+                            let ix = x0 + j as isize;
                             *d = if ix >= 0 && ix < g.w as isize {
                                 line[ix as usize]
                             } else {
@@ -146,10 +147,18 @@ pub fn conv(
             })
         });
         let prod = &mut prod[..n * g.c_out];
-        matmul_weight(eng, w, cols, n, prod)?;
-        for (r, row) in prod.chunks_exact(g.c_out).enumerate() {
-            for (co, &v) in row.iter().enumerate() {
-                out[co * positions + first + r] = v + bias.map_or(0.0, |b| b[co]);
+        let columns = Weight {
+            dtype: DType::F32,
+            rows: n as u64,
+            row_len: k as u64,
+            data: bytemuck_f32(cols),
+        };
+        matmul_weight(eng, columns, weight, g.c_out, prod)?;
+        for (co, row) in prod.chunks_exact(n).enumerate() {
+            let b = bias.map_or(0.0, |b| b[co]);
+            let dst = &mut out[co * positions + first..][..n];
+            for (d, &v) in dst.iter_mut().zip(row) {
+                *d = v + b;
             }
         }
     }
