@@ -11,6 +11,8 @@ classifier-free guidance (two UNet passes per step).
 Per pipeline: `u-runner image` and diffusers' `StableDiffusionPipeline` (PyTorch CPU,
 `torch.set_num_threads` the same) each run at 2 and 12 steps, interleaved; seconds per step is
 the difference over 10 steps (loading, text encoding and decoding cancel), median of `--runs`.
+U runs twice: as deployed, and with runner-image's `caches = false` (every step projects the
+prompt's cross-attention keys and values again).
 
 Caches, on `u-runner serve` of the larger pipeline (over HTTP, 12 steps): a request cold; the
 same request again (its trajectory is cached: only the decoder runs); a new seed with the same
@@ -78,13 +80,23 @@ def make_bench_pipeline() -> None:
     pipe.save_pretrained(BENCH, safe_serialization=True)
 
 
-def u_seconds(model: pathlib.Path, steps: int, threads: int) -> float:
+def dev_deployment(folder: pathlib.Path, caches: bool) -> pathlib.Path:
+    """manifests/dev.toml with absolute paths; runner-image's caches off unless `caches`."""
+    text = (ROOT / "manifests/dev.toml").read_text().replace('"../', f'"{ROOT}/')
+    if not caches:
+        text = text.replace('runner-image.so"\n', 'runner-image.so"\n[plugins.config]\ncaches = false\n')
+    path = folder / f"caches-{caches}.toml"
+    path.write_text(text)
+    return path
+
+
+def u_seconds(model: pathlib.Path, steps: int, threads: int, manifest: pathlib.Path) -> float:
     """Generation seconds (after loading) that `u-runner image` reports."""
     with tempfile.TemporaryDirectory() as tmp:
         out = subprocess.run(
             [str(RUNNER), "image", "--model", str(model), "--prompt", PROMPT, "--steps",
              str(steps), "--seed", "1", "--threads", str(threads), "--out", f"{tmp}/x.png",
-             "--deployment", str(ROOT / "manifests/dev.toml")],
+             "--deployment", str(manifest)],
             check=True, capture_output=True, text=True).stderr
     return float(re.search(r"steps in ([0-9.]+) s", out).group(1))
 
@@ -104,14 +116,23 @@ def per_step(model: pathlib.Path, threads: int, runs: int) -> None:
     torch.set_num_threads(threads)
     pipe = StableDiffusionPipeline.from_pretrained(model)
     pipe.set_progress_bar_config(disable=True)
-    u, d = [], []
-    u_seconds(model, 2, threads)
-    diffusers_seconds(pipe, 2)
-    for _ in range(runs):
-        u.append((u_seconds(model, 12, threads) - u_seconds(model, 2, threads)) / 10)
-        d.append((diffusers_seconds(pipe, 12) - diffusers_seconds(pipe, 2)) / 10)
-    mu, md = statistics.median(u), statistics.median(d)
-    print(f"{model.name:<10} s/step U {mu:.4f}  diffusers {md:.4f}  diffusers/U {md / mu:.2f}")
+    u, off, d = [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        on_toml = dev_deployment(pathlib.Path(tmp), True)
+        off_toml = dev_deployment(pathlib.Path(tmp), False)
+
+        def step(manifest):
+            return (u_seconds(model, 12, threads, manifest)
+                    - u_seconds(model, 2, threads, manifest)) / 10
+        u_seconds(model, 2, threads, on_toml)
+        diffusers_seconds(pipe, 2)
+        for _ in range(runs):
+            u.append(step(on_toml))
+            off.append(step(off_toml))
+            d.append((diffusers_seconds(pipe, 12) - diffusers_seconds(pipe, 2)) / 10)
+    mu, mo, md = statistics.median(u), statistics.median(off), statistics.median(d)
+    print(f"{model.name:<10} s/step U {mu:.4f} (caches off {mo:.4f}, {mo / mu:.3f}x)  "
+          f"diffusers {md:.4f}  diffusers/U {md / mu:.2f}")
 
 
 def free_port() -> int:

@@ -252,16 +252,32 @@ impl Attention {
         self.to_k.in_features()
     }
 
-    /// Rows `x` attending to `context` (or to themselves).
-    pub fn forward(&self, x: &Tensor, context: Option<&Tensor>) -> Result<Tensor> {
-        let kv = context.unwrap_or(x);
-        let (q, k, v) = (
-            self.to_q.forward(x)?,
-            self.to_k.forward(kv)?,
-            self.to_v.forward(kv)?,
-        );
-        self.to_out.forward(&attend(&q, &k, &v, self.heads)?)
+    /// The keys and values of `rows`.
+    pub fn keys_values(&self, rows: &Tensor) -> Result<KeysValues> {
+        Ok(KeysValues {
+            keys: self.to_k.forward(rows)?,
+            values: self.to_v.forward(rows)?,
+        })
     }
+
+    /// Rows `x` attending to themselves.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_to(x, &self.keys_values(x)?)
+    }
+
+    /// Rows `x` attending to the keys and values `kv` of a context.
+    pub fn forward_to(&self, x: &Tensor, kv: &KeysValues) -> Result<Tensor> {
+        let q = self.to_q.forward(x)?;
+        self.to_out
+            .forward(&attend(&q, &kv.keys, &kv.values, self.heads)?)
+    }
+}
+
+/// The keys and values a cross-attention reads from its context: the same for every step of a
+/// sample, so a denoiser keeps them ([`crate::model`]).
+pub struct KeysValues {
+    keys: Tensor,
+    values: Tensor,
 }
 
 /// The transformer's feed-forward network with a GEGLU (Shazeer 2020):
@@ -331,12 +347,13 @@ impl BasicTransformerBlock {
         })
     }
 
-    /// The rows `x` after the block, cross-attending to `context`.
-    pub fn forward(&self, x: &Tensor, context: &Tensor) -> Result<Tensor> {
-        let x = self.attn1.forward(&self.norm1.forward(x)?, None)?.add(x)?;
+    /// The rows `x` after the block, cross-attending to a context's keys and values `cross`
+    /// (its [`Attention::keys_values`]).
+    pub fn forward(&self, x: &Tensor, cross: &KeysValues) -> Result<Tensor> {
+        let x = self.attn1.forward(&self.norm1.forward(x)?)?.add(x)?;
         let x = self
             .attn2
-            .forward(&self.norm2.forward(&x)?, Some(context))?
+            .forward_to(&self.norm2.forward(&x)?, cross)?
             .add(&x)?;
         self.ff.forward(&self.norm3.forward(&x)?)?.add(&x)
     }
@@ -415,17 +432,33 @@ impl Transformer2D {
         self.blocks[0].attn2.context_width()
     }
 
-    /// `x` `[c, h, w]` plus the transformer's output, cross-attending to `context`
+    /// The keys and values each block's cross-attention reads from `context`
     /// `[rows, context_width]`.
-    pub fn forward(&self, x: &Tensor, context: &Tensor) -> Result<Tensor> {
+    pub fn cross_keys_values(&self, context: &Tensor) -> Result<Vec<KeysValues>> {
+        self.blocks
+            .iter()
+            .map(|b| b.attn2.keys_values(context))
+            .collect()
+    }
+
+    /// `x` `[c, h, w]` plus the transformer's output, cross-attending with `cross` (its
+    /// [`Transformer2D::cross_keys_values`] of the context).
+    pub fn forward(&self, x: &Tensor, cross: &[KeysValues]) -> Result<Tensor> {
+        if cross.len() != self.blocks.len() {
+            return Err(UError::invalid(format!(
+                "arch-diffusion: {} cross-attention keys and values for {} blocks",
+                cross.len(),
+                self.blocks.len()
+            )));
+        }
         let hw = size(x)?;
         let n = self.norm.forward(x)?;
         let mut r = match &self.proj_in {
             Projection::Conv(c) => to_rows(&c.forward(&n)?)?,
             Projection::Linear(l) => l.forward(&to_rows(&n)?)?,
         };
-        for block in &self.blocks {
-            r = block.forward(&r, context)?;
+        for (block, kv) in self.blocks.iter().zip(cross) {
+            r = block.forward(&r, kv)?;
         }
         let y = match &self.proj_out {
             Projection::Conv(c) => c.forward(&to_map(&r, hw)?)?,

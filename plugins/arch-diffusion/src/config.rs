@@ -6,6 +6,10 @@
 
 use u_sdk::{MetaValue, Result, UError, WeightSetBox};
 
+/// The most resolution levels a network may have (each halves the map; Stable Diffusion has
+/// four).
+pub const MAX_LEVELS: usize = 8;
+
 /// `config.json` of one component, read with its class's defaults.
 struct Meta<'w> {
     weights: &'w WeightSetBox,
@@ -61,6 +65,18 @@ impl Meta<'_> {
             Some(MetaValue::Str(s)) => Ok(s.into()),
             Some(v) => Err(self.bad(format!("`{key}` is not a name ({v:?})"))),
         }
+    }
+
+    /// Resolution levels: `block_out_channels`, one entry per level (at most [`MAX_LEVELS`]).
+    fn levels(&self, default: &[usize]) -> Result<Vec<usize>> {
+        let levels = self.counts("block_out_channels", default)?;
+        if levels.len() > MAX_LEVELS {
+            return Err(self.bad(format!(
+                "{} resolution levels in `block_out_channels`; at most {MAX_LEVELS}",
+                levels.len()
+            )));
+        }
+        Ok(levels)
     }
 
     /// A list of positive counts.
@@ -172,7 +188,7 @@ impl VaeConfig {
         };
         m.check_class()?;
         m.silu("act_fn")?;
-        let blocks = m.counts("block_out_channels", &VAE_BLOCKS)?;
+        let blocks = m.levels(&VAE_BLOCKS)?;
         for (key, want) in [
             ("down_block_types", "DownEncoderBlock2D"),
             ("up_block_types", "UpDecoderBlock2D"),
@@ -306,7 +322,7 @@ impl UnetConfig {
         m.refuse_unless("resnet_out_scale_factor", |v| v.as_f64() == Some(1.0))?;
         m.refuse_unless("transformer_layers_per_block", |v| v.as_u64() == Some(1))?;
 
-        let channels = m.counts("block_out_channels", &[320, 640, 1280, 1280])?;
+        let channels = m.levels(&[320, 640, 1280, 1280])?;
         let n = channels.len();
         // diffusers' legacy naming: `attention_head_dim` is the number of heads unless
         // `num_attention_heads` is given.

@@ -1,23 +1,41 @@
 //! The networks as models of the ABI: each chunk of a batch is one feature map
 //! ([`Segment::Planes`]) asking for the network's output map ([`Output::Planes`]); the UNet
 //! also takes its timestep as the chunk's conditioning (one value) and the text encoder's rows
-//! as its cross-attention context. Nothing is kept between passes.
+//! as its cross-attention context ([`u_sdk::CrossContext`]).
+//!
+//! The UNet keeps the keys and values its cross-attentions read from a context under the
+//! context's `kv` sequence, for the [`CROSS_CONTEXTS`] most recent ones (a guided sample uses
+//! two): every step of a sample reuses them instead of projecting the same rows again. A
+//! context given again is compared bit for bit with the one kept (a different one replaces
+//! it); a context sent empty uses the one kept. Nothing else is kept between passes.
 
 use crate::{
     config::{UnetConfig, VaeConfig},
-    unet::Unet2dCondition,
+    unet::{CrossKeysValues, Unet2dCondition},
     vae::{VaeDecoder, VaeEncoder},
 };
 use abi_stable::std_types::ROption;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use u_sdk::{
     AttentionMask, ModelConfig, ModelKind, Output, PlaneSpec, Planes, Pooling, Result, Segment,
-    SeqChunk, UError,
+    SeqChunk, SeqId, UError,
     nn::{Device, Tensor},
 };
 
 /// The largest output map a pass writes, in pixels (4096 × 4096): a bound on the memory one
 /// request can ask for, far above what the networks were trained at.
 pub const MAX_PIXELS: u64 = 4096 * 4096;
+
+/// Contexts whose cross-attention keys and values the UNet keeps.
+pub const CROSS_CONTEXTS: usize = 4;
+
+/// A context's cross-attention keys and values, and the context itself (its bits).
+struct KeptContext {
+    kv: SeqId,
+    bits: Vec<u32>,
+    keys_values: Arc<CrossKeysValues>,
+}
 
 /// Which network a model runs.
 pub enum Network {
@@ -34,6 +52,8 @@ pub struct DiffusionModel {
     network: Network,
     family: String,
     device: Device,
+    /// The UNet's kept contexts, most recent last.
+    contexts: Mutex<VecDeque<KeptContext>>,
 }
 
 /// What one chunk asks for, checked.
@@ -43,6 +63,7 @@ struct Job<'a> {
     wanted: bool,
     timestep: f32,
     context: &'a [f32],
+    kv: SeqId,
 }
 
 impl DiffusionModel {
@@ -52,6 +73,7 @@ impl DiffusionModel {
             network,
             family: family.to_string(),
             device,
+            contexts: Mutex::new(VecDeque::new()),
         }
     }
 
@@ -169,8 +191,8 @@ impl DiffusionModel {
                 "arch-diffusion: adapters and steering vectors are not applied to these networks",
             ));
         }
-        let (timestep, context) = match self.unet_config() {
-            None if x.conditioning.is_empty() && x.cross.is_none() => (0.0, &[][..]),
+        let (timestep, context, kv) = match self.unet_config() {
+            None if x.conditioning.is_empty() && x.cross.is_none() => (0.0, &[][..], 0),
             None => {
                 return Err(UError::unsupported(format!(
                     "arch-diffusion: {} takes no conditioning or context",
@@ -188,11 +210,9 @@ impl DiffusionModel {
                         )));
                     }
                 };
-                let context = match x.cross.as_ref() {
-                    ROption::RSome(c)
-                        if !c.rows.is_empty() && c.rows.len().is_multiple_of(width) =>
-                    {
-                        c.rows.as_slice()
+                let (context, kv) = match x.cross.as_ref() {
+                    ROption::RSome(c) if c.rows.len().is_multiple_of(width) => {
+                        (c.rows.as_slice(), c.kv)
                     }
                     ROption::RSome(c) => {
                         return Err(bad(format!(
@@ -209,7 +229,7 @@ impl DiffusionModel {
                         ));
                     }
                 };
-                (timestep, context)
+                (timestep, context, kv)
             }
         };
         Ok(Job {
@@ -218,7 +238,48 @@ impl DiffusionModel {
             wanted,
             timestep,
             context,
+            kv,
         })
+    }
+
+    /// The cross-attention keys and values of context `kv` with `rows` (empty: the kept
+    /// one's), kept for later steps.
+    fn cross(
+        &self,
+        unet: &Unet2dCondition,
+        kv: SeqId,
+        rows: &[f32],
+    ) -> Result<Arc<CrossKeysValues>> {
+        let bits: Vec<u32> = rows.iter().map(|v| v.to_bits()).collect();
+        let mut kept = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = kept.iter().position(|c| c.kv == kv) {
+            if rows.is_empty() || kept[i].bits == bits {
+                let hit = kept.remove(i).expect("position is in range");
+                let keys_values = hit.keys_values.clone();
+                kept.push_back(hit);
+                return Ok(keys_values);
+            }
+            kept.remove(i);
+        }
+        if rows.is_empty() {
+            return Err(UError::invalid(format!(
+                "arch-diffusion: context {kv} holds no keys and values: send its rows"
+            )));
+        }
+        let width = unet.config().cross_attention_dim;
+        let context = self
+            .device
+            .from_f32(rows, &[(rows.len() / width) as u64, width as u64])?;
+        let keys_values = Arc::new(unet.cross_keys_values(&context)?);
+        kept.push_back(KeptContext {
+            kv,
+            bits,
+            keys_values: keys_values.clone(),
+        });
+        while kept.len() > CROSS_CONTEXTS {
+            kept.pop_front();
+        }
+        Ok(keys_values)
     }
 
     fn run(&self, job: &Job<'_>) -> Result<Tensor> {
@@ -231,10 +292,8 @@ impl DiffusionModel {
             Network::Decoder(d) => d.forward(&x),
             Network::Encoder(e) => e.forward(&x),
             Network::Unet(u) => {
-                let width = u.config().cross_attention_dim;
-                let rows = (job.context.len() / width) as u64;
-                let context = self.device.from_f32(job.context, &[rows, width as u64])?;
-                u.forward(&x, job.timestep, &context)
+                let cross = self.cross(u, job.kv, job.context)?;
+                u.forward(&x, job.timestep, &cross)
             }
         }
     }

@@ -13,7 +13,7 @@
 //! ```
 
 use crate::{
-    blocks::{Downsample2D, ResnetBlock2D, Transformer2D, Upsample2D},
+    blocks::{Downsample2D, KeysValues, ResnetBlock2D, Transformer2D, Upsample2D},
     config::{UnetBlock, UnetConfig},
     layers::{Conv2d, GroupNorm, Linear, Weights},
 };
@@ -90,6 +90,11 @@ pub struct MidBlock {
     first: ResnetBlock2D,
     pairs: Vec<(Transformer2D, ResnetBlock2D)>,
 }
+
+/// The keys and values every cross-attention of the UNet reads from one context, transformer
+/// by transformer in the order the forward pass meets them: the same for every step of a
+/// sample.
+pub struct CrossKeysValues(Vec<Vec<KeysValues>>);
 
 /// The whole denoiser.
 pub struct Unet2dCondition {
@@ -251,12 +256,7 @@ impl Unet2dCondition {
         if !skips.is_empty() || self.norm_out.channels() != c {
             return bad("the up blocks do not consume the down blocks' outputs".into());
         }
-        let transformers = self
-            .down
-            .iter()
-            .flat_map(|b| &b.attentions)
-            .chain(self.mid.pairs.iter().map(|(t, _)| t))
-            .chain(self.up.iter().flat_map(|b| &b.attentions));
+        let transformers = self.transformers();
         for t in transformers {
             if t.context_width() != cfg.cross_attention_dim {
                 return bad(format!(
@@ -274,9 +274,36 @@ impl Unet2dCondition {
         &self.cfg
     }
 
+    /// The transformers in the order the forward pass meets them.
+    fn transformers(&self) -> impl Iterator<Item = &Transformer2D> {
+        self.down
+            .iter()
+            .flat_map(|b| &b.attentions)
+            .chain(self.mid.pairs.iter().map(|(t, _)| t))
+            .chain(self.up.iter().flat_map(|b| &b.attentions))
+    }
+
+    /// The keys and values of `context` `[rows, cross_attention_dim]` for every
+    /// cross-attention.
+    pub fn cross_keys_values(&self, context: &Tensor) -> Result<CrossKeysValues> {
+        Ok(CrossKeysValues(
+            self.transformers()
+                .map(|t| t.cross_keys_values(context))
+                .collect::<Result<_>>()?,
+        ))
+    }
+
     /// The prediction for noisy latents `x` `[in_channels, h, w]` at timestep `t`,
-    /// conditioned on `context` `[rows, cross_attention_dim]`.
-    pub fn forward(&self, x: &Tensor, t: f32, context: &Tensor) -> Result<Tensor> {
+    /// conditioned on a context through its keys and values `cross`.
+    pub fn forward(&self, x: &Tensor, t: f32, cross: &CrossKeysValues) -> Result<Tensor> {
+        let mut cross = cross.0.iter();
+        let mut context = || {
+            cross.next().map(Vec::as_slice).ok_or_else(|| {
+                UError::invalid(
+                    "arch-diffusion: UNet: fewer cross keys and values than transformers",
+                )
+            })
+        };
         let temb = self.time.forward(t, x.device())?;
         temb.activation_assign(Activation::Silu)?;
         let temb = Some(&temb);
@@ -295,7 +322,7 @@ impl Unet2dCondition {
             for (j, r) in block.resnets.iter().enumerate() {
                 h = r.forward(&h, temb)?;
                 if let Some(t) = block.attentions.get(j) {
-                    h = t.forward(&h, context)?;
+                    h = t.forward(&h, context()?)?;
                 }
                 skips.push(h.clone());
             }
@@ -306,7 +333,7 @@ impl Unet2dCondition {
         }
         h = self.mid.first.forward(&h, temb)?;
         for (t, r) in &self.mid.pairs {
-            h = r.forward(&t.forward(&h, context)?, temb)?;
+            h = r.forward(&t.forward(&h, context()?)?, temb)?;
         }
         for block in &self.up {
             for (j, r) in block.resnets.iter().enumerate() {
@@ -315,7 +342,7 @@ impl Unet2dCondition {
                     .ok_or_else(|| UError::invalid("arch-diffusion: UNet: skips run out"))?;
                 h = r.forward(&Tensor::concat(&[&h, &skip])?, temb)?;
                 if let Some(t) = block.attentions.get(j) {
-                    h = t.forward(&h, context)?;
+                    h = t.forward(&h, context()?)?;
                 }
             }
             if let Some(u) = &block.upsample {

@@ -246,6 +246,46 @@ fn the_unet_with_linear_projections_equals_diffusers() -> Result<()> {
 }
 
 #[test]
+fn a_contexts_keys_and_values_are_kept_exactly() -> Result<()> {
+    let e = expected()?;
+    let unet = load("sd/unet", UNET)?;
+    let cases = cases(&e, "unet");
+    let input = [Segment::Planes(planes(
+        &cases[0].sample.0,
+        &cases[0].sample.1,
+    ))];
+    let t = [cases[0].timestep];
+    let with = |kv: u64, rows: &'static [f32]| SeqExtras {
+        conditioning: RSlice::from_slice(&t),
+        cross: ROption::RSome(CrossContext {
+            kv,
+            rows: RSlice::from_slice(rows),
+        }),
+        ..SeqExtras::default()
+    };
+    let first: &'static [f32] = Box::leak(cases[0].context.clone().into_boxed_slice());
+    let second: &'static [f32] = Box::leak(cases[1].context.clone().into_boxed_slice());
+    let fresh = run(&unet, &[chunk(&input, with(7, first))])?;
+    // Kept: given again, or sent empty, the same bits come out.
+    assert_eq!(run(&unet, &[chunk(&input, with(7, first))])?, fresh);
+    assert_eq!(run(&unet, &[chunk(&input, with(7, &[]))])?, fresh);
+    // Another context under the same sequence replaces it.
+    let other = run(&unet, &[chunk(&input, with(7, second))])?;
+    assert_ne!(other, fresh);
+    assert_eq!(run(&unet, &[chunk(&input, with(8, second))])?, other);
+    // A sequence that holds nothing must send its rows.
+    let err = run(&unet, &[chunk(&input, with(9, &[]))]).unwrap_err();
+    assert!(err.message.contains("holds no keys and values"), "{err}");
+    // Only the most recent contexts stay.
+    for kv in 10..10 + u_arch_diffusion::model::CROSS_CONTEXTS as u64 {
+        run(&unet, &[chunk(&input, with(kv, first))])?;
+    }
+    let err = run(&unet, &[chunk(&input, with(7, &[]))]).unwrap_err();
+    assert!(err.message.contains("holds no keys and values"), "{err}");
+    Ok(())
+}
+
+#[test]
 fn bad_input_is_a_clear_error() -> Result<()> {
     let e = expected()?;
     let unet = load("sd/unet", UNET)?;

@@ -10,7 +10,12 @@
 //!   decodes its final latents again without a step. Each step's noise is drawn from the seed
 //!   by its index, so a resumed trajectory is the uninterrupted one.
 //!
-//! Both are bounded and forget their least recently used entries.
+//! - **Cross-attention keys and values**: each request's two contexts (the prompt's rows and
+//!   the negative prompt's) get sequence ids of their own ([`Caches::contexts`]), under which
+//!   the denoiser keeps the keys and values its cross-attentions read, so every step after the
+//!   first reuses them.
+//!
+//! Both maps are bounded and forget their least recently used entries.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
@@ -110,10 +115,12 @@ pub const PROMPTS: usize = 64;
 /// Trajectories kept.
 pub const TRAJECTORIES: usize = 16;
 
-/// The two caches of an engine.
+/// The caches of an engine.
 pub struct Caches {
     prompts: Lru<String, Arc<Vec<f32>>>,
     trajectories: Lru<TrajectoryKey, Progress>,
+    enabled: bool,
+    next_context: u64,
 }
 
 impl Caches {
@@ -124,7 +131,22 @@ impl Caches {
         Self {
             prompts: Lru::new(n(PROMPTS)),
             trajectories: Lru::new(n(TRAJECTORIES)),
+            enabled,
+            next_context: 0,
         }
+    }
+
+    /// Fresh sequence ids for a request's two contexts (prompt, negative prompt).
+    pub fn contexts(&mut self) -> [u64; 2] {
+        let n = self.next_context;
+        self.next_context = n.wrapping_add(2);
+        [n, n.wrapping_add(1)]
+    }
+
+    /// Whether the denoiser may keep a context's keys and values across steps (off: every
+    /// step gets fresh ids, so each projects its context again).
+    pub fn keeps_contexts(&self) -> bool {
+        self.enabled
     }
 
     /// The encoder rows of `prompt`, if cached.

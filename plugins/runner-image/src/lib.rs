@@ -16,7 +16,8 @@
 //!
 //! Requests run one at a time on the caller's thread (each pass already uses every core); the
 //! others wait their turn, up to `max_queued`. Settings (`[plugins.config]`): `max_pixels`, the
-//! largest image a request may ask for or start from (default 2048 × 2048).
+//! largest image a request may ask for or start from (default 2048 × 2048), and `caches`
+//! (default `true`; `false` computes everything every time, to measure what they save).
 #![deny(missing_docs)]
 
 pub mod cache;
@@ -307,20 +308,27 @@ fn describe() -> PluginInfo {
     }
 }
 
-/// Creates the runner (the root module's `instantiate`) with its one setting, `max_pixels`.
+/// Creates the runner (the root module's `instantiate`) with its settings: `max_pixels`, and
+/// `caches` (`false` turns every cache off, to measure what they save).
 fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
     let mut runner = ImageRunner::default();
     for (key, value) in u_sdk::settings::table(&host, "runner-image")? {
-        match (key.as_str(), value.as_integer()) {
-            ("max_pixels", Some(n)) if n > 0 => runner.max_pixels = n as u64,
-            ("max_pixels", _) => {
-                return Err(UError::invalid(
-                    "runner-image config: `max_pixels` must be a positive integer",
-                ));
-            }
-            (other, _) => {
+        match (key.as_str(), value.as_integer(), value.as_bool()) {
+            ("max_pixels", Some(n), _) if n > 0 => runner.max_pixels = n as u64,
+            ("caches", _, Some(on)) => runner.caches = on,
+            ("max_pixels" | "caches", ..) => {
                 return Err(UError::invalid(format!(
-                    "runner-image config: unknown key `{other}` (known: max_pixels)"
+                    "runner-image config: `{key}` must be {}",
+                    if key == "caches" {
+                        "true or false"
+                    } else {
+                        "a positive integer"
+                    }
+                )));
+            }
+            (other, ..) => {
+                return Err(UError::invalid(format!(
+                    "runner-image config: unknown key `{other}` (known: max_pixels, caches)"
                 )));
             }
         }

@@ -7,7 +7,7 @@ use abi_stable::std_types::{ROption, RSlice, RSliceMut};
 use serde_json::Value;
 use u_sdk::{
     CrossContext, ModelBox, ModelKind, Output, PipelineParts, PlaneSpec, Planes, Rows, Segment,
-    SeqChunk, SeqExtras, TokenizerBox, UError,
+    SeqChunk, SeqExtras, SeqId, TokenizerBox, UError,
 };
 
 /// A pipeline's models, checked to fit together.
@@ -82,11 +82,12 @@ fn planes(values: &[f32], channels: u32, (h, w): (u32, u32)) -> Planes<'_> {
     }
 }
 
-/// A denoiser's chunk: the map `input` at `timestep`, cross-attending to `rows`.
+/// A denoiser's chunk: the map `input` at `timestep`, cross-attending to context `kv`'s
+/// `rows`.
 fn denoiser_chunk<'a>(
     input: &'a [Segment<'a>],
     timestep: &'a [f32],
-    rows: &'a [f32],
+    (kv, rows): (SeqId, &'a [f32]),
 ) -> SeqChunk<'a> {
     SeqChunk {
         seq: 0,
@@ -95,7 +96,7 @@ fn denoiser_chunk<'a>(
         extras: SeqExtras {
             conditioning: RSlice::from_slice(timestep),
             cross: ROption::RSome(CrossContext {
-                kv: 0,
+                kv,
                 rows: RSlice::from_slice(rows),
             }),
             ..SeqExtras::default()
@@ -269,7 +270,9 @@ impl Pipeline {
 
     /// The guided prediction at timestep `t` for `latents` (`[channels, h, w]`, scaled for the
     /// step): the unet on the prompt's rows `cond` and, when guided, on `uncond` in the same
-    /// pass (uncond first, as diffusers batches them), `uncond + g · (cond − uncond)`.
+    /// pass (uncond first, as diffusers batches them), `uncond + g · (cond − uncond)`. The two
+    /// contexts go under the sequence ids `contexts` (prompt, negative prompt), where the unet
+    /// keeps their cross-attention keys and values for the next step.
     pub fn denoise(
         &self,
         latents: &[f32],
@@ -277,17 +280,22 @@ impl Pipeline {
         t: f32,
         (cond, uncond): (&[f32], Option<&[f32]>),
         guidance: f32,
+        contexts: [SeqId; 2],
     ) -> u_sdk::Result<Vec<f32>> {
         let c = self.channels();
         let input = [Segment::Planes(planes(latents, c, size))];
         let timestep = [t];
         let n = latents.len();
         match uncond {
-            None => forward(&self.unet, &[denoiser_chunk(&input, &timestep, cond)], n),
+            None => forward(
+                &self.unet,
+                &[denoiser_chunk(&input, &timestep, (contexts[0], cond))],
+                n,
+            ),
             Some(uncond) => {
                 let pair = [
-                    denoiser_chunk(&input, &timestep, uncond),
-                    denoiser_chunk(&input, &timestep, cond),
+                    denoiser_chunk(&input, &timestep, (contexts[1], uncond)),
+                    denoiser_chunk(&input, &timestep, (contexts[0], cond)),
                 ];
                 let both = forward(&self.unet, &pair, 2 * n)?;
                 let (u, p) = both.split_at(n);

@@ -249,7 +249,12 @@ pub fn generate(
             cached: true,
         });
     }
+    let mut contexts = lock().contexts();
+    let keep_contexts = lock().keeps_contexts();
     for (k, &t) in timesteps.iter().enumerate().skip(done) {
+        if !keep_contexts {
+            contexts = lock().contexts();
+        }
         let mut x = latents.clone();
         scheduler
             .scale_model_input(&mut x, k)
@@ -260,6 +265,7 @@ pub fn generate(
             t,
             (&cond, uncond.as_deref().map(Vec::as_slice)),
             guidance,
+            contexts,
         )?;
         let fresh = match scheduler.needs_noise(k) {
             true => Some(noise.draw(k as u64 + 1, len)?),

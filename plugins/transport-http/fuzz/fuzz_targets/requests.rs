@@ -1,7 +1,7 @@
 //! Fuzzes every request-body parser of the transport (OpenAI chat and completions, Anthropic
-//! messages, Safebox, SGLang's `/generate`, checkpoint commands), the HMAC verifier (one secret
-//! and named keys), the API-key file and the plugin configuration: any bytes must give `Ok` or a
-//! 4xx `ApiError` (or a configuration error), never a panic.
+//! messages, Safebox, SGLang's `/generate`, checkpoint commands, image generations), the HMAC
+//! verifier (one secret and named keys), the API-key file and the plugin configuration: any
+//! bytes must give `Ok` or a 4xx `ApiError` (or a configuration error), never a panic.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -9,6 +9,7 @@ use u_sdk::CheckpointOp;
 use u_transport_http::{
     Config, access, anthropic, checkpoints,
     error::Dialect,
+    generations,
     openai::{self, Endpoint},
     safebox::{self, Secrets, Signed, Verifier},
     sglang,
@@ -34,6 +35,9 @@ fuzz_target!(|data: &[u8]| {
         check(e);
     }
     if let Err(e) = sglang::parse(data, &models) {
+        check(e);
+    }
+    if let Err(e) = generations::parse(data, &models) {
         check(e);
     }
     for op in [CheckpointOp::Save, CheckpointOp::Fork, CheckpointOp::Graft] {
