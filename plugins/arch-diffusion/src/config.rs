@@ -413,3 +413,68 @@ impl UnetConfig {
         1 << (self.down.len() - 1)
     }
 }
+
+/// Hyper-parameters of a class-conditioned `DiTTransformer2DModel`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DitConfig {
+    /// Latent channels read.
+    pub in_channels: usize,
+    /// Channels of the prediction (twice the input's with a learned variance).
+    pub out_channels: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Width of a head.
+    pub head_dim: usize,
+    /// Blocks.
+    pub layers: usize,
+    /// Side of a square patch.
+    pub patch: usize,
+    /// Side of the latents it was trained at.
+    pub sample_size: usize,
+    /// Classes (the table has one more: the null class of classifier-free guidance).
+    pub classes: usize,
+    /// LayerNorm epsilon before the MLP.
+    pub norm_eps: f32,
+}
+
+impl DitConfig {
+    /// Reads the configuration of the `DiTTransformer2DModel` folder `w`.
+    pub fn from_weights(w: &WeightSetBox) -> Result<DitConfig> {
+        let m = Meta {
+            weights: w,
+            class: "DiTTransformer2DModel",
+        };
+        m.check_class()?;
+        let is = |want: &'static str| move |v: &MetaValue| v.as_str() == Some(want);
+        m.refuse_unless("norm_type", is("ada_norm_zero"))?;
+        m.refuse_unless("activation_fn", is("gelu-approximate"))?;
+        m.refuse_unless("norm_elementwise_affine", |v| *v == MetaValue::Bool(false))?;
+        let in_channels = m.count("in_channels", 4)?;
+        let cfg = DitConfig {
+            in_channels,
+            out_channels: m.count("out_channels", in_channels)?,
+            heads: m.count("num_attention_heads", 16)?,
+            head_dim: m.count("attention_head_dim", 72)?,
+            layers: m.count("num_layers", 28)?,
+            patch: m.count("patch_size", 2)?,
+            sample_size: m.count("sample_size", 32)?,
+            classes: m.count("num_embeds_ada_norm", 1000)?,
+            norm_eps: m.float("norm_eps", 1e-5)? as f32,
+        };
+        if !cfg.width().is_multiple_of(4) || cfg.patch > 64 || cfg.layers > 1024 {
+            return Err(m.bad(format!(
+                "a width of {} (heads × head dim: a multiple of 4 for the 2-D position \
+                 embedding), patch {} and {} blocks do not make a DiT",
+                cfg.width(),
+                cfg.patch,
+                cfg.layers
+            )));
+        }
+        Ok(cfg)
+    }
+
+    /// Width of a row (heads × head dim).
+    pub fn width(&self) -> usize {
+        self.heads * self.head_dim
+    }
+}

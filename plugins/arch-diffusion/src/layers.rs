@@ -85,6 +85,20 @@ impl Conv2d {
         Self::with(w, prefix, weight, 1, [k / 2; 2])
     }
 
+    /// A `patch × patch` convolution of stride `patch` (a patch embedding).
+    pub fn patches(w: &Weights<'_>, prefix: &str, patch: usize) -> Result<Conv2d> {
+        let weight = w.tensor(&format!("{prefix}.weight"))?;
+        let p = patch as u64;
+        if !matches!(weight.dims(), &[_, _, kh, kw] if kh == p && kw == p) {
+            return Err(shape_error(
+                prefix,
+                weight.dims(),
+                &format!("a {p}×{p} kernel"),
+            ));
+        }
+        Self::with(w, prefix, weight, patch as u32, [0, 0])
+    }
+
     /// A 3×3 convolution of stride 2 with `padding` zeros before and after (a downsampler).
     pub fn strided(w: &Weights<'_>, prefix: &str, padding: [u32; 2]) -> Result<Conv2d> {
         let weight = w.tensor(&format!("{prefix}.weight"))?;
@@ -252,6 +266,16 @@ impl LayerNorm {
         Ok(LayerNorm {
             weight: w.vector(&format!("{prefix}.weight"), Some(width))?,
             bias: w.vector(&format!("{prefix}.bias"), Some(width))?,
+            eps,
+        })
+    }
+
+    /// A norm of `width` without scale or shift of its own (`elementwise_affine=False`).
+    pub fn plain(device: &Device, width: usize, eps: f32) -> Result<LayerNorm> {
+        let n = [width as u64];
+        Ok(LayerNorm {
+            weight: device.from_f32(&vec![1.0; width], &n)?,
+            bias: device.from_f32(&vec![0.0; width], &n)?,
             eps,
         })
     }

@@ -12,6 +12,8 @@
 //! - `UNet2DConditionModel` ([`unet`]): noisy latents, the timestep (the chunk's conditioning,
 //!   one value) and the text encoder's rows (its cross-attention context) in, the prediction
 //!   out, as `unet(x, t, context).sample`. A [`u_sdk::ModelKind::Denoiser`].
+//! - `DiTTransformer2DModel` ([`dit`]): noisy latents, the timestep and a class label (the
+//!   chunk's conditioning, two values) in, the prediction out. A denoiser too.
 //!
 //! Maps travel as [`u_sdk::Segment::Planes`] and come back as [`u_sdk::Output::Planes`],
 //! channels first, sized as [`u_sdk::ModelConfig::planes`] says. The schedulers and the
@@ -24,18 +26,19 @@
 //!
 //! Layout: [`config`] (hyper-parameters), [`layers`] (convolution, linear, norms),
 //! [`blocks`] (`ResnetBlock2D`, the resamplers, attention, `Transformer2D`), [`vae`],
-//! [`unet`], [`model`] (the ABI's view: chunks checked, maps in and out), and the plugin glue
+//! [`unet`], [`dit`], [`model`] (the ABI's view: chunks checked, maps in and out), and the plugin glue
 //! below. Compute goes through the backend interface (`u_sdk::nn` tensors).
 #![deny(missing_docs)]
 
 pub mod blocks;
 pub mod config;
+pub mod dit;
 pub mod layers;
 pub mod model;
 pub mod unet;
 pub mod vae;
 
-pub use config::{UnetConfig, VaeConfig};
+pub use config::{DitConfig, UnetConfig, VaeConfig};
 pub use model::{DiffusionModel, Network};
 
 use abi_stable::std_types::{RResult, RString, RVec};
@@ -53,6 +56,8 @@ pub const VAE_DECODER: &str = "AutoencoderKL";
 pub const VAE_ENCODER: &str = "AutoencoderKL.encoder";
 /// The family of a `UNet2DConditionModel`.
 pub const UNET: &str = "UNet2DConditionModel";
+/// The family of a class-conditioned `DiTTransformer2DModel`.
+pub const DIT: &str = "DiTTransformer2DModel";
 
 fn describe() -> PluginInfo {
     PluginInfo {
@@ -108,9 +113,11 @@ impl DiffusionArchitecture {
                 &w,
                 &UnetConfig::from_weights(&weights)?,
             )?),
+            DIT => Network::Dit(dit::Dit::load(&w, &DitConfig::from_weights(&weights)?)?),
             other => {
                 return Err(UError::unsupported(format!(
-                    "arch-diffusion builds {VAE_DECODER}, {VAE_ENCODER} and {UNET}, not `{other}`"
+                    "arch-diffusion builds {VAE_DECODER}, {VAE_ENCODER}, {UNET} and {DIT}, not \
+                     `{other}`"
                 )));
             }
         };

@@ -1,7 +1,8 @@
 //! The networks as models of the ABI: each chunk of a batch is one feature map
 //! ([`Segment::Planes`]) asking for the network's output map ([`Output::Planes`]); the UNet
 //! also takes its timestep as the chunk's conditioning (one value) and the text encoder's rows
-//! as its cross-attention context ([`u_sdk::CrossContext`]).
+//! as its cross-attention context ([`u_sdk::CrossContext`]); the DiT its timestep and class
+//! label as the conditioning (two values).
 //!
 //! The UNet keeps the keys and values its cross-attentions read from a context under the
 //! context's `kv` sequence, for the [`CROSS_CONTEXTS`] most recent ones (a guided sample uses
@@ -11,6 +12,7 @@
 
 use crate::{
     config::{UnetConfig, VaeConfig},
+    dit::Dit,
     unet::{CrossKeysValues, Unet2dCondition},
     vae::{VaeDecoder, VaeEncoder},
 };
@@ -45,6 +47,8 @@ pub enum Network {
     Encoder(VaeEncoder),
     /// `UNet2DConditionModel`: noisy latents to the prediction.
     Unet(Unet2dCondition),
+    /// `DiTTransformer2DModel`: noisy latents and a class to the prediction.
+    Dit(Dit),
 }
 
 /// A network built on a device.
@@ -62,6 +66,7 @@ struct Job<'a> {
     out_size: (u32, u32),
     wanted: bool,
     timestep: f32,
+    label: usize,
     context: &'a [f32],
     kv: SeqId,
 }
@@ -108,6 +113,13 @@ impl DiffusionModel {
                 multiple: u.config().multiple(),
                 sample_size: u.config().sample_size as u32,
             },
+            Network::Dit(d) => PlaneSpec {
+                in_channels: d.config().in_channels as u32,
+                out_channels: d.config().out_channels as u32,
+                scale: [1, 1],
+                multiple: d.config().patch as u32,
+                sample_size: d.config().sample_size as u32,
+            },
         }
     }
 
@@ -137,6 +149,7 @@ impl DiffusionModel {
                 u.config().down.len(),
                 u.config().cross_attention_dim,
             ),
+            Network::Dit(d) => (ModelKind::Denoiser, d.config().layers, 0),
         };
         ModelConfig {
             kind,
@@ -191,17 +204,40 @@ impl DiffusionModel {
                 "arch-diffusion: adapters and steering vectors are not applied to these networks",
             ));
         }
-        let (timestep, context, kv) = match self.unet_config() {
-            None if x.conditioning.is_empty() && x.cross.is_none() => (0.0, &[][..], 0),
-            None => {
+        let (mut label, mut timestep) = (0, 0.0);
+        let (context, kv) = match (&self.network, self.unet_config()) {
+            (Network::Dit(dit), _) => {
+                let classes = dit.config().classes;
+                (timestep, label) = match x.conditioning.as_slice() {
+                    [t, y]
+                        if t.is_finite()
+                            && y.fract() == 0.0
+                            && (0.0..=classes as f32).contains(y) =>
+                    {
+                        (*t, *y as usize)
+                    }
+                    other => {
+                        return Err(bad(format!(
+                            "the conditioning is the timestep and a class label in 0..={classes} \
+                             ({classes}: none), given {other:?}"
+                        )));
+                    }
+                };
+                if x.cross.is_some() {
+                    return Err(bad("a DiT takes no cross-attention context".into()));
+                }
+                (&[][..], 0)
+            }
+            (_, None) if x.conditioning.is_empty() && x.cross.is_none() => (&[][..], 0),
+            (_, None) => {
                 return Err(UError::unsupported(format!(
                     "arch-diffusion: {} takes no conditioning or context",
                     self.family
                 )));
             }
-            Some(cfg) => {
+            (_, Some(cfg)) => {
                 let width = cfg.cross_attention_dim;
-                let timestep = match x.conditioning.as_slice() {
+                timestep = match x.conditioning.as_slice() {
                     [t] if t.is_finite() => *t,
                     other => {
                         return Err(bad(format!(
@@ -229,7 +265,7 @@ impl DiffusionModel {
                         ));
                     }
                 };
-                (timestep, context, kv)
+                (context, kv)
             }
         };
         Ok(Job {
@@ -237,6 +273,7 @@ impl DiffusionModel {
             out_size,
             wanted,
             timestep,
+            label,
             context,
             kv,
         })
@@ -295,6 +332,7 @@ impl DiffusionModel {
                 let cross = self.cross(u, job.kv, job.context)?;
                 u.forward(&x, job.timestep, &cross)
             }
+            Network::Dit(d) => d.forward(&x, job.timestep, job.label),
         }
     }
 

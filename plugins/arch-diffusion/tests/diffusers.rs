@@ -2,14 +2,15 @@
 //! `tests/fixtures/diffusion_tiny/` at the workspace root (the pipeline `sd/` and a second UNet;
 //! its generator,
 //! `gen_diffusion_tiny.py`, beside it): `AutoencoderKL`'s decoder and encoder and two
-//! `UNet2DConditionModel`s (convolutional and linear transformer projections) equal diffusers'
-//! outputs within [`TOL`], alone and batched (classifier-free guidance runs two chunks with
+//! `UNet2DConditionModel`s (convolutional and linear transformer projections) and a
+//! class-conditioned `DiTTransformer2DModel` (at its own size and at another, where the position
+//! embedding is interpolated) equal diffusers' outputs within [`TOL`], alone and batched (classifier-free guidance runs two chunks with
 //! different contexts in one pass); bad input is refused with a clear error.
 
 use anyhow::Result;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use u_arch_diffusion::{DiffusionArchitecture, UNET, VAE_DECODER, VAE_ENCODER};
+use u_arch_diffusion::{DIT, DiffusionArchitecture, UNET, VAE_DECODER, VAE_ENCODER};
 use u_sdk::abi_stable::std_types::{ROption, RSlice, RSliceMut};
 use u_sdk::{
     CrossContext, ModelBox, ModelKind, Output, PlaneSpec, Planes, Rows, Segment, SeqChunk,
@@ -243,6 +244,50 @@ fn the_unet_equals_diffusers() -> Result<()> {
 #[test]
 fn the_unet_with_linear_projections_equals_diffusers() -> Result<()> {
     unet_equals_diffusers("unet_linear", "unet_linear")
+}
+
+#[test]
+fn the_dit_equals_diffusers() -> Result<()> {
+    let e = expected()?;
+    let model = load("dit", DIT)?;
+    let config = model.config().into_result()?;
+    assert_eq!(config.kind, ModelKind::Denoiser);
+    let spec = config.planes.into_option().expect("planes");
+    assert_eq!(
+        (spec.in_channels, spec.out_channels, spec.multiple),
+        (4, 8, 2)
+    );
+    for case in e["dit"].as_array().expect("cases") {
+        let (sample, shape) = flat(&case["sample"]);
+        let conditioning = [
+            case["timestep"].as_f64().unwrap() as f32,
+            case["label"].as_f64().unwrap() as f32,
+        ];
+        let input = [Segment::Planes(planes(&sample, &shape))];
+        let extras = SeqExtras {
+            conditioning: RSlice::from_slice(&conditioning),
+            ..SeqExtras::default()
+        };
+        let got = run(&model, &[chunk(&input, extras)])?;
+        let err = max_error(&got, &flat(&case["prediction"]).0);
+        println!(
+            "DiT {shape:?} t={} y={}: max relative |Δ| {err:.2e}",
+            conditioning[0], conditioning[1]
+        );
+        assert!(err < TOL, "DiT {shape:?} off by {err}");
+    }
+    // A label past the null class, a missing label, a context: refused.
+    let (sample, shape) = flat(&e["dit"][0]["sample"]);
+    let input = [Segment::Planes(planes(&sample, &shape))];
+    for conditioning in [&[5.0f32, 11.0][..], &[5.0], &[5.0, 2.5]] {
+        let extras = SeqExtras {
+            conditioning: RSlice::from_slice(conditioning),
+            ..SeqExtras::default()
+        };
+        let err = run(&model, &[chunk(&input, extras)]).unwrap_err();
+        assert!(err.message.contains("class label"), "{err}");
+    }
+    Ok(())
 }
 
 #[test]
