@@ -478,3 +478,80 @@ impl DitConfig {
         self.heads * self.head_dim
     }
 }
+
+/// Hyper-parameters of an `SD3Transformer2DModel` (MMDiT).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sd3Config {
+    /// Latent channels read.
+    pub in_channels: usize,
+    /// Channels of the prediction.
+    pub out_channels: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Width of a head.
+    pub head_dim: usize,
+    /// Joint blocks.
+    pub layers: usize,
+    /// Side of a square patch.
+    pub patch: usize,
+    /// Side of the latents it was trained at.
+    pub sample_size: usize,
+    /// Width of a text row (`joint_attention_dim`).
+    pub context_width: usize,
+    /// Width of the pooled text (`pooled_projection_dim`).
+    pub pooled_width: usize,
+    /// Side of the trained position grid that other sizes crop (`pos_embed_max_size`).
+    pub pos_embed_max_size: Option<usize>,
+}
+
+impl Sd3Config {
+    /// Reads the configuration of the `SD3Transformer2DModel` folder `w`.
+    pub fn from_weights(w: &WeightSetBox) -> Result<Sd3Config> {
+        let m = Meta {
+            weights: w,
+            class: "SD3Transformer2DModel",
+        };
+        m.check_class()?;
+        m.refuse_unless("qk_norm", |v| v.as_str() == Some("rms_norm"))?;
+        m.refuse_unless(
+            "dual_attention_layers",
+            |v| matches!(v, MetaValue::Json(j) if j.as_str() == "[]"),
+        )?;
+        let in_channels = m.count("in_channels", 16)?;
+        let cfg = Sd3Config {
+            in_channels,
+            out_channels: m.count("out_channels", in_channels)?,
+            heads: m.count("num_attention_heads", 18)?,
+            head_dim: m.count("attention_head_dim", 64)?,
+            layers: m.count("num_layers", 18)?,
+            patch: m.count("patch_size", 2)?,
+            sample_size: m.count("sample_size", 128)?,
+            context_width: m.count("joint_attention_dim", 4096)?,
+            pooled_width: m.count("pooled_projection_dim", 2048)?,
+            pos_embed_max_size: match m.get("pos_embed_max_size") {
+                None => None,
+                Some(_) => Some(m.count("pos_embed_max_size", 96)?),
+            },
+        };
+        let caption = m.count("caption_projection_dim", cfg.width())?;
+        if caption != cfg.width()
+            || !cfg.width().is_multiple_of(4)
+            || cfg.patch > 64
+            || cfg.layers > 1024
+        {
+            return Err(m.bad(format!(
+                "caption_projection_dim {caption}, a width of {} (heads × head dim), patch {} \
+                 and {} blocks do not make an MMDiT",
+                cfg.width(),
+                cfg.patch,
+                cfg.layers
+            )));
+        }
+        Ok(cfg)
+    }
+
+    /// Width of a row (heads × head dim).
+    pub fn width(&self) -> usize {
+        self.heads * self.head_dim
+    }
+}

@@ -86,7 +86,12 @@ impl Conditioning {
 }
 
 /// `LN(x) ⊙ (1 + scale) + shift`, `scale` and `shift` one row each.
-fn modulate(norm: &LayerNorm, x: &Tensor, shift: &Tensor, scale: &Tensor) -> Result<Tensor> {
+pub(crate) fn modulate(
+    norm: &LayerNorm,
+    x: &Tensor,
+    shift: &Tensor,
+    scale: &Tensor,
+) -> Result<Tensor> {
     let ones = x
         .device()
         .from_f32(&vec![1.0; scale.row_len()], &[1, scale.row_len() as u64])?;
@@ -219,16 +224,23 @@ impl Dit {
             &m.rows_range(1..2)?,
         )?;
         let patches = self.proj_out_2.forward(&x)?.to_vec()?;
-        // Unpatchify: patch (i, j)'s values `[p, q, c]` to pixel (i·p + p', j·p + q').
-        let (p, c) = (cfg.patch, cfg.out_channels);
-        let mut out = vec![0f32; c * h * w];
-        for (n, patch) in patches.chunks_exact(p * p * c).enumerate() {
-            let (i, j) = (n / grid.1, n % grid.1);
-            for (e, &v) in patch.iter().enumerate() {
-                let (pi, qi, ch) = (e / (p * c), e / c % p, e % c);
-                out[(ch * h + i * p + pi) * w + j * p + qi] = v;
-            }
-        }
+        let c = cfg.out_channels;
+        let out = unpatchify(&patches, (h, w), cfg.patch, c);
         device.from_f32(&out, &[c as u64, h as u64, w as u64])
     }
+}
+
+/// A map `[channels, h, w]` from its patches' rows (row-major over the `h/p × w/p` grid), each
+/// `[p, p, channels]`: patch (i, j)'s value (p′, q′, c) goes to pixel (i·p + p′, j·p + q′).
+pub fn unpatchify(patches: &[f32], (h, w): (usize, usize), p: usize, channels: usize) -> Vec<f32> {
+    let grid_w = w / p;
+    let mut out = vec![0f32; channels * h * w];
+    for (n, patch) in patches.chunks_exact(p * p * channels).enumerate() {
+        let (i, j) = (n / grid_w, n % grid_w);
+        for (e, &v) in patch.iter().enumerate() {
+            let (pi, qi, ch) = (e / (p * channels), e / channels % p, e % channels);
+            out[(ch * h + i * p + pi) * w + j * p + qi] = v;
+        }
+    }
+    out
 }

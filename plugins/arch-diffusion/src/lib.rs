@@ -14,6 +14,9 @@
 //!   out, as `unet(x, t, context).sample`. A [`u_sdk::ModelKind::Denoiser`].
 //! - `DiTTransformer2DModel` ([`dit`]): noisy latents, the timestep and a class label (the
 //!   chunk's conditioning, two values) in, the prediction out. A denoiser too.
+//! - `SD3Transformer2DModel` ([`mmdit`], Stable Diffusion 3's MMDiT): noisy latents, the
+//!   timestep and the pooled text (the conditioning: the timestep, then the pooled values) and
+//!   the text rows (the cross-attention context) in, the prediction out. A denoiser.
 //!
 //! Maps travel as [`u_sdk::Segment::Planes`] and come back as [`u_sdk::Output::Planes`],
 //! channels first, sized as [`u_sdk::ModelConfig::planes`] says. The schedulers and the
@@ -26,7 +29,7 @@
 //!
 //! Layout: [`config`] (hyper-parameters), [`layers`] (convolution, linear, norms),
 //! [`blocks`] (`ResnetBlock2D`, the resamplers, attention, `Transformer2D`), [`vae`],
-//! [`unet`], [`dit`], [`model`] (the ABI's view: chunks checked, maps in and out), and the plugin glue
+//! [`unet`], [`dit`], [`mmdit`], [`model`] (the ABI's view: chunks checked, maps in and out), and the plugin glue
 //! below. Compute goes through the backend interface (`u_sdk::nn` tensors).
 #![deny(missing_docs)]
 
@@ -34,11 +37,12 @@ pub mod blocks;
 pub mod config;
 pub mod dit;
 pub mod layers;
+pub mod mmdit;
 pub mod model;
 pub mod unet;
 pub mod vae;
 
-pub use config::{DitConfig, UnetConfig, VaeConfig};
+pub use config::{DitConfig, Sd3Config, UnetConfig, VaeConfig};
 pub use model::{DiffusionModel, Network};
 
 use abi_stable::std_types::{RResult, RString, RVec};
@@ -58,6 +62,8 @@ pub const VAE_ENCODER: &str = "AutoencoderKL.encoder";
 pub const UNET: &str = "UNet2DConditionModel";
 /// The family of a class-conditioned `DiTTransformer2DModel`.
 pub const DIT: &str = "DiTTransformer2DModel";
+/// The family of Stable Diffusion 3's `SD3Transformer2DModel` (MMDiT).
+pub const SD3: &str = "SD3Transformer2DModel";
 
 fn describe() -> PluginInfo {
     PluginInfo {
@@ -114,10 +120,14 @@ impl DiffusionArchitecture {
                 &UnetConfig::from_weights(&weights)?,
             )?),
             DIT => Network::Dit(dit::Dit::load(&w, &DitConfig::from_weights(&weights)?)?),
+            SD3 => Network::Sd3(mmdit::Sd3Transformer::load(
+                &w,
+                &Sd3Config::from_weights(&weights)?,
+            )?),
             other => {
                 return Err(UError::unsupported(format!(
-                    "arch-diffusion builds {VAE_DECODER}, {VAE_ENCODER}, {UNET} and {DIT}, not \
-                     `{other}`"
+                    "arch-diffusion builds {VAE_DECODER}, {VAE_ENCODER}, {UNET}, {DIT} and \
+                     {SD3}, not `{other}`"
                 )));
             }
         };

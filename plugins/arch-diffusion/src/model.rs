@@ -13,6 +13,7 @@
 use crate::{
     config::{UnetConfig, VaeConfig},
     dit::Dit,
+    mmdit::Sd3Transformer,
     unet::{CrossKeysValues, Unet2dCondition},
     vae::{VaeDecoder, VaeEncoder},
 };
@@ -49,6 +50,9 @@ pub enum Network {
     Unet(Unet2dCondition),
     /// `DiTTransformer2DModel`: noisy latents and a class to the prediction.
     Dit(Dit),
+    /// `SD3Transformer2DModel`: noisy latents, the pooled text and the text rows to the
+    /// prediction.
+    Sd3(Sd3Transformer),
 }
 
 /// A network built on a device.
@@ -67,6 +71,7 @@ struct Job<'a> {
     wanted: bool,
     timestep: f32,
     label: usize,
+    pooled: &'a [f32],
     context: &'a [f32],
     kv: SeqId,
 }
@@ -120,6 +125,13 @@ impl DiffusionModel {
                 multiple: d.config().patch as u32,
                 sample_size: d.config().sample_size as u32,
             },
+            Network::Sd3(s) => PlaneSpec {
+                in_channels: s.config().in_channels as u32,
+                out_channels: s.config().out_channels as u32,
+                scale: [1, 1],
+                multiple: s.config().patch as u32,
+                sample_size: s.config().sample_size as u32,
+            },
         }
     }
 
@@ -150,6 +162,11 @@ impl DiffusionModel {
                 u.config().cross_attention_dim,
             ),
             Network::Dit(d) => (ModelKind::Denoiser, d.config().layers, 0),
+            Network::Sd3(s) => (
+                ModelKind::Denoiser,
+                s.config().layers,
+                s.config().context_width,
+            ),
         };
         ModelConfig {
             kind,
@@ -204,8 +221,36 @@ impl DiffusionModel {
                 "arch-diffusion: adapters and steering vectors are not applied to these networks",
             ));
         }
-        let (mut label, mut timestep) = (0, 0.0);
+        let (mut label, mut timestep, mut pooled) = (0, 0.0, &[][..]);
         let (context, kv) = match (&self.network, self.unet_config()) {
+            (Network::Sd3(s), _) => {
+                let cfg = s.config();
+                (timestep, pooled) = match x.conditioning.as_slice().split_first() {
+                    Some((t, p)) if t.is_finite() && p.len() == cfg.pooled_width => (*t, p),
+                    _ => {
+                        return Err(bad(format!(
+                            "the conditioning is the timestep, then the pooled text ({} values); \
+                             given {} values",
+                            cfg.pooled_width,
+                            x.conditioning.len()
+                        )));
+                    }
+                };
+                match x.cross.as_ref() {
+                    ROption::RSome(c)
+                        if !c.rows.is_empty() && c.rows.len().is_multiple_of(cfg.context_width) =>
+                    {
+                        (c.rows.as_slice(), c.kv)
+                    }
+                    _ => {
+                        return Err(bad(format!(
+                            "the context is the text rows, each {} values; none or a partial \
+                             row given",
+                            cfg.context_width
+                        )));
+                    }
+                }
+            }
             (Network::Dit(dit), _) => {
                 let classes = dit.config().classes;
                 (timestep, label) = match x.conditioning.as_slice() {
@@ -274,6 +319,7 @@ impl DiffusionModel {
             wanted,
             timestep,
             label,
+            pooled,
             context,
             kv,
         })
@@ -333,6 +379,12 @@ impl DiffusionModel {
                 u.forward(&x, job.timestep, &cross)
             }
             Network::Dit(d) => d.forward(&x, job.timestep, job.label),
+            Network::Sd3(s) => {
+                let width = s.config().context_width;
+                let rows = (job.context.len() / width) as u64;
+                let context = self.device.from_f32(job.context, &[rows, width as u64])?;
+                s.forward(&x, job.timestep, job.pooled, &context)
+            }
         }
     }
 

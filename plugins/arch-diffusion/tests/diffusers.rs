@@ -4,13 +4,15 @@
 //! `gen_diffusion_tiny.py`, beside it): `AutoencoderKL`'s decoder and encoder and two
 //! `UNet2DConditionModel`s (convolutional and linear transformer projections) and a
 //! class-conditioned `DiTTransformer2DModel` (at its own size and at another, where the position
-//! embedding is interpolated) equal diffusers' outputs within [`TOL`], alone and batched (classifier-free guidance runs two chunks with
+//! embedding is interpolated) and an `SD3Transformer2DModel` (MMDiT: joint attention, RMS q/k
+//! norms, the last block text-free, positions cropped) equal diffusers' outputs within [`TOL`],
+//! alone and batched (classifier-free guidance runs two chunks with
 //! different contexts in one pass); bad input is refused with a clear error.
 
 use anyhow::Result;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use u_arch_diffusion::{DIT, DiffusionArchitecture, UNET, VAE_DECODER, VAE_ENCODER};
+use u_arch_diffusion::{DIT, DiffusionArchitecture, SD3, UNET, VAE_DECODER, VAE_ENCODER};
 use u_sdk::abi_stable::std_types::{ROption, RSlice, RSliceMut};
 use u_sdk::{
     CrossContext, ModelBox, ModelKind, Output, PlaneSpec, Planes, Rows, Segment, SeqChunk,
@@ -287,6 +289,65 @@ fn the_dit_equals_diffusers() -> Result<()> {
         let err = run(&model, &[chunk(&input, extras)]).unwrap_err();
         assert!(err.message.contains("class label"), "{err}");
     }
+    Ok(())
+}
+
+#[test]
+fn the_sd3_mmdit_equals_diffusers() -> Result<()> {
+    let e = expected()?;
+    let model = load("sd3", SD3)?;
+    let config = model.config().into_result()?;
+    assert_eq!(
+        (config.kind, config.context_shape),
+        (ModelKind::Denoiser, [0, 12])
+    );
+    for case in e["sd3"].as_array().expect("cases") {
+        let (sample, shape) = flat(&case["sample"]);
+        let mut conditioning = vec![case["timestep"].as_f64().unwrap() as f32];
+        conditioning.extend(flat(&case["pooled"]).0);
+        let context = flat(&case["context"]).0;
+        let input = [Segment::Planes(planes(&sample, &shape))];
+        let extras = SeqExtras {
+            conditioning: RSlice::from_slice(&conditioning),
+            cross: ROption::RSome(CrossContext {
+                kv: 0,
+                rows: RSlice::from_slice(&context),
+            }),
+            ..SeqExtras::default()
+        };
+        let got = run(&model, &[chunk(&input, extras)])?;
+        let err = max_error(&got, &flat(&case["prediction"]).0);
+        println!("SD3 MMDiT {shape:?}: max relative |Δ| {err:.2e}");
+        assert!(err < TOL, "SD3 {shape:?} off by {err}");
+    }
+    // No pooled text; a grid past the trained 16 × 16 patches.
+    let (sample, shape) = flat(&e["sd3"][0]["sample"]);
+    let input = [Segment::Planes(planes(&sample, &shape))];
+    let context = flat(&e["sd3"][0]["context"]).0;
+    let cross = || {
+        ROption::RSome(CrossContext {
+            kv: 0,
+            rows: RSlice::from_slice(&context),
+        })
+    };
+    let t = [5.0f32];
+    let extras = SeqExtras {
+        conditioning: RSlice::from_slice(&t),
+        cross: cross(),
+        ..SeqExtras::default()
+    };
+    let err = run(&model, &[chunk(&input, extras)]).unwrap_err();
+    assert!(err.message.contains("pooled text"), "{err}");
+    let big = vec![0.0; 4 * 34 * 34];
+    let input = [Segment::Planes(planes(&big, &[4, 34, 34]))];
+    let conditioning = [5.0f32; 11];
+    let extras = SeqExtras {
+        conditioning: RSlice::from_slice(&conditioning),
+        cross: cross(),
+        ..SeqExtras::default()
+    };
+    let err = run(&model, &[chunk(&input, extras)]).unwrap_err();
+    assert!(err.message.contains("larger than the trained"), "{err}");
     Ok(())
 }
 
