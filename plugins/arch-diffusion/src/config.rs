@@ -555,3 +555,84 @@ impl Sd3Config {
         self.heads * self.head_dim
     }
 }
+
+/// Hyper-parameters of a `FluxTransformer2DModel`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FluxConfig {
+    /// Channels of a packed row (four times the latent's: its 2×2 patches).
+    pub in_channels: usize,
+    /// Channels of an output row.
+    pub out_channels: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Width of a head.
+    pub head_dim: usize,
+    /// Double-stream blocks.
+    pub layers: usize,
+    /// Single-stream blocks.
+    pub single_layers: usize,
+    /// Width of a text row (`joint_attention_dim`).
+    pub context_width: usize,
+    /// Width of the pooled text.
+    pub pooled_width: usize,
+    /// Whether the model embeds a guidance scale (FLUX.1-dev's distilled guidance).
+    pub guidance: bool,
+    /// Dimensions of a head each rotary axis turns (they sum to `head_dim`).
+    pub axes: Vec<usize>,
+}
+
+impl FluxConfig {
+    /// Reads the configuration of the `FluxTransformer2DModel` folder `w`.
+    pub fn from_weights(w: &WeightSetBox) -> Result<FluxConfig> {
+        let m = Meta {
+            weights: w,
+            class: "FluxTransformer2DModel",
+        };
+        m.check_class()?;
+        m.refuse_unless("patch_size", |v| v.as_u64() == Some(1))?;
+        let in_channels = m.count("in_channels", 64)?;
+        let cfg = FluxConfig {
+            in_channels,
+            out_channels: m.count("out_channels", in_channels)?,
+            heads: m.count("num_attention_heads", 24)?,
+            head_dim: m.count("attention_head_dim", 128)?,
+            layers: m.count("num_layers", 19)?,
+            single_layers: m.count("num_single_layers", 38)?,
+            context_width: m.count("joint_attention_dim", 4096)?,
+            pooled_width: m.count("pooled_projection_dim", 768)?,
+            guidance: m.flag("guidance_embeds", false)?,
+            axes: m.counts("axes_dims_rope", &[16, 56, 56])?,
+        };
+        let even = cfg.axes.iter().all(|a| a.is_multiple_of(2));
+        if cfg.axes.iter().sum::<usize>() != cfg.head_dim
+            || cfg.axes.len() != 3
+            || !even
+            || !cfg.in_channels.is_multiple_of(4)
+            || !cfg.out_channels.is_multiple_of(4)
+            || cfg.layers + cfg.single_layers > 1024
+        {
+            return Err(m.bad(format!(
+                "rotary axes {:?} (three even parts of a head of {}), {} → {} packed channels \
+                 (multiples of 4) and {} + {} blocks do not make a FLUX transformer",
+                cfg.axes,
+                cfg.head_dim,
+                cfg.in_channels,
+                cfg.out_channels,
+                cfg.layers,
+                cfg.single_layers
+            )));
+        }
+        Ok(cfg)
+    }
+
+    /// Width of a row (heads × head dim).
+    pub fn width(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// Values of the conditioning: the timestep, the guidance scale if embedded, the pooled
+    /// text.
+    pub fn conditioning(&self) -> usize {
+        1 + usize::from(self.guidance) + self.pooled_width
+    }
+}

@@ -196,6 +196,44 @@ impl Linear {
         })
     }
 
+    /// `{prefix}` as two layers over the input's first `first` columns (with the bias) and the
+    /// rest (without): `y = W·[a; b] + bias = (W_a·a + bias) + W_b·b`, for an input that
+    /// arrives in two parts (FLUX's single blocks: the attention's output and the MLP's).
+    pub fn load_column_split(
+        w: &Weights<'_>,
+        prefix: &str,
+        first: usize,
+    ) -> Result<(Linear, Linear)> {
+        let full = Self::load(w, prefix)?;
+        let (rows, cols) = (full.out_features(), full.in_features());
+        if first == 0 || first >= cols {
+            return Err(shape_error(
+                prefix,
+                full.weight.dims(),
+                &format!("more than {first} inputs"),
+            ));
+        }
+        let values = w.values(&format!("{prefix}.weight"))?;
+        let part = |range: std::ops::Range<usize>| -> Result<Tensor> {
+            let data: Vec<f32> = values
+                .chunks_exact(cols)
+                .flat_map(|row| row[range.clone()].iter().copied())
+                .collect();
+            w.device()
+                .from_f32(&data, &[rows as u64, range.len() as u64])
+        };
+        Ok((
+            Linear {
+                weight: part(0..first)?,
+                bias: full.bias,
+            },
+            Linear {
+                weight: part(first..cols)?,
+                bias: None,
+            },
+        ))
+    }
+
     /// Input features.
     pub fn in_features(&self) -> usize {
         self.weight.dims()[1] as usize

@@ -17,6 +17,9 @@
 //! - `SD3Transformer2DModel` ([`mmdit`], Stable Diffusion 3's MMDiT): noisy latents, the
 //!   timestep and the pooled text (the conditioning: the timestep, then the pooled values) and
 //!   the text rows (the cross-attention context) in, the prediction out. A denoiser.
+//! - `FluxTransformer2DModel` ([`flux`], FLUX.1): as SD3's, with the guidance scale after the
+//!   timestep in the conditioning of a guidance-distilled model; it packs the latent's 2×2
+//!   patches into rows itself. A denoiser.
 //!
 //! Maps travel as [`u_sdk::Segment::Planes`] and come back as [`u_sdk::Output::Planes`],
 //! channels first, sized as [`u_sdk::ModelConfig::planes`] says. The schedulers and the
@@ -29,20 +32,21 @@
 //!
 //! Layout: [`config`] (hyper-parameters), [`layers`] (convolution, linear, norms),
 //! [`blocks`] (`ResnetBlock2D`, the resamplers, attention, `Transformer2D`), [`vae`],
-//! [`unet`], [`dit`], [`mmdit`], [`model`] (the ABI's view: chunks checked, maps in and out), and the plugin glue
+//! [`unet`], [`dit`], [`mmdit`], [`flux`], [`model`] (the ABI's view: chunks checked, maps in and out), and the plugin glue
 //! below. Compute goes through the backend interface (`u_sdk::nn` tensors).
 #![deny(missing_docs)]
 
 pub mod blocks;
 pub mod config;
 pub mod dit;
+pub mod flux;
 pub mod layers;
 pub mod mmdit;
 pub mod model;
 pub mod unet;
 pub mod vae;
 
-pub use config::{DitConfig, Sd3Config, UnetConfig, VaeConfig};
+pub use config::{DitConfig, FluxConfig, Sd3Config, UnetConfig, VaeConfig};
 pub use model::{DiffusionModel, Network};
 
 use abi_stable::std_types::{RResult, RString, RVec};
@@ -64,6 +68,8 @@ pub const UNET: &str = "UNet2DConditionModel";
 pub const DIT: &str = "DiTTransformer2DModel";
 /// The family of Stable Diffusion 3's `SD3Transformer2DModel` (MMDiT).
 pub const SD3: &str = "SD3Transformer2DModel";
+/// The family of FLUX.1's `FluxTransformer2DModel`.
+pub const FLUX: &str = "FluxTransformer2DModel";
 
 fn describe() -> PluginInfo {
     PluginInfo {
@@ -124,10 +130,11 @@ impl DiffusionArchitecture {
                 &w,
                 &Sd3Config::from_weights(&weights)?,
             )?),
+            FLUX => Network::Flux(flux::Flux::load(&w, &FluxConfig::from_weights(&weights)?)?),
             other => {
                 return Err(UError::unsupported(format!(
-                    "arch-diffusion builds {VAE_DECODER}, {VAE_ENCODER}, {UNET}, {DIT} and \
-                     {SD3}, not `{other}`"
+                    "arch-diffusion builds {VAE_DECODER}, {VAE_ENCODER}, {UNET}, {DIT}, {SD3} \
+                     and {FLUX}, not `{other}`"
                 )));
             }
         };

@@ -16,6 +16,7 @@
 use crate::{
     config::Sd3Config,
     dit::{modulate, position_embedding, unpatchify},
+    flux::AxesRope,
     layers::{Conv2d, LayerNorm, Linear, Weights, to_rows},
     unet::timestep_embedding,
 };
@@ -31,20 +32,25 @@ const EPS: f32 = 1e-6;
 const TIMESTEP_CHANNELS: usize = 256;
 
 /// `linear_2(silu(linear_1(x)))`: the timestep and pooled-text embedders.
-struct TwoLayer {
+pub(crate) struct TwoLayer {
     linear_1: Linear,
     linear_2: Linear,
 }
 
 impl TwoLayer {
-    fn load(w: &Weights<'_>, prefix: &str) -> Result<TwoLayer> {
+    pub(crate) fn load(w: &Weights<'_>, prefix: &str) -> Result<TwoLayer> {
         Ok(TwoLayer {
             linear_1: Linear::load(w, &format!("{prefix}.linear_1"))?,
             linear_2: Linear::load(w, &format!("{prefix}.linear_2"))?,
         })
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// Width of its input.
+    pub(crate) fn in_features(&self) -> usize {
+        self.linear_1.in_features()
+    }
+
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let h = self.linear_1.forward(x)?;
         h.activation_assign(Activation::Silu)?;
         self.linear_2.forward(&h)
@@ -52,20 +58,20 @@ impl TwoLayer {
 }
 
 /// The feed-forward network: GELU (tanh) between two linear layers.
-struct Mlp {
+pub(crate) struct Mlp {
     up: Linear,
     down: Linear,
 }
 
 impl Mlp {
-    fn load(w: &Weights<'_>, prefix: &str) -> Result<Mlp> {
+    pub(crate) fn load(w: &Weights<'_>, prefix: &str) -> Result<Mlp> {
         Ok(Mlp {
             up: Linear::load(w, &format!("{prefix}.net.0.proj"))?,
             down: Linear::load(w, &format!("{prefix}.net.2"))?,
         })
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.down
             .forward(&self.up.forward(x)?.activation(Activation::GeluTanh)?)
     }
@@ -100,7 +106,7 @@ impl HeadNorm {
 }
 
 /// One stream's query, key and value projections and their norms.
-struct Stream {
+pub(crate) struct Stream {
     q: Linear,
     k: Linear,
     v: Linear,
@@ -109,7 +115,12 @@ struct Stream {
 }
 
 impl Stream {
-    fn load(w: &Weights<'_>, p: &str, names: [&str; 5], head_dim: usize) -> Result<Stream> {
+    pub(crate) fn load(
+        w: &Weights<'_>,
+        p: &str,
+        names: [&str; 5],
+        head_dim: usize,
+    ) -> Result<Stream> {
         let l = |n: &str| Linear::load(w, &format!("{p}.{n}"));
         Ok(Stream {
             q: l(names[0])?,
@@ -120,7 +131,7 @@ impl Stream {
         })
     }
 
-    fn project(&self, x: &Tensor) -> Result<[Tensor; 3]> {
+    pub(crate) fn project(&self, x: &Tensor) -> Result<[Tensor; 3]> {
         Ok([
             HeadNorm::apply(&self.norm_q, self.q.forward(x)?)?,
             HeadNorm::apply(&self.norm_k, self.k.forward(x)?)?,
@@ -129,7 +140,24 @@ impl Stream {
     }
 }
 
-/// Joint attention: the image rows then the text rows, one attention over both.
+/// Bidirectional attention of `q` over `k`, `v` (`[rows, heads·head_dim]` each).
+pub(crate) fn attention([q, k, v]: [&Tensor; 3], heads: usize, head_dim: usize) -> Result<Tensor> {
+    let params = AttentionParams {
+        heads: heads as u32,
+        kv_heads: heads as u32,
+        head_dim: head_dim as u32,
+        first_query_pos: 0,
+        window: 0,
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        softcap: 0.0,
+        mask: AttentionMask::Bidirectional,
+        kv_dtype: DType::F32,
+    };
+    q.attention(&[k.desc(), v.desc()], &params)
+}
+
+/// Joint attention: the image and text rows in one attention (SD3: image first; FLUX: text
+/// first, with its rotary embedding over both).
 struct JointAttention {
     image: Stream,
     text: Stream,
@@ -137,35 +165,39 @@ struct JointAttention {
     to_add_out: Option<Linear>,
     heads: usize,
     head_dim: usize,
+    text_first: bool,
 }
 
 impl JointAttention {
-    /// The image rows' and (unless the block is the last) the text rows' outputs.
-    fn forward(&self, x: &Tensor, c: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
+    /// The image rows' and (unless the block is text-free) the text rows' outputs.
+    fn forward(
+        &self,
+        x: &Tensor,
+        c: &Tensor,
+        rope: Option<&AxesRope>,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let [qx, kx, vx] = self.image.project(x)?;
         let [qc, kc, vc] = self.text.project(c)?;
-        let q = Tensor::concat(&[&qx, &qc])?;
-        let k = Tensor::concat(&[&kx, &kc])?;
-        let v = Tensor::concat(&[&vx, &vc])?;
-        let params = AttentionParams {
-            heads: self.heads as u32,
-            kv_heads: self.heads as u32,
-            head_dim: self.head_dim as u32,
-            first_query_pos: 0,
-            window: 0,
-            scale: 1.0 / (self.head_dim as f32).sqrt(),
-            softcap: 0.0,
-            mask: AttentionMask::Bidirectional,
-            kv_dtype: DType::F32,
+        let join = |a: &Tensor, b: &Tensor| match self.text_first {
+            true => Tensor::concat(&[b, a]),
+            false => Tensor::concat(&[a, b]),
         };
-        let o = q.attention(&[k.desc(), v.desc()], &params)?;
-        let n = x.rows();
-        let image = self.to_out.forward(&o.rows_range(0..n)?)?;
+        let (mut q, mut k, v) = (join(&qx, &qc)?, join(&kx, &kc)?, join(&vx, &vc)?);
+        if let Some(rope) = rope {
+            q = rope.apply(&q)?;
+            k = rope.apply(&k)?;
+        }
+        let o = attention([&q, &k, &v], self.heads, self.head_dim)?;
+        let (n, m) = (x.rows(), c.rows());
+        let (image, text) = match self.text_first {
+            true => (o.rows_range(m..m + n)?, o.rows_range(0..m)?),
+            false => (o.rows_range(0..n)?, o.rows_range(n..n + m)?),
+        };
         let text = match &self.to_add_out {
-            Some(out) => Some(out.forward(&o.rows_range(n..o.rows())?)?),
+            Some(out) => Some(out.forward(&text)?),
             None => None,
         };
-        Ok((image, text))
+        Ok((self.to_out.forward(&image)?, text))
     }
 }
 
@@ -176,8 +208,8 @@ enum TextNorm {
     Continuous(Linear),
 }
 
-/// A joint block of two streams.
-struct JointBlock {
+/// A joint block of two streams (FLUX's double-stream block too).
+pub(crate) struct JointBlock {
     norm1: Linear,
     norm1_context: TextNorm,
     attention: JointAttention,
@@ -186,17 +218,29 @@ struct JointBlock {
     norm: LayerNorm,
 }
 
+/// The shape of a joint block.
+pub(crate) struct JointShape {
+    /// Attention heads.
+    pub heads: usize,
+    /// Width of a head.
+    pub head_dim: usize,
+    /// Whether the block only feeds the image rows (SD3's last).
+    pub text_free: bool,
+    /// Whether the text rows come first in the attention (FLUX).
+    pub text_first: bool,
+}
+
 impl JointBlock {
-    fn load(w: &Weights<'_>, cfg: &Sd3Config, i: usize) -> Result<JointBlock> {
-        let p = format!("transformer_blocks.{i}");
-        let last = i + 1 == cfg.layers;
+    /// The block at `p`.
+    pub(crate) fn load(w: &Weights<'_>, p: &str, shape: &JointShape) -> Result<JointBlock> {
+        let last = shape.text_free;
         let context_norm = Linear::load(w, &format!("{p}.norm1_context.linear"))?;
         let attention = JointAttention {
             image: Stream::load(
                 w,
                 &format!("{p}.attn"),
                 ["to_q", "to_k", "to_v", "norm_q", "norm_k"],
-                cfg.head_dim,
+                shape.head_dim,
             )?,
             text: Stream::load(
                 w,
@@ -208,17 +252,18 @@ impl JointBlock {
                     "norm_added_q",
                     "norm_added_k",
                 ],
-                cfg.head_dim,
+                shape.head_dim,
             )?,
             to_out: Linear::load(w, &format!("{p}.attn.to_out.0"))?,
             to_add_out: match last {
                 true => None,
                 false => Some(Linear::load(w, &format!("{p}.attn.to_add_out"))?),
             },
-            heads: cfg.heads,
-            head_dim: cfg.head_dim,
+            heads: shape.heads,
+            head_dim: shape.head_dim,
+            text_first: shape.text_first,
         };
-        let width = cfg.width();
+        let width = shape.heads * shape.head_dim;
         let block = JointBlock {
             norm1: Linear::load(w, &format!("{p}.norm1.linear"))?,
             norm1_context: match last {
@@ -245,9 +290,15 @@ impl JointBlock {
         Ok(block)
     }
 
-    /// `(x, c)` after the block, `temb` (SiLU applied) modulating both; `c` is gone after the
-    /// last block.
-    fn forward(&self, x: &Tensor, c: &Tensor, temb: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
+    /// `(x, c)` after the block, `temb` (SiLU applied) modulating both, `rope` rotating the
+    /// queries and keys; `c` is gone after a text-free block.
+    pub(crate) fn forward(
+        &self,
+        x: &Tensor,
+        c: &Tensor,
+        temb: &Tensor,
+        rope: Option<&AxesRope>,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let width = x.row_len() as u64;
         let mx = self.norm1.forward(temb)?.reshape(&[6, width])?;
         let row = |m: &Tensor, i: usize| m.rows_range(i..i + 1);
@@ -265,7 +316,7 @@ impl JointBlock {
                 (modulate(&self.norm, c, &row(&m, 1)?, &row(&m, 0)?)?, None)
             }
         };
-        let (ax, ac) = self.attention.forward(&nx, &nc)?;
+        let (ax, ac) = self.attention.forward(&nx, &nc, rope)?;
         let x = ax.mul(&row(&mx, 2)?)?.add(x)?;
         let h = modulate(&self.norm, &x, &row(&mx, 3)?, &row(&mx, 4)?)?;
         let x = self.ff.forward(&h)?.mul(&row(&mx, 5)?)?.add(&x)?;
@@ -331,7 +382,15 @@ impl Sd3Transformer {
             pooled: TwoLayer::load(w, "time_text_embed.text_embedder")?,
             context_embedder: Linear::load(w, "context_embedder")?,
             blocks: (0..cfg.layers)
-                .map(|i| JointBlock::load(w, cfg, i))
+                .map(|i| {
+                    let shape = JointShape {
+                        heads: cfg.heads,
+                        head_dim: cfg.head_dim,
+                        text_free: i + 1 == cfg.layers,
+                        text_first: false,
+                    };
+                    JointBlock::load(w, &format!("transformer_blocks.{i}"), &shape)
+                })
                 .collect::<Result<_>>()?,
             norm_out: Linear::load(w, "norm_out.linear")?,
             final_norm: LayerNorm::plain(w.device(), width, EPS)?,
@@ -410,7 +469,7 @@ impl Sd3Transformer {
             let text = c.take().ok_or_else(|| {
                 UError::invalid("arch-diffusion: SD3: a block after the last text block")
             })?;
-            (x, c) = block.forward(&x, &text, &temb)?;
+            (x, c) = block.forward(&x, &text, &temb, None)?;
         }
         let m = self.norm_out.forward(&temb)?.reshape(&[2, width as u64])?;
         let x = modulate(

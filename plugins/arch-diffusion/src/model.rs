@@ -13,6 +13,7 @@
 use crate::{
     config::{UnetConfig, VaeConfig},
     dit::Dit,
+    flux::Flux,
     mmdit::Sd3Transformer,
     unet::{CrossKeysValues, Unet2dCondition},
     vae::{VaeDecoder, VaeEncoder},
@@ -29,6 +30,9 @@ use u_sdk::{
 /// The largest output map a pass writes, in pixels (4096 × 4096): a bound on the memory one
 /// request can ask for, far above what the networks were trained at.
 pub const MAX_PIXELS: u64 = 4096 * 4096;
+
+/// The latent side FLUX.1 was trained at (1024-pixel images); its configuration states none.
+const FLUX_SAMPLE_SIZE: u32 = 128;
 
 /// Contexts whose cross-attention keys and values the UNet keeps.
 pub const CROSS_CONTEXTS: usize = 4;
@@ -53,6 +57,8 @@ pub enum Network {
     /// `SD3Transformer2DModel`: noisy latents, the pooled text and the text rows to the
     /// prediction.
     Sd3(Sd3Transformer),
+    /// `FluxTransformer2DModel`: as SD3's, with a guidance scale.
+    Flux(Flux),
 }
 
 /// A network built on a device.
@@ -71,6 +77,7 @@ struct Job<'a> {
     wanted: bool,
     timestep: f32,
     label: usize,
+    guidance: f32,
     pooled: &'a [f32],
     context: &'a [f32],
     kv: SeqId,
@@ -132,6 +139,13 @@ impl DiffusionModel {
                 multiple: s.config().patch as u32,
                 sample_size: s.config().sample_size as u32,
             },
+            Network::Flux(f) => PlaneSpec {
+                in_channels: f.config().in_channels as u32 / 4,
+                out_channels: f.config().out_channels as u32 / 4,
+                scale: [1, 1],
+                multiple: 2,
+                sample_size: FLUX_SAMPLE_SIZE,
+            },
         }
     }
 
@@ -166,6 +180,11 @@ impl DiffusionModel {
                 ModelKind::Denoiser,
                 s.config().layers,
                 s.config().context_width,
+            ),
+            Network::Flux(f) => (
+                ModelKind::Denoiser,
+                f.config().layers + f.config().single_layers,
+                f.config().context_width,
             ),
         };
         ModelConfig {
@@ -221,8 +240,43 @@ impl DiffusionModel {
                 "arch-diffusion: adapters and steering vectors are not applied to these networks",
             ));
         }
-        let (mut label, mut timestep, mut pooled) = (0, 0.0, &[][..]);
+        let (mut label, mut timestep, mut pooled, mut guidance) = (0, 0.0, &[][..], 0.0);
         let (context, kv) = match (&self.network, self.unet_config()) {
+            (Network::Flux(f), _) => {
+                let cfg = f.config();
+                let c = x.conditioning.as_slice();
+                if c.len() != cfg.conditioning() || c.iter().any(|v| !v.is_finite()) {
+                    return Err(bad(format!(
+                        "the conditioning is the timestep, {}then the pooled text ({} values): \
+                         {} finite values; given {}",
+                        if cfg.guidance {
+                            "the guidance scale, "
+                        } else {
+                            ""
+                        },
+                        cfg.pooled_width,
+                        cfg.conditioning(),
+                        c.len()
+                    )));
+                }
+                let head = 1 + usize::from(cfg.guidance);
+                (timestep, guidance, pooled) = (c[0], c[head - 1], &c[head..]);
+                match x.cross.as_ref() {
+                    ROption::RSome(ctx)
+                        if !ctx.rows.is_empty()
+                            && ctx.rows.len().is_multiple_of(cfg.context_width) =>
+                    {
+                        (ctx.rows.as_slice(), ctx.kv)
+                    }
+                    _ => {
+                        return Err(bad(format!(
+                            "the context is the text rows, each {} values; none or a partial \
+                             row given",
+                            cfg.context_width
+                        )));
+                    }
+                }
+            }
             (Network::Sd3(s), _) => {
                 let cfg = s.config();
                 (timestep, pooled) = match x.conditioning.as_slice().split_first() {
@@ -319,6 +373,7 @@ impl DiffusionModel {
             wanted,
             timestep,
             label,
+            guidance,
             pooled,
             context,
             kv,
@@ -384,6 +439,12 @@ impl DiffusionModel {
                 let rows = (job.context.len() / width) as u64;
                 let context = self.device.from_f32(job.context, &[rows, width as u64])?;
                 s.forward(&x, job.timestep, job.pooled, &context)
+            }
+            Network::Flux(f) => {
+                let width = f.config().context_width;
+                let rows = (job.context.len() / width) as u64;
+                let context = self.device.from_f32(job.context, &[rows, width as u64])?;
+                f.forward(&x, (job.timestep, job.guidance), job.pooled, &context)
             }
         }
     }

@@ -5,14 +5,15 @@
 //! `UNet2DConditionModel`s (convolutional and linear transformer projections) and a
 //! class-conditioned `DiTTransformer2DModel` (at its own size and at another, where the position
 //! embedding is interpolated) and an `SD3Transformer2DModel` (MMDiT: joint attention, RMS q/k
-//! norms, the last block text-free, positions cropped) equal diffusers' outputs within [`TOL`],
-//! alone and batched (classifier-free guidance runs two chunks with
+//! norms, the last block text-free, positions cropped) and a `FluxTransformer2DModel` (double- and
+//! single-stream blocks, rotary embedding over three axes, guidance embedding) equal diffusers'
+//! outputs within [`TOL`], alone and batched (classifier-free guidance runs two chunks with
 //! different contexts in one pass); bad input is refused with a clear error.
 
 use anyhow::Result;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use u_arch_diffusion::{DIT, DiffusionArchitecture, SD3, UNET, VAE_DECODER, VAE_ENCODER};
+use u_arch_diffusion::{DIT, DiffusionArchitecture, FLUX, SD3, UNET, VAE_DECODER, VAE_ENCODER};
 use u_sdk::abi_stable::std_types::{ROption, RSlice, RSliceMut};
 use u_sdk::{
     CrossContext, ModelBox, ModelKind, Output, PlaneSpec, Planes, Rows, Segment, SeqChunk,
@@ -348,6 +349,56 @@ fn the_sd3_mmdit_equals_diffusers() -> Result<()> {
     };
     let err = run(&model, &[chunk(&input, extras)]).unwrap_err();
     assert!(err.message.contains("larger than the trained"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn the_flux_transformer_equals_diffusers() -> Result<()> {
+    let e = expected()?;
+    let model = load("flux", FLUX)?;
+    let config = model.config().into_result()?;
+    let spec = config.planes.into_option().expect("planes");
+    assert_eq!(
+        (spec.in_channels, spec.out_channels, spec.multiple),
+        (4, 4, 2)
+    );
+    for case in e["flux"].as_array().expect("cases") {
+        let (sample, shape) = flat(&case["sample"]);
+        let mut conditioning = vec![
+            case["timestep"].as_f64().unwrap() as f32,
+            case["guidance"].as_f64().unwrap() as f32,
+        ];
+        conditioning.extend(flat(&case["pooled"]).0);
+        let context = flat(&case["context"]).0;
+        let input = [Segment::Planes(planes(&sample, &shape))];
+        let extras = SeqExtras {
+            conditioning: RSlice::from_slice(&conditioning),
+            cross: ROption::RSome(CrossContext {
+                kv: 0,
+                rows: RSlice::from_slice(&context),
+            }),
+            ..SeqExtras::default()
+        };
+        let got = run(&model, &[chunk(&input, extras)])?;
+        let err = max_error(&got, &flat(&case["prediction"]).0);
+        println!("FLUX {shape:?}: max relative |Δ| {err:.2e}");
+        assert!(err < TOL, "FLUX {shape:?} off by {err}");
+    }
+    // Without the guidance scale the conditioning is one value short.
+    let (sample, shape) = flat(&e["flux"][0]["sample"]);
+    let input = [Segment::Planes(planes(&sample, &shape))];
+    let conditioning = [0.5f32; 11];
+    let context = flat(&e["flux"][0]["context"]).0;
+    let extras = SeqExtras {
+        conditioning: RSlice::from_slice(&conditioning),
+        cross: ROption::RSome(CrossContext {
+            kv: 0,
+            rows: RSlice::from_slice(&context),
+        }),
+        ..SeqExtras::default()
+    };
+    let err = run(&model, &[chunk(&input, extras)]).unwrap_err();
+    assert!(err.message.contains("guidance scale"), "{err}");
     Ok(())
 }
 
