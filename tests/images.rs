@@ -6,8 +6,9 @@
 //!   another seed another image; an initial image (`--init-image`) is refined; a folder without
 //!   its `vae/` and `--steps 0` are clear errors.
 //! - Served by `u-runner serve`, the official `openai` client's `images.generate` returns the
-//!   same PNG as the command line for the same seed, over TCP and the Unix socket; a streamed
-//!   request reports every step, then the image; bad requests get 4xx answers.
+//!   same PNG as the command line for the same seed, over TCP and the Unix socket; an edited
+//!   prompt hands off from that trajectory (marked approximate); a streamed request reports
+//!   every step, then the image; bad requests get 4xx answers.
 
 use base64::Engine as _;
 use serde_json::Value;
@@ -162,6 +163,20 @@ print(json.dumps({
         assert_eq!(answer["seeds"], serde_json::json!([3, 4]));
         assert_eq!(answer["distinct"], true);
     }
+
+    // An edited prompt taking over that trajectory at step 2: approximate, and said to be.
+    let (status, reply) = post(
+        server.port,
+        "/v1/images/generations",
+        br#"{"model":"sd","prompt":"two dogs!","size":"32x32","steps":4,"seed":11,
+             "handoff_prompt":"a photo of a red cat","handoff_step":2}"#,
+    );
+    assert_eq!(status, 200, "{reply}");
+    let image = &reply["data"][0];
+    assert_eq!(
+        (&image["approximate"], &image["cached_steps"]),
+        (&Value::Bool(true), &2.into())
+    );
 
     // Streamed: a progress event per step, then the image.
     let body = br#"{"model":"sd","prompt":"two dogs!","steps":3,"seed":5,"stream":true}"#;

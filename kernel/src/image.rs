@@ -103,6 +103,8 @@ pub fn run(args: ImageArgs) -> Result<i32> {
         seed: args.seed,
         init_image: init.into(),
         strength: args.strength,
+        handoff_prompt: "".into(),
+        handoff_step: 0,
         client: "".into(),
     };
     let start = Instant::now();

@@ -8,7 +8,9 @@
 //!   that determines them (prompts, seed, size, steps, guidance, scheduler, initial image and
 //!   strength). A request that was cancelled resumes where it stopped; one that finished
 //!   decodes its final latents again without a step. Each step's noise is drawn from the seed
-//!   by its index, so a resumed trajectory is the uninterrupted one.
+//!   by its index, so a resumed trajectory is the uninterrupted one. Every step's latents are
+//!   kept, so an edited prompt can take over another prompt's trajectory at a step of its
+//!   choice (a handoff: approximate, and said to be).
 //!
 //! - **Cross-attention keys and values**: each request's two contexts (the prompt's rows and
 //!   the negative prompt's) get sequence ids of their own ([`Caches::contexts`]), under which
@@ -101,13 +103,27 @@ pub struct TrajectoryKey {
     pub strength: u32,
 }
 
-/// Where a trajectory stands: the latents after `step` steps.
+/// Where a trajectory stands: the latents after each step it ran, from step `first + 1` on
+/// (an image-to-image run starts at `first`).
 #[derive(Clone, Debug)]
 pub struct Progress {
+    /// The step the trajectory started after.
+    pub first: u32,
+    /// The latents after steps `first + 1`, `first + 2`, ….
+    pub history: Vec<Arc<Vec<f32>>>,
+}
+
+impl Progress {
     /// Steps completed.
-    pub step: u32,
-    /// The latents after them.
-    pub latents: Arc<Vec<f32>>,
+    pub fn step(&self) -> u32 {
+        self.first + self.history.len() as u32
+    }
+
+    /// The latents after step `step`, if the trajectory passed it.
+    pub fn after(&self, step: u32) -> Option<&Arc<Vec<f32>>> {
+        let i = step.checked_sub(self.first + 1)? as usize;
+        self.history.get(i)
+    }
 }
 
 /// Entries each cache keeps.

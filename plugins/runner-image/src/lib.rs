@@ -294,6 +294,7 @@ impl Engine for ImageEngine {
                 seed: request.seed,
                 steps: outcome.steps,
                 cached_steps: outcome.cached_steps,
+                approximate: outcome.approximate,
             })
         })()
         .into()

@@ -65,6 +65,8 @@ pub struct Outcome {
     pub steps: u32,
     /// Steps taken from the trajectory cache.
     pub cached_steps: u32,
+    /// Whether the first steps followed another prompt (a handoff).
+    pub approximate: bool,
 }
 
 fn invalid(why: String) -> UError {
@@ -235,16 +237,36 @@ pub fn generate(
     };
     let lock = || caches.lock().unwrap_or_else(|e| e.into_inner());
     let mut done = first;
-    let mut cached_steps = 0;
-    if given.is_none()
+    let mut history = Vec::new();
+    let approximate = !request.handoff_prompt.is_empty();
+    if approximate {
+        // The edited prompt takes over the earlier one's trajectory at the step asked for.
+        let earlier = TrajectoryKey {
+            prompt: request.handoff_prompt.to_string(),
+            ..key.clone()
+        };
+        let at = request.handoff_step;
+        let kept = lock().trajectory(&earlier);
+        let start = kept.as_ref().and_then(|p| p.after(at)).ok_or_else(|| {
+            UError::not_found(format!(
+                "runner-image: no kept trajectory of the handoff prompt has reached step {at} \
+                 (with this seed, size, steps, guidance and scheduler)"
+            ))
+        })?;
+        latents = start.to_vec();
+        done = at as usize;
+    } else if given.is_none()
         && let Some(p) = lock().trajectory(&key)
-        && p.step as usize > first
+        && p.step() as usize > first
     {
-        cached_steps = p.step - first as u32;
-        done = p.step as usize;
-        latents = p.latents.to_vec();
+        done = p.step() as usize;
+        latents = p.history.last().map(|l| l.to_vec()).unwrap_or(latents);
+        history = p.history;
+    }
+    let cached_steps = (done - first) as u32;
+    if cached_steps > 0 {
         progress(ImageProgress {
-            step: p.step,
+            step: done as u32,
             steps,
             cached: true,
         });
@@ -274,11 +296,15 @@ pub fn generate(
         latents = scheduler
             .step(&prediction, k, &latents, fresh.as_deref())
             .map_err(scheduler_error)?;
-        let keep = |latents: &[f32]| {
-            if given.is_none() {
-                let latents = Arc::new(latents.to_vec());
-                let step = k as u32 + 1;
-                lock().keep_trajectory(key.clone(), Progress { step, latents });
+        history.push(Arc::new(latents.clone()));
+        // A trajectory from given noise or a handoff is not the request's own: not kept.
+        let keep = |history: &[Arc<Vec<f32>>]| {
+            if given.is_none() && !approximate {
+                let progress = Progress {
+                    first: first as u32,
+                    history: history.to_vec(),
+                };
+                lock().keep_trajectory(key.clone(), progress);
             }
         };
         let go_on = progress(ImageProgress {
@@ -287,7 +313,7 @@ pub fn generate(
             cached: false,
         });
         if !go_on {
-            keep(&latents);
+            keep(&history);
             return Err(UError::new(
                 ErrorKind::Cancelled,
                 format!(
@@ -298,7 +324,7 @@ pub fn generate(
             ));
         }
         if k + 1 == steps as usize {
-            keep(&latents);
+            keep(&history);
         }
     }
     Ok(Outcome {
@@ -307,5 +333,6 @@ pub fn generate(
         height,
         steps,
         cached_steps,
+        approximate,
     })
 }

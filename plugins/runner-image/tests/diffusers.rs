@@ -149,6 +149,8 @@ fn request(e: &Value) -> ImageRequest {
         seed: 7,
         init_image: Vec::new().into(),
         strength: 0.0,
+        handoff_prompt: "".into(),
+        handoff_step: 0,
         client: "".into(),
     }
 }
@@ -296,6 +298,53 @@ fn the_caches_are_exact_and_a_cancelled_request_resumes() {
     let png = u_runner_image::picture::png(&resumed.pixels, (32, 32)).unwrap();
     assert_eq!(png, uninterrupted.png.to_vec(), "resumed = uninterrupted");
     assert_ne!(uninterrupted.png, plain.png, "another seed, another image");
+}
+
+#[test]
+fn an_edited_prompt_hands_off_from_a_kept_trajectory_approximately() {
+    let e = expected();
+    let engine = engine(true);
+    let first = request(&e);
+    let edited = ImageRequest {
+        prompt: "two dogs!".into(),
+        ..first.clone()
+    };
+    let handoff = ImageRequest {
+        handoff_prompt: first.prompt.clone(),
+        handoff_step: 2,
+        ..edited.clone()
+    };
+    // Nothing kept yet: a clear error.
+    let err = engine.run(&handoff, None, &mut all_steps).err().unwrap();
+    assert_eq!(err.kind, ErrorKind::NotFound, "{err}");
+    let original = engine.run(&first, None, &mut all_steps).unwrap();
+    let mut seen = Vec::new();
+    let handed = engine
+        .run(&handoff, None, &mut |p| {
+            seen.push((p.step, p.cached));
+            true
+        })
+        .unwrap();
+    assert_eq!(seen, [(2, true), (3, false), (4, false)]);
+    assert!(handed.approximate && handed.cached_steps == 2);
+    let own = engine.run(&edited, None, &mut all_steps).unwrap();
+    assert!(
+        !own.approximate && own.cached_steps == 0,
+        "not taken from the handoff"
+    );
+    assert_ne!(
+        handed.pixels, own.pixels,
+        "a handoff is not the edited prompt's own image"
+    );
+    assert_ne!(handed.pixels, original.pixels);
+    let again = engine.run(&handoff, None, &mut all_steps).unwrap();
+    assert_eq!(again.pixels, handed.pixels, "a handoff is deterministic");
+    // Past the kept trajectory's steps, or before its start: refused.
+    let late = ImageRequest {
+        handoff_step: 5,
+        ..handoff.clone()
+    };
+    assert!(engine.run(&late, None, &mut all_steps).is_err());
 }
 
 #[test]

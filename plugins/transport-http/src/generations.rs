@@ -3,10 +3,12 @@
 //! own), `response_format` (`b64_json` only: the server keeps no files, so it has no URLs to
 //! give), `output_format` (`png`), `user`; and U's own fields: `negative_prompt`, `steps`,
 //! `guidance_scale`, `seed` (drawn from the clock when absent, and returned), `image` (a
-//! base64 image file to start from) with `strength`, and `stream`.
+//! base64 image file to start from) with `strength`, `handoff_prompt` with `handoff_step` (an
+//! edited prompt taking over an earlier prompt's kept trajectory at that step: approximate),
+//! and `stream`.
 //!
 //! The answer is OpenAI's `{created, data: [{b64_json}]}`, each image also stating its `seed`,
-//! `steps` and `cached_steps`. With `stream`, server-sent events report every denoising step
+//! `steps`, `cached_steps` and whether it is `approximate` (a handoff's). With `stream`, server-sent events report every denoising step
 //! (`image_generation.progress`: `image_index`, `step`, `steps`, `cached`) and each finished
 //! image (`image_generation.completed`: `image_index`, `b64_json`, …). A client that goes away
 //! cancels its request; the runner keeps the trajectory, so the same request resumes there.
@@ -53,6 +55,8 @@ const KNOWN: &[&str] = &[
     "seed",
     "image",
     "strength",
+    "handoff_prompt",
+    "handoff_step",
     "stream",
 ];
 
@@ -110,6 +114,13 @@ pub fn parse(body: &[u8], models: &[String]) -> Result<Parsed, ApiError> {
             "`strength` applies to an `image` to start from, and none is given",
         ));
     }
+    let handoff = json::string(&o, "handoff_prompt")?;
+    if handoff.is_none() && o.get("handoff_step").is_some_and(|v| !v.is_null()) {
+        return Err(ApiError::param(
+            "handoff_step",
+            "`handoff_step` applies to a `handoff_prompt`, and none is given",
+        ));
+    }
     let seed = match o.get("seed") {
         None | Some(Value::Null) => SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -132,6 +143,13 @@ pub fn parse(body: &[u8], models: &[String]) -> Result<Parsed, ApiError> {
             seed,
             init_image: init_image.into(),
             strength: strength.unwrap_or(0.8) as f32,
+            handoff_prompt: handoff.clone().unwrap_or_default().into(),
+            handoff_step: match handoff {
+                Some(_) => json::integer_in(&o, "handoff_step", 0, 1000)?.ok_or_else(|| {
+                    ApiError::param("handoff_step", "`handoff_prompt` needs a `handoff_step`")
+                })?,
+                None => 0,
+            },
             client: "".into(),
         },
         n: json::integer_in(&o, "n", 1, i64::from(MAX_IMAGES))?.unwrap_or(1),
@@ -198,6 +216,7 @@ pub fn image_json(image: &GeneratedImage) -> Value {
         "seed": image.seed,
         "steps": image.steps,
         "cached_steps": image.cached_steps,
+        "approximate": image.approximate,
         "width": image.width,
         "height": image.height,
     })
@@ -298,6 +317,8 @@ mod tests {
             (br#"{"prompt":"x","image":"%%%"}"#, "image"),
             (br#"{"prompt":"x","seed":-1}"#, "seed"),
             (br#"{"prompt":"x","quality":"hd"}"#, "quality"),
+            (br#"{"prompt":"x","handoff_step":2}"#, "handoff_step"),
+            (br#"{"prompt":"x","handoff_prompt":"y"}"#, "handoff_step"),
         ] {
             let e = parse(body, &models()).err().expect("refused");
             assert_eq!(e.param.as_deref(), Some(field), "{}", e.message);

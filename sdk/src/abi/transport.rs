@@ -483,6 +483,13 @@ pub struct ImageRequest {
     /// With an initial image: how much of it is noised away, in (0, 1] (the last
     /// `steps · strength` steps run).
     pub strength: f32,
+    /// An approximate shortcut for an edited prompt: take the first `handoff_step` steps from
+    /// the kept trajectory of this earlier prompt (all else the same) and run only the rest
+    /// with `prompt`. The result is not the image `prompt` alone would give
+    /// ([`GeneratedImage::approximate`]). Empty: none.
+    pub handoff_prompt: RString,
+    /// The step the handoff starts from (with `handoff_prompt`).
+    pub handoff_step: u32,
     /// Who is asking, for fair queueing (see [`GenerateRequest::client`]).
     pub client: RString,
 }
@@ -521,8 +528,11 @@ pub struct GeneratedImage {
     pub seed: u64,
     /// Steps the request ran.
     pub steps: u32,
-    /// Steps taken from the trajectory cache instead of the model (a resumed request).
+    /// Steps taken from the trajectory cache instead of the model (a resumed request, or a
+    /// handoff).
     pub cached_steps: u32,
+    /// Whether the image came from a handoff: its first steps followed another prompt.
+    pub approximate: bool,
 }
 
 /// What to do with KV checkpoints.
