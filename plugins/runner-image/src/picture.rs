@@ -2,6 +2,7 @@
 //! `VaeImageProcessor.preprocess` does, and the generated pixels written as a PNG file, rounded
 //! to 8 bits as `numpy_to_pil` rounds them.
 
+use image::ImageEncoder;
 use u_image::{Limits, Rgb8Image};
 use u_sdk::{Resample, UError};
 
@@ -60,8 +61,6 @@ pub fn png(pixels: &[f32], (width, height): (u32, u32)) -> u_sdk::Result<Vec<u8>
         .map_err(|e| UError::new(u_sdk::ErrorKind::Internal, format!("writing a PNG: {e}")))?;
     Ok(out)
 }
-
-use image::ImageEncoder;
 
 #[cfg(test)]
 mod tests {
