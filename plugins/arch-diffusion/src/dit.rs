@@ -17,7 +17,7 @@
 use crate::{
     blocks::Attention,
     config::DitConfig,
-    layers::{Conv2d, LayerNorm, Linear, Weights, to_rows},
+    layers::{Conv2d, Linear, ModulatedNorm, Weights, to_rows},
     unet::timestep_embedding,
 };
 use u_sdk::{
@@ -85,28 +85,13 @@ impl Conditioning {
     }
 }
 
-/// `LN(x) ⊙ (1 + scale) + shift`, `scale` and `shift` one row each.
-pub(crate) fn modulate(
-    norm: &LayerNorm,
-    x: &Tensor,
-    shift: &Tensor,
-    scale: &Tensor,
-) -> Result<Tensor> {
-    let ones = x
-        .device()
-        .from_f32(&vec![1.0; scale.row_len()], &[1, scale.row_len() as u64])?;
-    let y = norm.forward(x)?.mul(&scale.add(&ones)?)?;
-    y.add_assign(shift)?;
-    Ok(y)
-}
-
 /// One DiT block: adaLN-Zero modulated self-attention and MLP.
 struct DitBlock {
     conditioning: Conditioning,
     modulation: Linear,
-    norm: LayerNorm,
+    norm: ModulatedNorm,
     attention: Attention,
-    mlp_norm: LayerNorm,
+    mlp_norm: ModulatedNorm,
     mlp_in: Linear,
     mlp_out: Linear,
 }
@@ -115,13 +100,13 @@ impl DitBlock {
     fn load(w: &Weights<'_>, cfg: &DitConfig, i: usize) -> Result<DitBlock> {
         let p = format!("transformer_blocks.{i}");
         let width = cfg.width();
-        let plain = |eps| LayerNorm::plain(w.device(), width, eps);
+        let norm = |eps| ModulatedNorm::new(w.device(), width, eps);
         let block = DitBlock {
             conditioning: Conditioning::load(w, &format!("{p}.norm1.emb"))?,
             modulation: Linear::load(w, &format!("{p}.norm1.linear"))?,
-            norm: plain(MODULATED_EPS)?,
+            norm: norm(MODULATED_EPS)?,
             attention: Attention::load(w, &format!("{p}.attn1"), cfg.heads)?,
-            mlp_norm: plain(cfg.norm_eps)?,
+            mlp_norm: norm(cfg.norm_eps)?,
             mlp_in: Linear::load(w, &format!("{p}.ff.net.0.proj"))?,
             mlp_out: Linear::load(w, &format!("{p}.ff.net.2"))?,
         };
@@ -139,9 +124,9 @@ impl DitBlock {
         let width = x.row_len() as u64;
         let m = self.modulation.forward(&c)?.reshape(&[6, width])?;
         let part = |i: usize| m.rows_range(i..i + 1);
-        let h = modulate(&self.norm, x, &part(0)?, &part(1)?)?;
+        let h = self.norm.forward(x, &part(0)?, &part(1)?)?;
         let x = self.attention.forward(&h)?.mul(&part(2)?)?.add(x)?;
-        let h = modulate(&self.mlp_norm, &x, &part(3)?, &part(4)?)?;
+        let h = self.mlp_norm.forward(&x, &part(3)?, &part(4)?)?;
         let h = self.mlp_in.forward(&h)?.activation(Activation::GeluTanh)?;
         self.mlp_out.forward(&h)?.mul(&part(5)?)?.add(&x)
     }
@@ -152,7 +137,7 @@ pub struct Dit {
     cfg: DitConfig,
     patchify: Conv2d,
     blocks: Vec<DitBlock>,
-    norm_out: LayerNorm,
+    norm_out: ModulatedNorm,
     proj_out_1: Linear,
     proj_out_2: Linear,
 }
@@ -167,7 +152,7 @@ impl Dit {
             blocks: (0..cfg.layers)
                 .map(|i| DitBlock::load(w, cfg, i))
                 .collect::<Result<_>>()?,
-            norm_out: LayerNorm::plain(w.device(), width, MODULATED_EPS)?,
+            norm_out: ModulatedNorm::new(w.device(), width, MODULATED_EPS)?,
             proj_out_1: Linear::load(w, "proj_out_1")?,
             proj_out_2: Linear::load(w, "proj_out_2")?,
         };
@@ -217,12 +202,9 @@ impl Dit {
         let c = first.conditioning.forward(t, label, device)?;
         c.activation_assign(Activation::Silu)?;
         let m = self.proj_out_1.forward(&c)?.reshape(&[2, width as u64])?;
-        let x = modulate(
-            &self.norm_out,
-            &x,
-            &m.rows_range(0..1)?,
-            &m.rows_range(1..2)?,
-        )?;
+        let x = self
+            .norm_out
+            .forward(&x, &m.rows_range(0..1)?, &m.rows_range(1..2)?)?;
         let patches = self.proj_out_2.forward(&x)?.to_vec()?;
         let c = cfg.out_channels;
         let out = unpatchify(&patches, (h, w), cfg.patch, c);

@@ -17,8 +17,7 @@
 
 use crate::{
     config::FluxConfig,
-    dit::modulate,
-    layers::{LayerNorm, Linear, Weights},
+    layers::{Linear, ModulatedNorm, Weights},
     mmdit::{JointBlock, JointShape, Stream, TwoLayer, attention},
     unet::timestep_embedding,
 };
@@ -94,7 +93,7 @@ impl AxesRope {
 /// A single-stream block over the joined text and image rows.
 struct SingleBlock {
     modulation: Linear,
-    norm: LayerNorm,
+    norm: ModulatedNorm,
     qkv: Stream,
     proj_mlp: Linear,
     /// `proj_out`'s columns over the attention's output (with its bias) …
@@ -113,7 +112,7 @@ impl SingleBlock {
             Linear::load_column_split(w, &format!("{p}.proj_out"), width)?;
         let block = SingleBlock {
             modulation: Linear::load(w, &format!("{p}.norm.linear"))?,
-            norm: LayerNorm::plain(w.device(), width, EPS)?,
+            norm: ModulatedNorm::new(w.device(), width, EPS)?,
             qkv: Stream::load(
                 w,
                 &format!("{p}.attn"),
@@ -142,7 +141,7 @@ impl SingleBlock {
             .forward(temb)?
             .reshape(&[3, h.row_len() as u64])?;
         let row = |i: usize| m.rows_range(i..i + 1);
-        let n = modulate(&self.norm, h, &row(0)?, &row(1)?)?;
+        let n = self.norm.forward(h, &row(0)?, &row(1)?)?;
         let mlp = self
             .proj_mlp
             .forward(&n)?
@@ -170,7 +169,7 @@ pub struct Flux {
     double: Vec<JointBlock>,
     single: Vec<SingleBlock>,
     norm_out: Linear,
-    final_norm: LayerNorm,
+    final_norm: ModulatedNorm,
     proj_out: Linear,
 }
 
@@ -229,7 +228,7 @@ impl Flux {
                 .map(|i| SingleBlock::load(w, cfg, i))
                 .collect::<Result<_>>()?,
             norm_out: Linear::load(w, "norm_out.linear")?,
-            final_norm: LayerNorm::plain(w.device(), width, EPS)?,
+            final_norm: ModulatedNorm::new(w.device(), width, EPS)?,
             proj_out: Linear::load(w, "proj_out")?,
         };
         let fits = model.x_embedder.in_features() == cfg.in_channels
@@ -309,12 +308,9 @@ impl Flux {
             .norm_out
             .forward(&temb)?
             .reshape(&[2, cfg.width() as u64])?;
-        let x = modulate(
-            &self.final_norm,
-            &x,
-            &mo.rows_range(1..2)?,
-            &mo.rows_range(0..1)?,
-        )?;
+        let x = self
+            .final_norm
+            .forward(&x, &mo.rows_range(1..2)?, &mo.rows_range(0..1)?)?;
         let rows = self.proj_out.forward(&x)?.to_vec()?;
         let out_c = cfg.out_channels / 4;
         let out = unpack(&rows, (out_c, h, w));

@@ -308,19 +308,39 @@ impl LayerNorm {
         })
     }
 
-    /// A norm of `width` without scale or shift of its own (`elementwise_affine=False`).
-    pub fn plain(device: &Device, width: usize, eps: f32) -> Result<LayerNorm> {
+    /// The normalised rows.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.layer_norm(&self.weight, &self.bias, self.eps)
+    }
+}
+
+/// A layer norm without scale or shift of its own (`elementwise_affine=False`), modulated per
+/// sample instead (adaLN): `LN(x) ⊙ (1 + scale) + shift`. Its row of ones serves both as the
+/// norm's unit scale and as the `1` of `1 + scale`.
+pub struct ModulatedNorm {
+    ones: Tensor,
+    zeros: Tensor,
+    eps: f32,
+}
+
+impl ModulatedNorm {
+    /// A norm of rows of `width`.
+    pub fn new(device: &Device, width: usize, eps: f32) -> Result<ModulatedNorm> {
         let n = [width as u64];
-        Ok(LayerNorm {
-            weight: device.from_f32(&vec![1.0; width], &n)?,
-            bias: device.from_f32(&vec![0.0; width], &n)?,
+        Ok(ModulatedNorm {
+            ones: device.from_f32(&vec![1.0; width], &n)?,
+            zeros: device.from_f32(&vec![0.0; width], &n)?,
             eps,
         })
     }
 
-    /// The normalised rows.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        x.layer_norm(&self.weight, &self.bias, self.eps)
+    /// `LN(x) ⊙ (1 + scale) + shift`, `scale` and `shift` one row each.
+    pub fn forward(&self, x: &Tensor, shift: &Tensor, scale: &Tensor) -> Result<Tensor> {
+        let y = x
+            .layer_norm(&self.ones, &self.zeros, self.eps)?
+            .mul(&scale.add(&self.ones)?)?;
+        y.add_assign(shift)?;
+        Ok(y)
     }
 }
 

@@ -15,9 +15,9 @@
 
 use crate::{
     config::Sd3Config,
-    dit::{modulate, position_embedding, unpatchify},
+    dit::{position_embedding, unpatchify},
     flux::AxesRope,
-    layers::{Conv2d, LayerNorm, Linear, Weights, to_rows},
+    layers::{Conv2d, Linear, ModulatedNorm, Weights, to_rows},
     unet::timestep_embedding,
 };
 use u_sdk::{
@@ -215,7 +215,7 @@ pub(crate) struct JointBlock {
     attention: JointAttention,
     ff: Mlp,
     ff_context: Option<Mlp>,
-    norm: LayerNorm,
+    norm: ModulatedNorm,
 }
 
 /// The shape of a joint block.
@@ -276,7 +276,7 @@ impl JointBlock {
                 true => None,
                 false => Some(Mlp::load(w, &format!("{p}.ff_context"))?),
             },
-            norm: LayerNorm::plain(w.device(), width, EPS)?,
+            norm: ModulatedNorm::new(w.device(), width, EPS)?,
         };
         let rows = match &block.norm1_context {
             TextNorm::Zero(l) => l.out_features() / width,
@@ -302,28 +302,28 @@ impl JointBlock {
         let width = x.row_len() as u64;
         let mx = self.norm1.forward(temb)?.reshape(&[6, width])?;
         let row = |m: &Tensor, i: usize| m.rows_range(i..i + 1);
-        let nx = modulate(&self.norm, x, &row(&mx, 0)?, &row(&mx, 1)?)?;
+        let nx = self.norm.forward(x, &row(&mx, 0)?, &row(&mx, 1)?)?;
         let (nc, mc) = match &self.norm1_context {
             TextNorm::Zero(l) => {
                 let mc = l.forward(temb)?.reshape(&[6, width])?;
                 (
-                    modulate(&self.norm, c, &row(&mc, 0)?, &row(&mc, 1)?)?,
+                    self.norm.forward(c, &row(&mc, 0)?, &row(&mc, 1)?)?,
                     Some(mc),
                 )
             }
             TextNorm::Continuous(l) => {
                 let m = l.forward(temb)?.reshape(&[2, width])?;
-                (modulate(&self.norm, c, &row(&m, 1)?, &row(&m, 0)?)?, None)
+                (self.norm.forward(c, &row(&m, 1)?, &row(&m, 0)?)?, None)
             }
         };
         let (ax, ac) = self.attention.forward(&nx, &nc, rope)?;
         let x = ax.mul(&row(&mx, 2)?)?.add(x)?;
-        let h = modulate(&self.norm, &x, &row(&mx, 3)?, &row(&mx, 4)?)?;
+        let h = self.norm.forward(&x, &row(&mx, 3)?, &row(&mx, 4)?)?;
         let x = self.ff.forward(&h)?.mul(&row(&mx, 5)?)?.add(&x)?;
         let c = match (mc, ac, &self.ff_context) {
             (Some(mc), Some(ac), Some(ff)) => {
                 let c = ac.mul(&row(&mc, 2)?)?.add(c)?;
-                let h = modulate(&self.norm, &c, &row(&mc, 3)?, &row(&mc, 4)?)?;
+                let h = self.norm.forward(&c, &row(&mc, 3)?, &row(&mc, 4)?)?;
                 Some(ff.forward(&h)?.mul(&row(&mc, 5)?)?.add(&c)?)
             }
             _ => None,
@@ -350,7 +350,7 @@ pub struct Sd3Transformer {
     context_embedder: Linear,
     blocks: Vec<JointBlock>,
     norm_out: Linear,
-    final_norm: LayerNorm,
+    final_norm: ModulatedNorm,
     proj_out: Linear,
 }
 
@@ -393,7 +393,7 @@ impl Sd3Transformer {
                 })
                 .collect::<Result<_>>()?,
             norm_out: Linear::load(w, "norm_out.linear")?,
-            final_norm: LayerNorm::plain(w.device(), width, EPS)?,
+            final_norm: ModulatedNorm::new(w.device(), width, EPS)?,
             proj_out: Linear::load(w, "proj_out")?,
         };
         let fits = model.patchify.in_channels() == cfg.in_channels
@@ -472,12 +472,9 @@ impl Sd3Transformer {
             (x, c) = block.forward(&x, &text, &temb, None)?;
         }
         let m = self.norm_out.forward(&temb)?.reshape(&[2, width as u64])?;
-        let x = modulate(
-            &self.final_norm,
-            &x,
-            &m.rows_range(1..2)?,
-            &m.rows_range(0..1)?,
-        )?;
+        let x = self
+            .final_norm
+            .forward(&x, &m.rows_range(1..2)?, &m.rows_range(0..1)?)?;
         let patches = self.proj_out.forward(&x)?.to_vec()?;
         let out = unpatchify(&patches, (h, w), cfg.patch, cfg.out_channels);
         device.from_f32(&out, &[cfg.out_channels as u64, h as u64, w as u64])
