@@ -12,8 +12,11 @@
 //!   tensors).
 //!
 //! Dtypes: FLOAT, FLOAT16, BFLOAT16, DOUBLE, INT8, UINT8, INT16, INT32, INT64; anything else is
-//! a clear `Unsupported` error. Sparse initializers are ignored; graph nodes are read only for
-//! their names and wiring.
+//! a clear `Unsupported` error. Sparse initializers are ignored.
+//!
+//! The graph itself (inputs, outputs, nodes with their attributes) is the metadata value
+//! `onnx.graph`, JSON ([`model::graph_json`]), for an architecture that runs it; a file that no
+//! `config.json` names is of the family `onnx_graph` ([`GRAPH_FAMILY`]).
 //!
 //! Initializers keep their stored names (HF names, as `torch.onnx`/optimum exports keep them);
 //! those PyTorch's exporter left anonymous (`onnx::MatMul_1966`) are named after the module
@@ -34,7 +37,7 @@ pub mod model;
 pub mod proto;
 
 pub use error::Error;
-pub use model::{FileOpener, OnnxModel, StdFs, Storage, Tensor};
+pub use model::{FileOpener, GRAPH_FAMILY, GRAPH_KEY, OnnxModel, StdFs, Storage, Tensor};
 
 use std::path::Path;
 use u_sdk::{

@@ -5,10 +5,14 @@
 
 use crate::{
     error::{Error, Result},
-    proto::{DATA_LOCATION_EXTERNAL, GraphProto, ModelProto, NodeProto, TensorProto, data_type},
+    proto::{
+        AttributeProto, DATA_LOCATION_EXTERNAL, GraphProto, ModelProto, NodeProto, TensorProto,
+        ValueInfoProto, attribute_type, data_type,
+    },
 };
 use bytes::Bytes;
 use prost::Message;
+use serde_json::Value;
 use std::{
     collections::HashMap,
     path::{Component, Path, PathBuf},
@@ -183,8 +187,13 @@ impl OnnxModel {
             });
         }
 
+        let mut renamed = serde_json::Map::new();
         for (i, name, transpose) in scope_names(graph, &tensors) {
             let t = &mut tensors[i];
+            renamed.insert(
+                t.name.clone(),
+                serde_json::json!({ "name": name, "transposed": transpose }),
+            );
             if transpose {
                 let (rows, cols) = (t.shape[0], t.shape[1]);
                 t.data = Bytes::from(transposed(&t.data, rows as usize, cols as usize));
@@ -196,6 +205,12 @@ impl OnnxModel {
         }
 
         metadata.extend(onnx_metadata(&model));
+        metadata.push((
+            GRAPH_KEY.to_string(),
+            MetaValue::Json(graph_json(graph, renamed).to_string().into()),
+        ));
+        let architecture =
+            architecture.or_else(|| (!graph.node.is_empty()).then(|| GRAPH_FAMILY.to_string()));
         let mut meta_index = HashMap::new();
         metadata.retain(|(k, _)| {
             !meta_index.contains_key(k) && {
@@ -250,10 +265,129 @@ impl OnnxModel {
         self.meta_index.get(key).map(|&i| &self.metadata[i].1)
     }
 
-    /// The architecture as `config.json`'s `model_type` names it, if known.
+    /// The architecture as `config.json`'s `model_type` names it; without one, a graph that has
+    /// nodes is [`GRAPH_FAMILY`], for an architecture that runs the graph itself.
     pub fn architecture(&self) -> Option<&str> {
         self.architecture.as_deref()
     }
+}
+
+/// The family of an ONNX file that no `config.json` names: its graph is the architecture.
+pub const GRAPH_FAMILY: &str = "onnx_graph";
+
+/// The metadata key holding the graph as JSON (see [`graph_json`]).
+pub const GRAPH_KEY: &str = "onnx.graph";
+
+/// The graph an architecture needs to run it, as JSON:
+///
+/// - `inputs`, `outputs`: `{name, elem_type, shape}`, a dimension a number or a symbol;
+/// - `nodes`: `{op, domain, name, inputs, outputs, attributes}` in graph order, an attribute
+///   a number, a string, a list, or a tensor `{dims, values}` (`{error}` where its data cannot
+///   be read);
+/// - `renamed`: the initializers the loader named after their readers, `{name, transposed}`
+///   by the graph's name of them (a transposed one is stored `[cols, rows]`).
+pub fn graph_json(graph: &GraphProto, renamed: serde_json::Map<String, Value>) -> Value {
+    let value_info = |v: &ValueInfoProto| {
+        let tensor = v.r#type.as_ref().and_then(|t| t.tensor_type.as_ref());
+        let shape: Option<Vec<Value>> = tensor.and_then(|t| t.shape.as_ref()).map(|s| {
+            s.dim
+                .iter()
+                .map(|d| match (&d.dim_value, &d.dim_param) {
+                    (Some(n), _) => Value::from(*n),
+                    (None, Some(p)) => Value::from(p.as_str()),
+                    (None, None) => Value::Null,
+                })
+                .collect()
+        });
+        serde_json::json!({
+            "name": v.name,
+            "elem_type": tensor.map_or(0, |t| t.elem_type),
+            "shape": shape,
+        })
+    };
+    let initialized: std::collections::HashSet<&str> =
+        graph.initializer.iter().map(|t| t.name.as_str()).collect();
+    let nodes: Vec<Value> = graph
+        .node
+        .iter()
+        .map(|n| {
+            let attributes: serde_json::Map<String, Value> = n
+                .attribute
+                .iter()
+                .map(|a| (a.name.clone(), attribute_json(a)))
+                .collect();
+            serde_json::json!({
+                "op": n.op_type,
+                "domain": n.domain,
+                "name": n.name,
+                "inputs": n.input,
+                "outputs": n.output,
+                "attributes": attributes,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "inputs": graph
+            .input
+            .iter()
+            .filter(|v| !initialized.contains(v.name.as_str()))
+            .map(value_info)
+            .collect::<Vec<_>>(),
+        "outputs": graph.output.iter().map(value_info).collect::<Vec<_>>(),
+        "nodes": nodes,
+        "renamed": renamed,
+    })
+}
+
+/// One attribute's value as JSON.
+fn attribute_json(a: &AttributeProto) -> Value {
+    let text = |b: &[u8]| Value::from(String::from_utf8_lossy(b).into_owned());
+    match a.r#type {
+        attribute_type::FLOAT => Value::from(f64::from(a.f)),
+        attribute_type::INT => Value::from(a.i),
+        attribute_type::STRING => text(&a.s),
+        attribute_type::FLOATS => a.floats.iter().map(|&f| f64::from(f)).collect(),
+        attribute_type::INTS => a.ints.iter().copied().collect(),
+        attribute_type::STRINGS => a.strings.iter().map(|s| text(s)).collect(),
+        attribute_type::TENSOR => match a.t.as_ref().map(tensor_json) {
+            Some(Ok(v)) => v,
+            Some(Err(e)) => serde_json::json!({ "error": e.to_string() }),
+            None => serde_json::json!({ "error": "no tensor" }),
+        },
+        other => serde_json::json!({ "error": format!("attribute type {other} is not read") }),
+    }
+}
+
+/// A tensor attribute's dims and values (numbers) as JSON.
+fn tensor_json(t: &TensorProto) -> Result<Value> {
+    let (dtype, shape, _, data) = resolve(t, None)?;
+    let values: Vec<Value> = match dtype {
+        DType::F32 => data
+            .chunks_exact(4)
+            .map(|c| Value::from(f64::from(f32::from_le_bytes(c.try_into().unwrap()))))
+            .collect(),
+        DType::F64 => data
+            .chunks_exact(8)
+            .map(|c| Value::from(f64::from_le_bytes(c.try_into().unwrap())))
+            .collect(),
+        DType::I64 => data
+            .chunks_exact(8)
+            .map(|c| Value::from(i64::from_le_bytes(c.try_into().unwrap())))
+            .collect(),
+        DType::I32 => data
+            .chunks_exact(4)
+            .map(|c| Value::from(i32::from_le_bytes(c.try_into().unwrap())))
+            .collect(),
+        other => {
+            return Err(Error::Tensor {
+                name: t.name.clone(),
+                reason: format!("a {other} tensor attribute is not read"),
+            });
+        }
+    };
+    Ok(
+        serde_json::json!({ "dims": shape, "values": values, "integer": matches!(dtype, DType::I64 | DType::I32) }),
+    )
 }
 
 fn onnx_metadata(model: &ModelProto) -> Vec<(String, MetaValue)> {

@@ -1,7 +1,7 @@
 //! The subset of ONNX's protobuf schema (`onnx.proto3`) the loader needs, written by hand with
 //! `prost` derives so the build needs no `protoc`. Field numbers follow `onnx/onnx.proto`; every
-//! other field (node attributes, value infos, doc strings…) is skipped by the decoder as
-//! unknown.
+//! other field (value infos of intermediate values, doc strings, subgraphs…) is skipped by the
+//! decoder as unknown.
 //!
 //! `raw_data` is a [`Bytes`]: decoding from a `Bytes` buffer that owns the memory map makes it a
 //! slice of the map, not a copy.
@@ -48,8 +48,8 @@ pub struct OperatorSetIdProto {
     pub version: i64,
 }
 
-/// `GraphProto`: the name, the nodes (how they are wired, to name the initializers an
-/// exporter left anonymous) and the initializers are read.
+/// `GraphProto`: the name, the nodes, the initializers and the graph's inputs and outputs are
+/// read.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct GraphProto {
     /// The computation, in topological order.
@@ -61,10 +61,114 @@ pub struct GraphProto {
     /// Constant tensors: the model's weights.
     #[prost(message, repeated, tag = "5")]
     pub initializer: Vec<TensorProto>,
+    /// The values a caller feeds (and, in old files, the initializers again).
+    #[prost(message, repeated, tag = "11")]
+    pub input: Vec<ValueInfoProto>,
+    /// The values the graph produces.
+    #[prost(message, repeated, tag = "12")]
+    pub output: Vec<ValueInfoProto>,
 }
 
-/// `NodeProto`: one operator call. Only its wiring, name and operator are read (attributes,
-/// such as a `Constant`'s value, are skipped).
+/// `ValueInfoProto`: a named value and its type.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ValueInfoProto {
+    /// The value's name.
+    #[prost(string, tag = "1")]
+    pub name: String,
+    /// Its type (only tensor types are read).
+    #[prost(message, optional, tag = "2")]
+    pub r#type: Option<TypeProto>,
+}
+
+/// `TypeProto`: of its variants only `tensor_type` is read.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TypeProto {
+    /// A tensor's element type and shape.
+    #[prost(message, optional, tag = "1")]
+    pub tensor_type: Option<TensorTypeProto>,
+}
+
+/// `TypeProto.Tensor`: element type and shape.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TensorTypeProto {
+    /// Element type (`TensorProto.DataType`).
+    #[prost(int32, tag = "1")]
+    pub elem_type: i32,
+    /// Shape, when known.
+    #[prost(message, optional, tag = "2")]
+    pub shape: Option<TensorShapeProto>,
+}
+
+/// `TensorShapeProto`: dimensions, outermost first.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TensorShapeProto {
+    /// The dimensions.
+    #[prost(message, repeated, tag = "1")]
+    pub dim: Vec<Dimension>,
+}
+
+/// `TensorShapeProto.Dimension`: a fixed size or a named (symbolic) one.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Dimension {
+    /// A fixed size.
+    #[prost(int64, optional, tag = "1")]
+    pub dim_value: Option<i64>,
+    /// A symbol (`batch`).
+    #[prost(string, optional, tag = "2")]
+    pub dim_param: Option<String>,
+}
+
+/// `AttributeProto`: one named operator attribute.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AttributeProto {
+    /// Attribute name.
+    #[prost(string, tag = "1")]
+    pub name: String,
+    /// A float value.
+    #[prost(float, tag = "2")]
+    pub f: f32,
+    /// An integer value.
+    #[prost(int64, tag = "3")]
+    pub i: i64,
+    /// A string value (bytes).
+    #[prost(bytes = "vec", tag = "4")]
+    pub s: Vec<u8>,
+    /// A tensor value (a `Constant`'s).
+    #[prost(message, optional, tag = "5")]
+    pub t: Option<TensorProto>,
+    /// Float values.
+    #[prost(float, repeated, tag = "7")]
+    pub floats: Vec<f32>,
+    /// Integer values.
+    #[prost(int64, repeated, tag = "8")]
+    pub ints: Vec<i64>,
+    /// String values.
+    #[prost(bytes = "vec", repeated, tag = "9")]
+    pub strings: Vec<Vec<u8>>,
+    /// Which of the fields holds the value (`AttributeProto.AttributeType`).
+    #[prost(int32, tag = "20")]
+    pub r#type: i32,
+}
+
+/// ONNX `AttributeProto.AttributeType` codes.
+pub mod attribute_type {
+    /// `f`
+    pub const FLOAT: i32 = 1;
+    /// `i`
+    pub const INT: i32 = 2;
+    /// `s`
+    pub const STRING: i32 = 3;
+    /// `t`
+    pub const TENSOR: i32 = 4;
+    /// `floats`
+    pub const FLOATS: i32 = 6;
+    /// `ints`
+    pub const INTS: i32 = 7;
+    /// `strings`
+    pub const STRINGS: i32 = 8;
+}
+
+/// `NodeProto`: one operator call: its wiring, name, operator and attributes.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct NodeProto {
     /// Names of the values it reads (an empty name: an optional input left out).
@@ -80,6 +184,12 @@ pub struct NodeProto {
     /// Operator (`MatMul`, `Concat`…).
     #[prost(string, tag = "4")]
     pub op_type: String,
+    /// The operator's attributes.
+    #[prost(message, repeated, tag = "5")]
+    pub attribute: Vec<AttributeProto>,
+    /// The operator set's domain (empty: `ai.onnx`).
+    #[prost(string, tag = "7")]
+    pub domain: String,
 }
 
 /// `TensorProto`: one tensor, its data inline (raw or typed) or in an external file.

@@ -1,0 +1,355 @@
+//! The graph as the loader hands it over (`onnx.graph`, JSON): checked once at build into
+//! numbered value slots, the initializers it reads loaded as constants (the large operands of
+//! `Conv`, `Gemm` and `MatMul` as backend tensors), every node's operator parsed with its
+//! attributes ([`crate::ops::Op`]), and for every node the slots no later node reads, freed
+//! as soon as it has run.
+
+use crate::ops::Op;
+use crate::value::{Array, Value};
+use serde_json::Value as Json;
+use std::collections::HashMap;
+use std::sync::Arc;
+use u_sdk::{DType, MetaValue, Result, UError, WeightSetBox, nn::Device};
+
+/// The metadata key loader-onnx keeps the graph under.
+pub const GRAPH_KEY: &str = "onnx.graph";
+
+/// A dimension of a graph input or output.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Dim {
+    /// A fixed size.
+    Fixed(usize),
+    /// A size the caller picks, by its symbol (`batch`).
+    Named(String),
+    /// Not stated.
+    Unknown,
+}
+
+/// A graph input or output.
+#[derive(Clone, Debug)]
+pub struct Port {
+    /// Its name.
+    pub name: String,
+    /// Its dimensions, when the graph states them.
+    pub dims: Option<Vec<Dim>>,
+    /// Its slot.
+    pub slot: usize,
+}
+
+/// One operator call.
+struct Node {
+    /// The node's name (or its operator and index), for errors.
+    label: String,
+    op: Op,
+    inputs: Vec<Option<usize>>,
+    outputs: Vec<usize>,
+    /// Slots read for the last time here.
+    frees: Vec<usize>,
+}
+
+/// A graph ready to run.
+pub struct Graph {
+    /// The inputs a caller feeds, in order.
+    pub inputs: Vec<Port>,
+    /// The outputs, in order.
+    pub outputs: Vec<Port>,
+    nodes: Vec<Node>,
+    constants: Vec<(usize, Arc<Value>)>,
+    slots: usize,
+}
+
+/// Reads an initializer as a value.
+fn initializer(weights: &WeightSetBox, stored: &str, transposed: bool) -> Result<Value> {
+    let view = weights.tensor(stored.into()).into_result()?;
+    let dims: Vec<usize> = view.shape.iter().map(|&d| d as usize).collect();
+    let bytes = view.data.as_slice();
+    let value = match view.dtype {
+        DType::I64 => Value::I64(Array::new(
+            dims,
+            bytes
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect(),
+        )?),
+        DType::I32 => Value::I64(Array::new(
+            dims,
+            bytes
+                .chunks_exact(4)
+                .map(|c| i64::from(i32::from_le_bytes(c.try_into().expect("4 bytes"))))
+                .collect(),
+        )?),
+        dtype => Value::F32(Array::new(dims, u_sdk::convert::to_f32(dtype, bytes)?)?),
+    };
+    match (transposed, value) {
+        (true, Value::F32(a)) if a.dims.len() == 2 => {
+            Ok(Value::F32(crate::value::permute(&a, &[1, 0])?))
+        }
+        (true, _) => Err(UError::invalid(format!(
+            "{stored}: a transposed initializer that is not a float matrix"
+        ))),
+        (false, v) => Ok(v),
+    }
+}
+
+/// A tensor attribute (`Constant`'s `value`) as a value.
+fn tensor_attribute(json: &Json) -> Result<Value> {
+    let bad = || UError::invalid(format!("a tensor attribute the graph cannot use: {json}"));
+    if let Some(e) = json.get("error") {
+        return Err(UError::unsupported(format!("a tensor attribute: {e}")));
+    }
+    let dims: Vec<usize> = json
+        .get("dims")
+        .and_then(Json::as_array)
+        .ok_or_else(bad)?
+        .iter()
+        .map(|d| d.as_u64().map(|d| d as usize).ok_or_else(bad))
+        .collect::<Result<_>>()?;
+    let values = json
+        .get("values")
+        .and_then(Json::as_array)
+        .ok_or_else(bad)?;
+    if json.get("integer").and_then(Json::as_bool) == Some(true) {
+        let data = values
+            .iter()
+            .map(|v| v.as_i64().ok_or_else(bad))
+            .collect::<Result<_>>()?;
+        Ok(Value::I64(Array::new(dims, data)?))
+    } else {
+        let data = values
+            .iter()
+            .map(|v| v.as_f64().map(|f| f as f32).ok_or_else(bad))
+            .collect::<Result<_>>()?;
+        Ok(Value::F32(Array::new(dims, data)?))
+    }
+}
+
+fn strings(json: &Json, key: &str) -> Result<Vec<String>> {
+    json.get(key)
+        .and_then(Json::as_array)
+        .ok_or_else(|| UError::invalid(format!("onnx.graph: no `{key}` list")))?
+        .iter()
+        .map(|v| {
+            v.as_str()
+                .map(str::to_string)
+                .ok_or_else(|| UError::invalid(format!("onnx.graph: `{key}` holds a non-string")))
+        })
+        .collect()
+}
+
+impl Graph {
+    /// Reads the graph of `weights` (loader-onnx's `onnx.graph`) and prepares it on `device`.
+    pub fn load(weights: &WeightSetBox, device: &Device) -> Result<Graph> {
+        let text = match weights
+            .metadata(GRAPH_KEY.into())
+            .into_result()?
+            .into_option()
+        {
+            Some(MetaValue::Json(t)) => t,
+            _ => {
+                return Err(UError::invalid(format!(
+                    "the weights carry no ONNX graph (`{GRAPH_KEY}`): arch-onnx runs graphs \
+                     that loader-onnx reads"
+                )));
+            }
+        };
+        let json: Json = serde_json::from_str(&text)
+            .map_err(|e| UError::invalid(format!("{GRAPH_KEY}: {e}")))?;
+        let stored: HashMap<String, DType> = weights
+            .tensors()
+            .into_result()?
+            .into_iter()
+            .map(|t| (t.name.to_string(), t.dtype))
+            .collect();
+        let renamed = json.get("renamed").and_then(Json::as_object);
+
+        let mut slots: HashMap<String, usize> = HashMap::new();
+        let mut slot_of = |name: &str| {
+            let next = slots.len();
+            *slots.entry(name.to_string()).or_insert(next)
+        };
+        let ports = |key: &str, slot_of: &mut dyn FnMut(&str) -> usize| -> Result<Vec<Port>> {
+            json.get(key)
+                .and_then(Json::as_array)
+                .ok_or_else(|| UError::invalid(format!("{GRAPH_KEY}: no `{key}`")))?
+                .iter()
+                .map(|p| {
+                    let name = p.get("name").and_then(Json::as_str).unwrap_or_default();
+                    let dims = p.get("shape").and_then(Json::as_array).map(|dims| {
+                        dims.iter()
+                            .map(|d| match (d.as_u64(), d.as_str()) {
+                                (Some(n), _) => Dim::Fixed(n as usize),
+                                (None, Some(s)) => Dim::Named(s.to_string()),
+                                _ => Dim::Unknown,
+                            })
+                            .collect()
+                    });
+                    Ok(Port {
+                        name: name.to_string(),
+                        dims,
+                        slot: slot_of(name),
+                    })
+                })
+                .collect()
+        };
+        let inputs = ports("inputs", &mut slot_of)?;
+        let outputs = ports("outputs", &mut slot_of)?;
+        let fed: std::collections::HashSet<usize> = inputs.iter().map(|p| p.slot).collect();
+
+        let nodes_json = json
+            .get("nodes")
+            .and_then(Json::as_array)
+            .ok_or_else(|| UError::invalid(format!("{GRAPH_KEY}: no `nodes`")))?;
+        let mut constants: HashMap<usize, Arc<Value>> = HashMap::new();
+        let mut written: std::collections::HashSet<usize> = fed.clone();
+        let mut nodes = Vec::with_capacity(nodes_json.len());
+        for (index, n) in nodes_json.iter().enumerate() {
+            let op_type = n.get("op").and_then(Json::as_str).unwrap_or_default();
+            let name = n.get("name").and_then(Json::as_str).unwrap_or_default();
+            let label = if name.is_empty() {
+                format!("{op_type} (node {index})")
+            } else {
+                format!("{op_type} `{name}`")
+            };
+            let domain = n.get("domain").and_then(Json::as_str).unwrap_or_default();
+            if !domain.is_empty() && domain != "ai.onnx" {
+                return Err(UError::unsupported(format!(
+                    "{label}: operators of the domain `{domain}` are not implemented"
+                )));
+            }
+            let empty = serde_json::Map::new();
+            let attributes = n
+                .get("attributes")
+                .and_then(Json::as_object)
+                .unwrap_or(&empty);
+            let input_names = strings(n, "inputs")?;
+            let output_names = strings(n, "outputs")?;
+
+            let mut input_slots = Vec::with_capacity(input_names.len());
+            let mut operands: Vec<Option<Arc<Value>>> = Vec::new();
+            for input in &input_names {
+                if input.is_empty() {
+                    input_slots.push(None);
+                    operands.push(None);
+                    continue;
+                }
+                let slot = slot_of(input);
+                if !written.contains(&slot) && !constants.contains_key(&slot) {
+                    let (stored_name, transposed) = match renamed.and_then(|r| r.get(input)) {
+                        Some(r) => (
+                            r.get("name")
+                                .and_then(Json::as_str)
+                                .unwrap_or(input)
+                                .to_string(),
+                            r.get("transposed").and_then(Json::as_bool) == Some(true),
+                        ),
+                        None => (input.clone(), false),
+                    };
+                    if !stored.contains_key(&stored_name) {
+                        return Err(UError::invalid(format!(
+                            "{label} reads `{input}`, which no earlier node writes and no \
+                             initializer holds"
+                        )));
+                    }
+                    constants.insert(
+                        slot,
+                        Arc::new(initializer(weights, &stored_name, transposed)?),
+                    );
+                }
+                input_slots.push(Some(slot));
+                operands.push(constants.get(&slot).cloned());
+            }
+            let op = Op::parse(op_type, attributes, &operands, device)
+                .map_err(|e| UError::new(e.kind, format!("{label}: {}", e.message)))?;
+            let output_slots: Vec<usize> = output_names.iter().map(|o| slot_of(o)).collect();
+            if op_type == "Constant" {
+                let value = attributes
+                    .get("value")
+                    .ok_or_else(|| UError::unsupported(format!("{label}: only `value` constants")))
+                    .and_then(tensor_attribute)?;
+                constants.insert(output_slots[0], Arc::new(value));
+                continue;
+            }
+            written.extend(output_slots.iter().copied());
+            nodes.push(Node {
+                label,
+                op,
+                inputs: input_slots,
+                outputs: output_slots,
+                frees: Vec::new(),
+            });
+        }
+        for o in &outputs {
+            if !written.contains(&o.slot) && !constants.contains_key(&o.slot) {
+                return Err(UError::invalid(format!(
+                    "the graph's output `{}` is written by no node",
+                    o.name
+                )));
+            }
+        }
+        // Free every computed slot after its last reader, keeping the graph's outputs.
+        let kept: std::collections::HashSet<usize> = outputs.iter().map(|o| o.slot).collect();
+        let mut last: HashMap<usize, usize> = HashMap::new();
+        for (i, node) in nodes.iter().enumerate() {
+            for s in node.inputs.iter().flatten() {
+                last.insert(*s, i);
+            }
+        }
+        for (slot, i) in last {
+            if !kept.contains(&slot) && !constants.contains_key(&slot) {
+                nodes[i].frees.push(slot);
+            }
+        }
+        Ok(Graph {
+            inputs,
+            outputs,
+            nodes,
+            constants: constants.into_iter().collect(),
+            slots: slots.len(),
+        })
+    }
+
+    /// Runs the graph on `feeds` (one per input, in order), giving the outputs in order.
+    pub fn run(&self, device: &Device, feeds: Vec<Value>) -> Result<Vec<Value>> {
+        let mut slots: Vec<Option<Arc<Value>>> = vec![None; self.slots];
+        for (slot, value) in &self.constants {
+            slots[*slot] = Some(Arc::clone(value));
+        }
+        for (port, value) in self.inputs.iter().zip(feeds) {
+            slots[port.slot] = Some(Arc::new(value));
+        }
+        for node in &self.nodes {
+            let inputs: Vec<Option<&Value>> = node
+                .inputs
+                .iter()
+                .map(|s| s.and_then(|s| slots[s].as_deref()))
+                .collect();
+            let results = node
+                .op
+                .run(device, &inputs)
+                .map_err(|e| UError::new(e.kind, format!("{}: {}", node.label, e.message)))?;
+            if results.len() != node.outputs.len() {
+                return Err(UError::invalid(format!(
+                    "{}: {} outputs made, {} named",
+                    node.label,
+                    results.len(),
+                    node.outputs.len()
+                )));
+            }
+            for (slot, value) in node.outputs.iter().zip(results) {
+                slots[*slot] = Some(Arc::new(value));
+            }
+            for slot in &node.frees {
+                slots[*slot] = None;
+            }
+        }
+        self.outputs
+            .iter()
+            .map(|o| {
+                slots[o.slot]
+                    .take()
+                    .map(|v| Arc::try_unwrap(v).unwrap_or_else(|shared| (*shared).clone()))
+                    .ok_or_else(|| UError::invalid(format!("output `{}` was not made", o.name)))
+            })
+            .collect()
+    }
+}
