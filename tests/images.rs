@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use u_conformance::{
     bin, plugin, root, run,
-    serving::{Options, Server, http, post, python_client_both, start_with},
+    serving::{Options, Server, http, post, python_client_both, start_with, terrain_onnx},
     text,
 };
 
@@ -241,4 +241,118 @@ print(json.dumps({
         br#"{"model":"sd","prompt":"x","steps":1,"seed":1}"#,
     );
     assert_eq!(got, 200);
+}
+
+/// `u-runner image` on the terrain model: no prompt, one step, its difficulty.
+fn terrain_image(out: &Path, extra: &[&str]) -> std::process::Output {
+    let mut cmd = Command::new(bin("u-runner"));
+    cmd.arg("image")
+        .args(["--threads", "2", "--steps", "1", "--model"])
+        .arg(terrain_onnx())
+        .arg("--out")
+        .arg(out)
+        .arg("--deployment")
+        .arg(root().join("manifests/dev.toml"))
+        .args(extra);
+    run(&mut cmd)
+}
+
+/// Real weights without a pipeline: the terrain UNet of PyPI's `adaptive-terrain-diffusion`
+/// (an ONNX file) is read by loader-onnx, run by arch-onnx and sampled in one step by
+/// runner-image: a 16-bit grey heightfield from the command line, the same PNG from the openai
+/// client for the same seed and difficulty, clear errors for a prompt or many steps.
+#[test]
+fn the_terrain_model_makes_heightfields() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = |name: &str| dir.path().join(name);
+    let made = terrain_image(&out("t.png"), &["--conditioning", "0.5", "--seed", "3"]);
+    assert!(made.status.success(), "{}", text(&made));
+    let png = std::fs::read(out("t.png")).unwrap();
+    assert_eq!(png_size(&png), (128, 128));
+    assert_eq!((png[24], png[25]), (16, 0), "16-bit grey");
+    let again = terrain_image(&out("u.png"), &["--conditioning", "0.5", "--seed", "3"]);
+    assert!(again.status.success(), "{}", text(&again));
+    assert_eq!(
+        png,
+        std::fs::read(out("u.png")).unwrap(),
+        "same seed, same bytes"
+    );
+    let harder = terrain_image(&out("v.png"), &["--conditioning", "0.9", "--seed", "3"]);
+    assert!(harder.status.success(), "{}", text(&harder));
+    assert_ne!(png, std::fs::read(out("v.png")).unwrap());
+
+    let variation = terrain_image(
+        &out("w.png"),
+        &[
+            "--conditioning",
+            "0.5",
+            "--init-image",
+            out("t.png").to_str().unwrap(),
+            "--strength",
+            "0.4",
+        ],
+    );
+    assert!(variation.status.success(), "{}", text(&variation));
+    assert_eq!(png_size(&std::fs::read(out("w.png")).unwrap()), (128, 128));
+
+    let prompt = terrain_image(
+        &out("x.png"),
+        &["--conditioning", "0.5", "--prompt", "alps"],
+    );
+    assert!(!prompt.status.success());
+    assert!(text(&prompt).contains("reads no text"), "{}", text(&prompt));
+    let missing = terrain_image(&out("x.png"), &[]);
+    assert!(!missing.status.success());
+    assert!(
+        text(&missing).contains("sigma, difficulty"),
+        "{}",
+        text(&missing)
+    );
+    assert!(!out("x.png").exists());
+
+    let extra: String = ["arch-onnx", "runner-image"]
+        .iter()
+        .map(|p| format!("[[plugins]]\npath = \"{}\"\n\n", plugin(p).display()))
+        .collect();
+    let options = Options {
+        plugins: extra,
+        ..Options::default()
+    };
+    let server = start_with(
+        tempfile::tempdir().unwrap(),
+        &terrain_onnx(),
+        "loader-onnx",
+        &options,
+    );
+    let script = r#"
+import json
+c = openai_client()
+r = c.images.generate(model="terrain_consistency_unet", prompt="",
+                      extra_body={"steps": 1, "seed": 3, "conditioning": [0.5]})
+print(json.dumps({"png": r.data[0].b64_json}))
+"#;
+    for answer in python_client_both(script, &[], &server) {
+        let served = base64::engine::general_purpose::STANDARD
+            .decode(answer["png"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(served, png, "served = command line for the same seed");
+    }
+    for (body, status) in [
+        (
+            &br#"{"model":"terrain_consistency_unet","prompt":"","steps":4,"conditioning":[0.5]}"#[..],
+            400,
+        ),
+        (
+            br#"{"model":"terrain_consistency_unet","prompt":"","steps":1,"conditioning":"hard"}"#,
+            400,
+        ),
+        (
+            br#"{"model":"terrain_consistency_unet","prompt":"","steps":1,"size":"64x64","conditioning":[0.5]}"#,
+            400,
+        ),
+    ] {
+        let (got, reply) = post(server.port, "/v1/images/generations", body);
+        assert_eq!(got, status, "{}: {reply}", String::from_utf8_lossy(body));
+        assert!(reply["error"]["message"].is_string(), "{reply}");
+    }
 }

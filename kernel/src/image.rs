@@ -16,11 +16,11 @@ const MAX_IMAGE_BYTES: u64 = 256 << 20;
 /// Arguments of `u-runner image`.
 #[derive(clap::Args)]
 pub struct ImageArgs {
-    /// What the image shows.
-    #[arg(long)]
+    /// What the image shows (a text-conditioned pipeline's prompt).
+    #[arg(long, default_value = "")]
     prompt: String,
     /// The pipeline: a diffusers folder (`model_index.json`, `unet/`, `text_encoder/`, `vae/`,
-    /// `tokenizer/`, `scheduler/`).
+    /// `tokenizer/`, `scheduler/`), or a pixel-space consistency model (an ONNX file).
     #[arg(long)]
     model: PathBuf,
     /// Where the PNG goes.
@@ -50,6 +50,10 @@ pub struct ImageArgs {
     /// With `--init-image`: how much of it is noised away, in (0, 1].
     #[arg(long, default_value_t = 0.8)]
     strength: f32,
+    /// Values a directly conditioned model reads besides its noise level, comma-separated (a
+    /// class label; the terrain model's difficulty, 0 to 1).
+    #[arg(long, value_delimiter = ',')]
+    conditioning: Vec<f32>,
     /// Compute threads [default: the deployment's, else all cores].
     #[arg(long)]
     threads: Option<u32>,
@@ -105,6 +109,7 @@ pub fn run(args: ImageArgs) -> Result<i32> {
         strength: args.strength,
         handoff_prompt: "".into(),
         handoff_step: 0,
+        conditioning: args.conditioning.into(),
         client: "".into(),
     };
     let start = Instant::now();

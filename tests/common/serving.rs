@@ -185,6 +185,16 @@ pub fn dinov2_focus_path() -> PathBuf {
 
 /// A model fetched from the package registry: `$env`, else `cached` in the model cache
 /// (`$U_MODEL_CACHE`, else `$XDG_CACHE_HOME/u/models`, else `~/.cache/u/models`).
+/// The terrain UNet of PyPI's `adaptive-terrain-diffusion` (`cargo xtask fetch-model
+/// terrain-unet`): `$U_TERRAIN_ONNX`, else the model cache.
+pub fn terrain_onnx() -> PathBuf {
+    registry_model(
+        "U_TERRAIN_ONNX",
+        "terrain_consistency_unet.onnx",
+        "terrain-unet",
+    )
+}
+
 fn registry_model(env: &str, cached: &str, fetch: &str) -> PathBuf {
     let var = |k: &str| {
         std::env::var_os(k)

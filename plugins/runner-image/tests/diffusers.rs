@@ -151,6 +151,7 @@ fn request(e: &Value) -> ImageRequest {
         strength: 0.0,
         handoff_prompt: "".into(),
         handoff_step: 0,
+        conditioning: Vec::new().into(),
         client: "".into(),
     }
 }
@@ -174,10 +175,18 @@ fn prompts_tokenize_as_the_pipeline_pads_them() {
     for text in expected()["text_encoder"].as_array().expect("texts") {
         let ids: Vec<u32> = serde_json::from_value(text["ids"].clone()).expect("ids");
         let prompt = text["prompt"].as_str().expect("prompt");
-        assert_eq!(engine.pipeline().tokens(prompt).unwrap(), ids, "{prompt:?}");
+        assert_eq!(
+            engine.pipeline().unwrap().tokens(prompt).unwrap(),
+            ids,
+            "{prompt:?}"
+        );
     }
     // Past 77 positions: cut, the end token kept.
-    let long = engine.pipeline().tokens(&"cat ".repeat(100)).unwrap();
+    let long = engine
+        .pipeline()
+        .unwrap()
+        .tokens(&"cat ".repeat(100))
+        .unwrap();
     assert_eq!(long.len(), 77);
     assert_eq!((long[0], long[75], long[76]), (531, 520, 532));
 }
@@ -295,7 +304,7 @@ fn the_caches_are_exact_and_a_cancelled_request_resumes() {
         .expect("resumed");
     assert_eq!(seen, [(2, true), (3, false), (4, false)]);
     assert_eq!(resumed.cached_steps, 2);
-    let png = u_runner_image::picture::png(&resumed.pixels, (32, 32)).unwrap();
+    let png = u_runner_image::picture::png(&resumed.pixels, 3, (32, 32)).unwrap();
     assert_eq!(png, uninterrupted.png.to_vec(), "resumed = uninterrupted");
     assert_ne!(uninterrupted.png, plain.png, "another seed, another image");
 }
@@ -351,7 +360,7 @@ fn an_edited_prompt_hands_off_from_a_kept_trajectory_approximately() {
 fn image_to_image_runs_the_last_steps_from_the_encoded_image() {
     let e = expected();
     let engine = engine(true);
-    let start = u_runner_image::picture::png(&vec![0.25; 3 * 32 * 32], (32, 32)).unwrap();
+    let start = u_runner_image::picture::png(&vec![0.25; 3 * 32 * 32], 3, (32, 32)).unwrap();
     let req = ImageRequest {
         init_image: start.into(),
         strength: 0.5,
@@ -381,7 +390,7 @@ fn bad_requests_are_clear_errors() {
     let e = expected();
     let engine = ImageRunner {
         max_pixels: 64 * 64,
-        caches: true,
+        ..ImageRunner::default()
     }
     .serve(context(true))
     .unwrap();
@@ -414,7 +423,7 @@ fn bad_requests_are_clear_errors() {
         ..base.clone()
     });
     assert!(err.message.contains("initial image"), "{err}");
-    let png = u_runner_image::picture::png(&[0.5; 3 * 32 * 32], (32, 32)).unwrap();
+    let png = u_runner_image::picture::png(&[0.5; 3 * 32 * 32], 3, (32, 32)).unwrap();
     let err = fails(ImageRequest {
         init_image: png.clone().into(),
         strength: 1.5,

@@ -5,7 +5,8 @@
 //! `guidance_scale`, `seed` (drawn from the clock when absent, and returned), `image` (a
 //! base64 image file to start from) with `strength`, `handoff_prompt` with `handoff_step` (an
 //! edited prompt taking over an earlier prompt's kept trajectory at that step: approximate),
-//! and `stream`.
+//! `conditioning` (values a directly conditioned denoiser reads, such as a terrain model's
+//! difficulty) and `stream`.
 //!
 //! The answer is OpenAI's `{created, data: [{b64_json}]}`, each image also stating its `seed`,
 //! `steps`, `cached_steps` and whether it is `approximate` (a handoff's). With `stream`, server-sent events report every denoising step
@@ -57,8 +58,35 @@ const KNOWN: &[&str] = &[
     "strength",
     "handoff_prompt",
     "handoff_step",
+    "conditioning",
     "stream",
 ];
+
+/// The most conditioning values a request may give.
+const MAX_CONDITIONING: usize = 64;
+
+/// `conditioning`: a list of finite numbers (a class label, a terrain model's difficulty).
+fn conditioning(o: &Obj) -> Result<Vec<f32>, ApiError> {
+    let bad = || {
+        ApiError::param(
+            "conditioning",
+            format!("`conditioning` must be a list of at most {MAX_CONDITIONING} finite numbers"),
+        )
+    };
+    match o.get("conditioning") {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(values)) if values.len() <= MAX_CONDITIONING => values
+            .iter()
+            .map(|v| {
+                v.as_f64()
+                    .map(|f| f as f32)
+                    .filter(|f| f.is_finite())
+                    .ok_or_else(bad)
+            })
+            .collect(),
+        Some(_) => Err(bad()),
+    }
+}
 
 /// `"WxH"` as (width, height); `"auto"` as (0, 0).
 fn size(text: &str) -> Result<(u32, u32), ApiError> {
@@ -150,6 +178,7 @@ pub fn parse(body: &[u8], models: &[String]) -> Result<Parsed, ApiError> {
                 })?,
                 None => 0,
             },
+            conditioning: conditioning(&o)?.into(),
             client: "".into(),
         },
         n: json::integer_in(&o, "n", 1, i64::from(MAX_IMAGES))?.unwrap_or(1),
@@ -319,6 +348,8 @@ mod tests {
             (br#"{"prompt":"x","quality":"hd"}"#, "quality"),
             (br#"{"prompt":"x","handoff_step":2}"#, "handoff_step"),
             (br#"{"prompt":"x","handoff_prompt":"y"}"#, "handoff_step"),
+            (br#"{"prompt":"x","conditioning":"y"}"#, "conditioning"),
+            (br#"{"prompt":"x","conditioning":[null]}"#, "conditioning"),
         ] {
             let e = parse(body, &models()).err().expect("refused");
             assert_eq!(e.param.as_deref(), Some(field), "{}", e.message);

@@ -490,6 +490,10 @@ pub struct ImageRequest {
     pub handoff_prompt: RString,
     /// The step the handoff starts from (with `handoff_prompt`).
     pub handoff_step: u32,
+    /// Values a directly conditioned denoiser reads besides its noise level (a class label,
+    /// a terrain model's difficulty), as the model documents them; empty for a text-conditioned
+    /// pipeline.
+    pub conditioning: RVec<f32>,
     /// Who is asking, for fair queueing (see [`GenerateRequest::client`]).
     pub client: RString,
 }
