@@ -19,7 +19,12 @@ same request again (its trajectory is cached: only the decoder runs); a new seed
 prompt (the prompt's rows are cached); a new prompt; and a streamed request abandoned after
 step 6, then asked again (it resumes at step 6).
 
-    python3 tests/bench/diffusion_vs_diffusers.py [--threads 2] [--runs 3]
+Real weights: the terrain UNet of PyPI's `adaptive-terrain-diffusion` (ONNX, one-step
+consistency sampling, `cargo xtask fetch-model terrain-unet`), `u-runner image` beside
+onnxruntime (the package's own runtime, `intra_op_num_threads` the same) on the same file: seconds
+of its one step, median of `--runs`.
+
+    python3 tests/bench/diffusion_vs_diffusers.py [--threads 2] [--runs 3] [--only terrain]
 
 Needs `cargo xtask build`, torch, diffusers and transformers (tests/fixtures/requirements.txt).
 Quote the ratios: the machines here are shared.
@@ -208,15 +213,55 @@ def caches(threads: int) -> None:
           f"6 {resumed:.3f} s (saves {cold - resumed:.3f} s)")
 
 
+def terrain(threads: int, runs: int) -> None:
+    """The real terrain UNet's one step: U beside onnxruntime."""
+    import numpy as np
+    import onnxruntime as ort
+    model = pathlib.Path.home() / ".cache/u/models/terrain_consistency_unet.onnx"
+    manifest = ROOT / "manifests/dev.toml"
+
+    def u_step() -> float:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = subprocess.run(
+                [str(RUNNER), "image", "--model", str(model), "--steps", "1", "--conditioning",
+                 "0.5", "--seed", "1", "--threads", str(threads), "--out", f"{tmp}/x.png",
+                 "--deployment", str(manifest)],
+                check=True, capture_output=True, text=True).stderr
+        return float(re.search(r"steps in ([0-9.]+) s", out).group(1))
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    feeds = {
+        "noisy": np.random.default_rng(1).standard_normal((1, 1, 128, 128), np.float32) * 80,
+        "sigma": np.array([80.0], np.float32),
+        "difficulty": np.array([0.5], np.float32),
+    }
+
+    def ort_step() -> float:
+        start = time.perf_counter()
+        session.run(["denoised"], feeds)
+        return time.perf_counter() - start
+
+    u_step(), ort_step()
+    u = statistics.median(u_step() for _ in range(runs))
+    o = statistics.median(ort_step() for _ in range(runs))
+    print(f"terrain    s/step U {u:.4f}  onnxruntime {o:.4f}  onnxruntime/U {o / u:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--only", choices=["terrain"], help="run one part")
     args = parser.parse_args()
-    make_bench_pipeline()
-    for model in (TINY, BENCH):
-        per_step(model, args.threads, args.runs)
-    caches(args.threads)
+    if args.only != "terrain":
+        make_bench_pipeline()
+        for model in (TINY, BENCH):
+            per_step(model, args.threads, args.runs)
+        caches(args.threads)
+    terrain(args.threads, args.runs)
 
 
 if __name__ == "__main__":

@@ -136,6 +136,65 @@ fn strings(json: &Json, key: &str) -> Result<Vec<String>> {
         .collect()
 }
 
+/// Fuses each `Einsum(bct,bcs→bts)` → `Softmax(−1)` → `Einsum(bts,bcs→bct)` chain whose
+/// intermediate values nothing else reads into one [`Op::Attention`]: the backend's attention
+/// never writes the `t × s` scores out.
+fn fuse_attention(nodes: &mut Vec<Node>, kept: &std::collections::HashSet<usize>) {
+    let mut readers: HashMap<usize, usize> = HashMap::new();
+    for node in nodes.iter() {
+        for s in node.inputs.iter().flatten() {
+            *readers.entry(*s).or_default() += 1;
+        }
+    }
+    let only_reader = |slot: usize| readers.get(&slot) == Some(&1) && !kept.contains(&slot);
+    let writer: HashMap<usize, usize> = nodes
+        .iter()
+        .enumerate()
+        .flat_map(|(i, n)| n.outputs.iter().map(move |&o| (o, i)))
+        .collect();
+    let mut dropped = std::collections::HashSet::new();
+    for mix in 0..nodes.len() {
+        let Op::Einsum(c) = &nodes[mix].op else {
+            continue;
+        };
+        let Some(Some(weights)) = nodes[mix].inputs.first().copied() else {
+            continue;
+        };
+        let Some(&soft) = writer.get(&weights) else {
+            continue;
+        };
+        let Some(Some(scores_slot)) = nodes[soft].inputs.first().copied() else {
+            continue;
+        };
+        let Some(&scores) = writer.get(&scores_slot) else {
+            continue;
+        };
+        let chain = c.is_mix()
+            && matches!(nodes[soft].op, Op::Softmax { axis: -1 | 2 })
+            && matches!(&nodes[scores].op, Op::Einsum(s) if s.is_scores())
+            && only_reader(weights)
+            && only_reader(scores_slot)
+            && nodes[mix].inputs.len() == 2
+            && nodes[scores].inputs.len() == 2;
+        if !chain {
+            continue;
+        }
+        let (q, k, v) = (
+            nodes[scores].inputs[0],
+            nodes[scores].inputs[1],
+            nodes[mix].inputs[1],
+        );
+        nodes[mix].op = Op::Attention;
+        nodes[mix].inputs = vec![q, k, v];
+        dropped.extend([soft, scores]);
+    }
+    let mut index = 0;
+    nodes.retain(|_| {
+        index += 1;
+        !dropped.contains(&(index - 1))
+    });
+}
+
 impl Graph {
     /// Reads the graph of `weights` (loader-onnx's `onnx.graph`) and prepares it on `device`.
     pub fn load(weights: &WeightSetBox, device: &Device) -> Result<Graph> {
@@ -286,8 +345,9 @@ impl Graph {
                 )));
             }
         }
-        // Free every computed slot after its last reader, keeping the graph's outputs.
         let kept: std::collections::HashSet<usize> = outputs.iter().map(|o| o.slot).collect();
+        fuse_attention(&mut nodes, &kept);
+        // Free every computed slot after its last reader, keeping the graph's outputs.
         let mut last: HashMap<usize, usize> = HashMap::new();
         for (i, node) in nodes.iter().enumerate() {
             for s in node.inputs.iter().flatten() {

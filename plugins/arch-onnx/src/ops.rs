@@ -9,7 +9,7 @@ use crate::value::{Array, Value, axis, permute, zip_broadcast};
 use serde_json::{Map, Value as Json};
 use std::sync::Arc;
 use u_sdk::{
-    Result, UError,
+    AttentionMask, AttentionParams, DType, Result, UError,
     nn::{Device, Tensor},
 };
 
@@ -146,6 +146,10 @@ pub enum Op {
     },
     /// A batched product of two computed operands.
     Einsum(Contraction),
+    /// `Einsum(bct,bcs→bts)`, `Softmax(−1)`, `Einsum(bts,bcs→bct)` fused (guided diffusion's
+    /// `QKVAttentionLegacy`, scales already applied): inputs q, k `[b, c, t]`, v `[b, c, s]`,
+    /// out `[b, c, t]`, one head per batch entry, through the backend's attention.
+    Attention,
     /// Each `[n, c]` plane normalised to zero mean and unit variance, then scaled and shifted
     /// per channel.
     InstanceNorm {
@@ -246,6 +250,16 @@ fn weight_nk(device: &Device, b: &Array<f32>, transposed: bool) -> Result<(Tenso
 }
 
 impl Contraction {
+    /// Whether this is `bct,bcs->bts` (the scores of a channels-first attention).
+    pub fn is_scores(&self) -> bool {
+        (self.lhs, self.rhs, self.out) == ([0, 2, 1], [0, 2, 1], [0, 1, 2])
+    }
+
+    /// Whether this is `bts,bcs->bct` (the scores applied to channels-first values).
+    pub fn is_mix(&self) -> bool {
+        (self.lhs, self.rhs, self.out) == ([0, 1, 2], [0, 1, 2], [0, 2, 1])
+    }
+
     /// Parses `"bct,bcs->bts"`-shaped equations.
     fn parse(equation: &str) -> Result<Contraction> {
         let bad = || {
@@ -565,11 +579,7 @@ impl Op {
             Op::Binary(op) => one(binary(*op, input(0)?, input(1)?)?),
             Op::Unary(op) => {
                 let a = floats(0)?;
-                let f = unary_fn(*op);
-                one(Value::F32(Array::new(
-                    a.dims.clone(),
-                    a.data.iter().map(|&x| f(x)).collect(),
-                )?))
+                one(Value::F32(Array::new(a.dims.clone(), unary(*op, &a.data))?))
             }
             Op::Identity => one(input(0)?.clone()),
             Op::Clip => {
@@ -799,6 +809,12 @@ impl Op {
                 one(Value::F32(Array::new(out_dims, data)?))
             }
             Op::Einsum(c) => one(Value::F32(c.run(device, floats(0)?, floats(1)?)?)),
+            Op::Attention => one(Value::F32(attention(
+                device,
+                floats(0)?,
+                floats(1)?,
+                floats(2)?,
+            )?)),
             Op::InstanceNorm { epsilon } => {
                 let (x, scale, shift) = (floats(0)?, floats(1)?, floats(2)?);
                 if x.dims.len() < 3
@@ -844,7 +860,7 @@ impl Op {
                 let (oh, ow) = (h / k, w / k);
                 let area = (k * k) as f32;
                 let mut data = Vec::with_capacity(batch * c * oh * ow);
-                for plane in x.data.chunks(h * w) {
+                for plane in x.data.chunks((h * w).max(1)) {
                     for y in 0..oh {
                         for xo in 0..ow {
                             let mut sum = 0.0f32;
@@ -863,20 +879,18 @@ impl Op {
                 let at = axis(*at, a.dims.len())?;
                 let (outer, n, inner) = a.around(at);
                 let mut data = a.data.to_vec();
-                for o in 0..outer {
-                    for i in 0..inner {
-                        let at = |j: usize| (o * n + j) * inner + i;
-                        let max = (0..n)
-                            .map(|j| data[at(j)])
-                            .fold(f32::NEG_INFINITY, f32::max);
-                        let mut sum = 0.0f32;
-                        for j in 0..n {
-                            let e = (data[at(j)] - max).exp();
-                            data[at(j)] = e;
-                            sum += e;
-                        }
-                        for j in 0..n {
-                            data[at(j)] /= sum;
+                if inner == 1 {
+                    for row in data.chunks_mut(n.max(1)) {
+                        softmax_row(row);
+                    }
+                } else {
+                    let mut row = vec![0f32; n];
+                    for o in 0..outer {
+                        for i in 0..inner {
+                            let at = |j: usize| (o * n + j) * inner + i;
+                            (0..n).for_each(|j| row[j] = data[at(j)]);
+                            softmax_row(&mut row);
+                            (0..n).for_each(|j| data[at(j)] = row[j]);
                         }
                     }
                 }
@@ -890,28 +904,30 @@ impl Op {
                         x.dims
                     )));
                 };
-                let (oh, ow) = match (
+                // Output sizes and the scale each axis's source coordinate divides by.
+                let ((oh, sh), (ow, sw)) = match (
                     inputs.get(2).copied().flatten(),
                     inputs.get(3).copied().flatten(),
                 ) {
                     (Some(s), _) if !s.dims().contains(&0) => {
                         let s = &s.floats("Resize's scales")?.data;
-                        if s.len() != 4 || s[0] != 1.0 || s[1] != 1.0 || s[2] <= 0.0 || s[3] <= 0.0
+                        let fine = |v: f32| v.is_finite() && v > 0.0;
+                        if s.len() != 4 || s[0] != 1.0 || s[1] != 1.0 || !fine(s[2]) || !fine(s[3])
                         {
                             return Err(UError::unsupported(format!(
-                                "Resize scales {s:?}: the last two axes only"
+                                "Resize scales {s:?}: positive scales of the last two axes only"
                             )));
                         }
-                        (
-                            (h as f32 * s[2]).floor() as usize,
-                            (w as f32 * s[3]).floor() as usize,
-                        )
+                        let out =
+                            |n: usize, scale: f32| ((n as f32 * scale).floor() as usize, scale);
+                        (out(h, s[2]), out(w, s[3]))
                     }
                     (_, Some(sizes)) => match sizes.ints("Resize's sizes")?.data.as_slice() {
                         &[n, ch, oh, ow]
                             if n as usize == batch && ch as usize == c && oh > 0 && ow > 0 =>
                         {
-                            (oh as usize, ow as usize)
+                            let scale = |o: i64, n: usize| o as f32 / n.max(1) as f32;
+                            ((oh as usize, scale(oh, h)), (ow as usize, scale(ow, w)))
                         }
                         other => {
                             return Err(UError::unsupported(format!("Resize sizes {other:?}")));
@@ -919,12 +935,20 @@ impl Op {
                     },
                     _ => return Err(UError::invalid("Resize without scales or sizes")),
                 };
-                let source = |o: usize, out: usize, inp: usize| ((o * inp) / out).min(inp - 1);
+                if h == 0 || w == 0 || oh.saturating_mul(ow) > crate::model::MAX_PIXELS as usize {
+                    return Err(UError::invalid(format!(
+                        "Resize of {h}×{w} maps to {oh}×{ow}: empty or over {} pixels",
+                        crate::model::MAX_PIXELS
+                    )));
+                }
+                // `asymmetric` coordinates, `floor`: output o reads input ⌊o / scale⌋.
+                let source =
+                    |o: usize, scale: f32, n: usize| ((o as f32 / scale) as usize).min(n - 1);
                 let mut data = Vec::with_capacity(batch * c * oh * ow);
                 for plane in x.data.chunks(h * w) {
                     for y in 0..oh {
-                        let row = &plane[source(y, oh, h) * w..][..w];
-                        data.extend((0..ow).map(|xo| row[source(xo, ow, w)]));
+                        let row = &plane[source(y, sh, h) * w..][..w];
+                        data.extend((0..ow).map(|xo| row[source(xo, sw, w)]));
                     }
                 }
                 one(Value::F32(Array::new(vec![batch, c, oh, ow], data)?))
@@ -933,18 +957,100 @@ impl Op {
     }
 }
 
-fn unary_fn(op: Unary) -> fn(f32) -> f32 {
+/// Channels-first single-head attention of `q` `[b, c, t]` over `k`, `v` `[b, c, s]` (scores
+/// unscaled: the graph scaled q and k), as `[b, c, t]`.
+fn attention(
+    device: &Device,
+    q: &Array<f32>,
+    k: &Array<f32>,
+    v: &Array<f32>,
+) -> Result<Array<f32>> {
+    let (&[b, c, t], &[bk, ck, s], true) = (q.dims.as_slice(), k.dims.as_slice(), k.dims == v.dims)
+    else {
+        return Err(UError::invalid(format!(
+            "attention of q {:?}, k {:?}, v {:?}: [b, c, t] and two [b, c, s]",
+            q.dims, k.dims, v.dims
+        )));
+    };
+    if (bk, ck) != (b, c) {
+        return Err(UError::invalid(format!(
+            "attention of q {:?} over k {:?}: batch and channels differ",
+            q.dims, k.dims
+        )));
+    }
+    let rows = |a: &Array<f32>, n: usize| -> Result<Array<f32>> {
+        permute(a, &[0, 2, 1])?.reshaped(vec![b * n, c])
+    };
+    let (q, k, v) = (rows(q, t)?, rows(k, s)?, rows(v, s)?);
+    let params = AttentionParams {
+        heads: 1,
+        kv_heads: 1,
+        head_dim: c as u32,
+        first_query_pos: 0,
+        window: 0,
+        scale: 1.0,
+        softcap: 0.0,
+        mask: AttentionMask::Bidirectional,
+        kv_dtype: DType::F32,
+    };
+    let mut out = Vec::with_capacity(b * t * c);
+    for i in 0..b {
+        let qi = upload(device, &q.data[i * t * c..(i + 1) * t * c], &[t, c])?;
+        let ki = upload(device, &k.data[i * s * c..(i + 1) * s * c], &[s, c])?;
+        let vi = upload(device, &v.data[i * s * c..(i + 1) * s * c], &[s, c])?;
+        out.extend(qi.attention(&[ki.desc(), vi.desc()], &params)?.to_vec()?);
+    }
+    permute(&Array::new(vec![b, t, c], out)?, &[0, 2, 1])
+}
+
+/// `eˣ` within a few ulp over f32's normal range, without a libm call, so that loops over it
+/// vectorise: `x = n ln 2 + r` (ln 2 split in two parts so `r` stays exact, Cody and Waite),
+/// `eˣ = 2ⁿ · eʳ` with `eʳ` a degree-7 Taylor polynomial (|r| ≤ 0.35). Saturates outside
+/// [−87, 88].
+fn fast_exp(x: f32) -> f32 {
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    let x = x.clamp(-87.0, 88.0);
+    // Round to nearest by the 1.5·2²³ trick (no libm call: the loop stays vectorisable).
+    const SHIFTER: f32 = 12_582_912.0;
+    let n = (x * std::f32::consts::LOG2_E + SHIFTER) - SHIFTER;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0
+                    + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r / 5040.0))))));
+    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// `row` ← `exp(row − max) / Σ exp(row − max)`.
+fn softmax_row(row: &mut [f32]) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for v in row.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    row.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// `op` of every element (each arm its own loop, so the compiler can vectorise it).
+fn unary(op: Unary, data: &[f32]) -> Vec<f32> {
+    fn map(data: &[f32], f: impl Fn(f32) -> f32) -> Vec<f32> {
+        data.iter().map(|&x| f(x)).collect()
+    }
     match op {
-        Unary::Sigmoid => |x| 1.0 / (1.0 + (-x).exp()),
-        Unary::Reciprocal => |x| 1.0 / x,
-        Unary::Sqrt => f32::sqrt,
-        Unary::Log => f32::ln,
-        Unary::Exp => f32::exp,
-        Unary::Cos => f32::cos,
-        Unary::Sin => f32::sin,
-        Unary::Tanh => f32::tanh,
-        Unary::Relu => |x| x.max(0.0),
-        Unary::Neg => |x| -x,
+        Unary::Sigmoid => map(data, |x| 1.0 / (1.0 + fast_exp(-x))),
+        Unary::Reciprocal => map(data, |x| 1.0 / x),
+        Unary::Sqrt => map(data, f32::sqrt),
+        Unary::Log => map(data, f32::ln),
+        Unary::Exp => map(data, f32::exp),
+        Unary::Cos => map(data, f32::cos),
+        Unary::Sin => map(data, f32::sin),
+        Unary::Tanh => map(data, f32::tanh),
+        Unary::Relu => map(data, |x| x.max(0.0)),
+        Unary::Neg => map(data, |x| -x),
     }
 }
 
@@ -1047,6 +1153,20 @@ mod tests {
         assert_eq!((c.lhs, c.rhs, c.out), ([0, 1, 2], [0, 1, 2], [0, 2, 1]));
         assert!(Contraction::parse("ij,jk->ik").is_err());
         assert!(Contraction::parse("bij,bjk->bik").is_ok());
+    }
+
+    #[test]
+    fn fast_exp_follows_exp() {
+        for i in -1990..=2000 {
+            let x = i as f32 * 0.0437;
+            let (fast, exact) = (fast_exp(x), x.exp());
+            assert!(
+                (fast - exact).abs() <= exact * 4e-7,
+                "exp({x}) = {exact}, fast {fast}"
+            );
+        }
+        assert!(fast_exp(-200.0) < 1e-37);
+        assert!(fast_exp(200.0) > 1e38);
     }
 
     #[test]
