@@ -4,7 +4,7 @@
 //! attributes ([`crate::ops::Op`]), and for every node the slots no later node reads, freed
 //! as soon as it has run.
 
-use crate::ops::Op;
+use crate::ops::{Binary, Op, Unary};
 use crate::value::{Array, Value};
 use serde_json::Value as Json;
 use std::collections::HashMap;
@@ -195,6 +195,49 @@ fn fuse_attention(nodes: &mut Vec<Node>, kept: &std::collections::HashSet<usize>
     });
 }
 
+/// Fuses each `Sigmoid(x)` whose only reader is a `Mul` of it and `x` into one SiLU
+/// ([`Unary::Silu`]): one pass and one value fewer.
+fn fuse_silu(nodes: &mut Vec<Node>, kept: &std::collections::HashSet<usize>) {
+    let mut readers: HashMap<usize, usize> = HashMap::new();
+    for node in nodes.iter() {
+        for s in node.inputs.iter().flatten() {
+            *readers.entry(*s).or_default() += 1;
+        }
+    }
+    let writer: HashMap<usize, usize> = nodes
+        .iter()
+        .enumerate()
+        .flat_map(|(i, n)| n.outputs.iter().map(move |&o| (o, i)))
+        .collect();
+    let mut dropped = std::collections::HashSet::new();
+    for mul in 0..nodes.len() {
+        let (Op::Binary(Binary::Mul), &[Some(a), Some(b)]) =
+            (&nodes[mul].op, nodes[mul].inputs.as_slice())
+        else {
+            continue;
+        };
+        let sigmoid = [(a, b), (b, a)].into_iter().find_map(|(x, s)| {
+            let &w = writer.get(&s)?;
+            let node = &nodes[w];
+            (matches!(node.op, Op::Unary(Unary::Sigmoid))
+                && node.inputs[..] == [Some(x)]
+                && readers.get(&s) == Some(&1)
+                && !kept.contains(&s))
+            .then_some((w, x))
+        });
+        if let Some((w, x)) = sigmoid {
+            nodes[mul].op = Op::Unary(Unary::Silu);
+            nodes[mul].inputs = vec![Some(x)];
+            dropped.insert(w);
+        }
+    }
+    let mut index = 0;
+    nodes.retain(|_| {
+        index += 1;
+        !dropped.contains(&(index - 1))
+    });
+}
+
 impl Graph {
     /// Reads the graph of `weights` (loader-onnx's `onnx.graph`) and prepares it on `device`.
     pub fn load(weights: &WeightSetBox, device: &Device) -> Result<Graph> {
@@ -347,6 +390,7 @@ impl Graph {
         }
         let kept: std::collections::HashSet<usize> = outputs.iter().map(|o| o.slot).collect();
         fuse_attention(&mut nodes, &kept);
+        fuse_silu(&mut nodes, &kept);
         // Free every computed slot after its last reader, keeping the graph's outputs.
         let mut last: HashMap<usize, usize> = HashMap::new();
         for (i, node) in nodes.iter().enumerate() {

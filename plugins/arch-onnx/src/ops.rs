@@ -33,6 +33,8 @@ pub enum Binary {
 pub enum Unary {
     /// `1 / (1 + e^−x)`
     Sigmoid,
+    /// `x · sigmoid(x)` (`Sigmoid` and the `Mul` of its input fused: SiLU)
+    Silu,
     /// `1 / x`
     Reciprocal,
     /// `√x`
@@ -1042,6 +1044,7 @@ fn unary(op: Unary, data: &[f32]) -> Vec<f32> {
     }
     match op {
         Unary::Sigmoid => map(data, |x| 1.0 / (1.0 + fast_exp(-x))),
+        Unary::Silu => map(data, |x| x / (1.0 + fast_exp(-x))),
         Unary::Reciprocal => map(data, |x| 1.0 / x),
         Unary::Sqrt => map(data, f32::sqrt),
         Unary::Log => map(data, f32::ln),

@@ -178,13 +178,24 @@ fn im2col_block(g: &Conv, input: &[f32], ow: usize, first: usize, count: usize, 
                 out.fill(0.0);
             } else {
                 let line = &plane[iy as usize * g.w..][..g.w];
-                for (x, d) in (x0..).zip(out.iter_mut()) {
-                    let ix = (x * g.stride) as isize + shift;
-                    *d = if ix >= 0 && ix < g.w as isize {
-                        line[ix as usize]
-                    } else {
-                        0.0
-                    };
+                if g.stride == 1 {
+                    // Output x reads input x + shift: one run of the row, zeros either side.
+                    let x0 = x0 as isize;
+                    let lo = (-shift - x0).clamp(0, run as isize) as usize;
+                    let hi = (g.w as isize - shift - x0).clamp(lo as isize, run as isize) as usize;
+                    out[..lo].fill(0.0);
+                    let from = (x0 + lo as isize + shift) as usize;
+                    out[lo..hi].copy_from_slice(&line[from..from + hi - lo]);
+                    out[hi..].fill(0.0);
+                } else {
+                    for (x, d) in (x0..).zip(out.iter_mut()) {
+                        let ix = (x * g.stride) as isize + shift;
+                        *d = if ix >= 0 && ix < g.w as isize {
+                            line[ix as usize]
+                        } else {
+                            0.0
+                        };
+                    }
                 }
             }
             p += run;
