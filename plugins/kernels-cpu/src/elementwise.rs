@@ -52,6 +52,22 @@ impl Binary {
     /// `a` and `out` hold `n` values, `b` holds `b_len`; `out` overlaps `a` or `b` only exactly
     /// (same start and length).
     pub unsafe fn run(&self, eng: &Engine, f: impl Fn(f32, f32) -> f32 + Sync) {
+        if self.b_len == self.n && self.n >= PAR_MIN {
+            // Operands of one length: runs of PAR_MIN elements split over the pool.
+            let span = |lo: usize| {
+                for i in lo..(lo + PAR_MIN).min(self.n) {
+                    // SAFETY: `i < n` for `a`, `b` and `out`; each index is read before it is
+                    // written, by one task only (function contract).
+                    unsafe { *self.out.add(i) = f(*self.a.add(i), *self.b.add(i)) };
+                }
+            };
+            eng.pool.install(|| {
+                (0..self.n.div_ceil(PAR_MIN))
+                    .into_par_iter()
+                    .for_each(|c| span(c * PAR_MIN))
+            });
+            return;
+        }
         // Rows of `b_len` (the whole tensor when `b` is as long as `a`): `b` is read whole per
         // row, so the inner loop has no index arithmetic and vectorizes.
         let row = self.b_len;
