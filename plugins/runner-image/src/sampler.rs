@@ -155,6 +155,12 @@ pub fn generate(
             "{steps} steps: a request runs 1 to {MAX_STEPS}"
         )));
     }
+    if !request.conditioning.is_empty() {
+        return Err(invalid(format!(
+            "{} conditioning values given to a text-conditioned pipeline: it reads its prompt",
+            request.conditioning.len()
+        )));
+    }
     let guidance = request.guidance_scale;
     if !guidance.is_finite() {
         return Err(invalid(format!("guidance scale {guidance}")));

@@ -397,6 +397,15 @@ fn bad_requests_are_clear_errors() {
     let base = request(&e);
     let fails = |req: ImageRequest| engine.run(&req, None, &mut all_steps).err().unwrap();
     let err = fails(ImageRequest {
+        conditioning: vec![0.5].into(),
+        ..base.clone()
+    });
+    assert!(
+        err.message.contains("conditioning values"),
+        "{}",
+        err.message
+    );
+    let err = fails(ImageRequest {
         steps: 0,
         ..base.clone()
     });
