@@ -15,12 +15,12 @@
 
 use crate::{
     picture,
-    sampler::{Draws, GivenNoise, Outcome},
+    sampler::{Draws, GivenNoise, Outcome, initial_image, within_limit},
 };
 use abi_stable::std_types::{RSlice, RSliceMut};
 use u_sdk::{
-    ErrorKind, ImageProgress, ImageRequest, ModelBox, Output, PlaneSpec, Planes, Segment, SeqChunk,
-    SeqExtras, UError,
+    ImageProgress, ImageRequest, ModelBox, Output, PlaneSpec, Planes, Segment, SeqChunk, SeqExtras,
+    UError,
 };
 
 /// EDM's (and the terrain model's) largest noise level.
@@ -112,18 +112,7 @@ impl ConsistencyModel {
                 self.family
             )));
         }
-        let init = match request.init_image.is_empty() {
-            true => None,
-            false => {
-                let strength = request.strength;
-                if !(strength > 0.0 && strength <= 1.0) {
-                    return Err(invalid(format!(
-                        "strength {strength}: a variation of an image takes a strength in (0, 1]"
-                    )));
-                }
-                Some(picture::decode(&request.init_image, max_pixels)?)
-            }
-        };
+        let init = initial_image(request, max_pixels)?;
         let side = |asked: u32, from_image: Option<u32>| match (asked, from_image) {
             (0, Some(s)) => s,
             (0, None) => self.default_side(),
@@ -136,15 +125,7 @@ impl ConsistencyModel {
         if width == 0 || height == 0 {
             return Err(invalid(format!("a {width}×{height} image")));
         }
-        if u64::from(width) * u64::from(height) > max_pixels {
-            return Err(UError::new(
-                ErrorKind::ResourceExhausted,
-                format!(
-                    "runner-image: a {width}×{height} image is larger than this deployment's \
-                     {max_pixels} pixels (runner setting `max_pixels`)"
-                ),
-            ));
-        }
+        within_limit(width, height, max_pixels)?;
         let channels = self.spec.in_channels;
         let len = (channels * width * height) as usize;
         let noise = Draws::new(request.seed, given).draw(0, len)?;

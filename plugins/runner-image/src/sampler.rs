@@ -112,16 +112,39 @@ fn size_of(
             "a {w}×{h} image: width and height must be positive multiples of {step}"
         )));
     }
-    if u64::from(w) * u64::from(h) > max_pixels {
-        return Err(UError::new(
+    within_limit(w, h, max_pixels)?;
+    Ok((w, h))
+}
+
+/// A `width × height` image is at most `max_pixels` pixels, or a resource error saying so.
+pub(crate) fn within_limit(width: u32, height: u32, max_pixels: u64) -> u_sdk::Result<()> {
+    match u64::from(width) * u64::from(height) > max_pixels {
+        true => Err(UError::new(
             ErrorKind::ResourceExhausted,
             format!(
-                "runner-image: a {w}×{h} image is larger than this deployment's {max_pixels} \
-                 pixels (runner setting `max_pixels`)"
+                "runner-image: a {width}×{height} image is larger than this deployment's \
+                 {max_pixels} pixels (runner setting `max_pixels`)"
             ),
-        ));
+        )),
+        false => Ok(()),
     }
-    Ok((w, h))
+}
+
+/// A request's initial image, decoded, with its strength checked; `None` without one.
+pub(crate) fn initial_image(
+    request: &ImageRequest,
+    max_pixels: u64,
+) -> u_sdk::Result<Option<u_image::Rgb8Image>> {
+    if request.init_image.is_empty() {
+        return Ok(None);
+    }
+    let strength = request.strength;
+    if !(strength > 0.0 && strength <= 1.0) {
+        return Err(invalid(format!(
+            "strength {strength}: starting from an image takes a strength in (0, 1]"
+        )));
+    }
+    picture::decode(&request.init_image, max_pixels).map(Some)
 }
 
 /// The text encoder's rows for `prompt`, from the cache when it holds them.
@@ -165,18 +188,7 @@ pub fn generate(
     if !guidance.is_finite() {
         return Err(invalid(format!("guidance scale {guidance}")));
     }
-    let init = match request.init_image.is_empty() {
-        true => None,
-        false => {
-            let strength = request.strength;
-            if !(strength > 0.0 && strength <= 1.0) {
-                return Err(invalid(format!(
-                    "strength {strength}: starting from an image takes a strength in (0, 1]"
-                )));
-            }
-            Some(picture::decode(&request.init_image, max_pixels)?)
-        }
-    };
+    let init = initial_image(request, max_pixels)?;
     let (width, height) = size_of(
         pipeline,
         request,
