@@ -45,6 +45,9 @@ struct Node {
     outputs: Vec<usize>,
     /// Slots read for the last time here.
     frees: Vec<usize>,
+    /// Whether the result may be written over the first input (read for the last time here,
+    /// and by no other input of this node).
+    overwrite: bool,
 }
 
 /// A graph ready to run.
@@ -378,6 +381,7 @@ impl Graph {
                 inputs: input_slots,
                 outputs: output_slots,
                 frees: Vec::new(),
+                overwrite: false,
             });
         }
         for o in &outputs {
@@ -403,6 +407,16 @@ impl Graph {
                 nodes[i].frees.push(slot);
             }
         }
+        for node in &mut nodes {
+            node.overwrite = match node.inputs.split_first() {
+                Some((Some(first), rest)) => {
+                    node.op.can_overwrite()
+                        && node.frees.contains(first)
+                        && !rest.contains(&Some(*first))
+                }
+                _ => false,
+            };
+        }
         Ok(Graph {
             inputs,
             outputs,
@@ -422,15 +436,32 @@ impl Graph {
             slots[port.slot] = Some(Arc::new(value));
         }
         for node in &self.nodes {
+            // A first input no later node reads, held by nothing else: the result's buffer.
+            let owned = match (node.overwrite, node.inputs.first()) {
+                (true, Some(&Some(s))) => match slots[s].take().map(Arc::try_unwrap) {
+                    Some(Ok(Value::F32(a))) => Some(a),
+                    Some(Ok(other)) => {
+                        slots[s] = Some(Arc::new(other));
+                        None
+                    }
+                    Some(Err(shared)) => {
+                        slots[s] = Some(shared);
+                        None
+                    }
+                    None => None,
+                },
+                _ => None,
+            };
             let inputs: Vec<Option<&Value>> = node
                 .inputs
                 .iter()
                 .map(|s| s.and_then(|s| slots[s].as_deref()))
                 .collect();
-            let results = node
-                .op
-                .run(device, &inputs)
-                .map_err(|e| UError::new(e.kind, format!("{}: {}", node.label, e.message)))?;
+            let results = match owned {
+                Some(first) => node.op.run_over(first, &inputs[1..]).map(|v| vec![v]),
+                None => node.op.run(device, &inputs),
+            }
+            .map_err(|e| UError::new(e.kind, format!("{}: {}", node.label, e.message)))?;
             if results.len() != node.outputs.len() {
                 return Err(UError::invalid(format!(
                     "{}: {} outputs made, {} named",

@@ -5,7 +5,7 @@
 //! (`u_sdk::nn`), their constant operands uploaded once; the elementwise and reshaping
 //! operators run here.
 
-use crate::value::{Array, Value, axis, permute, zip_broadcast};
+use crate::value::{Array, Value, axis, permute, zip_broadcast, zip_broadcast_into};
 use serde_json::{Map, Value as Json};
 use std::sync::Arc;
 use u_sdk::{
@@ -332,6 +332,48 @@ impl Contraction {
 }
 
 impl Op {
+    /// Whether [`Op::run_over`] can write its result over its first input: elementwise
+    /// operators whose result has the first input's shape.
+    pub fn can_overwrite(&self) -> bool {
+        matches!(
+            self,
+            Op::Unary(_) | Op::Binary(Binary::Add | Binary::Sub | Binary::Mul | Binary::Div)
+        )
+    }
+
+    /// Runs an operator [`Op::can_overwrite`] allows over `first`, its first input, which no
+    /// later node reads (its buffer becomes the result's); `rest` are the other inputs.
+    pub fn run_over(&self, mut first: Array<f32>, rest: &[Option<&Value>]) -> Result<Value> {
+        match self {
+            Op::Unary(op) => {
+                unary_in_place(*op, Arc::make_mut(&mut first.data).as_mut_slice());
+                Ok(Value::F32(first))
+            }
+            Op::Binary(op) => {
+                let other = rest
+                    .first()
+                    .copied()
+                    .flatten()
+                    .ok_or_else(|| UError::invalid("input 1 is missing"))?;
+                let b = other.floats("the second operand")?;
+                if crate::value::broadcast_dims(&first.dims, &b.dims)? != first.dims {
+                    return binary(*op, &Value::F32(first), other);
+                }
+                match op {
+                    Binary::Add => zip_broadcast_into(&mut first, b, |x, y| x + y)?,
+                    Binary::Sub => zip_broadcast_into(&mut first, b, |x, y| x - y)?,
+                    Binary::Mul => zip_broadcast_into(&mut first, b, |x, y| x * y)?,
+                    Binary::Div => zip_broadcast_into(&mut first, b, |x, y| x / y)?,
+                    Binary::Pow => zip_broadcast_into(&mut first, b, f32::powf)?,
+                }
+                Ok(Value::F32(first))
+            }
+            _ => Err(UError::invalid(
+                "an operator that cannot write over its input",
+            )),
+        }
+    }
+
     /// Parses a node of `op_type` with its `attributes`; `operands` holds the constant inputs
     /// (initializers) the node reads, `None` for computed ones.
     pub fn parse(
@@ -1039,21 +1081,29 @@ fn softmax_row(row: &mut [f32]) {
 
 /// `op` of every element (each arm its own loop, so the compiler can vectorise it).
 fn unary(op: Unary, data: &[f32]) -> Vec<f32> {
-    fn map(data: &[f32], f: impl Fn(f32) -> f32) -> Vec<f32> {
-        data.iter().map(|&x| f(x)).collect()
+    let mut out = data.to_vec();
+    unary_in_place(op, &mut out);
+    out
+}
+
+/// `op` of every element, written over it (each arm its own loop, so the compiler can
+/// vectorise it).
+fn unary_in_place(op: Unary, data: &mut [f32]) {
+    fn each(data: &mut [f32], f: impl Fn(f32) -> f32) {
+        data.iter_mut().for_each(|x| *x = f(*x));
     }
     match op {
-        Unary::Sigmoid => map(data, |x| 1.0 / (1.0 + fast_exp(-x))),
-        Unary::Silu => map(data, |x| x / (1.0 + fast_exp(-x))),
-        Unary::Reciprocal => map(data, |x| 1.0 / x),
-        Unary::Sqrt => map(data, f32::sqrt),
-        Unary::Log => map(data, f32::ln),
-        Unary::Exp => map(data, f32::exp),
-        Unary::Cos => map(data, f32::cos),
-        Unary::Sin => map(data, f32::sin),
-        Unary::Tanh => map(data, f32::tanh),
-        Unary::Relu => map(data, |x| x.max(0.0)),
-        Unary::Neg => map(data, |x| -x),
+        Unary::Sigmoid => each(data, |x| 1.0 / (1.0 + fast_exp(-x))),
+        Unary::Silu => each(data, |x| x / (1.0 + fast_exp(-x))),
+        Unary::Reciprocal => each(data, |x| 1.0 / x),
+        Unary::Sqrt => each(data, f32::sqrt),
+        Unary::Log => each(data, f32::ln),
+        Unary::Exp => each(data, f32::exp),
+        Unary::Cos => each(data, f32::cos),
+        Unary::Sin => each(data, f32::sin),
+        Unary::Tanh => each(data, f32::tanh),
+        Unary::Relu => each(data, |x| x.max(0.0)),
+        Unary::Neg => each(data, |x| -x),
     }
 }
 

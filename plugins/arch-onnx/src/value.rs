@@ -207,6 +207,58 @@ pub fn zip_broadcast<T: Copy, U: Copy>(
     }
 }
 
+/// `a[i] = f(a[i], b[…])` over `a`, `b` broadcast to `a`'s dimensions (which must be the
+/// broadcast's): the result written over `a`, no new buffer when `a` holds its elements alone.
+pub fn zip_broadcast_into(
+    a: &mut Array<f32>,
+    b: &Array<f32>,
+    f: impl Fn(f32, f32) -> f32,
+) -> Result<()> {
+    if broadcast_dims(&a.dims, &b.dims)? != a.dims {
+        return Err(UError::invalid(format!(
+            "{:?} does not broadcast into {:?}",
+            b.dims, a.dims
+        )));
+    }
+    let dims = a.dims.clone();
+    let data = Arc::make_mut(&mut a.data);
+    if dims == b.dims {
+        data.iter_mut()
+            .zip(b.data.iter())
+            .for_each(|(x, &y)| *x = f(*x, y));
+        return Ok(());
+    }
+    let (Some(&width), Some(last)) = (dims.last(), dims.len().checked_sub(1)) else {
+        // Scalars: one element each.
+        data.iter_mut().for_each(|x| *x = f(*x, b.data[0]));
+        return Ok(());
+    };
+    let sb = broadcast_strides(&b.dims, &dims);
+    let lb = sb[last];
+    let mut index = vec![0usize; last];
+    for row in data.chunks_mut(width.max(1)) {
+        let ob: usize = index.iter().zip(&sb).map(|(i, s)| i * s).sum();
+        match lb {
+            1 => row
+                .iter_mut()
+                .zip(&b.data[ob..ob + width])
+                .for_each(|(x, &y)| *x = f(*x, y)),
+            _ => {
+                let y = b.data[ob];
+                row.iter_mut().for_each(|x| *x = f(*x, y));
+            }
+        }
+        for k in (0..last).rev() {
+            index[k] += 1;
+            if index[k] < dims[k] {
+                break;
+            }
+            index[k] = 0;
+        }
+    }
+    Ok(())
+}
+
 /// The axes of a rank-`dims.len()` array reordered by `perm` (output axis `i` is input axis
 /// `perm[i]`).
 pub fn permute<T: Copy>(a: &Array<T>, perm: &[usize]) -> Result<Array<T>> {
@@ -259,6 +311,13 @@ mod tests {
         let row = Array::new(vec![3], vec![100.0f32, 200.0, 300.0]).unwrap();
         let sum = zip_broadcast(&a, &column, |x, y| x + y).unwrap();
         assert_eq!(*sum.data, [11.0, 12.0, 13.0, 24.0, 25.0, 26.0]);
+        let mut over = a.clone();
+        zip_broadcast_into(&mut over, &column, |x, y| x + y).unwrap();
+        assert_eq!(*over.data, [11.0, 12.0, 13.0, 24.0, 25.0, 26.0]);
+        let mut over = a.clone();
+        zip_broadcast_into(&mut over, &row, |x, y| x * y).unwrap();
+        assert_eq!(*over.data, [100.0, 400.0, 900.0, 400.0, 1000.0, 1800.0]);
+        assert!(zip_broadcast_into(&mut column.clone(), &row, |x, y| x + y).is_err());
         let sum = zip_broadcast(&column, &row, |x, y| x + y).unwrap();
         assert_eq!(sum.dims, [2, 3]);
         assert_eq!(*sum.data, [110.0, 210.0, 310.0, 120.0, 220.0, 320.0]);
