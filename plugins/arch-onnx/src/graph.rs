@@ -139,22 +139,59 @@ fn strings(json: &Json, key: &str) -> Result<Vec<String>> {
         .collect()
 }
 
+/// Who reads and who writes each slot, for the fusions.
+struct Wiring<'a> {
+    /// Readers per slot.
+    readers: HashMap<usize, usize>,
+    /// The node writing each slot.
+    writer: HashMap<usize, usize>,
+    /// The graph's outputs, which no fusion may swallow.
+    kept: &'a std::collections::HashSet<usize>,
+}
+
+impl<'a> Wiring<'a> {
+    fn of(nodes: &[Node], kept: &'a std::collections::HashSet<usize>) -> Self {
+        let mut readers: HashMap<usize, usize> = HashMap::new();
+        for s in nodes.iter().flat_map(|n| n.inputs.iter().flatten()) {
+            *readers.entry(*s).or_default() += 1;
+        }
+        let writer = nodes
+            .iter()
+            .enumerate()
+            .flat_map(|(i, n)| n.outputs.iter().map(move |&o| (o, i)))
+            .collect();
+        Self {
+            readers,
+            writer,
+            kept,
+        }
+    }
+
+    /// The node writing `slot`.
+    fn writer(&self, slot: usize) -> Option<usize> {
+        self.writer.get(&slot).copied()
+    }
+
+    /// Whether one node reads `slot` and it is no graph output (a fusion may swallow it).
+    fn only_reader(&self, slot: usize) -> bool {
+        self.readers.get(&slot) == Some(&1) && !self.kept.contains(&slot)
+    }
+}
+
+/// Removes the nodes at the indices in `dropped` (a fusion's swallowed ones).
+fn drop_nodes(nodes: &mut Vec<Node>, dropped: &std::collections::HashSet<usize>) {
+    let mut index = 0;
+    nodes.retain(|_| {
+        index += 1;
+        !dropped.contains(&(index - 1))
+    });
+}
+
 /// Fuses each `Einsum(bct,bcs→bts)` → `Softmax(−1)` → `Einsum(bts,bcs→bct)` chain whose
 /// intermediate values nothing else reads into one [`Op::Attention`]: the backend's attention
 /// never writes the `t × s` scores out.
 fn fuse_attention(nodes: &mut Vec<Node>, kept: &std::collections::HashSet<usize>) {
-    let mut readers: HashMap<usize, usize> = HashMap::new();
-    for node in nodes.iter() {
-        for s in node.inputs.iter().flatten() {
-            *readers.entry(*s).or_default() += 1;
-        }
-    }
-    let only_reader = |slot: usize| readers.get(&slot) == Some(&1) && !kept.contains(&slot);
-    let writer: HashMap<usize, usize> = nodes
-        .iter()
-        .enumerate()
-        .flat_map(|(i, n)| n.outputs.iter().map(move |&o| (o, i)))
-        .collect();
+    let wiring = Wiring::of(nodes, kept);
     let mut dropped = std::collections::HashSet::new();
     for mix in 0..nodes.len() {
         let Op::Einsum(c) = &nodes[mix].op else {
@@ -163,20 +200,20 @@ fn fuse_attention(nodes: &mut Vec<Node>, kept: &std::collections::HashSet<usize>
         let Some(Some(weights)) = nodes[mix].inputs.first().copied() else {
             continue;
         };
-        let Some(&soft) = writer.get(&weights) else {
+        let Some(soft) = wiring.writer(weights) else {
             continue;
         };
         let Some(Some(scores_slot)) = nodes[soft].inputs.first().copied() else {
             continue;
         };
-        let Some(&scores) = writer.get(&scores_slot) else {
+        let Some(scores) = wiring.writer(scores_slot) else {
             continue;
         };
         let chain = c.is_mix()
             && matches!(nodes[soft].op, Op::Softmax { axis: -1 | 2 })
             && matches!(&nodes[scores].op, Op::Einsum(s) if s.is_scores())
-            && only_reader(weights)
-            && only_reader(scores_slot)
+            && wiring.only_reader(weights)
+            && wiring.only_reader(scores_slot)
             && nodes[mix].inputs.len() == 2
             && nodes[scores].inputs.len() == 2;
         if !chain {
@@ -191,27 +228,13 @@ fn fuse_attention(nodes: &mut Vec<Node>, kept: &std::collections::HashSet<usize>
         nodes[mix].inputs = vec![q, k, v];
         dropped.extend([soft, scores]);
     }
-    let mut index = 0;
-    nodes.retain(|_| {
-        index += 1;
-        !dropped.contains(&(index - 1))
-    });
+    drop_nodes(nodes, &dropped);
 }
 
 /// Fuses each `Sigmoid(x)` whose only reader is a `Mul` of it and `x` into one SiLU
 /// ([`Unary::Silu`]): one pass and one value fewer.
 fn fuse_silu(nodes: &mut Vec<Node>, kept: &std::collections::HashSet<usize>) {
-    let mut readers: HashMap<usize, usize> = HashMap::new();
-    for node in nodes.iter() {
-        for s in node.inputs.iter().flatten() {
-            *readers.entry(*s).or_default() += 1;
-        }
-    }
-    let writer: HashMap<usize, usize> = nodes
-        .iter()
-        .enumerate()
-        .flat_map(|(i, n)| n.outputs.iter().map(move |&o| (o, i)))
-        .collect();
+    let wiring = Wiring::of(nodes, kept);
     let mut dropped = std::collections::HashSet::new();
     for mul in 0..nodes.len() {
         let (Op::Binary(Binary::Mul), &[Some(a), Some(b)]) =
@@ -220,12 +243,11 @@ fn fuse_silu(nodes: &mut Vec<Node>, kept: &std::collections::HashSet<usize>) {
             continue;
         };
         let sigmoid = [(a, b), (b, a)].into_iter().find_map(|(x, s)| {
-            let &w = writer.get(&s)?;
+            let w = wiring.writer(s)?;
             let node = &nodes[w];
             (matches!(node.op, Op::Unary(Unary::Sigmoid))
                 && node.inputs[..] == [Some(x)]
-                && readers.get(&s) == Some(&1)
-                && !kept.contains(&s))
+                && wiring.only_reader(s))
             .then_some((w, x))
         });
         if let Some((w, x)) = sigmoid {
@@ -234,11 +256,7 @@ fn fuse_silu(nodes: &mut Vec<Node>, kept: &std::collections::HashSet<usize>) {
             dropped.insert(w);
         }
     }
-    let mut index = 0;
-    nodes.retain(|_| {
-        index += 1;
-        !dropped.contains(&(index - 1))
-    });
+    drop_nodes(nodes, &dropped);
 }
 
 impl Graph {
