@@ -1,7 +1,8 @@
 //! Image generation through the signed host (issue #19), on the tiny random-weight Stable
 //! Diffusion folder of `tests/fixtures/diffusion_tiny/sd/` (diffusers' layout, made by
 //! `gen_diffusion_tiny.py`): loader-safetensors opens each component, arch-diffusion and
-//! arch-clip build them, runner-image runs the pipeline.
+//! arch-clip build them, runner-image runs the pipeline. The class-conditioned DiT folder
+//! beside it (`dit_pipeline/`) draws the class asked for, by label or by name.
 //! - `u-runner image` writes a PNG of the pipeline's size; the same seed gives the same bytes,
 //!   another seed another image; an initial image (`--init-image`) is refined; a folder without
 //!   its `vae/` and `--steps 0` are clear errors.
@@ -112,6 +113,79 @@ fn the_command_line_writes_a_seeded_png() {
     let missing = image(&broken, &out("f.png"), &["--steps", "1"]);
     assert!(!missing.status.success());
     assert!(text(&missing).contains("vae"), "{}", text(&missing));
+}
+
+/// `u-runner image` on the class-conditioned DiT pipeline of
+/// `tests/fixtures/diffusion_tiny/dit_pipeline` (no text encoder, no tokenizer).
+fn dit_image(model: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+    let mut cmd = Command::new(bin("u-runner"));
+    cmd.args(["image", "--threads", "2", "--steps", "4", "--guidance", "4"])
+        .arg("--model")
+        .arg(model)
+        .arg("--out")
+        .arg(out)
+        .arg("--deployment")
+        .arg(root().join("manifests/dev.toml"))
+        .args(extra);
+    run(&mut cmd)
+}
+
+#[test]
+fn a_dit_pipeline_draws_the_class_asked_for() {
+    let dit = root().join("tests/fixtures/diffusion_tiny/dit_pipeline");
+    let dir = tempfile::tempdir().unwrap();
+    let out = |name: &str| dir.path().join(name);
+    let first = dit_image(&dit, &out("a.png"), &["--conditioning", "3", "--seed", "5"]);
+    assert!(first.status.success(), "{}", text(&first));
+    let a = std::fs::read(out("a.png")).unwrap();
+    assert_eq!(png_size(&a), (16, 16), "the transformer's own size");
+    // The label's name in `id2label` is the same class.
+    let named = dit_image(
+        &dit,
+        &out("b.png"),
+        &["--prompt", "tiger shark", "--seed", "5"],
+    );
+    assert!(named.status.success(), "{}", text(&named));
+    assert_eq!(a, std::fs::read(out("b.png")).unwrap(), "class 3 by name");
+    let other = dit_image(&dit, &out("c.png"), &["--conditioning", "7", "--seed", "5"]);
+    assert!(other.status.success(), "{}", text(&other));
+    assert_ne!(a, std::fs::read(out("c.png")).unwrap(), "another class");
+
+    for (args, says) in [
+        (&[][..], "needs a class"),
+        (
+            &["--conditioning", "1000"][..],
+            "one class label in 0..1000",
+        ),
+        (
+            &["--prompt", "a photo of a red cat"][..],
+            "no class is named",
+        ),
+    ] {
+        let failed = dit_image(&dit, &out("d.png"), args);
+        assert!(!failed.status.success(), "{args:?}");
+        assert!(text(&failed).contains(says), "{args:?}: {}", text(&failed));
+        assert!(
+            !out("d.png").exists(),
+            "nothing is written for a failed run"
+        );
+    }
+
+    // A `model_index.json` that lists no denoiser.
+    let broken = dir.path().join("broken");
+    std::fs::create_dir_all(&broken).unwrap();
+    std::fs::write(
+        broken.join("model_index.json"),
+        r#"{"_class_name": "DiTPipeline", "vae": ["diffusers", "AutoencoderKL"]}"#,
+    )
+    .unwrap();
+    let missing = dit_image(&broken, &out("e.png"), &["--conditioning", "3"]);
+    assert!(!missing.status.success());
+    assert!(
+        text(&missing).contains("lists no denoiser"),
+        "{}",
+        text(&missing)
+    );
 }
 
 fn server() -> Server {

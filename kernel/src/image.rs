@@ -16,11 +16,13 @@ const MAX_IMAGE_BYTES: u64 = 256 << 20;
 /// Arguments of `u-runner image`.
 #[derive(clap::Args)]
 pub struct ImageArgs {
-    /// What the image shows (a text-conditioned pipeline's prompt).
+    /// What the image shows (a text-conditioned pipeline's prompt; a class-conditioned
+    /// pipeline's label name, from `model_index.json`'s `id2label`).
     #[arg(long, default_value = "")]
     prompt: String,
-    /// The pipeline: a diffusers folder (`model_index.json`, `unet/`, `text_encoder/`, `vae/`,
-    /// `tokenizer/`, `scheduler/`), or a pixel-space consistency model (an ONNX file).
+    /// The pipeline: a diffusers folder (`model_index.json`, `unet/` or `transformer/`,
+    /// `vae/`, `scheduler/`, and `text_encoder/` and `tokenizer/` where text-conditioned), or a
+    /// pixel-space consistency model (an ONNX file).
     #[arg(long)]
     model: PathBuf,
     /// Where the PNG goes.
@@ -51,7 +53,7 @@ pub struct ImageArgs {
     #[arg(long, default_value_t = 0.8)]
     strength: f32,
     /// Values a directly conditioned model reads besides its noise level, comma-separated (a
-    /// class label; the terrain model's difficulty, 0 to 1).
+    /// DiT pipeline's class label; the terrain model's difficulty, 0 to 1).
     #[arg(long, value_delimiter = ',')]
     conditioning: Vec<f32>,
     /// Compute threads [default: the deployment's, else all cores].

@@ -266,11 +266,41 @@ pub fn build(
 /// The index of a diffusers pipeline folder, naming its components.
 const MODEL_INDEX: &str = "model_index.json";
 
-/// Builds a diffusers pipeline folder (`model_index.json`): its denoiser `unet/` is the model,
-/// `text_encoder/` and `vae/` (the decoder, and the encoder where an architecture declares
-/// `<family>.encoder`) its components, each built by the architecture declaring its family;
-/// the tokenizer comes from `tokenizer/`; the scheduler's and the components' configuration
-/// files go to the runner as text.
+/// The components a diffusers pipeline folder's `model_index.json` lists (those not `null`).
+fn pipeline_components(dir: &Path) -> Result<(String, Vec<String>)> {
+    let path = dir.join(MODEL_INDEX);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let index: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+    let listed: Vec<String> = index
+        .as_object()
+        .with_context(|| format!("{} is not a JSON object", path.display()))?
+        .iter()
+        .filter(|(_, v)| {
+            v.as_array()
+                .is_some_and(|a| a.iter().all(|x| x.is_string()))
+        })
+        .map(|(k, _)| k.clone())
+        .collect();
+    let denoiser = ["unet", "transformer"]
+        .into_iter()
+        .find(|d| listed.iter().any(|l| l == d))
+        .with_context(|| {
+            format!(
+                "{} lists no denoiser (`unet` or `transformer`)",
+                path.display()
+            )
+        })?;
+    Ok((denoiser.to_string(), listed))
+}
+
+/// Builds a diffusers pipeline folder (`model_index.json`): its denoiser (`unet/` or
+/// `transformer/`) is the model, `vae/` (the decoder, and the encoder where an architecture
+/// declares `<family>.encoder`) and `text_encoder/` where listed (a class-conditioned DiT has
+/// none) its components, each built by the architecture declaring its family; the tokenizer
+/// comes from `tokenizer/` where listed; `model_index.json` and the scheduler's and the
+/// components' configuration files go to the runner as text.
 fn build_pipeline(
     report: &LoadReport,
     dir: &Path,
@@ -303,14 +333,18 @@ fn build_pipeline(
         let (model, config) = build_model(&arch_name, &architecture, context)?;
         anyhow::Ok((arch_name, model, config))
     };
-    let (loader, weights) = open_weights(&dir.join("unet"), &loaders)?;
-    let (arch_name, unet, config) = part("unet", &weights, "")?;
+    let (denoiser, listed) = pipeline_components(dir)?;
+    let lists = |component: &str| listed.iter().any(|l| l == component);
+    let (loader, weights) = open_weights(&dir.join(&denoiser), &loaders)?;
+    let (arch_name, unet, config) = part(&denoiser, &weights, "")?;
     let tokenizer = match first(report, |i| match i {
         PluginInstance::Tokenizer(t) => Some(t.clone()),
         _ => None,
     }) {
-        Some((_, f)) => build_tokenizer(&f, &dir.join("tokenizer"), &weights)?,
-        None => None,
+        Some((_, f)) if lists("tokenizer") => {
+            build_tokenizer(&f, &dir.join("tokenizer"), &weights)?
+        }
+        _ => None,
     };
     let mut opened = Opened {
         weights,
@@ -334,13 +368,19 @@ fn build_pipeline(
     } else {
         let mut components = Vec::new();
         let mut configs = Vec::new();
-        for (component, file) in [
-            ("scheduler", "scheduler_config.json"),
-            ("unet", "config.json"),
-            ("text_encoder", "config.json"),
-            ("vae", "config.json"),
-        ] {
-            let path = dir.join(component).join(file);
+        let text_encoder = ["text_encoder"].into_iter().filter(|c| lists(c));
+        let files = [
+            ("model_index", dir.join(MODEL_INDEX)),
+            ("scheduler", dir.join("scheduler/scheduler_config.json")),
+        ]
+        .into_iter()
+        .chain(
+            [denoiser.as_str(), "vae"]
+                .into_iter()
+                .chain(text_encoder.clone())
+                .map(|c| (c, dir.join(c).join("config.json"))),
+        );
+        for (component, path) in files {
             configs.push(u_sdk::PipelineConfig {
                 component: component.into(),
                 json: std::fs::read_to_string(&path)
@@ -348,7 +388,7 @@ fn build_pipeline(
                     .into(),
             });
         }
-        for component in ["text_encoder", "vae"] {
+        for component in text_encoder.chain(["vae"]) {
             let (_, weights) = open_weights(&dir.join(component), &loaders)?;
             let (_, model, built) = part(component, &weights, "")?;
             components.push(u_sdk::PipelineComponent {

@@ -87,6 +87,8 @@ pub struct TrajectoryKey {
     pub prompt: String,
     /// The negative prompt (empty: none).
     pub negative: String,
+    /// The conditioning values' bits (a class-conditioned pipeline's label).
+    pub conditioning: Vec<u32>,
     /// The seed.
     pub seed: u64,
     /// Latent height and width.

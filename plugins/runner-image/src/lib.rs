@@ -1,15 +1,16 @@
 //! # u-runner-image — the image generation runner plugin
 //!
 //! A `runner` plugin for the **image-generation** task. The host hands it a latent diffusion
-//! pipeline built from a diffusers folder: the denoiser (a [`u_sdk::ModelKind::Denoiser`],
-//! Stable Diffusion's `UNet2DConditionModel` built by arch-diffusion) as the model, and as
-//! [`u_sdk::PipelineParts`] the text encoder, the autoencoder's decoder (and encoder, for image
-//! to image), the tokenizer and the configuration files — or a denoiser alone, a pixel-space
-//! consistency model (such as the terrain UNet arch-onnx runs), sampled in one step. It serves
-//! [`Engine::generate_image`]:
+//! pipeline built from a diffusers folder: the denoiser (a [`u_sdk::ModelKind::Denoiser`]:
+//! Stable Diffusion's `UNet2DConditionModel`, or a class-conditioned `DiTTransformer2DModel`,
+//! built by arch-diffusion) as the model, and as [`u_sdk::PipelineParts`] the text encoder
+//! and tokenizer (a class-conditioned pipeline has none), the autoencoder's decoder (and
+//! encoder, for image to image) and the configuration files — or a denoiser alone, a
+//! pixel-space consistency model (such as the terrain UNet arch-onnx runs), sampled in one
+//! step. It serves [`Engine::generate_image`]:
 //!
-//! - [`pipeline`]: the models and what the loop asks of them (prompt rows, a guided
-//!   prediction, decoding, encoding an initial image);
+//! - [`pipeline`]: the models and what the loop asks of them (prompt rows or a class label, a
+//!   guided prediction, decoding, encoding an initial image);
 //! - [`sampler`]: one request's loop over the scheduler's steps (`u-diffusion`), text to image
 //!   or image to image, seeded and cancellable;
 //! - [`cache`]: the exact caches (prompt rows; trajectories, so a cancelled request resumes);
@@ -340,7 +341,8 @@ impl Engine for ImageEngine {
 
 fn describe() -> PluginInfo {
     PluginInfo {
-        summary: "image generation: latent diffusion pipelines, text to image and image to image"
+        summary: "image generation: latent diffusion pipelines (text or class conditioned), text \
+                  to image and image to image; one-step consistency models"
             .into(),
         details: RVec::new(),
     }

@@ -1,10 +1,12 @@
 //! The models of a latent diffusion pipeline and the three things the sampling loop asks of
-//! them, as diffusers' `StableDiffusionPipeline` does them: a prompt's text-encoder rows
-//! (`encode_prompt`), one guided denoising prediction (`denoise`), and the decoding of the final
-//! latents into pixels (`decode`); plus the encoding of an initial image (img2img).
+//! them, as diffusers' `StableDiffusionPipeline` and `DiTPipeline` do them: what conditions
+//! the denoiser (a prompt's text-encoder rows, `encode_prompt`; or a class label, `class_of`),
+//! one guided denoising prediction (`denoise`), and the decoding of the final latents into
+//! pixels (`decode`); plus the encoding of an initial image (img2img).
 
 use abi_stable::std_types::{ROption, RSlice, RSliceMut};
 use serde_json::Value;
+use std::sync::Arc;
 use u_sdk::{
     CrossContext, ModelBox, ModelKind, Output, PipelineParts, PlaneSpec, Planes, Rows, Segment,
     SeqChunk, SeqExtras, SeqId, TokenizerBox, UError,
@@ -14,14 +16,38 @@ use u_sdk::{
 pub struct Pipeline {
     unet: ModelBox,
     unet_spec: PlaneSpec,
-    text_encoder: ModelBox,
-    text: TextSpec,
+    conditioner: Conditioner,
     decoder: ModelBox,
     decoder_spec: PlaneSpec,
     encoder: Option<(ModelBox, PlaneSpec)>,
-    tokenizer: TokenizerBox,
     scheduler_config: String,
     latents: LatentScale,
+}
+
+/// How requests condition a pipeline's denoiser.
+enum Conditioner {
+    /// A prompt, whose text-encoder rows the denoiser cross-attends to (Stable Diffusion).
+    Text {
+        encoder: ModelBox,
+        spec: TextSpec,
+        tokenizer: TokenizerBox,
+    },
+    /// A class label the denoiser embeds itself (DiT).
+    Class {
+        /// Labels are `0..classes`; `classes` itself is the null label of the unguided pass.
+        classes: u32,
+        /// The names of the labels (`model_index.json`'s `id2label`, split at commas).
+        names: Vec<(String, u32)>,
+    },
+}
+
+/// What one denoising pass is conditioned on.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Condition {
+    /// The text encoder's rows of a prompt, `[positions, width]`.
+    Rows(Arc<Vec<f32>>),
+    /// A class label (the pipeline's class count: none).
+    Class(u32),
 }
 
 /// What the text encoder takes and gives.
@@ -82,37 +108,73 @@ fn planes(values: &[f32], channels: u32, (h, w): (u32, u32)) -> Planes<'_> {
     }
 }
 
-/// A denoiser's chunk: the map `input` at `timestep`, cross-attending to context `kv`'s
-/// `rows`.
+/// A denoiser's chunk: the map `input` with `conditioning` (the timestep, then a class label
+/// where there is one), cross-attending to context `kv`'s rows where there are any.
 fn denoiser_chunk<'a>(
     input: &'a [Segment<'a>],
-    timestep: &'a [f32],
-    (kv, rows): (SeqId, &'a [f32]),
+    conditioning: &'a [f32],
+    (kv, condition): (SeqId, &'a Condition),
 ) -> SeqChunk<'a> {
     SeqChunk {
         seq: 0,
         input: RSlice::from_slice(input),
         output: Output::Planes,
         extras: SeqExtras {
-            conditioning: RSlice::from_slice(timestep),
-            cross: ROption::RSome(CrossContext {
-                kv,
-                rows: RSlice::from_slice(rows),
-            }),
+            conditioning: RSlice::from_slice(conditioning),
+            cross: match condition {
+                Condition::Rows(rows) => ROption::RSome(CrossContext {
+                    kv,
+                    rows: RSlice::from_slice(rows),
+                }),
+                Condition::Class(_) => ROption::RNone,
+            },
             ..SeqExtras::default()
         },
     }
 }
 
+/// A chunk's conditioning values: the timestep `t`, then the class label of a class condition.
+fn conditioning(t: f32, condition: &Condition) -> Vec<f32> {
+    match condition {
+        Condition::Rows(_) => vec![t],
+        Condition::Class(label) => vec![t, *label as f32],
+    }
+}
+
+/// The labels `id2label` names (`{"3": "tiger shark, Galeocerdo cuvieri"}`), each name of a
+/// comma-separated list trimmed, as diffusers' `DiTPipeline` reads them; none without it.
+fn label_names(index: Option<&Value>, classes: u32) -> u_sdk::Result<Vec<(String, u32)>> {
+    let Some(map) = index.and_then(|i| i["id2label"].as_object()) else {
+        return Ok(Vec::new());
+    };
+    let mut names = Vec::new();
+    for (key, value) in map {
+        let label = key
+            .parse::<u32>()
+            .ok()
+            .filter(|l| *l < classes)
+            .zip(value.as_str())
+            .ok_or_else(|| {
+                invalid(format!(
+                    "`id2label` maps `{key}` to {value}: not a class below {classes} to a name"
+                ))
+            })?;
+        for name in label.1.split(',') {
+            names.push((name.trim().to_string(), label.0));
+        }
+    }
+    Ok(names)
+}
+
 impl Pipeline {
-    /// The pipeline of denoiser `unet`, the other `parts` the host built and `tokenizer`.
+    /// The pipeline of denoiser `unet` (a UNet or a transformer), the other `parts` the host
+    /// built and `tokenizer`: conditioned on text when it has a `text_encoder`, else on a
+    /// class label when the denoiser's configuration states classes (`num_embeds_ada_norm`).
     pub fn new(
         unet: ModelBox,
         parts: PipelineParts,
         tokenizer: Option<TokenizerBox>,
     ) -> u_sdk::Result<Pipeline> {
-        let tokenizer = tokenizer
-            .ok_or_else(|| invalid("the pipeline has no tokenizer (`tokenizer/`)".into()))?;
         let mut components = parts.components.into_vec();
         let mut take = |name: &str| {
             components
@@ -120,19 +182,24 @@ impl Pipeline {
                 .position(|c| c.name.as_str() == name)
                 .map(|i| components.swap_remove(i).model)
         };
-        let text_encoder = take("text_encoder")
-            .ok_or_else(|| invalid("the pipeline has no `text_encoder`".into()))?;
+        let text_encoder = take("text_encoder");
         let decoder = take("vae").ok_or_else(|| invalid("the pipeline has no `vae`".into()))?;
         let encoder = take("vae.encoder");
-        let config = |component: &str| -> u_sdk::Result<Value> {
-            let text = parts
+        let given = |component: &str| -> u_sdk::Result<Option<Value>> {
+            let Some(c) = parts
                 .configs
                 .iter()
                 .find(|c| c.component.as_str() == component)
-                .map(|c| c.json.to_string())
-                .ok_or_else(|| invalid(format!("no configuration of the `{component}`")))?;
-            serde_json::from_str(&text)
+            else {
+                return Ok(None);
+            };
+            serde_json::from_str(&c.json)
+                .map(Some)
                 .map_err(|e| invalid(format!("the `{component}` configuration: {e}")))
+        };
+        let config = |component: &str| -> u_sdk::Result<Value> {
+            given(component)?
+                .ok_or_else(|| invalid(format!("no configuration of the `{component}`")))
         };
         let scheduler_config = config("scheduler")?.to_string();
         let vae = config("vae")?;
@@ -160,41 +227,123 @@ impl Pipeline {
             }
             None => None,
         };
-        let text_config = text_encoder.config().into_result()?;
         let unet_config = unet.config().into_result()?;
-        let text = TextSpec {
-            layers: text_config.layers,
-            width: text_config.hidden as usize,
-            positions: text_config.context_length as usize,
-            pad: tokenizer.special_tokens().into_result()?.pad.into_option(),
+        let conditioner = match text_encoder {
+            Some(encoder) => {
+                let tokenizer = tokenizer.ok_or_else(|| {
+                    invalid(
+                        "the pipeline has a text encoder but no tokenizer (`tokenizer/`)".into(),
+                    )
+                })?;
+                let text_config = encoder.config().into_result()?;
+                let spec = TextSpec {
+                    layers: text_config.layers,
+                    width: text_config.hidden as usize,
+                    positions: text_config.context_length as usize,
+                    pad: tokenizer.special_tokens().into_result()?.pad.into_option(),
+                };
+                if spec.width != unet_config.context_shape[1] as usize || spec.positions < 2 {
+                    return Err(invalid(format!(
+                        "the text encoder gives rows of {} over {} positions; the denoiser \
+                         cross-attends to rows of {}",
+                        spec.width, spec.positions, unet_config.context_shape[1]
+                    )));
+                }
+                Conditioner::Text {
+                    encoder,
+                    spec,
+                    tokenizer,
+                }
+            }
+            None => {
+                let denoiser = match given("unet")? {
+                    Some(c) => c,
+                    None => config("transformer")?,
+                };
+                let classes = denoiser["num_embeds_ada_norm"]
+                    .as_u64()
+                    .filter(|n| (1..u64::from(u32::MAX)).contains(n))
+                    .ok_or_else(|| {
+                        invalid(
+                            "the pipeline has no `text_encoder`, and its denoiser takes no \
+                             class labels (its configuration states no `num_embeds_ada_norm`)"
+                                .into(),
+                        )
+                    })? as u32;
+                if unet_config.context_shape[1] != 0 {
+                    return Err(invalid(format!(
+                        "the pipeline has no `text_encoder`, but its denoiser cross-attends to \
+                         rows of {}",
+                        unet_config.context_shape[1]
+                    )));
+                }
+                let names = label_names(given("model_index")?.as_ref(), classes)?;
+                Conditioner::Class { classes, names }
+            }
         };
-        if text.width != unet_config.context_shape[1] as usize || text.positions < 2 {
+        // A denoiser that also predicts its variance (DiT's learned sigma) writes twice the
+        // channels: the prediction first.
+        let (c, out) = (unet_spec.in_channels, unet_spec.out_channels);
+        if decoder_spec.in_channels != c || (out != c && out != 2 * c) {
             return Err(invalid(format!(
-                "the text encoder gives rows of {} over {} positions; the unet cross-attends to \
-                 rows of {}",
-                text.width, text.positions, unet_config.context_shape[1]
-            )));
-        }
-        if decoder_spec.in_channels != unet_spec.out_channels
-            || unet_spec.in_channels != unet_spec.out_channels
-        {
-            return Err(invalid(format!(
-                "the unet maps {} to {} channels; the vae decodes {}",
-                unet_spec.in_channels, unet_spec.out_channels, decoder_spec.in_channels
+                "the denoiser maps {c} to {out} channels; the vae decodes {}",
+                decoder_spec.in_channels
             )));
         }
         Ok(Pipeline {
             unet,
             unet_spec,
-            text_encoder,
-            text,
+            conditioner,
             decoder,
             decoder_spec,
             encoder,
-            tokenizer,
             scheduler_config,
             latents,
         })
+    }
+
+    /// For a class-conditioned pipeline, its class count (also its null label); `None` for a
+    /// text-conditioned one.
+    pub fn classes(&self) -> Option<u32> {
+        match &self.conditioner {
+            Conditioner::Class { classes, .. } => Some(*classes),
+            Conditioner::Text { .. } => None,
+        }
+    }
+
+    /// The class a request of a class-conditioned pipeline asks for: its one `conditioning`
+    /// value, or the label its `prompt` names (`id2label`), not both.
+    pub fn class_of(&self, prompt: &str, conditioning: &[f32]) -> u_sdk::Result<u32> {
+        let Conditioner::Class { classes, names } = &self.conditioner else {
+            return Err(invalid(
+                "this pipeline is conditioned on text, not classes".into(),
+            ));
+        };
+        match (prompt.trim(), conditioning) {
+            ("", [label]) if label.fract() == 0.0 && (0.0..*classes as f32).contains(label) => {
+                Ok(*label as u32)
+            }
+            ("", []) => Err(invalid(format!(
+                "a class-conditioned pipeline needs a class: one conditioning value in \
+                 0..{classes}, or a prompt naming a label"
+            ))),
+            ("", other) => Err(invalid(format!(
+                "the conditioning is one class label in 0..{classes}; given {other:?}"
+            ))),
+            (name, []) => names
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, label)| *label)
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "no class is named {name:?} (`id2label` names {} labels)",
+                        names.len()
+                    ))
+                }),
+            (_, _) => Err(invalid(
+                "give a class either as the conditioning or as the prompt, not both".into(),
+            )),
+        }
     }
 
     /// The scheduler's configuration (`scheduler_config.json`).
@@ -232,15 +381,30 @@ impl Pipeline {
         self.latents
     }
 
+    /// The text encoder, its spec and tokenizer, or why the pipeline has none.
+    fn text(&self) -> u_sdk::Result<(&ModelBox, TextSpec, &TokenizerBox)> {
+        match &self.conditioner {
+            Conditioner::Text {
+                encoder,
+                spec,
+                tokenizer,
+            } => Ok((encoder, *spec, tokenizer)),
+            Conditioner::Class { .. } => Err(UError::unsupported(
+                "runner-image: this pipeline is conditioned on class labels; it has no text \
+                 encoder or tokenizer",
+            )),
+        }
+    }
+
     /// The token ids of `prompt` as the pipeline feeds them to the text encoder: with its
     /// special tokens, cut to the encoder's positions (keeping the end token), padded to them.
     pub fn tokens(&self, prompt: &str) -> u_sdk::Result<Vec<u32>> {
-        let mut ids = self
-            .tokenizer
+        let (_, text, tokenizer) = self.text()?;
+        let mut ids = tokenizer
             .encode(prompt.into(), true, false)
             .into_result()?
             .into_vec();
-        let n = self.text.positions;
+        let n = text.positions;
         let last = *ids
             .last()
             .ok_or_else(|| invalid("the tokenizer gave no ids".into()))?;
@@ -248,57 +412,58 @@ impl Pipeline {
             ids.truncate(n - 1);
             ids.push(last);
         }
-        ids.resize(n, self.text.pad.unwrap_or(last));
+        ids.resize(n, text.pad.unwrap_or(last));
         Ok(ids)
     }
 
     /// The text encoder's final rows for `prompt`: `[positions, width]`.
     pub fn encode_prompt(&self, prompt: &str) -> u_sdk::Result<Vec<f32>> {
+        let (encoder, text, _) = self.text()?;
         let ids = self.tokens(prompt)?;
         let input = [Segment::Tokens(RSlice::from_slice(&ids))];
         let output = Output::Hidden {
-            layer: self.text.layers,
+            layer: text.layers,
             rows: Rows::All,
         };
         let chunk = SeqChunk::tokens(0, &input, output);
-        forward(
-            &self.text_encoder,
-            &[chunk],
-            self.text.positions * self.text.width,
-        )
+        forward(encoder, &[chunk], text.positions * text.width)
     }
 
     /// The guided prediction at timestep `t` for `latents` (`[channels, h, w]`, scaled for the
-    /// step): the unet on the prompt's rows `cond` and, when guided, on `uncond` in the same
-    /// pass (uncond first, as diffusers batches them), `uncond + g · (cond − uncond)`. The two
-    /// contexts go under the sequence ids `contexts` (prompt, negative prompt), where the unet
-    /// keeps their cross-attention keys and values for the next step.
+    /// step): the denoiser on condition `cond` and, when guided, on `uncond` in the same pass
+    /// (uncond first, as diffusers' text pipelines batch them), `uncond + g · (cond − uncond)`.
+    /// Text contexts go under the sequence ids `contexts` (prompt, negative prompt), where the
+    /// UNet keeps their cross-attention keys and values for the next step. A learned variance
+    /// (DiT's second half of the channels) is dropped, as `DiTPipeline` drops it.
     pub fn denoise(
         &self,
         latents: &[f32],
         size: (u32, u32),
         t: f32,
-        (cond, uncond): (&[f32], Option<&[f32]>),
+        (cond, uncond): (&Condition, Option<&Condition>),
         guidance: f32,
         contexts: [SeqId; 2],
     ) -> u_sdk::Result<Vec<f32>> {
         let c = self.channels();
         let input = [Segment::Planes(planes(latents, c, size))];
-        let timestep = [t];
         let n = latents.len();
+        let written = n / c as usize * self.unet_spec.out_channels as usize;
+        let values = conditioning(t, cond);
         match uncond {
-            None => forward(
-                &self.unet,
-                &[denoiser_chunk(&input, &timestep, (contexts[0], cond))],
-                n,
-            ),
+            None => {
+                let chunk = denoiser_chunk(&input, &values, (contexts[0], cond));
+                let mut out = forward(&self.unet, &[chunk], written)?;
+                out.truncate(n);
+                Ok(out)
+            }
             Some(uncond) => {
+                let null = conditioning(t, uncond);
                 let pair = [
-                    denoiser_chunk(&input, &timestep, (contexts[1], uncond)),
-                    denoiser_chunk(&input, &timestep, (contexts[0], cond)),
+                    denoiser_chunk(&input, &null, (contexts[1], uncond)),
+                    denoiser_chunk(&input, &values, (contexts[0], cond)),
                 ];
-                let both = forward(&self.unet, &pair, 2 * n)?;
-                let (u, p) = both.split_at(n);
+                let both = forward(&self.unet, &pair, 2 * written)?;
+                let (u, p) = (&both[..n], &both[written..written + n]);
                 Ok(u.iter()
                     .zip(p)
                     .map(|(u, p)| u + guidance * (p - u))

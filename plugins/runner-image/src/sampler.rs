@@ -1,8 +1,10 @@
 //! One image request from start to finish, as diffusers' `StableDiffusionPipeline` (text to
-//! image) and `StableDiffusionImg2ImgPipeline` (image to image) run it:
+//! image), `StableDiffusionImg2ImgPipeline` (image to image) and `DiTPipeline` (a class) run
+//! it:
 //!
 //! ```text
 //! cond = text_encoder(prompt);  uncond = text_encoder(negative)       # when guided (g > 1)
+//!   (a class-conditioned pipeline: cond = the class label, uncond = the null label)
 //! z = noise · init_noise_sigma            | z = add_noise(vae.encode(image) · scale, noise, t₀)
 //! for each step k:  ε = unet(scale_input(z), t_k, [uncond, cond]) guided;  z = step(ε, k, z)
 //! image = vae.decode(z / scale)
@@ -15,7 +17,7 @@
 use crate::{
     cache::{Caches, Progress, TrajectoryKey},
     picture,
-    pipeline::Pipeline,
+    pipeline::{Condition, Pipeline},
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -178,12 +180,6 @@ pub fn generate(
             "{steps} steps: a request runs 1 to {MAX_STEPS}"
         )));
     }
-    if !request.conditioning.is_empty() {
-        return Err(invalid(format!(
-            "{} conditioning values given to a text-conditioned pipeline: it reads its prompt",
-            request.conditioning.len()
-        )));
-    }
     let guidance = request.guidance_scale;
     if !guidance.is_finite() {
         return Err(invalid(format!("guidance scale {guidance}")));
@@ -201,10 +197,32 @@ pub fn generate(
     let scheduler = u_diffusion::from_config(pipeline.scheduler_config(), steps as usize, None)
         .map_err(scheduler_error)?;
     let timesteps = scheduler.timesteps().to_vec();
-    let cond = prompt_rows(pipeline, caches, &request.prompt)?;
-    let uncond = match guidance > 1.0 {
-        true => Some(prompt_rows(pipeline, caches, &request.negative_prompt)?),
-        false => None,
+    let guided = guidance > 1.0;
+    let (cond, uncond) = match pipeline.classes() {
+        None if !request.conditioning.is_empty() => {
+            return Err(invalid(format!(
+                "{} conditioning values given to a text-conditioned pipeline: it reads its \
+                 prompt",
+                request.conditioning.len()
+            )));
+        }
+        None => {
+            let rows = |prompt| prompt_rows(pipeline, caches, prompt).map(Condition::Rows);
+            let uncond = match guided {
+                true => Some(rows(&request.negative_prompt)?),
+                false => None,
+            };
+            (rows(&request.prompt)?, uncond)
+        }
+        Some(_) if !request.negative_prompt.is_empty() || !request.handoff_prompt.is_empty() => {
+            return Err(invalid(
+                "a class-conditioned pipeline takes no negative prompt or handoff prompt".into(),
+            ));
+        }
+        Some(null) => (
+            Condition::Class(pipeline.class_of(&request.prompt, &request.conditioning)?),
+            guided.then_some(Condition::Class(null)),
+        ),
     };
     let noise = Draws::new(request.seed, given);
 
@@ -249,6 +267,7 @@ pub fn generate(
     let key = TrajectoryKey {
         prompt: request.prompt.to_string(),
         negative: request.negative_prompt.to_string(),
+        conditioning: request.conditioning.iter().map(|v| v.to_bits()).collect(),
         seed: request.seed,
         size: latent,
         steps,
@@ -307,14 +326,8 @@ pub fn generate(
         scheduler
             .scale_model_input(&mut x, k)
             .map_err(scheduler_error)?;
-        let prediction = pipeline.denoise(
-            &x,
-            latent,
-            t,
-            (&cond, uncond.as_deref().map(Vec::as_slice)),
-            guidance,
-            contexts,
-        )?;
+        let prediction =
+            pipeline.denoise(&x, latent, t, (&cond, uncond.as_ref()), guidance, contexts)?;
         let fresh = match scheduler.needs_noise(k) {
             true => Some(noise.draw(k as u64 + 1, len)?),
             false => None,

@@ -66,12 +66,14 @@ pub struct RunnerContext {
 #[repr(C)]
 #[derive(StableAbi)]
 pub struct PipelineParts {
-    /// Built components by their `model_index.json` names: `text_encoder`, `vae` (the
-    /// autoencoder's decoder) and, where an architecture builds it, `vae.encoder`.
+    /// Built components by their `model_index.json` names: `vae` (the autoencoder's
+    /// decoder), `text_encoder` where the pipeline has one (a class-conditioned DiT has none)
+    /// and, where an architecture builds it, `vae.encoder`.
     pub components: RVec<PipelineComponent>,
-    /// The configuration files of its parts as text, by component name: `scheduler` (its
-    /// `scheduler_config.json`), and the `config.json` of `unet`, `text_encoder` and `vae`
-    /// (the autoencoder's `scaling_factor` is the pipeline's to apply).
+    /// The configuration files of its parts as text, by component name: `model_index` (the
+    /// folder's `model_index.json`), `scheduler` (its `scheduler_config.json`), and the
+    /// `config.json` of the denoiser (`unet` or `transformer`), `vae` and `text_encoder` where
+    /// present (the autoencoder's `scaling_factor` is the pipeline's to apply).
     pub configs: RVec<PipelineConfig>,
 }
 
