@@ -2,7 +2,9 @@
 //! Diffusion folder of `tests/fixtures/diffusion_tiny/sd/` (diffusers' layout, made by
 //! `gen_diffusion_tiny.py`): loader-safetensors opens each component, arch-diffusion and
 //! arch-clip build them, runner-image runs the pipeline. The class-conditioned DiT folder
-//! beside it (`dit_pipeline/`) draws the class asked for, by label or by name.
+//! beside it (`dit_pipeline/`) draws the class asked for, by label or by name; the image
+//! variations folder (`sd_variations/`, a CLIP image encoder built by arch-vit) varies the
+//! image given.
 //! - `u-runner image` writes a PNG of the pipeline's size; the same seed gives the same bytes,
 //!   another seed another image; an initial image (`--init-image`) is refined; a folder without
 //!   its `vae/` and `--steps 0` are clear errors.
@@ -115,11 +117,12 @@ fn the_command_line_writes_a_seeded_png() {
     assert!(text(&missing).contains("vae"), "{}", text(&missing));
 }
 
-/// `u-runner image` on the class-conditioned DiT pipeline of
-/// `tests/fixtures/diffusion_tiny/dit_pipeline` (no text encoder, no tokenizer).
-fn dit_image(model: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+/// `u-runner image` without a prompt, 4 steps at guidance 4, on a pipeline without a text
+/// encoder (the class-conditioned DiT, the image variations); on one thread, as the test
+/// deployments serve (the last bits follow the thread count).
+fn promptless_image(model: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
     let mut cmd = Command::new(bin("u-runner"));
-    cmd.args(["image", "--threads", "2", "--steps", "4", "--guidance", "4"])
+    cmd.args(["image", "--threads", "1", "--steps", "4", "--guidance", "4"])
         .arg("--model")
         .arg(model)
         .arg("--out")
@@ -135,19 +138,19 @@ fn a_dit_pipeline_draws_the_class_asked_for() {
     let dit = root().join("tests/fixtures/diffusion_tiny/dit_pipeline");
     let dir = tempfile::tempdir().unwrap();
     let out = |name: &str| dir.path().join(name);
-    let first = dit_image(&dit, &out("a.png"), &["--conditioning", "3", "--seed", "5"]);
+    let first = promptless_image(&dit, &out("a.png"), &["--conditioning", "3", "--seed", "5"]);
     assert!(first.status.success(), "{}", text(&first));
     let a = std::fs::read(out("a.png")).unwrap();
     assert_eq!(png_size(&a), (16, 16), "the transformer's own size");
     // The label's name in `id2label` is the same class.
-    let named = dit_image(
+    let named = promptless_image(
         &dit,
         &out("b.png"),
         &["--prompt", "tiger shark", "--seed", "5"],
     );
     assert!(named.status.success(), "{}", text(&named));
     assert_eq!(a, std::fs::read(out("b.png")).unwrap(), "class 3 by name");
-    let other = dit_image(&dit, &out("c.png"), &["--conditioning", "7", "--seed", "5"]);
+    let other = promptless_image(&dit, &out("c.png"), &["--conditioning", "7", "--seed", "5"]);
     assert!(other.status.success(), "{}", text(&other));
     assert_ne!(a, std::fs::read(out("c.png")).unwrap(), "another class");
 
@@ -162,7 +165,7 @@ fn a_dit_pipeline_draws_the_class_asked_for() {
             "no class is named",
         ),
     ] {
-        let failed = dit_image(&dit, &out("d.png"), args);
+        let failed = promptless_image(&dit, &out("d.png"), args);
         assert!(!failed.status.success(), "{args:?}");
         assert!(text(&failed).contains(says), "{args:?}: {}", text(&failed));
         assert!(
@@ -179,12 +182,101 @@ fn a_dit_pipeline_draws_the_class_asked_for() {
         r#"{"_class_name": "DiTPipeline", "vae": ["diffusers", "AutoencoderKL"]}"#,
     )
     .unwrap();
-    let missing = dit_image(&broken, &out("e.png"), &["--conditioning", "3"]);
+    let missing = promptless_image(&broken, &out("e.png"), &["--conditioning", "3"]);
     assert!(!missing.status.success());
     assert!(
         text(&missing).contains("lists no denoiser"),
         "{}",
         text(&missing)
+    );
+}
+
+#[test]
+fn an_image_variation_pipeline_varies_the_image_given() {
+    let folder = root().join("tests/fixtures/diffusion_tiny/sd_variations");
+    let source = root().join("tests/fixtures/diffusion_tiny/init.png");
+    let dir = tempfile::tempdir().unwrap();
+    let out = |name: &str| dir.path().join(name);
+    let vary = |name: &str, extra: &[&str]| {
+        let mut args = vec!["--init-image", source.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        if !extra.contains(&"--seed") {
+            args.extend(["--seed", "5"]);
+        }
+        promptless_image(&folder, &out(name), &args)
+    };
+    let first = vary("a.png", &[]);
+    assert!(first.status.success(), "{}", text(&first));
+    let a = std::fs::read(out("a.png")).unwrap();
+    assert_eq!(png_size(&a), (32, 32), "the pipeline's own size");
+    let again = vary("b.png", &[]);
+    assert!(again.status.success(), "{}", text(&again));
+    assert_eq!(
+        a,
+        std::fs::read(out("b.png")).unwrap(),
+        "same seed, same bytes"
+    );
+    let other = vary("c.png", &["--seed", "6"]);
+    assert!(other.status.success(), "{}", text(&other));
+    assert_ne!(a, std::fs::read(out("c.png")).unwrap(), "another seed");
+
+    let prompted = vary("d.png", &["--prompt", "a cat"]);
+    assert!(!prompted.status.success());
+    assert!(
+        text(&prompted).contains("reads only the image"),
+        "{}",
+        text(&prompted)
+    );
+    let imageless = promptless_image(&folder, &out("e.png"), &[]);
+    assert!(!imageless.status.success());
+    assert!(
+        text(&imageless).contains("needs the image to vary"),
+        "{}",
+        text(&imageless)
+    );
+    assert!(!out("d.png").exists() && !out("e.png").exists());
+
+    // Served: the openai client's `images.create_variation` uploads the image (multipart) and
+    // gets the command line's PNG for the same seed.
+    let extra: String = ["arch-vit", "arch-diffusion", "runner-image"]
+        .iter()
+        .map(|p| format!("[[plugins]]\npath = \"{}\"\n\n", plugin(p).display()))
+        .collect();
+    let options = Options {
+        plugins: extra,
+        ..Options::default()
+    };
+    let server = start_with(
+        tempfile::tempdir().unwrap(),
+        &folder,
+        "loader-safetensors",
+        &options,
+    );
+    let script = r#"
+import json, os
+c = openai_client()
+with open(os.environ["U_IMAGE"], "rb") as f:
+    r = c.images.create_variation(image=f, model="sd_variations", response_format="b64_json",
+                                  extra_body={"steps": 4, "seed": 5, "guidance_scale": 4})
+print(json.dumps({"png": r.data[0].b64_json, "seed": r.data[0].model_extra["seed"]}))
+"#;
+    let image = source.display().to_string();
+    for answer in python_client_both(script, &[("U_IMAGE", image.as_str())], &server) {
+        let served = base64::engine::general_purpose::STANDARD
+            .decode(answer["png"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(answer["seed"], 5);
+        assert_eq!(served, a, "served = command line for the same seed");
+    }
+    // A JSON body is a 400 saying the form is multipart.
+    let (status, reply) = post(server.port, "/v1/images/variations", b"{}");
+    assert_eq!(status, 400, "{reply}");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("multipart"),
+        "{reply}"
     );
 }
 

@@ -297,10 +297,11 @@ fn pipeline_components(dir: &Path) -> Result<(String, Vec<String>)> {
 
 /// Builds a diffusers pipeline folder (`model_index.json`): its denoiser (`unet/` or
 /// `transformer/`) is the model, `vae/` (the decoder, and the encoder where an architecture
-/// declares `<family>.encoder`) and `text_encoder/` where listed (a class-conditioned DiT has
-/// none) its components, each built by the architecture declaring its family; the tokenizer
-/// comes from `tokenizer/` where listed; `model_index.json` and the scheduler's and the
-/// components' configuration files go to the runner as text.
+/// declares `<family>.encoder`) and `text_encoder/` or `image_encoder/` where listed (a
+/// class-conditioned DiT has neither) its components, each built by the architecture declaring
+/// its family; the tokenizer comes from `tokenizer/` where listed; `model_index.json`, the
+/// `feature_extractor`'s `preprocessor_config.json` and the scheduler's and the components'
+/// configuration files go to the runner as text.
 fn build_pipeline(
     report: &LoadReport,
     dir: &Path,
@@ -368,16 +369,23 @@ fn build_pipeline(
     } else {
         let mut components = Vec::new();
         let mut configs = Vec::new();
-        let text_encoder = ["text_encoder"].into_iter().filter(|c| lists(c));
+        let encoders = ["text_encoder", "image_encoder"]
+            .into_iter()
+            .filter(|c| lists(c));
+        let processor = ["feature_extractor"]
+            .into_iter()
+            .filter(|c| lists(c))
+            .map(|c| (c, dir.join(c).join("preprocessor_config.json")));
         let files = [
             ("model_index", dir.join(MODEL_INDEX)),
             ("scheduler", dir.join("scheduler/scheduler_config.json")),
         ]
         .into_iter()
+        .chain(processor)
         .chain(
             [denoiser.as_str(), "vae"]
                 .into_iter()
-                .chain(text_encoder.clone())
+                .chain(encoders.clone())
                 .map(|c| (c, dir.join(c).join("config.json"))),
         );
         for (component, path) in files {
@@ -388,7 +396,7 @@ fn build_pipeline(
                     .into(),
             });
         }
-        for component in text_encoder.chain(["vae"]) {
+        for component in encoders.chain(["vae"]) {
             let (_, weights) = open_weights(&dir.join(component), &loaders)?;
             let (_, model, built) = part(component, &weights, "")?;
             components.push(u_sdk::PipelineComponent {

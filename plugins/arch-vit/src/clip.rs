@@ -1,8 +1,11 @@
 //! CLIP's image embedding (Radford et al. 2021, *Learning Transferable Visual Models From
 //! Natural Language Supervision*, arXiv:2103.00020): the vision tower of a full CLIP checkpoint
 //! (`config.json`'s `model_type` `clip`, transformers' `CLIPModel`) and its `visual_projection`
-//! into the space the text side (family `clip`, another plugin's business) embeds texts in.
-//! As transformers' `CLIPModel.get_image_features`:
+//! into the space the text side (family `clip`, another plugin's business) embeds texts in; or
+//! the same from a tower saved alone with its projection (`clip_vision_model` with a
+//! `visual_projection`, transformers' `CLIPVisionModelWithProjection`, the image encoder of
+//! Stable Diffusion's image variations). As transformers' `CLIPModel.get_image_features`
+//! (`CLIPVisionModelWithProjection`'s `image_embeds`):
 //!
 //! ```text
 //! h = tower(pixels).last_hidden_state
@@ -46,6 +49,17 @@ pub fn is_clip(w: &WeightSetBox) -> bool {
     meta(w, "config.model_type").is_some_and(|v| v.as_str() == Some(CHECKPOINT))
 }
 
+/// Whether `w` is a CLIP vision tower saved with its projection
+/// (`CLIPVisionModelWithProjection`: `model_type` `clip_vision_model` and a
+/// `visual_projection`).
+pub fn is_projected_tower(w: &WeightSetBox) -> bool {
+    let weight = format!("{PROJECTION}.weight");
+    meta(w, "config.model_type").is_some_and(|v| v.as_str() == Some(Family::Clip.name()))
+        && w.tensors()
+            .into_result()
+            .is_ok_and(|ts| ts.iter().any(|t| t.name.as_str() == weight))
+}
+
 /// CLIP's image encoder: the vision tower's pooled vector, projected into the joint space.
 pub struct ClipVision {
     /// What an image must be.
@@ -59,9 +73,13 @@ pub struct ClipVision {
 }
 
 impl ClipVision {
-    /// Builds the image side of the CLIP checkpoint `w` on `device`.
+    /// Builds the image side of the CLIP checkpoint `w` (a full CLIP, or a projected tower)
+    /// on `device`.
     pub fn load(w: &WeightSetBox, device: Device) -> Result<ClipVision> {
-        let cfg = Config::from_vision_config(w, "clip config.json")?;
+        let cfg = match is_clip(w) {
+            true => Config::from_vision_config(w, "clip config.json")?,
+            false => Config::from_weights(w)?,
+        };
         if cfg.family != Family::Clip {
             return Err(UError::invalid(format!(
                 "arch-vit: a CLIP checkpoint's vision tower of type `{}` (expected \

@@ -21,7 +21,9 @@
 //! And CLIP's image embedding ([`clip`], family `clip.vision`): from a full CLIP checkpoint
 //! (`model_type` `clip`), the tower of its `vision_config` and `visual_projection`, giving each
 //! image's vector in the joint image-text space whose text side (family `clip`) another plugin
-//! builds from the same weights.
+//! builds from the same weights. A CLIP tower saved alone with its projection
+//! (`CLIPVisionModelWithProjection`, family `clip_vision_model` with a `visual_projection`)
+//! gives the same projected vector.
 //!
 //! And IDEFICS's image encoder ([`idefics`], family `idefics.vision`): from a checkpoint whose
 //! `model_type` is `idefics` (Flamingo's open reproduction), the CLIP tower of its
@@ -95,7 +97,7 @@ impl VitArchitecture {
     /// Builds the tower in `weights` on `backend` (what [`Architecture::build`] does, for Rust
     /// callers such as tests).
     pub fn load(&self, weights: WeightSetBox, backend: BackendBox) -> u_sdk::Result<ModelBox> {
-        if clip::is_clip(&weights) {
+        if clip::is_clip(&weights) || clip::is_projected_tower(&weights) {
             return Ok(EncoderModel::boxed(ClipVision::load(
                 &weights,
                 Device::new(backend)?,

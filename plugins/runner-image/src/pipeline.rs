@@ -1,6 +1,8 @@
 //! The models of a latent diffusion pipeline and the three things the sampling loop asks of
-//! them, as diffusers' `StableDiffusionPipeline` and `DiTPipeline` do them: what conditions
-//! the denoiser (a prompt's text-encoder rows, `encode_prompt`; or a class label, `class_of`),
+//! them, as diffusers' `StableDiffusionPipeline`, `StableDiffusionImageVariationPipeline` and
+//! `DiTPipeline` do them: what conditions the denoiser (a prompt's text-encoder rows,
+//! `encode_prompt`; an image's CLIP embedding, `encode_condition_image`; or a class label,
+//! `class_of`),
 //! one guided denoising prediction (`denoise`), and the decoding of the final latents into
 //! pixels (`decode`); plus the encoding of an initial image (img2img).
 
@@ -8,8 +10,8 @@ use abi_stable::std_types::{ROption, RSlice, RSliceMut};
 use serde_json::Value;
 use std::sync::Arc;
 use u_sdk::{
-    CrossContext, ModelBox, ModelKind, Output, PipelineParts, PlaneSpec, Planes, Rows, Segment,
-    SeqChunk, SeqExtras, SeqId, TokenizerBox, UError,
+    CrossContext, ImageInput, ImageSpec, ModelBox, ModelKind, Output, PipelineParts, PlaneSpec,
+    Planes, Pooling, Rows, Segment, SeqChunk, SeqExtras, SeqId, TokenizerBox, UError,
 };
 
 /// A pipeline's models, checked to fit together.
@@ -31,6 +33,15 @@ enum Conditioner {
         encoder: ModelBox,
         spec: TextSpec,
         tokenizer: TokenizerBox,
+    },
+    /// An image's embedding (CLIP's, projected), the one row the denoiser cross-attends to
+    /// (Stable Diffusion's image variations); the unguided pass attends to zeros.
+    Image {
+        encoder: ModelBox,
+        /// What the encoder takes, with the pipeline's `feature_extractor` resizing.
+        spec: ImageSpec,
+        /// Width of the embedding (the denoiser's context width).
+        width: usize,
     },
     /// A class label the denoiser embeds itself (DiT).
     Class {
@@ -141,6 +152,37 @@ fn conditioning(t: f32, condition: &Condition) -> Vec<f32> {
     }
 }
 
+/// `spec` with the resizing of the pipeline's `feature_extractor` (`preprocessor_config.json`:
+/// its `size.shortest_edge`), whose crop must be the encoder's input.
+fn resized_as(spec: ImageSpec, processor: Option<&Value>) -> u_sdk::Result<ImageSpec> {
+    let Some(p) = processor else {
+        return Ok(spec);
+    };
+    let side = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok());
+    let crop = &p["crop_size"];
+    let crop = [&crop["height"], &crop["width"]].map(side);
+    if crop.iter().any(|c| c.is_some_and(|c| c != spec.height)) {
+        return Err(invalid(format!(
+            "the feature extractor crops to {crop:?}; the image encoder takes {}×{}",
+            spec.height, spec.width
+        )));
+    }
+    Ok(match side(&p["size"]["shortest_edge"]) {
+        Some(edge) if edge >= spec.height => ImageSpec {
+            shortest_edge: edge,
+            ..spec
+        },
+        Some(edge) => {
+            return Err(invalid(format!(
+                "the feature extractor resizes to a {edge}-pixel shortest edge, below its {}-pixel \
+                 crop",
+                spec.height
+            )));
+        }
+        None => spec,
+    })
+}
+
 /// The labels `id2label` names (`{"3": "tiger shark, Galeocerdo cuvieri"}`), each name of a
 /// comma-separated list trimmed, as diffusers' `DiTPipeline` reads them; none without it.
 fn label_names(index: Option<&Value>, classes: u32) -> u_sdk::Result<Vec<(String, u32)>> {
@@ -168,8 +210,9 @@ fn label_names(index: Option<&Value>, classes: u32) -> u_sdk::Result<Vec<(String
 
 impl Pipeline {
     /// The pipeline of denoiser `unet` (a UNet or a transformer), the other `parts` the host
-    /// built and `tokenizer`: conditioned on text when it has a `text_encoder`, else on a
-    /// class label when the denoiser's configuration states classes (`num_embeds_ada_norm`).
+    /// built and `tokenizer`: conditioned on text when it has a `text_encoder`, on an image
+    /// when it has an `image_encoder`, else on a class label when the denoiser's configuration
+    /// states classes (`num_embeds_ada_norm`).
     pub fn new(
         unet: ModelBox,
         parts: PipelineParts,
@@ -183,6 +226,7 @@ impl Pipeline {
                 .map(|i| components.swap_remove(i).model)
         };
         let text_encoder = take("text_encoder");
+        let image_encoder = take("image_encoder");
         let decoder = take("vae").ok_or_else(|| invalid("the pipeline has no `vae`".into()))?;
         let encoder = take("vae.encoder");
         let given = |component: &str| -> u_sdk::Result<Option<Value>> {
@@ -228,8 +272,40 @@ impl Pipeline {
             None => None,
         };
         let unet_config = unet.config().into_result()?;
-        let conditioner = match text_encoder {
-            Some(encoder) => {
+        let conditioner = match (text_encoder, image_encoder) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "the pipeline has both a text and an image encoder; one conditions it".into(),
+                ));
+            }
+            (None, Some(encoder)) => {
+                let config = encoder.config().into_result()?;
+                let width = config.hidden as usize;
+                let spec = match (config.kind, config.image.into_option()) {
+                    (ModelKind::Encoder, Some(spec)) => spec,
+                    _ => {
+                        return Err(invalid(format!(
+                            "the pipeline's image_encoder is a {:?} model (`{}`), not an image \
+                             encoder",
+                            config.kind, config.family
+                        )));
+                    }
+                };
+                if width != unet_config.context_shape[1] as usize {
+                    return Err(invalid(format!(
+                        "the image encoder embeds into {width} values; the denoiser \
+                         cross-attends to rows of {}",
+                        unet_config.context_shape[1]
+                    )));
+                }
+                let spec = resized_as(spec, given("feature_extractor")?.as_ref())?;
+                Conditioner::Image {
+                    encoder,
+                    spec,
+                    width,
+                }
+            }
+            (Some(encoder), None) => {
                 let tokenizer = tokenizer.ok_or_else(|| {
                     invalid(
                         "the pipeline has a text encoder but no tokenizer (`tokenizer/`)".into(),
@@ -255,7 +331,7 @@ impl Pipeline {
                     tokenizer,
                 }
             }
-            None => {
+            (None, None) => {
                 let denoiser = match given("unet")? {
                     Some(c) => c,
                     None => config("transformer")?,
@@ -302,12 +378,47 @@ impl Pipeline {
         })
     }
 
+    /// Whether requests condition it on an image (an image-variation pipeline).
+    pub fn varies_images(&self) -> bool {
+        matches!(self.conditioner, Conditioner::Image { .. })
+    }
+
+    /// An image-variation pipeline's conditions for the image `bytes`: its embedding (one
+    /// context row), and zeros for the unguided pass, as diffusers' pipeline makes them.
+    pub fn encode_condition_image(
+        &self,
+        bytes: &[u8],
+        max_pixels: u64,
+    ) -> u_sdk::Result<(Condition, Condition)> {
+        let Conditioner::Image {
+            encoder,
+            spec,
+            width,
+        } = &self.conditioner
+        else {
+            return Err(invalid("this pipeline is not conditioned on images".into()));
+        };
+        let image = crate::picture::decode(bytes, max_pixels)?;
+        let pixels = u_image::preprocess(&image, spec)
+            .map_err(|e| invalid(format!("the image to vary: {e}")))?;
+        let input = [Segment::Image(ImageInput {
+            pixels: RSlice::from_slice(&pixels),
+            rows: spec.rows,
+        })];
+        let chunk = SeqChunk::tokens(0, &input, Output::Pooled(Pooling::Head));
+        let embedding = forward(encoder, &[chunk], *width)?;
+        Ok((
+            Condition::Rows(Arc::new(embedding)),
+            Condition::Rows(Arc::new(vec![0.0; *width])),
+        ))
+    }
+
     /// For a class-conditioned pipeline, its class count (also its null label); `None` for a
     /// text-conditioned one.
     pub fn classes(&self) -> Option<u32> {
         match &self.conditioner {
             Conditioner::Class { classes, .. } => Some(*classes),
-            Conditioner::Text { .. } => None,
+            Conditioner::Text { .. } | Conditioner::Image { .. } => None,
         }
     }
 
@@ -316,7 +427,7 @@ impl Pipeline {
     pub fn class_of(&self, prompt: &str, conditioning: &[f32]) -> u_sdk::Result<u32> {
         let Conditioner::Class { classes, names } = &self.conditioner else {
             return Err(invalid(
-                "this pipeline is conditioned on text, not classes".into(),
+                "this pipeline is not conditioned on classes".into(),
             ));
         };
         match (prompt.trim(), conditioning) {
@@ -389,9 +500,9 @@ impl Pipeline {
                 spec,
                 tokenizer,
             } => Ok((encoder, *spec, tokenizer)),
-            Conditioner::Class { .. } => Err(UError::unsupported(
-                "runner-image: this pipeline is conditioned on class labels; it has no text \
-                 encoder or tokenizer",
+            Conditioner::Class { .. } | Conditioner::Image { .. } => Err(UError::unsupported(
+                "runner-image: this pipeline is conditioned on class labels or images; it has no \
+                 text encoder or tokenizer",
             )),
         }
     }

@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! cond = text_encoder(prompt);  uncond = text_encoder(negative)       # when guided (g > 1)
-//!   (a class-conditioned pipeline: cond = the class label, uncond = the null label)
+//!   (a class-conditioned pipeline: cond = the class label, uncond = the null label;
+//!    an image-variation pipeline: cond = image_encoder(image), uncond = zeros)
 //! z = noise · init_noise_sigma            | z = add_noise(vae.encode(image) · scale, noise, t₀)
 //! for each step k:  ε = unet(scale_input(z), t_k, [uncond, cond]) guided;  z = step(ε, k, z)
 //! image = vae.decode(z / scale)
@@ -164,6 +165,60 @@ fn prompt_rows(
     Ok(rows)
 }
 
+/// What `request` conditions `pipeline`'s denoiser on, and what the unguided pass of a guided
+/// request (guidance above 1) is conditioned on: a prompt's and the negative prompt's rows, an
+/// image's embedding and zeros, or a class and the null class.
+fn conditions(
+    pipeline: &Pipeline,
+    caches: &Mutex<Caches>,
+    request: &ImageRequest,
+    max_pixels: u64,
+) -> u_sdk::Result<(Condition, Option<Condition>)> {
+    let guided = request.guidance_scale > 1.0;
+    let texts = [
+        &request.prompt,
+        &request.negative_prompt,
+        &request.handoff_prompt,
+    ];
+    if pipeline.varies_images() {
+        if texts.iter().any(|t| !t.is_empty()) || !request.conditioning.is_empty() {
+            return Err(invalid(
+                "an image-variation pipeline reads only the image it varies: no prompt, \
+                 negative prompt, handoff or conditioning values"
+                    .into(),
+            ));
+        }
+        if request.init_image.is_empty() {
+            return Err(invalid(
+                "an image-variation pipeline needs the image to vary (the initial image)".into(),
+            ));
+        }
+        let (cond, uncond) = pipeline.encode_condition_image(&request.init_image, max_pixels)?;
+        return Ok((cond, guided.then_some(uncond)));
+    }
+    match pipeline.classes() {
+        None if !request.conditioning.is_empty() => Err(invalid(format!(
+            "{} conditioning values given to a text-conditioned pipeline: it reads its prompt",
+            request.conditioning.len()
+        ))),
+        None => {
+            let rows = |prompt| prompt_rows(pipeline, caches, prompt).map(Condition::Rows);
+            let uncond = match guided {
+                true => Some(rows(&request.negative_prompt)?),
+                false => None,
+            };
+            Ok((rows(&request.prompt)?, uncond))
+        }
+        Some(_) if texts[1..].iter().any(|t| !t.is_empty()) => Err(invalid(
+            "a class-conditioned pipeline takes no negative prompt or handoff prompt".into(),
+        )),
+        Some(null) => Ok((
+            Condition::Class(pipeline.class_of(&request.prompt, &request.conditioning)?),
+            guided.then_some(Condition::Class(null)),
+        )),
+    }
+}
+
 /// Runs `request` on `pipeline`, reporting each step to `progress` (which returns `false` to
 /// cancel), with the draws of `given` in place of the seed's.
 pub fn generate(
@@ -184,7 +239,11 @@ pub fn generate(
     if !guidance.is_finite() {
         return Err(invalid(format!("guidance scale {guidance}")));
     }
-    let init = initial_image(request, max_pixels)?;
+    // An image-variation pipeline reads its image as the condition and starts from noise.
+    let init = match pipeline.varies_images() {
+        true => None,
+        false => initial_image(request, max_pixels)?,
+    };
     let (width, height) = size_of(
         pipeline,
         request,
@@ -197,33 +256,7 @@ pub fn generate(
     let scheduler = u_diffusion::from_config(pipeline.scheduler_config(), steps as usize, None)
         .map_err(scheduler_error)?;
     let timesteps = scheduler.timesteps().to_vec();
-    let guided = guidance > 1.0;
-    let (cond, uncond) = match pipeline.classes() {
-        None if !request.conditioning.is_empty() => {
-            return Err(invalid(format!(
-                "{} conditioning values given to a text-conditioned pipeline: it reads its \
-                 prompt",
-                request.conditioning.len()
-            )));
-        }
-        None => {
-            let rows = |prompt| prompt_rows(pipeline, caches, prompt).map(Condition::Rows);
-            let uncond = match guided {
-                true => Some(rows(&request.negative_prompt)?),
-                false => None,
-            };
-            (rows(&request.prompt)?, uncond)
-        }
-        Some(_) if !request.negative_prompt.is_empty() || !request.handoff_prompt.is_empty() => {
-            return Err(invalid(
-                "a class-conditioned pipeline takes no negative prompt or handoff prompt".into(),
-            ));
-        }
-        Some(null) => (
-            Condition::Class(pipeline.class_of(&request.prompt, &request.conditioning)?),
-            guided.then_some(Condition::Class(null)),
-        ),
-    };
+    let (cond, uncond) = conditions(pipeline, caches, request, max_pixels)?;
     let noise = Draws::new(request.seed, given);
 
     // Where the trajectory starts: pure noise, or the initial image's latent noised to the

@@ -240,7 +240,6 @@ fn bad_class_requests_are_clear_errors() {
             add_special: true,
         })
         .into_result()
-        .err()
-        .expect("no tokenizer");
+        .expect_err("no tokenizer");
     assert_eq!(tokens.kind, ErrorKind::Unsupported, "{tokens}");
 }

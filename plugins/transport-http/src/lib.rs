@@ -10,8 +10,9 @@
 //!   stop sequences, `logit_bias`, usage with cached prompt tokens; `n`, `best_of`, batched
 //!   prompts and `echo` in [`choices`]), `POST /v1/embeddings` ([`tokens`]),
 //!   `GET /v1/models[/{id}]` ([`openai`]), `POST /v1/audio/transcriptions` and
-//!   `POST /v1/audio/translations` (multipart uploads; [`audio`]); options not implemented are
-//!   refused by name;
+//!   `POST /v1/audio/translations` (multipart uploads; [`audio`]),
+//!   `POST /v1/images/generations` ([`generations`]) and `POST /v1/images/variations`
+//!   (multipart uploads; [`variations`]); options not implemented are refused by name;
 //! - Anthropic: `POST /v1/messages` with prompt-caching breakpoints and assistant prefill,
 //!   `POST /v1/messages/count_tokens` ([`anthropic`]);
 //! - llama-server's `POST /tokenize` and `POST /detokenize` ([`tokens`]);
@@ -62,6 +63,7 @@ mod server;
 pub mod sglang;
 pub mod tokens;
 pub mod tools;
+pub mod variations;
 
 use u_sdk::{HostBox, PluginInfo, PluginInstance, Result, TransportBox, UError};
 
@@ -82,6 +84,7 @@ fn describe() -> PluginInfo {
             "POST /v1/chat/completions".into(),
             "POST /v1/embeddings".into(),
             "POST /v1/audio/transcriptions, POST /v1/audio/translations".into(),
+            "POST /v1/images/generations, POST /v1/images/variations".into(),
             "POST /v1/messages".into(),
             "POST /v1/messages/count_tokens".into(),
             "POST /tokenize".into(),

@@ -373,6 +373,7 @@ enum Route {
     Transcriptions,
     Translations,
     ImageGenerations,
+    ImageVariations,
     Unknown,
 }
 
@@ -402,6 +403,7 @@ impl Route {
             "/v1/audio/transcriptions" => Route::Transcriptions,
             "/v1/audio/translations" => Route::Translations,
             "/v1/images/generations" => Route::ImageGenerations,
+            "/v1/images/variations" => Route::ImageVariations,
             p if p.starts_with("/v1/models/") => Route::Model,
             p if p.starts_with("/v1/messages/") => Route::MessagesOther,
             p if p.starts_with("/v1/checkpoints/") => Route::Checkpoint,
@@ -438,6 +440,7 @@ impl Route {
             Route::Transcriptions => "/v1/audio/transcriptions",
             Route::Translations => "/v1/audio/translations",
             Route::ImageGenerations => "/v1/images/generations",
+            Route::ImageVariations => "/v1/images/variations",
             Route::Unknown => "other",
         }
     }
@@ -821,6 +824,14 @@ async fn dispatch(
                 HeaderValue::from_static("text/plain; charset=utf-8"),
             );
             Ok(r.into())
+        }
+        Route::ImageVariations => {
+            let mut parsed =
+                crate::variations::parse(content_type.as_deref(), body, &models).await?;
+            parsed.request.client = peer.into();
+            let updates = crate::generations::start(state.engine.clone(), &parsed);
+            let v = crate::generations::whole(updates).await?;
+            Ok(json_response(200, &v).into())
         }
         Route::ImageGenerations => {
             let mut parsed = crate::generations::parse(&body, &models)?;

@@ -67,13 +67,14 @@ pub struct RunnerContext {
 #[derive(StableAbi)]
 pub struct PipelineParts {
     /// Built components by their `model_index.json` names: `vae` (the autoencoder's
-    /// decoder), `text_encoder` where the pipeline has one (a class-conditioned DiT has none)
-    /// and, where an architecture builds it, `vae.encoder`.
+    /// decoder), `text_encoder` or `image_encoder` where the pipeline has one (a
+    /// class-conditioned DiT has neither) and, where an architecture builds it, `vae.encoder`.
     pub components: RVec<PipelineComponent>,
     /// The configuration files of its parts as text, by component name: `model_index` (the
-    /// folder's `model_index.json`), `scheduler` (its `scheduler_config.json`), and the
-    /// `config.json` of the denoiser (`unet` or `transformer`), `vae` and `text_encoder` where
-    /// present (the autoencoder's `scaling_factor` is the pipeline's to apply).
+    /// folder's `model_index.json`), `scheduler` (its `scheduler_config.json`),
+    /// `feature_extractor` (its `preprocessor_config.json`, where listed), and the `config.json`
+    /// of the denoiser (`unet` or `transformer`), `vae` and the encoder where present (the
+    /// autoencoder's `scaling_factor` is the pipeline's to apply).
     pub configs: RVec<PipelineConfig>,
 }
 
