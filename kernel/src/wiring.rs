@@ -338,15 +338,25 @@ fn build_pipeline(
     let lists = |component: &str| listed.iter().any(|l| l == component);
     let (loader, weights) = open_weights(&dir.join(&denoiser), &loaders)?;
     let (arch_name, unet, config) = part(&denoiser, &weights, "")?;
-    let tokenizer = match first(report, |i| match i {
+    let factory = first(report, |i| match i {
         PluginInstance::Tokenizer(t) => Some(t.clone()),
         _ => None,
-    }) {
-        Some((_, f)) if lists("tokenizer") => {
-            build_tokenizer(&f, &dir.join("tokenizer"), &weights)?
+    });
+    let mut tokenizers = Vec::new();
+    for name in ["tokenizer", "tokenizer_2", "tokenizer_3"] {
+        if let (Some((_, f)), true) = (&factory, lists(name)) {
+            if let Some(t) = build_tokenizer(f, &dir.join(name), &weights)? {
+                tokenizers.push(u_sdk::PipelineTokenizer {
+                    name: name.into(),
+                    tokenizer: t,
+                });
+            }
         }
-        _ => None,
-    };
+    }
+    let tokenizer = tokenizers
+        .iter()
+        .find(|t| t.name.as_str() == "tokenizer")
+        .map(|t| t.tokenizer.clone());
     let mut opened = Opened {
         weights,
         loader,
@@ -369,9 +379,14 @@ fn build_pipeline(
     } else {
         let mut components = Vec::new();
         let mut configs = Vec::new();
-        let encoders = ["text_encoder", "image_encoder"]
-            .into_iter()
-            .filter(|c| lists(c));
+        let encoders = [
+            "text_encoder",
+            "text_encoder_2",
+            "text_encoder_3",
+            "image_encoder",
+        ]
+        .into_iter()
+        .filter(|c| lists(c));
         let processor = ["feature_extractor"]
             .into_iter()
             .filter(|c| lists(c))
@@ -418,6 +433,7 @@ fn build_pipeline(
             pipeline: Some(u_sdk::PipelineParts {
                 components: components.into(),
                 configs: configs.into(),
+                tokenizers: tokenizers.into(),
             }),
         };
         let tokenizer = opened.tokenizer.clone();

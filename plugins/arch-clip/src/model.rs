@@ -397,10 +397,19 @@ impl ClipText {
                     "arch-clip: an encoder produces embeddings, not logits or feature maps",
                 ));
             }
-            Output::Hidden { layer, .. } if layer as usize != layers => {
+            Output::Hidden { layer, .. } if layer as usize > layers => {
+                return Err(bad(format!(
+                    "layer {layer} asked for; the tower has {layers} blocks"
+                )));
+            }
+            Output::Hidden { layer, .. }
+                if (layer as usize) < layers && self.width != self.cfg.hidden =>
+            {
                 return Err(UError::unsupported(format!(
                     "arch-clip: the rows of the joint space are the final ones (layer {layers}); \
-                     the state after block {layer} is of the tower's own width"
+                     the state after block {layer} is of the tower's own width, {}, not the \
+                     projection's {}",
+                    self.cfg.hidden, self.width
                 )));
             }
             _ if ids.is_empty() => return Err(bad("asks for output of no input".into())),
@@ -422,8 +431,10 @@ impl ClipText {
     /// Encodes every chunk of `batch` (one text each) and writes the outputs they ask for into
     /// `out`, in batch order (see [`u_sdk::Model::forward`]): the pooled vector
     /// (`Pooled(Head)`: the final-normed row at the end-of-text token, projected; `Pooled`
-    /// `Mean`/`First`/`Last`: over the projected final rows) or the projected final rows
-    /// (`Hidden` at the last layer).
+    /// `Mean`/`First`/`Last`: over the projected final rows), the projected final rows
+    /// (`Hidden` at the last layer), or the residual stream after an earlier block (`Hidden`
+    /// at layer `l`: transformers' `hidden_states[l]`, as Stable Diffusion 3 reads its
+    /// penultimate one; where the projection keeps the tower's width).
     pub fn forward(&self, batch: &[SeqChunk<'_>], out: &mut [f32]) -> Result<()> {
         let config = self.model_config();
         let texts = batch
@@ -449,8 +460,17 @@ impl ClipText {
         if floats == 0 {
             return Ok(());
         }
+        let earlier = |l: usize| {
+            batch
+                .iter()
+                .any(|c| matches!(c.output, Output::Hidden { layer, .. } if layer as usize == l))
+        };
         let mut x = self.embeddings.forward(&texts)?;
-        for block in &self.blocks {
+        let mut states = Vec::new();
+        for (l, block) in self.blocks.iter().enumerate() {
+            if earlier(l) {
+                states.push((l, x.to_vec()?));
+            }
             x = block.forward(&x, &spans)?;
         }
         let normed = self.final_norm.forward(&x)?;
@@ -465,7 +485,21 @@ impl ClipText {
             let dst = &mut out[at..at + n];
             at += n;
             let rows = &projected[span.offset * width..(span.offset + span.len) * width];
+            let state = |layer: u32| {
+                let (_, x) = states
+                    .iter()
+                    .find(|(l, _)| *l == layer as usize)
+                    .expect("every earlier layer asked for is kept");
+                &x[span.offset * width..(span.offset + span.len) * width]
+            };
             match chunk.output {
+                Output::Hidden { layer, rows: which } if (layer as usize) < self.cfg.layers => {
+                    let rows = state(layer);
+                    match which {
+                        Rows::All => dst.copy_from_slice(rows),
+                        Rows::Last => dst.copy_from_slice(&rows[rows.len() - width..]),
+                    }
+                }
                 Output::Pooled(Pooling::Head) => {
                     let row = self.cfg.eos.pick(ids);
                     dst.copy_from_slice(&rows[row * width..(row + 1) * width]);

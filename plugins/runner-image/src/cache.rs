@@ -19,6 +19,7 @@
 //!
 //! Both maps are bounded and forget their least recently used entries.
 
+use crate::text::Embedded;
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 use std::sync::Arc;
@@ -135,7 +136,7 @@ pub const TRAJECTORIES: usize = 16;
 
 /// The caches of an engine.
 pub struct Caches {
-    prompts: Lru<String, Arc<Vec<f32>>>,
+    prompts: Lru<String, Arc<Embedded>>,
     trajectories: Lru<TrajectoryKey, Progress>,
     enabled: bool,
     next_context: u64,
@@ -167,13 +168,13 @@ impl Caches {
         self.enabled
     }
 
-    /// The encoder rows of `prompt`, if cached.
-    pub fn prompt(&mut self, prompt: &str) -> Option<Arc<Vec<f32>>> {
+    /// What `prompt` embeds to (the encoder rows), if cached.
+    pub fn prompt(&mut self, prompt: &str) -> Option<Arc<Embedded>> {
         self.prompts.get(&prompt.to_string())
     }
 
-    /// Keeps the encoder rows of `prompt`.
-    pub fn keep_prompt(&mut self, prompt: &str, rows: Arc<Vec<f32>>) {
+    /// Keeps what `prompt` embeds to.
+    pub fn keep_prompt(&mut self, prompt: &str, rows: Arc<Embedded>) {
         self.prompts.put(prompt.to_string(), rows);
     }
 

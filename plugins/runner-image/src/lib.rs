@@ -29,6 +29,7 @@ pub mod consistency;
 pub mod picture;
 pub mod pipeline;
 pub mod sampler;
+pub mod text;
 
 use abi_stable::std_types::{RResult, RSlice, RStr, RString, RVec};
 use cache::Caches;

@@ -6,13 +6,20 @@
 //! one guided denoising prediction (`denoise`), and the decoding of the final latents into
 //! pixels (`decode`); plus the encoding of an initial image (img2img).
 
+use crate::text::{Embedded, Prompting, TextEncoder};
 use abi_stable::std_types::{ROption, RSlice, RSliceMut};
 use serde_json::Value;
 use std::sync::Arc;
 use u_sdk::{
     CrossContext, ImageInput, ImageSpec, ModelBox, ModelKind, Output, PipelineParts, PlaneSpec,
-    Planes, Pooling, Rows, Segment, SeqChunk, SeqExtras, SeqId, TokenizerBox, UError,
+    Planes, Pooling, Segment, SeqChunk, SeqExtras, SeqId, TokenizerBox, UError,
 };
+
+/// The `_class_name` of Stable Diffusion 3's transformer.
+const SD3: &str = "SD3Transformer2DModel";
+
+/// T5's positions in Stable Diffusion 3's prompts (diffusers' `max_sequence_length`).
+pub const SD3_T5_POSITIONS: usize = 256;
 
 /// A pipeline's models, checked to fit together.
 pub struct Pipeline {
@@ -29,11 +36,7 @@ pub struct Pipeline {
 /// How requests condition a pipeline's denoiser.
 enum Conditioner {
     /// A prompt, whose text-encoder rows the denoiser cross-attends to (Stable Diffusion).
-    Text {
-        encoder: ModelBox,
-        spec: TextSpec,
-        tokenizer: TokenizerBox,
-    },
+    Text(Prompting),
     /// An image's embedding (CLIP's, projected), the one row the denoiser cross-attends to
     /// (Stable Diffusion's image variations); the unguided pass attends to zeros.
     Image {
@@ -55,23 +58,11 @@ enum Conditioner {
 /// What one denoising pass is conditioned on.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Condition {
-    /// The text encoder's rows of a prompt, `[positions, width]`.
-    Rows(Arc<Vec<f32>>),
+    /// Context rows (a prompt's, an image's embedding) and the pooled text where the denoiser
+    /// reads one.
+    Text(Arc<Embedded>),
     /// A class label (the pipeline's class count: none).
     Class(u32),
-}
-
-/// What the text encoder takes and gives.
-#[derive(Clone, Copy, Debug)]
-struct TextSpec {
-    /// Its blocks (the rows after the last, final-normed, are the UNet's context).
-    layers: u32,
-    /// Width of a row.
-    width: usize,
-    /// Positions every prompt is padded or cut to (CLIP's 77).
-    positions: usize,
-    /// The id prompts are padded with.
-    pad: Option<u32>,
 }
 
 /// How the autoencoder's latents relate to the denoiser's: `z_unet = (z_vae − shift) · scale`.
@@ -99,7 +90,11 @@ fn spec_of(model: &ModelBox, what: &str, kind: ModelKind) -> u_sdk::Result<Plane
 }
 
 /// Runs `chunks` in one pass into a buffer of `floats`.
-fn forward(model: &ModelBox, chunks: &[SeqChunk<'_>], floats: usize) -> u_sdk::Result<Vec<f32>> {
+pub(crate) fn forward(
+    model: &ModelBox,
+    chunks: &[SeqChunk<'_>],
+    floats: usize,
+) -> u_sdk::Result<Vec<f32>> {
     let mut out = vec![0f32; floats];
     model
         .forward(
@@ -133,9 +128,9 @@ fn denoiser_chunk<'a>(
         extras: SeqExtras {
             conditioning: RSlice::from_slice(conditioning),
             cross: match condition {
-                Condition::Rows(rows) => ROption::RSome(CrossContext {
+                Condition::Text(e) => ROption::RSome(CrossContext {
                     kv,
-                    rows: RSlice::from_slice(rows),
+                    rows: RSlice::from_slice(&e.rows),
                 }),
                 Condition::Class(_) => ROption::RNone,
             },
@@ -144,12 +139,74 @@ fn denoiser_chunk<'a>(
     }
 }
 
-/// A chunk's conditioning values: the timestep `t`, then the class label of a class condition.
+/// A chunk's conditioning values: the timestep `t`, then the pooled text of a text condition
+/// (Stable Diffusion 3's; none for the rest) or the class label of a class condition.
 fn conditioning(t: f32, condition: &Condition) -> Vec<f32> {
     match condition {
-        Condition::Rows(_) => vec![t],
+        Condition::Text(e) => std::iter::once(t).chain(e.pooled.iter().copied()).collect(),
         Condition::Class(label) => vec![t, *label as f32],
     }
+}
+
+/// The text side of a pipeline whose `text_encoder` is `first`, the other encoders taken with
+/// `take`, their tokenizers with `tokenizer`: Stable Diffusion 3's three encoders when the
+/// denoiser is an `SD3Transformer2DModel`, else one CLIP.
+fn prompting(
+    first: ModelBox,
+    take: &mut dyn FnMut(&str) -> Option<ModelBox>,
+    tokenizer: &mut dyn FnMut(&str) -> Option<TokenizerBox>,
+    (denoiser, config): (&Value, &u_sdk::ModelConfig),
+) -> u_sdk::Result<Prompting> {
+    let context = config.context_shape[1] as usize;
+    let mut encoder = |model: ModelBox, n: &str, positions| {
+        let name = format!("tokenizer{n}");
+        let t = tokenizer(&name).ok_or_else(|| {
+            invalid(format!(
+                "the pipeline has `text_encoder{n}` but no tokenizer (`{name}/`)"
+            ))
+        })?;
+        TextEncoder::new(model, t, positions)
+    };
+    if denoiser["_class_name"].as_str() != Some(SD3) {
+        let clip = encoder(first, "", None)?;
+        if clip.width() != context {
+            return Err(invalid(format!(
+                "the text encoder gives rows of {}; the denoiser cross-attends to rows of \
+                 {context}",
+                clip.width()
+            )));
+        }
+        return Ok(Prompting::Clip(clip));
+    }
+    let second = take("text_encoder_2").ok_or_else(|| {
+        invalid("a Stable Diffusion 3 pipeline needs `text_encoder_2` (CLIP-G)".into())
+    })?;
+    let clips = Box::new([encoder(first, "", None)?, encoder(second, "_2", None)?]);
+    let t5 = match take("text_encoder_3") {
+        Some(t5) => Some(encoder(t5, "_3", Some(SD3_T5_POSITIONS))?),
+        None => None,
+    };
+    let clip_width = clips[0].width() + clips[1].width();
+    let pooled = denoiser["pooled_projection_dim"].as_u64().unwrap_or(0) as usize;
+    if clip_width > context
+        || clips[0].positions() != clips[1].positions()
+        || pooled != clip_width
+        || t5.as_ref().is_some_and(|t| t.width() != context)
+    {
+        return Err(invalid(format!(
+            "the CLIP encoders give rows of {} and {} (pooled {clip_width}) and T5 rows of {:?}; \
+             the transformer reads rows of {context} and a pooled text of {pooled}",
+            clips[0].width(),
+            clips[1].width(),
+            t5.as_ref().map(TextEncoder::width)
+        )));
+    }
+    Ok(Prompting::Sd3 {
+        clips,
+        t5,
+        joint: context,
+        t5_positions: SD3_T5_POSITIONS,
+    })
 }
 
 /// `spec` with the resizing of the pipeline's `feature_extractor` (`preprocessor_config.json`:
@@ -219,6 +276,14 @@ impl Pipeline {
         tokenizer: Option<TokenizerBox>,
     ) -> u_sdk::Result<Pipeline> {
         let mut components = parts.components.into_vec();
+        let mut tokenizers = parts.tokenizers.into_vec();
+        let mut context_tokenizer = tokenizer;
+        let mut tokenizer =
+            |name: &str| match tokenizers.iter().position(|t| t.name.as_str() == name) {
+                Some(i) => Some(tokenizers.swap_remove(i).tokenizer),
+                None if name == "tokenizer" => context_tokenizer.take(),
+                None => None,
+            };
         let mut take = |name: &str| {
             components
                 .iter()
@@ -272,6 +337,10 @@ impl Pipeline {
             None => None,
         };
         let unet_config = unet.config().into_result()?;
+        let denoiser = match given("unet")? {
+            Some(c) => c,
+            None => config("transformer")?,
+        };
         let conditioner = match (text_encoder, image_encoder) {
             (Some(_), Some(_)) => {
                 return Err(invalid(
@@ -305,37 +374,13 @@ impl Pipeline {
                     width,
                 }
             }
-            (Some(encoder), None) => {
-                let tokenizer = tokenizer.ok_or_else(|| {
-                    invalid(
-                        "the pipeline has a text encoder but no tokenizer (`tokenizer/`)".into(),
-                    )
-                })?;
-                let text_config = encoder.config().into_result()?;
-                let spec = TextSpec {
-                    layers: text_config.layers,
-                    width: text_config.hidden as usize,
-                    positions: text_config.context_length as usize,
-                    pad: tokenizer.special_tokens().into_result()?.pad.into_option(),
-                };
-                if spec.width != unet_config.context_shape[1] as usize || spec.positions < 2 {
-                    return Err(invalid(format!(
-                        "the text encoder gives rows of {} over {} positions; the denoiser \
-                         cross-attends to rows of {}",
-                        spec.width, spec.positions, unet_config.context_shape[1]
-                    )));
-                }
-                Conditioner::Text {
-                    encoder,
-                    spec,
-                    tokenizer,
-                }
-            }
+            (Some(encoder), None) => Conditioner::Text(prompting(
+                encoder,
+                &mut take,
+                &mut tokenizer,
+                (&denoiser, &unet_config),
+            )?),
             (None, None) => {
-                let denoiser = match given("unet")? {
-                    Some(c) => c,
-                    None => config("transformer")?,
-                };
                 let classes = denoiser["num_embeds_ada_norm"]
                     .as_u64()
                     .filter(|n| (1..u64::from(u32::MAX)).contains(n))
@@ -407,10 +452,13 @@ impl Pipeline {
         })];
         let chunk = SeqChunk::tokens(0, &input, Output::Pooled(Pooling::Head));
         let embedding = forward(encoder, &[chunk], *width)?;
-        Ok((
-            Condition::Rows(Arc::new(embedding)),
-            Condition::Rows(Arc::new(vec![0.0; *width])),
-        ))
+        let rows = |rows| {
+            Condition::Text(Arc::new(Embedded {
+                rows,
+                pooled: Vec::new(),
+            }))
+        };
+        Ok((rows(embedding), rows(vec![0.0; *width])))
     }
 
     /// For a class-conditioned pipeline, its class count (also its null label); `None` for a
@@ -492,14 +540,10 @@ impl Pipeline {
         self.latents
     }
 
-    /// The text encoder, its spec and tokenizer, or why the pipeline has none.
-    fn text(&self) -> u_sdk::Result<(&ModelBox, TextSpec, &TokenizerBox)> {
+    /// The pipeline's prompting, or why it has none.
+    fn prompting(&self) -> u_sdk::Result<&Prompting> {
         match &self.conditioner {
-            Conditioner::Text {
-                encoder,
-                spec,
-                tokenizer,
-            } => Ok((encoder, *spec, tokenizer)),
+            Conditioner::Text(p) => Ok(p),
             Conditioner::Class { .. } | Conditioner::Image { .. } => Err(UError::unsupported(
                 "runner-image: this pipeline is conditioned on class labels or images; it has no \
                  text encoder or tokenizer",
@@ -507,37 +551,17 @@ impl Pipeline {
         }
     }
 
-    /// The token ids of `prompt` as the pipeline feeds them to the text encoder: with its
-    /// special tokens, cut to the encoder's positions (keeping the end token), padded to them.
+    /// The token ids of `prompt` as the pipeline feeds them to its (first) text encoder: with
+    /// its special tokens, cut to the encoder's positions (keeping the end token), padded to
+    /// them.
     pub fn tokens(&self, prompt: &str) -> u_sdk::Result<Vec<u32>> {
-        let (_, text, tokenizer) = self.text()?;
-        let mut ids = tokenizer
-            .encode(prompt.into(), true, false)
-            .into_result()?
-            .into_vec();
-        let n = text.positions;
-        let last = *ids
-            .last()
-            .ok_or_else(|| invalid("the tokenizer gave no ids".into()))?;
-        if ids.len() > n {
-            ids.truncate(n - 1);
-            ids.push(last);
-        }
-        ids.resize(n, text.pad.unwrap_or(last));
-        Ok(ids)
+        self.prompting()?.first().tokens(prompt)
     }
 
-    /// The text encoder's final rows for `prompt`: `[positions, width]`.
-    pub fn encode_prompt(&self, prompt: &str) -> u_sdk::Result<Vec<f32>> {
-        let (encoder, text, _) = self.text()?;
-        let ids = self.tokens(prompt)?;
-        let input = [Segment::Tokens(RSlice::from_slice(&ids))];
-        let output = Output::Hidden {
-            layer: text.layers,
-            rows: Rows::All,
-        };
-        let chunk = SeqChunk::tokens(0, &input, output);
-        forward(encoder, &[chunk], text.positions * text.width)
+    /// What `prompt` conditions the denoiser on: the text encoders' rows (and the pooled text
+    /// where the denoiser reads one).
+    pub fn encode_prompt(&self, prompt: &str) -> u_sdk::Result<Embedded> {
+        self.prompting()?.embed(prompt)
     }
 
     /// The guided prediction at timestep `t` for `latents` (`[channels, h, w]`, scaled for the

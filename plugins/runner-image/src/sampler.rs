@@ -19,6 +19,7 @@ use crate::{
     cache::{Caches, Progress, TrajectoryKey},
     picture,
     pipeline::{Condition, Pipeline},
+    text::Embedded,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -150,12 +151,12 @@ pub(crate) fn initial_image(
     picture::decode(&request.init_image, max_pixels).map(Some)
 }
 
-/// The text encoder's rows for `prompt`, from the cache when it holds them.
+/// What `prompt` embeds to (the text encoders' rows), from the cache when it holds it.
 fn prompt_rows(
     pipeline: &Pipeline,
     caches: &Mutex<Caches>,
     prompt: &str,
-) -> u_sdk::Result<Arc<Vec<f32>>> {
+) -> u_sdk::Result<Arc<Embedded>> {
     let lock = || caches.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(rows) = lock().prompt(prompt) {
         return Ok(rows);
@@ -202,7 +203,7 @@ fn conditions(
             request.conditioning.len()
         ))),
         None => {
-            let rows = |prompt| prompt_rows(pipeline, caches, prompt).map(Condition::Rows);
+            let rows = |prompt| prompt_rows(pipeline, caches, prompt).map(Condition::Text);
             let uncond = match guided {
                 true => Some(rows(&request.negative_prompt)?),
                 false => None,

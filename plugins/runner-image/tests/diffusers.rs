@@ -115,6 +115,7 @@ fn context(encoder: bool) -> RunnerContext {
         pipeline: ROption::RSome(PipelineParts {
             components: components.into(),
             configs: configs.into(),
+            tokenizers: Vec::new().into(),
         }),
     }
 }

@@ -88,6 +88,7 @@ fn engine(caches: bool) -> ImageEngine {
         pipeline: ROption::RSome(PipelineParts {
             components: components.into(),
             configs: configs.into(),
+            tokenizers: Vec::new().into(),
         }),
     };
     ImageRunner {

@@ -108,6 +108,7 @@ fn engine(caches: bool) -> ImageEngine {
         pipeline: ROption::RSome(PipelineParts {
             components: components.into(),
             configs: configs.into(),
+            tokenizers: Vec::new().into(),
         }),
     };
     ImageRunner {
@@ -172,17 +173,18 @@ fn a_variation_equals_the_image_variation_pipeline() {
     let (cond, uncond) = pipeline
         .encode_condition_image(&source(), 1 << 20)
         .expect("the embedding");
-    let (Condition::Rows(cond), Condition::Rows(uncond)) = (cond, uncond) else {
+    let (Condition::Text(cond), Condition::Text(uncond)) = (cond, uncond) else {
         panic!("a variation is conditioned on rows");
     };
-    let d = max_diff(&cond, &flat(&e["embedding"]));
+    let d = max_diff(&cond.rows, &flat(&e["embedding"]));
     eprintln!("image embedding: max |Δ| {d:.2e}");
     assert!(d < EMBEDDING_TOL, "embedding off by {d}");
     assert_eq!(
-        *uncond,
-        vec![0.0; cond.len()],
+        uncond.rows,
+        vec![0.0; cond.rows.len()],
         "the unguided pass reads zeros"
     );
+    assert!(cond.pooled.is_empty() && uncond.pooled.is_empty());
 
     let given = GivenNoise([(0, flat(&e["latents"]))].into());
     let mut seen = Vec::new();

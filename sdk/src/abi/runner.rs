@@ -76,6 +76,19 @@ pub struct PipelineParts {
     /// of the denoiser (`unet` or `transformer`), `vae` and the encoder where present (the
     /// autoencoder's `scaling_factor` is the pipeline's to apply).
     pub configs: RVec<PipelineConfig>,
+    /// Its tokenizers by their `model_index.json` names (`tokenizer`, and `tokenizer_2`,
+    /// `tokenizer_3` of a pipeline with several text encoders, as Stable Diffusion 3's).
+    pub tokenizers: RVec<PipelineTokenizer>,
+}
+
+/// One tokenizer of a pipeline.
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct PipelineTokenizer {
+    /// Its name in `model_index.json`.
+    pub name: RString,
+    /// The tokenizer.
+    pub tokenizer: TokenizerBox,
 }
 
 /// One configuration file of a pipeline.
