@@ -4,7 +4,8 @@
 //! arch-clip build them, runner-image runs the pipeline. The class-conditioned DiT folder
 //! beside it (`dit_pipeline/`) draws the class asked for, by label or by name; the image
 //! variations folder (`sd_variations/`, a CLIP image encoder built by arch-vit) varies the
-//! image given.
+//! image given; the Stable Diffusion 3 folder (`sd3_pipeline/`: an MMDiT, two CLIP text
+//! encoders, no T5) draws its prompt.
 //! - `u-runner image` writes a PNG of the pipeline's size; the same seed gives the same bytes,
 //!   another seed another image; an initial image (`--init-image`) is refined; a folder without
 //!   its `vae/` and `--steps 0` are clear errors.
@@ -278,6 +279,39 @@ print(json.dumps({"png": r.data[0].b64_json, "seed": r.data[0].model_extra["seed
             .contains("multipart"),
         "{reply}"
     );
+}
+
+#[test]
+fn a_stable_diffusion_3_pipeline_draws_its_prompt() {
+    let folder = root().join("tests/fixtures/diffusion_tiny/sd3_pipeline");
+    let dir = tempfile::tempdir().unwrap();
+    let out = |name: &str| dir.path().join(name);
+    let draw = |name: &str, extra: &[&str]| {
+        let mut args = vec!["--prompt", PROMPT];
+        args.extend_from_slice(extra);
+        promptless_image(&folder, &out(name), &args)
+    };
+    let first = draw("a.png", &["--seed", "5"]);
+    assert!(first.status.success(), "{}", text(&first));
+    let a = std::fs::read(out("a.png")).unwrap();
+    assert_eq!(png_size(&a), (16, 16), "the transformer's own size");
+    let again = draw("b.png", &["--seed", "5"]);
+    assert!(again.status.success(), "{}", text(&again));
+    assert_eq!(
+        a,
+        std::fs::read(out("b.png")).unwrap(),
+        "same seed, same bytes"
+    );
+    let other = draw("c.png", &["--seed", "5", "--negative-prompt", "two dogs!"]);
+    assert!(other.status.success(), "{}", text(&other));
+    assert_ne!(
+        a,
+        std::fs::read(out("c.png")).unwrap(),
+        "another negative prompt"
+    );
+    let wide = draw("d.png", &["--seed", "5", "--width", "24"]);
+    assert!(wide.status.success(), "{}", text(&wide));
+    assert_eq!(png_size(&std::fs::read(out("d.png")).unwrap()), (24, 16));
 }
 
 fn server() -> Server {
