@@ -1,12 +1,15 @@
 //! The image runner against diffusers' `StableDiffusion3Pipeline` on the tiny pipeline of
 //! `tests/fixtures/diffusion_tiny/sd3_pipeline/` at the workspace root (its generator,
 //! `gen_diffusion_tiny.py`, beside it): an MMDiT transformer, two CLIP text encoders with
-//! their projections and tokenizers, no T5 (`text_encoder_3` null), the autoencoder with SD3's
-//! scale and shift, and the flow-matching scheduler — wired as the host wires the folder.
+//! their projections and tokenizers, a T5 encoder (arch-t5) with its unigram tokenizer, the
+//! autoencoder with SD3's scale and shift, and the flow-matching scheduler — wired as the host
+//! wires the folder; and the same without its T5, as diffusers allows (`text_encoder_3=None`).
 //!
-//! - A prompt's rows (CLIP-L's and CLIP-G's penultimate states side by side, then T5's zeros)
-//!   and pooled text (both projections) equal `encode_prompt`'s within [`ROWS_TOL`].
-//! - A 4-step guided run from diffusers' starting noise equals diffusers' image within [`TOL`].
+//! - A prompt's rows (CLIP-L's and CLIP-G's penultimate states side by side, then T5's rows,
+//!   zeros without it) and pooled text (both projections) equal `encode_prompt`'s within
+//!   [`ROWS_TOL`].
+//! - A 4-step guided run from diffusers' starting noise equals diffusers' image within [`TOL`],
+//!   with and without the T5.
 //! - The caches are exact (on and off give the same PNG; a repeat comes from the trajectory).
 //! - A folder without its second CLIP is a clear error.
 
@@ -32,12 +35,22 @@ fn folder() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/diffusion_tiny/sd3_pipeline")
 }
 
-fn expected() -> Value {
+/// What diffusers made with the T5 (`with_t5`) or without.
+fn expected(with_t5: bool) -> Value {
     let path = folder().join("../expected.json");
     let all: Value =
         serde_json::from_slice(&std::fs::read(path).expect("expected.json")).expect("JSON");
-    all["sd3_pipeline"].clone()
+    match with_t5 {
+        true => all["sd3_pipeline"].clone(),
+        false => all["sd3_pipeline_without_t5"].clone(),
+    }
 }
+
+/// Both CLIPs and the T5.
+const ALL: &[&str] = &["text_encoder", "text_encoder_2", "text_encoder_3"];
+
+/// Both CLIPs alone.
+const CLIPS: &[&str] = &["text_encoder", "text_encoder_2"];
 
 fn weights(component: &str) -> WeightSetBox {
     let m = u_loader_safetensors::SafetensorsModel::open(
@@ -71,13 +84,15 @@ fn tokenizer(name: &str) -> PipelineTokenizer {
 
 /// The pipeline's context as the host builds it, with the components named in `encoders`.
 fn context(encoders: &[&str]) -> RunnerContext {
-    let clip = |component: &str| PipelineComponent {
+    let encoder = |component: &str| PipelineComponent {
         name: component.into(),
-        model: u_arch_clip::ClipArchitecture
-            .load(weights(component), backend())
-            .expect("a text encoder"),
+        model: match component {
+            "text_encoder_3" => u_arch_t5::T5Architecture.load(weights(component), backend()),
+            _ => u_arch_clip::ClipArchitecture.load(weights(component), backend()),
+        }
+        .expect("a text encoder"),
     };
-    let mut components: Vec<PipelineComponent> = encoders.iter().map(|e| clip(e)).collect();
+    let mut components: Vec<PipelineComponent> = encoders.iter().map(|e| encoder(e)).collect();
     components.push(PipelineComponent {
         name: "vae".into(),
         model: DiffusionArchitecture
@@ -115,17 +130,21 @@ fn context(encoders: &[&str]) -> RunnerContext {
         pipeline: ROption::RSome(PipelineParts {
             components: components.into(),
             configs: configs.into(),
-            tokenizers: vec![tokenizer("tokenizer"), tokenizer("tokenizer_2")].into(),
+            tokenizers: ["tokenizer", "tokenizer_2", "tokenizer_3"]
+                .map(tokenizer)
+                .into_iter()
+                .collect::<Vec<_>>()
+                .into(),
         }),
     }
 }
 
-fn engine(caches: bool) -> ImageEngine {
+fn engine(caches: bool, encoders: &[&str]) -> ImageEngine {
     ImageRunner {
         caches,
         ..ImageRunner::default()
     }
-    .serve(context(&["text_encoder", "text_encoder_2"]))
+    .serve(context(encoders))
     .expect("the pipeline is served")
 }
 
@@ -175,45 +194,52 @@ fn image_error(ours: &[f32], theirs: &[f32]) -> f32 {
 
 #[test]
 fn a_prompt_embeds_as_stable_diffusion_3_encodes_it() {
-    let e = expected();
-    let engine = engine(true);
-    let embedded = engine
-        .pipeline()
-        .expect("a pipeline")
-        .encode_prompt(e["prompt"].as_str().unwrap())
-        .expect("the prompt's rows");
-    let clip_rows = 77 * 12;
-    assert_eq!(embedded.rows.len(), (77 + SD3_T5_POSITIONS) * 12);
-    let d = max_diff(&embedded.rows[..clip_rows], &flat(&e["rows"]));
-    let p = max_diff(&embedded.pooled, &flat(&e["pooled"]));
-    eprintln!("SD3 prompt: rows max |Δ| {d:.2e}, pooled max |Δ| {p:.2e}");
-    assert!(
-        d < ROWS_TOL && p < ROWS_TOL,
-        "rows off by {d}, pooled by {p}"
-    );
-    assert!(
-        embedded.rows[clip_rows..].iter().all(|v| *v == 0.0),
-        "without a T5 its rows are zeros"
-    );
+    for (with_t5, encoders) in [(true, ALL), (false, CLIPS)] {
+        let e = expected(with_t5);
+        let engine = engine(true, encoders);
+        let embedded = engine
+            .pipeline()
+            .expect("a pipeline")
+            .encode_prompt(e["prompt"].as_str().unwrap())
+            .expect("the prompt's rows");
+        let clip_rows = 77 * 12;
+        assert_eq!(embedded.rows.len(), (77 + SD3_T5_POSITIONS) * 12);
+        let want = flat(&e["rows"]);
+        let d = max_diff(&embedded.rows[..clip_rows], &want[..clip_rows]);
+        let t = max_diff(&embedded.rows[clip_rows..], &want[clip_rows..]);
+        let p = max_diff(&embedded.pooled, &flat(&e["pooled"]));
+        eprintln!(
+            "SD3 prompt (T5: {with_t5}): CLIP rows max |Δ| {d:.2e}, T5 rows {t:.2e}, pooled \
+             {p:.2e}"
+        );
+        assert!(
+            d < ROWS_TOL && t < ROWS_TOL && p < ROWS_TOL,
+            "rows off by {d}, T5 rows by {t}, pooled by {p}"
+        );
+        let zeros = embedded.rows[clip_rows..].iter().all(|v| *v == 0.0);
+        assert_eq!(zeros, !with_t5, "without a T5 its rows are zeros");
+    }
 }
 
 #[test]
 fn text_to_image_equals_stable_diffusion_3_pipeline() {
-    let e = expected();
-    let engine = engine(true);
-    let given = GivenNoise([(0, flat(&e["latents"]))].into());
-    let mut seen = Vec::new();
-    let outcome = engine
-        .run(&request(&e), Some(&given), &mut |p| {
-            seen.push((p.step, p.cached));
-            true
-        })
-        .expect("an image");
-    assert_eq!((outcome.width, outcome.height), (16, 16));
-    assert_eq!(seen, [(1, false), (2, false), (3, false), (4, false)]);
-    let d = image_error(&outcome.pixels, &flat(&e["image"]));
-    eprintln!("4-step SD3, guidance 5: max |Δ| {d:.2e} on values in [0, 1]");
-    assert!(d < TOL, "image off by {d}");
+    for (with_t5, encoders) in [(true, ALL), (false, CLIPS)] {
+        let e = expected(with_t5);
+        let engine = engine(true, encoders);
+        let given = GivenNoise([(0, flat(&e["latents"]))].into());
+        let mut seen = Vec::new();
+        let outcome = engine
+            .run(&request(&e), Some(&given), &mut |p| {
+                seen.push((p.step, p.cached));
+                true
+            })
+            .expect("an image");
+        assert_eq!((outcome.width, outcome.height), (16, 16));
+        assert_eq!(seen, [(1, false), (2, false), (3, false), (4, false)]);
+        let d = image_error(&outcome.pixels, &flat(&e["image"]));
+        eprintln!("4-step SD3 (T5: {with_t5}), guidance 5: max |Δ| {d:.2e} on values in [0, 1]");
+        assert!(d < TOL, "image off by {d}");
+    }
 }
 
 /// A sink that lets every step run.
@@ -227,7 +253,7 @@ impl u_sdk::ImageSink for EveryStep {
 
 #[test]
 fn the_caches_are_exact_for_stable_diffusion_3() {
-    let e = expected();
+    let e = expected(true);
     let generate = |engine: &ImageEngine, req: &ImageRequest| {
         u_sdk::EngineBox::new(engine.clone())
             .generate_image(req, u_sdk::ImageSinkBox::new(EveryStep))
@@ -235,8 +261,8 @@ fn the_caches_are_exact_for_stable_diffusion_3() {
             .expect("an image")
     };
     let req = request(&e);
-    let plain = generate(&engine(false), &req);
-    let cached = engine(true);
+    let plain = generate(&engine(false, ALL), &req);
+    let cached = engine(true, ALL);
     let first = generate(&cached, &req);
     assert_eq!(
         first.png, plain.png,
