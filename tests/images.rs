@@ -5,7 +5,7 @@
 //! beside it (`dit_pipeline/`) draws the class asked for, by label or by name; the image
 //! variations folder (`sd_variations/`, a CLIP image encoder built by arch-vit) varies the
 //! image given; the Stable Diffusion 3 folder (`sd3_pipeline/`: an MMDiT, two CLIP text
-//! encoders, no T5) draws its prompt.
+//! encoders and a T5) and the FLUX folder (`flux_pipeline/`) draw their prompts.
 //! - `u-runner image` writes a PNG of the pipeline's size; the same seed gives the same bytes,
 //!   another seed another image; an initial image (`--init-image`) is refined; a folder without
 //!   its `vae/` and `--steps 0` are clear errors.
@@ -312,6 +312,39 @@ fn a_stable_diffusion_3_pipeline_draws_its_prompt() {
     let wide = draw("d.png", &["--seed", "5", "--width", "24"]);
     assert!(wide.status.success(), "{}", text(&wide));
     assert_eq!(png_size(&std::fs::read(out("d.png")).unwrap()), (24, 16));
+}
+
+#[test]
+fn a_flux_pipeline_draws_its_prompt() {
+    let folder = root().join("tests/fixtures/diffusion_tiny/flux_pipeline");
+    let dir = tempfile::tempdir().unwrap();
+    let out = |name: &str| dir.path().join(name);
+    let draw = |name: &str, extra: &[&str]| {
+        let mut args = vec!["--prompt", "two dogs!", "--width", "16", "--height", "16"];
+        args.extend_from_slice(extra);
+        promptless_image(&folder, &out(name), &args)
+    };
+    let first = draw("a.png", &["--seed", "5"]);
+    assert!(first.status.success(), "{}", text(&first));
+    let a = std::fs::read(out("a.png")).unwrap();
+    assert_eq!(png_size(&a), (16, 16));
+    let again = draw("b.png", &["--seed", "5"]);
+    assert!(again.status.success(), "{}", text(&again));
+    assert_eq!(
+        a,
+        std::fs::read(out("b.png")).unwrap(),
+        "same seed, same bytes"
+    );
+    let other = draw("c.png", &["--seed", "6"]);
+    assert!(other.status.success(), "{}", text(&other));
+    assert_ne!(a, std::fs::read(out("c.png")).unwrap(), "another seed");
+    let negative = draw("d.png", &["--negative-prompt", "blue sky"]);
+    assert!(!negative.status.success());
+    assert!(
+        text(&negative).contains("no negative prompt"),
+        "{}",
+        text(&negative)
+    );
 }
 
 fn server() -> Server {

@@ -18,7 +18,7 @@ pub mod noise;
 pub mod scheduler;
 
 pub use noise::Noise;
-pub use scheduler::{Scheduler, from_config};
+pub use scheduler::{Schedule, Scheduler, dynamic_mu, from_config, from_config_with};
 
 /// Why a scheduler could not be made or run.
 #[derive(Debug, thiserror::Error)]

@@ -33,36 +33,44 @@ pub fn mu(c: &Config<'_>, tokens: usize) -> Result<f64> {
     Ok(tokens as f64 * m + (y1 - m * x1))
 }
 
+/// What a configuration says of the schedule: training timesteps, the static `shift`, and the
+/// μ of dynamic shifting when it is on (`mu`, required then).
+fn settings(c: &Config<'_>, mu: Option<f64>) -> Result<(usize, f64, Option<f64>)> {
+    c.refuse(&[
+        ("invert_sigmas", Value::Bool(false)),
+        ("shift_terminal", Value::Null),
+        ("use_karras_sigmas", Value::Bool(false)),
+        ("use_exponential_sigmas", Value::Bool(false)),
+        ("use_beta_sigmas", Value::Bool(false)),
+        ("time_shift_type", Value::from("exponential")),
+        ("stochastic_sampling", Value::Bool(false)),
+    ])?;
+    let n = c.usize("num_train_timesteps", 1000)?;
+    if n == 0 {
+        return Err(Error::Config("0 training timesteps".into()));
+    }
+    let shift = c.f64("shift", 1.0)?;
+    if shift <= 0.0 {
+        return Err(Error::Config(format!("shift {shift} is not positive")));
+    }
+    let dynamic = c.bool("use_dynamic_shifting", false)?;
+    let mu = match (dynamic, mu) {
+        (true, Some(mu)) if mu.is_finite() => Some(mu),
+        (true, _) => {
+            return Err(Error::Config(
+                "`use_dynamic_shifting` needs a finite μ (from the image's size)".into(),
+            ));
+        }
+        (false, _) => None,
+    };
+    Ok((n, shift, mu))
+}
+
 impl FlowMatchEuler {
     /// The schedule of `c` for `steps` steps; `mu` is required with `use_dynamic_shifting`.
     pub fn new(c: &Config<'_>, steps: usize, mu: Option<f64>) -> Result<FlowMatchEuler> {
-        c.refuse(&[
-            ("invert_sigmas", Value::Bool(false)),
-            ("shift_terminal", Value::Null),
-            ("use_karras_sigmas", Value::Bool(false)),
-            ("use_exponential_sigmas", Value::Bool(false)),
-            ("use_beta_sigmas", Value::Bool(false)),
-            ("time_shift_type", Value::from("exponential")),
-            ("stochastic_sampling", Value::Bool(false)),
-        ])?;
-        let n = c.usize("num_train_timesteps", 1000)?;
-        if n == 0 {
-            return Err(Error::Config("0 training timesteps".into()));
-        }
-        let shift = c.f64("shift", 1.0)?;
-        if shift <= 0.0 {
-            return Err(Error::Config(format!("shift {shift} is not positive")));
-        }
-        let dynamic = c.bool("use_dynamic_shifting", false)?;
-        let mu = match (dynamic, mu) {
-            (true, Some(mu)) if mu.is_finite() => Some(mu),
-            (true, _) => {
-                return Err(Error::Config(
-                    "`use_dynamic_shifting` needs a finite μ (from the image's size)".into(),
-                ));
-            }
-            (false, _) => None,
-        };
+        let (n, shift, mu) = settings(c, mu)?;
+        let dynamic = mu.is_some();
         // The training schedule's ends (f32, shifted unless shifting is dynamic).
         let shifted = |s: f32| match dynamic {
             true => s,
@@ -84,6 +92,37 @@ impl FlowMatchEuler {
                     None => shift * s / (1.0 + (shift - 1.0) * s),
                 };
                 s as f32
+            })
+            .collect();
+        let timesteps = sigmas.iter().map(|&s| s * n as f32).collect();
+        sigmas.push(0.0);
+        Ok(FlowMatchEuler { timesteps, sigmas })
+    }
+
+    /// The schedule of `c` over the unshifted σs `given`, one a step (FLUX's pipelines give
+    /// `linspace(1, 1/steps, steps)`), shifted as `c` says — in `f32`, as diffusers shifts σs
+    /// it is given.
+    pub fn with_sigmas(c: &Config<'_>, given: &[f64], mu: Option<f64>) -> Result<FlowMatchEuler> {
+        let (n, shift, mu) = settings(c, mu)?;
+        if given.is_empty() || given.iter().any(|s| !(*s > 0.0 && *s <= 1.0)) {
+            return Err(Error::Config(format!(
+                "σs {given:?}: one or more, each in (0, 1]"
+            )));
+        }
+        let mut sigmas: Vec<f32> = given
+            .iter()
+            .map(|&s| {
+                let s = s as f32;
+                match mu {
+                    Some(mu) => {
+                        let e = mu.exp() as f32;
+                        e / (e + (1.0 / s - 1.0))
+                    }
+                    None => {
+                        let shift = shift as f32;
+                        shift * s / (1.0 + (shift - 1.0) * s)
+                    }
+                }
             })
             .collect();
         let timesteps = sigmas.iter().map(|&s| s * n as f32).collect();

@@ -88,6 +88,46 @@ fn check_lengths(sample: &[f32], noise: &[f32]) -> Result<()> {
 /// pipeline computes from the image's size, [`flow_match::mu`]). Options it does not implement
 /// are refused by name, never ignored.
 pub fn from_config(config: &str, steps: usize, mu: Option<f64>) -> Result<Box<dyn Scheduler>> {
+    from_config_with(config, Schedule::Steps(steps), mu)
+}
+
+/// The μ a flow-matching scheduler with `use_dynamic_shifting` needs for an image of `tokens`
+/// latent tokens (after patching), from its `config`; `None` for every other scheduler.
+pub fn dynamic_mu(config: &str, tokens: usize) -> Result<Option<f64>> {
+    let value: Value =
+        serde_json::from_str(config).map_err(|e| Error::Config(format!("not JSON: {e}")))?;
+    let map = value
+        .as_object()
+        .ok_or_else(|| Error::Config("not a JSON object".into()))?;
+    let c = Config(map);
+    match c.str("_class_name", "")? == "FlowMatchEulerDiscreteScheduler"
+        && c.bool("use_dynamic_shifting", false)?
+    {
+        true => flow_match::mu(&c, tokens).map(Some),
+        false => Ok(None),
+    }
+}
+
+/// What a run's schedule is given as.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Schedule {
+    /// A number of steps, the scheduler spacing them.
+    Steps(usize),
+    /// The unshifted σ of each step (a flow-matching scheduler only; FLUX's pipelines give
+    /// `linspace(1, 1/steps, steps)`).
+    Sigmas(Vec<f64>),
+}
+
+/// The scheduler `config` describes for the run `schedule` (see [`from_config`]).
+pub fn from_config_with(
+    config: &str,
+    schedule: Schedule,
+    mu: Option<f64>,
+) -> Result<Box<dyn Scheduler>> {
+    let steps = match &schedule {
+        Schedule::Steps(n) => *n,
+        Schedule::Sigmas(s) => s.len(),
+    };
     let value: Value =
         serde_json::from_str(config).map_err(|e| Error::Config(format!("not JSON: {e}")))?;
     let map = value
@@ -98,14 +138,25 @@ pub fn from_config(config: &str, steps: usize, mu: Option<f64>) -> Result<Box<dy
         return Err(Error::Config("0 inference steps".into()));
     }
     match c.str("_class_name", "")? {
+        other
+            if other != "FlowMatchEulerDiscreteScheduler"
+                && matches!(schedule, Schedule::Sigmas(_)) =>
+        {
+            Err(Error::Config(format!(
+                "{other} takes a number of steps, not σs"
+            )))
+        }
         "DDPMScheduler" => Ok(Box::new(ddpm::Ddpm::new(&c, steps)?)),
         "DDIMScheduler" => Ok(Box::new(ddim::Ddim::new(&c, steps)?)),
         "EulerDiscreteScheduler" => Ok(Box::new(euler::Euler::new(&c, steps, false)?)),
         "EulerAncestralDiscreteScheduler" => Ok(Box::new(euler::Euler::new(&c, steps, true)?)),
         "LCMScheduler" => Ok(Box::new(lcm::Lcm::new(&c, steps)?)),
-        "FlowMatchEulerDiscreteScheduler" => {
-            Ok(Box::new(flow_match::FlowMatchEuler::new(&c, steps, mu)?))
-        }
+        "FlowMatchEulerDiscreteScheduler" => match &schedule {
+            Schedule::Steps(_) => Ok(Box::new(flow_match::FlowMatchEuler::new(&c, steps, mu)?)),
+            Schedule::Sigmas(s) => Ok(Box::new(flow_match::FlowMatchEuler::with_sigmas(
+                &c, s, mu,
+            )?)),
+        },
         "" => Err(Error::Config("no `_class_name`".into())),
         other => Err(Error::Config(format!(
             "`{other}` is not implemented (DDPMScheduler, DDIMScheduler, EulerDiscreteScheduler, \

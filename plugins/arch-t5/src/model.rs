@@ -75,6 +75,22 @@ impl RmsNorm {
     }
 }
 
+/// The bucket of the distance `distance` (`k − q`) among `buckets` (keys after the query in
+/// the upper half), as transformers' `_relative_position_bucket` computes it in `f32`: exact
+/// below a quarter of the buckets, logarithmic up to `max_distance`, the last bucket past it.
+pub fn relative_bucket(distance: i64, buckets: usize, max_distance: usize) -> usize {
+    let half = buckets / 2;
+    let exact = half / 2;
+    let side = if distance > 0 { half } else { 0 };
+    let d = distance.unsigned_abs() as usize;
+    if d < exact {
+        return side + d;
+    }
+    let ratio = (d as f32 / exact as f32).ln() / ((max_distance as f64 / exact as f64).ln() as f32);
+    let log = exact + (ratio * (half - exact) as f32) as usize;
+    side + log.min(half - 1)
+}
+
 /// The bucketed relative-position bias every block's attention adds to its scores (learned
 /// once, in the first block): `bias[h][q][k] = table[bucket(k − q)][h]`.
 struct RelativePositions {
@@ -86,21 +102,9 @@ struct RelativePositions {
 }
 
 impl RelativePositions {
-    /// The bucket of the distance `k − q` (keys after the query in the upper half), as
-    /// transformers' `_relative_position_bucket` computes it in `f32`: exact below a quarter
-    /// of the buckets, logarithmic up to `max_distance`, the last bucket past it.
+    /// The bucket of the distance `k − q` (see [`relative_bucket`]).
     fn bucket(&self, distance: i64) -> usize {
-        let half = self.buckets / 2;
-        let exact = half / 2;
-        let side = if distance > 0 { half } else { 0 };
-        let d = distance.unsigned_abs() as usize;
-        if d < exact {
-            return side + d;
-        }
-        let ratio = (d as f32 / exact as f32).ln()
-            / ((self.max_distance as f64 / exact as f64).ln() as f32);
-        let log = exact + (ratio * (half - exact) as f32) as usize;
-        side + log.min(half - 1)
+        relative_bucket(distance, self.buckets, self.max_distance)
     }
 
     /// The bias of each head over a text of `n` rows, `[n, n]` each, in the backend.

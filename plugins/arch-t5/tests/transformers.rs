@@ -179,3 +179,23 @@ fn bad_requests_are_clear_errors() -> Result<()> {
     assert!(max_diff(&mean, &by_hand) < 1e-6);
     Ok(())
 }
+
+#[test]
+fn position_buckets_equal_transformers_at_t5s_usual_settings() -> Result<()> {
+    let b = &expected()?["buckets"];
+    let first = b["first"].as_i64().expect("first");
+    let (buckets, distance) = (
+        b["num_buckets"].as_u64().expect("buckets") as usize,
+        b["max_distance"].as_u64().expect("distance") as usize,
+    );
+    let want: Vec<usize> = serde_json::from_value(b["buckets"].clone())?;
+    for (i, w) in want.iter().enumerate() {
+        let d = first + i as i64;
+        assert_eq!(
+            u_arch_t5::model::relative_bucket(d, buckets, distance),
+            *w,
+            "distance {d}"
+        );
+    }
+    Ok(())
+}

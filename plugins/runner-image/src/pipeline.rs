@@ -21,6 +21,12 @@ const SD3: &str = "SD3Transformer2DModel";
 /// T5's positions in Stable Diffusion 3's prompts (diffusers' `max_sequence_length`).
 pub const SD3_T5_POSITIONS: usize = 256;
 
+/// The `_class_name` of FLUX.1's transformer.
+const FLUX: &str = "FluxTransformer2DModel";
+
+/// T5's positions in FLUX's prompts (diffusers' `max_sequence_length`).
+pub const FLUX_T5_POSITIONS: usize = 512;
+
 /// A pipeline's models, checked to fit together.
 pub struct Pipeline {
     unet: ModelBox,
@@ -31,6 +37,9 @@ pub struct Pipeline {
     encoder: Option<(ModelBox, PlaneSpec)>,
     scheduler_config: String,
     latents: LatentScale,
+    /// For a guidance-distilled denoiser (FLUX): whether it reads the guidance scale
+    /// (`guidance_embeds`); `None` for classifier-free guidance.
+    distilled: Option<bool>,
 }
 
 /// How requests condition a pipeline's denoiser.
@@ -167,7 +176,26 @@ fn prompting(
         })?;
         TextEncoder::new(model, t, positions)
     };
-    if denoiser["_class_name"].as_str() != Some(SD3) {
+    let class = denoiser["_class_name"].as_str();
+    if class == Some(FLUX) {
+        let t5 = take("text_encoder_2")
+            .ok_or_else(|| invalid("a FLUX pipeline needs `text_encoder_2` (T5)".into()))?;
+        let (clip, t5) = (
+            encoder(first, "", None)?,
+            encoder(t5, "_2", Some(FLUX_T5_POSITIONS))?,
+        );
+        let pooled = denoiser["pooled_projection_dim"].as_u64().unwrap_or(0) as usize;
+        if clip.width() != pooled || t5.width() != context {
+            return Err(invalid(format!(
+                "the CLIP pools {} values and T5 gives rows of {}; the transformer reads a \
+                 pooled text of {pooled} and rows of {context}",
+                clip.width(),
+                t5.width()
+            )));
+        }
+        return Ok(Prompting::Flux { clip, t5 });
+    }
+    if class != Some(SD3) {
         let clip = encoder(first, "", None)?;
         if clip.width() != context {
             return Err(invalid(format!(
@@ -411,6 +439,8 @@ impl Pipeline {
                 decoder_spec.in_channels
             )));
         }
+        let distilled = (denoiser["_class_name"].as_str() == Some(FLUX))
+            .then(|| denoiser["guidance_embeds"].as_bool().unwrap_or(false));
         Ok(Pipeline {
             unet,
             unet_spec,
@@ -420,7 +450,43 @@ impl Pipeline {
             encoder,
             scheduler_config,
             latents,
+            distilled,
         })
+    }
+
+    /// Whether guidance is distilled into the denoiser (FLUX): one pass a step, no negative
+    /// prompt, the scale read by the denoiser where it embeds one.
+    pub fn guidance_distilled(&self) -> bool {
+        self.distilled.is_some()
+    }
+
+    /// The scheduler of a `steps`-step run over latents of `size` (height, width): the μ of
+    /// dynamic shifting from the latent tokens after patching, and for FLUX the σs its
+    /// pipelines give, `linspace(1, 1/steps, steps)`.
+    pub fn scheduler(
+        &self,
+        steps: u32,
+        (h, w): (u32, u32),
+    ) -> u_sdk::Result<Box<dyn u_diffusion::Scheduler>> {
+        let bad = |e: u_diffusion::Error| invalid(e.to_string());
+        let patch = self.unet_spec.multiple.max(1);
+        let tokens = ((h / patch) * (w / patch)) as usize;
+        let mu = u_diffusion::dynamic_mu(&self.scheduler_config, tokens).map_err(bad)?;
+        let schedule = match self.distilled {
+            Some(_) => {
+                let n = steps as usize;
+                let step = (1.0 / n as f64 - 1.0) / (n.max(2) - 1) as f64;
+                let sigmas = (0..n)
+                    .map(|i| match i + 1 == n && n > 1 {
+                        true => 1.0 / n as f64,
+                        false => 1.0 + i as f64 * step,
+                    })
+                    .collect();
+                u_diffusion::Schedule::Sigmas(sigmas)
+            }
+            None => u_diffusion::Schedule::Steps(steps as usize),
+        };
+        u_diffusion::from_config_with(&self.scheduler_config, schedule, mu).map_err(bad)
     }
 
     /// Whether requests condition it on an image (an image-variation pipeline).
@@ -569,7 +635,8 @@ impl Pipeline {
     /// (uncond first, as diffusers' text pipelines batch them), `uncond + g · (cond − uncond)`.
     /// Text contexts go under the sequence ids `contexts` (prompt, negative prompt), where the
     /// UNet keeps their cross-attention keys and values for the next step. A learned variance
-    /// (DiT's second half of the channels) is dropped, as `DiTPipeline` drops it.
+    /// (DiT's second half of the channels) is dropped, as `DiTPipeline` drops it. A
+    /// guidance-distilled denoiser (FLUX) runs once, reading the scale itself.
     pub fn denoise(
         &self,
         latents: &[f32],
@@ -583,7 +650,15 @@ impl Pipeline {
         let input = [Segment::Planes(planes(latents, c, size))];
         let n = latents.len();
         let written = n / c as usize * self.unet_spec.out_channels as usize;
-        let values = conditioning(t, cond);
+        let values = match (self.distilled, cond) {
+            // FLUX reads σ (the timestep over 1000), the guidance scale where it embeds one,
+            // then the pooled text.
+            (Some(embeds), Condition::Text(e)) => std::iter::once(t / 1000.0)
+                .chain(embeds.then_some(guidance))
+                .chain(e.pooled.iter().copied())
+                .collect(),
+            _ => conditioning(t, cond),
+        };
         match uncond {
             None => {
                 let chunk = denoiser_chunk(&input, &values, (contexts[0], cond));

@@ -202,9 +202,16 @@ fn conditions(
             "{} conditioning values given to a text-conditioned pipeline: it reads its prompt",
             request.conditioning.len()
         ))),
+        None if pipeline.guidance_distilled() && !request.negative_prompt.is_empty() => {
+            Err(invalid(
+                "this pipeline's guidance is distilled into its transformer (FLUX): it takes no \
+                 negative prompt"
+                    .into(),
+            ))
+        }
         None => {
             let rows = |prompt| prompt_rows(pipeline, caches, prompt).map(Condition::Text);
-            let uncond = match guided {
+            let uncond = match guided && !pipeline.guidance_distilled() {
                 true => Some(rows(&request.negative_prompt)?),
                 false => None,
             };
@@ -254,8 +261,7 @@ pub fn generate(
     let s = pipeline.vae_scale();
     let latent = (height / s, width / s);
     let len = (pipeline.channels() * latent.0 * latent.1) as usize;
-    let scheduler = u_diffusion::from_config(pipeline.scheduler_config(), steps as usize, None)
-        .map_err(scheduler_error)?;
+    let scheduler = pipeline.scheduler(steps, latent)?;
     let timesteps = scheduler.timesteps().to_vec();
     let (cond, uncond) = conditions(pipeline, caches, request, max_pixels)?;
     let noise = Draws::new(request.seed, given);

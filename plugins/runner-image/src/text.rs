@@ -6,6 +6,8 @@
 //! Stable Diffusion 3:     rows = [clip_l.hidden_states[-2] ‖ clip_g.hidden_states[-2] ‖ 0…]
 //!                                ++ t5(prompt).last_hidden_state (zeros without a T5)
 //!                         pooled = clip_l.text_embeds ‖ clip_g.text_embeds
+//! FLUX:                   rows = t5(prompt).last_hidden_state                    [512, w]
+//!                         pooled = clip(prompt).pooler_output
 //! ```
 
 use crate::pipeline::forward;
@@ -125,6 +127,13 @@ impl TextEncoder {
 pub enum Prompting {
     /// One CLIP text encoder's final rows (Stable Diffusion 1 and 2).
     Clip(TextEncoder),
+    /// FLUX's: T5's rows, and the CLIP's pooled row (`CLIPTextModel`'s `pooler_output`).
+    Flux {
+        /// The CLIP text encoder (its pooled row only).
+        clip: TextEncoder,
+        /// The T5 encoder (its final rows).
+        t5: TextEncoder,
+    },
     /// Stable Diffusion 3's two CLIPs and T5.
     Sd3 {
         /// CLIP-L and CLIP-G (each a `CLIPTextModelWithProjection`).
@@ -144,6 +153,7 @@ impl Prompting {
         match self {
             Prompting::Clip(e) => e,
             Prompting::Sd3 { clips, .. } => &clips[0],
+            Prompting::Flux { clip, .. } => clip,
         }
     }
 
@@ -153,6 +163,10 @@ impl Prompting {
             Prompting::Clip(e) => Ok(Embedded {
                 rows: e.rows(prompt, e.layers)?,
                 pooled: Vec::new(),
+            }),
+            Prompting::Flux { clip, t5 } => Ok(Embedded {
+                rows: t5.rows(prompt, t5.layers)?,
+                pooled: clip.pooled(prompt)?,
             }),
             Prompting::Sd3 {
                 clips,
