@@ -344,13 +344,13 @@ fn build_pipeline(
     });
     let mut tokenizers = Vec::new();
     for name in ["tokenizer", "tokenizer_2", "tokenizer_3"] {
-        if let (Some((_, f)), true) = (&factory, lists(name)) {
-            if let Some(t) = build_tokenizer(f, &dir.join(name), &weights)? {
-                tokenizers.push(u_sdk::PipelineTokenizer {
-                    name: name.into(),
-                    tokenizer: t,
-                });
-            }
+        if let (Some((_, f)), true) = (&factory, lists(name))
+            && let Some(t) = build_tokenizer(f, &dir.join(name), &weights)?
+        {
+            tokenizers.push(u_sdk::PipelineTokenizer {
+                name: name.into(),
+                tokenizer: t,
+            });
         }
     }
     let tokenizer = tokenizers

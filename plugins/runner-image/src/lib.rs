@@ -86,11 +86,11 @@ impl ImageRunner {
             )));
         }
         let served = match context.pipeline.into_option() {
-            Some(parts) => Served::Pipeline(Pipeline::new(
+            Some(parts) => Served::Pipeline(Box::new(Pipeline::new(
                 context.model,
                 parts,
                 context.tokenizer.into_option(),
-            )?),
+            )?)),
             None => Served::Consistency(ConsistencyModel::new(
                 context.model,
                 self.sigma_min,
@@ -127,7 +127,7 @@ impl Runner for ImageRunner {
 /// What an engine serves.
 pub enum Served {
     /// A latent diffusion pipeline (a diffusers folder).
-    Pipeline(Pipeline),
+    Pipeline(Box<Pipeline>),
     /// A pixel-space consistency model alone (one step, no text).
     Consistency(ConsistencyModel),
 }
