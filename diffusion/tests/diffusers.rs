@@ -13,7 +13,9 @@
 
 use anyhow::{Context, Result};
 use serde_json::Value;
-use u_diffusion::scheduler::{Config, Scheduler, ddim::Ddim, flow_match, from_config};
+use u_diffusion::scheduler::{
+    Config, Schedule, Scheduler, ddim::Ddim, flow_match, from_config, from_config_with,
+};
 
 /// Final sample against diffusers', per element, relative to the largest value (measured:
 /// at most 2.5e-6, DDPM over 20 steps; flow matching 1e-16).
@@ -305,4 +307,44 @@ fn dynamic_shifting_grows_with_the_image_as_flux_pipelines_compute_it() -> Resul
     let bad = serde_json::json!({"base_image_seq_len": 4096, "max_image_seq_len": 256});
     assert!(flow_match::mu(&Config(bad.as_object().unwrap()), 100).is_err());
     Ok(())
+}
+
+/// FLUX's pipelines give the σs of a run; diffusers shifts them (in f32) by the dynamic μ of
+/// the image's tokens, or by the static `shift`. Only a flow-matching scheduler takes σs.
+#[test]
+fn given_sigmas_are_shifted_as_flux_pipelines_shift_them() {
+    let dynamic = r#"{"_class_name": "FlowMatchEulerDiscreteScheduler", "shift": 3.0,
+        "use_dynamic_shifting": true, "base_shift": 0.5, "max_shift": 1.15,
+        "base_image_seq_len": 256, "max_image_seq_len": 4096}"#;
+    // 1024 tokens: 0.5 + (1024 − 256) · 0.65 / 3840.
+    let mu = u_diffusion::dynamic_mu(dynamic, 1024)
+        .unwrap()
+        .expect("dynamic");
+    assert!((mu - (0.5 + 768.0 * 0.65 / 3840.0)).abs() < 1e-12, "{mu}");
+    let given = vec![1.0, 0.75, 0.5, 0.25];
+    let s = from_config_with(dynamic, Schedule::Sigmas(given.clone()), Some(mu)).unwrap();
+    let e = mu.exp() as f32;
+    for (t, g) in s.timesteps().iter().zip(&given) {
+        let sigma = e / (e + (1.0 / *g as f32 - 1.0));
+        assert_eq!(*t, sigma * 1000.0);
+    }
+    let fixed = r#"{"_class_name": "FlowMatchEulerDiscreteScheduler", "shift": 3.0}"#;
+    assert_eq!(u_diffusion::dynamic_mu(fixed, 1024).unwrap(), None);
+    let s = from_config_with(fixed, Schedule::Sigmas(given.clone()), None).unwrap();
+    assert_eq!(s.timesteps()[1], 3.0 * 0.75 / (1.0 + 2.0 * 0.75) * 1000.0);
+    for (config, given, says) in [
+        (
+            r#"{"_class_name": "DDIMScheduler"}"#,
+            given.clone(),
+            "not σs",
+        ),
+        (fixed, vec![1.0, 0.0], "each in (0, 1]"),
+        (fixed, Vec::new(), "0 inference steps"),
+    ] {
+        let e = from_config_with(config, Schedule::Sigmas(given), None)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(e.contains(says), "{config}: {e}");
+    }
 }
