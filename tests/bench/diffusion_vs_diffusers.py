@@ -2,7 +2,9 @@
 """Image generation beside diffusers: seconds per denoising step of the same pipeline, and what
 runner-image's exact caches save.
 
-Pipelines: the tiny one of `tests/fixtures/diffusion_tiny/sd` (32×32 images), and a larger
+Pipelines: the tiny ones of `tests/fixtures/diffusion_tiny` (`sd`: Stable Diffusion, 32×32
+images; `dit_pipeline`: DiT, class 3; `sd_variations`: image variations of `init.png`;
+`sd3_pipeline`: Stable Diffusion 3 with its T5; `flux_pipeline`: FLUX, 16×16), and a larger
 random-weight Stable Diffusion layout made once into ~/.cache/u/bench/sd-bench (UNet
 `block_out_channels` (64, 128, 256) with cross-attention in the first two, CLIP text encoder of
 width 256, a three-block VAE; 128×128 images from 32×32 latents), both with DDIM and
@@ -24,7 +26,7 @@ consistency sampling, `cargo xtask fetch-model terrain-unet`), `u-runner image` 
 onnxruntime (the package's own runtime, `intra_op_num_threads` the same) on the same file: seconds
 of its one step, median of `--runs`.
 
-    python3 tests/bench/diffusion_vs_diffusers.py [--threads 2] [--runs 3] [--only terrain]
+    python3 tests/bench/diffusion_vs_diffusers.py [--threads 2] [--runs 3] [--only terrain|tiny]
 
 Needs `cargo xtask build`, torch, diffusers and transformers (tests/fixtures/requirements.txt).
 Quote the ratios: the machines here are shared.
@@ -40,6 +42,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import PIL.Image
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RUNNER = ROOT / "target/release/u-runner"
@@ -95,48 +99,72 @@ def dev_deployment(folder: pathlib.Path, caches: bool) -> pathlib.Path:
     return path
 
 
-def u_seconds(model: pathlib.Path, steps: int, threads: int, manifest: pathlib.Path) -> float:
+INIT = ROOT / "tests/fixtures/diffusion_tiny/init.png"
+
+# The other tiny pipelines of tests/fixtures/diffusion_tiny: what `u-runner image` and the
+# diffusers pipeline are asked for, alike (guidance as each pipeline's own test runs it).
+OTHERS = {
+    "dit_pipeline": (["--conditioning", "3", "--guidance", "4"],
+                     lambda: {"class_labels": [3], "guidance_scale": 4.0}),
+    "sd_variations": (["--init-image", str(INIT), "--guidance", "3"],
+                      lambda: {"image": PIL.Image.open(INIT).convert("RGB"),
+                               "guidance_scale": 3.0}),
+    "sd3_pipeline": (["--prompt", PROMPT, "--guidance", "5"],
+                     lambda: {"prompt": PROMPT, "guidance_scale": 5.0}),
+    "flux_pipeline": (["--prompt", PROMPT, "--guidance", "3.5", "--width", "16", "--height", "16"],
+                      lambda: {"prompt": PROMPT, "guidance_scale": 3.5, "width": 16,
+                               "height": 16}),
+}
+
+# Stable Diffusion's folders: a prompt, guidance 7.5.
+SD = (["--prompt", PROMPT, "--guidance", "7.5"], lambda: {"prompt": PROMPT, "guidance_scale": 7.5})
+
+
+def u_seconds(model: pathlib.Path, steps: int, threads: int, manifest: pathlib.Path,
+              asked: list) -> float:
     """Generation seconds (after loading) that `u-runner image` reports."""
     with tempfile.TemporaryDirectory() as tmp:
         out = subprocess.run(
-            [str(RUNNER), "image", "--model", str(model), "--prompt", PROMPT, "--steps",
-             str(steps), "--seed", "1", "--threads", str(threads), "--out", f"{tmp}/x.png",
-             "--deployment", str(manifest)],
+            [str(RUNNER), "image", "--model", str(model), "--steps", str(steps), "--seed", "1",
+             "--threads", str(threads), "--out", f"{tmp}/x.png", "--deployment", str(manifest),
+             *asked],
             check=True, capture_output=True, text=True).stderr
     return float(re.search(r"steps in ([0-9.]+) s", out).group(1))
 
 
-def diffusers_seconds(pipe, steps: int) -> float:
+def diffusers_seconds(pipe, steps: int, kwargs) -> float:
     import torch
     start = time.perf_counter()
     with torch.no_grad():
-        pipe(PROMPT, num_inference_steps=steps, guidance_scale=7.5,
-             generator=torch.Generator().manual_seed(1), output_type="np")
+        pipe(num_inference_steps=steps, generator=torch.Generator().manual_seed(1),
+             output_type="np", **kwargs())
     return time.perf_counter() - start
 
 
-def per_step(model: pathlib.Path, threads: int, runs: int) -> None:
+def per_step(model: pathlib.Path, threads: int, runs: int, asked=SD) -> None:
     import torch
-    from diffusers import StableDiffusionPipeline
+    from diffusers import DiffusionPipeline
     torch.set_num_threads(threads)
-    pipe = StableDiffusionPipeline.from_pretrained(model)
+    pipe = DiffusionPipeline.from_pretrained(model)
     pipe.set_progress_bar_config(disable=True)
+    u_args, kwargs = asked
     u, off, d = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         on_toml = dev_deployment(pathlib.Path(tmp), True)
         off_toml = dev_deployment(pathlib.Path(tmp), False)
 
         def step(manifest):
-            return (u_seconds(model, 12, threads, manifest)
-                    - u_seconds(model, 2, threads, manifest)) / 10
-        u_seconds(model, 2, threads, on_toml)
-        diffusers_seconds(pipe, 2)
+            return (u_seconds(model, 12, threads, manifest, u_args)
+                    - u_seconds(model, 2, threads, manifest, u_args)) / 10
+        u_seconds(model, 2, threads, on_toml, u_args)
+        diffusers_seconds(pipe, 2, kwargs)
         for _ in range(runs):
             u.append(step(on_toml))
             off.append(step(off_toml))
-            d.append((diffusers_seconds(pipe, 12) - diffusers_seconds(pipe, 2)) / 10)
+            d.append((diffusers_seconds(pipe, 12, kwargs)
+                      - diffusers_seconds(pipe, 2, kwargs)) / 10)
     mu, mo, md = statistics.median(u), statistics.median(off), statistics.median(d)
-    print(f"{model.name:<10} s/step U {mu:.4f} (caches off {mo:.4f}, {mo / mu:.3f}x)  "
+    print(f"{model.name:<14} s/step U {mu:.4f} (caches off {mo:.4f}, {mo / mu:.3f}x)  "
           f"diffusers {md:.4f}  diffusers/U {md / mu:.2f}")
 
 
@@ -254,14 +282,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--only", choices=["terrain"], help="run one part")
+    parser.add_argument("--only", choices=["terrain", "tiny"], help="run one part")
     args = parser.parse_args()
-    if args.only != "terrain":
+    if args.only in (None, "tiny"):
+        per_step(TINY, args.threads, args.runs)
+        for name, asked in OTHERS.items():
+            per_step(TINY.parent / name, args.threads, args.runs, asked)
+    if args.only is None:
         make_bench_pipeline()
-        for model in (TINY, BENCH):
-            per_step(model, args.threads, args.runs)
+        per_step(BENCH, args.threads, args.runs)
         caches(args.threads)
-    terrain(args.threads, args.runs)
+    if args.only in (None, "terrain"):
+        terrain(args.threads, args.runs)
 
 
 if __name__ == "__main__":
