@@ -8,6 +8,7 @@
 //! - A prompt's rows and pooled text equal `encode_prompt`'s within [`ROWS_TOL`].
 //! - A 4-step run (guidance 3.5, embedded) from diffusers' starting noise equals diffusers'
 //!   image within [`TOL`].
+//! - The caches are exact (on and off give the same PNG; a repeat comes from the trajectory).
 //! - A negative prompt is a clear error (the guidance is distilled).
 
 use serde_json::Value;
@@ -233,4 +234,44 @@ fn a_negative_prompt_is_refused() {
         .err()
         .expect("refused");
     assert!(err.message.contains("no negative prompt"), "{err}");
+}
+
+/// A sink that lets every step run.
+struct EveryStep;
+
+impl u_sdk::ImageSink for EveryStep {
+    fn step(&mut self, _: &u_sdk::ImageProgress) -> bool {
+        true
+    }
+}
+
+#[test]
+fn the_caches_are_exact_for_flux() {
+    let e = expected();
+    let generate = |engine: &ImageEngine, req: &ImageRequest| {
+        u_sdk::EngineBox::new(engine.clone())
+            .generate_image(req, u_sdk::ImageSinkBox::new(EveryStep))
+            .into_result()
+            .expect("an image")
+    };
+    let req = request(&e);
+    let plain = generate(&engine(false, ALL), &req);
+    let cached = engine(true, ALL);
+    let first = generate(&cached, &req);
+    assert_eq!(
+        first.png, plain.png,
+        "caches on and off give the same bytes"
+    );
+    let again = generate(&cached, &req);
+    assert_eq!((again.png == plain.png, again.cached_steps), (true, 4));
+    // Another guidance scale is another trajectory.
+    let other = generate(
+        &cached,
+        &ImageRequest {
+            guidance_scale: 2.0,
+            ..req
+        },
+    );
+    assert_eq!(other.cached_steps, 0);
+    assert_ne!(other.png, plain.png);
 }
