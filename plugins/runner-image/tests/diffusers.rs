@@ -13,161 +13,53 @@
 //! - Image to image runs the last `steps · strength` steps from the encoded image.
 //! - Bad requests are clear errors.
 
+mod common;
+
+use common::{EveryStep, TOL, backend, flat, image_error, serve, weights};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-use u_arch_diffusion::{DiffusionArchitecture, UNET, VAE_DECODER, VAE_ENCODER};
+use std::path::PathBuf;
+use u_arch_diffusion::UNET;
 use u_runner_image::sampler::{GivenNoise, LATENT_SAMPLE_DRAW};
 use u_runner_image::{ImageEngine, ImageRunner};
-use u_sdk::abi_stable::std_types::ROption;
-use u_sdk::{
-    ErrorKind, ImageProgress, ImageRequest, ModelBox, PipelineComponent, PipelineConfig,
-    PipelineParts, RunnerContext, ServingLimits, WeightSetBox,
-};
+use u_sdk::{ErrorKind, ImageProgress, ImageRequest, RunnerContext};
 
-/// Stated tolerance on the image's values in [0, 1] (f32 both sides, four UNet passes).
-const TOL: f32 = 1e-3;
+const PIPELINE: &str = "sd";
 
 fn sd() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/diffusion_tiny/sd")
+    common::folder(PIPELINE)
 }
 
 fn expected() -> Value {
-    let path = sd().join("../expected.json");
-    serde_json::from_slice(&std::fs::read(path).expect("expected.json")).expect("JSON")
-}
-
-fn weights(component: &str) -> WeightSetBox {
-    let m = u_loader_safetensors::SafetensorsModel::open(
-        &u_loader_safetensors::StdFs,
-        &sd().join(component),
-    )
-    .expect("the component's weights");
-    u_loader_safetensors::SafetensorsWeights::new(m).into_box()
-}
-
-fn backend() -> u_sdk::BackendBox {
-    u_kernels_cpu::CpuKernels::new(2)
-        .expect("kernels")
-        .into_box()
-}
-
-fn diffusion(component: &str, family: &str) -> ModelBox {
-    DiffusionArchitecture
-        .load(weights(component), backend(), family)
-        .expect("a diffusion network")
+    common::all_expected()
 }
 
 /// The pipeline's parts, as the host hands them over; without the autoencoder's encoder when
 /// `encoder` is false.
 fn context(encoder: bool) -> RunnerContext {
-    let text_encoder = u_arch_clip::ClipArchitecture
-        .load(weights("text_encoder"), backend())
-        .expect("the text encoder");
-    let mut components = vec![
-        PipelineComponent {
-            name: "text_encoder".into(),
-            model: text_encoder,
-        },
-        PipelineComponent {
-            name: "vae".into(),
-            model: diffusion("vae", VAE_DECODER),
-        },
-    ];
-    if encoder {
-        components.push(PipelineComponent {
-            name: "vae.encoder".into(),
-            model: diffusion("vae", VAE_ENCODER),
-        });
-    }
-    let configs = [
-        ("scheduler", "scheduler/scheduler_config.json"),
-        ("unet", "unet/config.json"),
-        ("text_encoder", "text_encoder/config.json"),
-        ("vae", "vae/config.json"),
-    ]
-    .into_iter()
-    .map(|(component, file)| PipelineConfig {
-        component: component.into(),
-        json: std::fs::read_to_string(sd().join(file))
-            .expect("a config")
-            .into(),
-    })
-    .collect::<Vec<_>>();
-    let tokenizer = u_tokenizer::Tok::from_json(
-        &std::fs::read_to_string(sd().join("tokenizer/tokenizer.json")).expect("tokenizer.json"),
-        Some(
-            &std::fs::read_to_string(sd().join("tokenizer/tokenizer_config.json"))
-                .expect("tokenizer_config.json"),
-        ),
-    )
-    .expect("the tokenizer")
-    .into_box();
-    RunnerContext {
-        name: "sd".into(),
-        model: diffusion("unet", UNET),
-        tokenizer: ROption::RSome(tokenizer),
-        limits: ServingLimits::default(),
-        aliases: Vec::new().into(),
-        extras: Vec::new().into(),
-        adapter_opener: ROption::RNone,
-        image_encoder: ROption::RNone,
-        draft_model: ROption::RNone,
-        pipeline: ROption::RSome(PipelineParts {
-            components: components.into(),
-            configs: configs.into(),
-            tokenizers: Vec::new().into(),
-        }),
-    }
+    let components: &[&str] = match encoder {
+        true => &["text_encoder", "vae", "vae.encoder"],
+        false => &["text_encoder", "vae"],
+    };
+    common::context(PIPELINE, ("unet", UNET), components, &[], &["tokenizer"])
 }
 
 fn engine(caches: bool) -> ImageEngine {
-    ImageRunner {
-        caches,
-        ..ImageRunner::default()
-    }
-    .serve(context(true))
-    .expect("the pipeline is served")
-}
-
-fn flat(v: &Value) -> Vec<f32> {
-    match v {
-        Value::Array(items) => items.iter().flat_map(flat).collect(),
-        Value::Number(n) => vec![n.as_f64().expect("number") as f32],
-        other => panic!("not a number array: {other}"),
-    }
+    serve(context(true), caches)
 }
 
 fn request(e: &Value) -> ImageRequest {
     let run = &e["txt2img"];
     ImageRequest {
-        model: "sd".into(),
         prompt: run["prompt"].as_str().expect("prompt").into(),
         negative_prompt: run["negative_prompt"].as_str().expect("negative").into(),
-        width: 0,
-        height: 0,
         steps: run["steps"].as_u64().expect("steps") as u32,
         guidance_scale: run["guidance_scale"].as_f64().expect("guidance") as f32,
-        seed: 7,
-        init_image: Vec::new().into(),
-        strength: 0.0,
-        handoff_prompt: "".into(),
-        handoff_step: 0,
-        conditioning: Vec::new().into(),
-        client: "".into(),
+        ..common::request(PIPELINE)
     }
 }
 
 fn all_steps(_: ImageProgress) -> bool {
     true
-}
-
-/// A sink that lets every step run.
-struct EveryStep;
-
-impl u_sdk::ImageSink for EveryStep {
-    fn step(&mut self, _: &ImageProgress) -> bool {
-        true
-    }
 }
 
 #[test]
@@ -213,15 +105,6 @@ fn text_to_image_equals_stable_diffusion_pipeline() {
     let d = image_error(&outcome.pixels, &want);
     eprintln!("4-step text to image: max |Δ| {d:.2e} on values in [0, 1]");
     assert!(d < TOL, "image off by {d}");
-}
-
-/// The largest difference of our `[3][H][W]` pixels from diffusers' `[H][W][3]` ones.
-fn image_error(ours: &[f32], theirs: &[f32]) -> f32 {
-    assert_eq!(ours.len(), theirs.len());
-    let plane = ours.len() / 3;
-    (0..plane * 3)
-        .map(|i| (ours[(i % 3) * plane + i / 3] - theirs[i]).abs())
-        .fold(0f32, f32::max)
 }
 
 #[test]
@@ -455,7 +338,7 @@ fn bad_requests_are_clear_errors() {
     // A pipeline with a text model where its denoiser should be is refused.
     let mut wrong = context(true);
     wrong.model = u_arch_clip::ClipArchitecture
-        .load(weights("text_encoder"), backend())
+        .load(weights(PIPELINE, "text_encoder"), backend())
         .unwrap();
     let err = ImageRunner::default().serve(wrong).err().unwrap();
     assert!(err.message.contains("serves diffusion pipelines"), "{err}");

@@ -10,163 +10,48 @@
 //! - The caches are exact (on and off give the same PNG; a repeat comes from the trajectory).
 //! - No image, or a prompt or conditioning values beside it, are clear errors.
 
-use serde_json::Value;
-use std::path::{Path, PathBuf};
-use u_arch_diffusion::{DiffusionArchitecture, UNET, VAE_DECODER};
-use u_runner_image::pipeline::Condition;
-use u_runner_image::sampler::GivenNoise;
-use u_runner_image::{ImageEngine, ImageRunner};
-use u_sdk::abi_stable::std_types::ROption;
-use u_sdk::{
-    ErrorKind, ImageProgress, ImageRequest, PipelineComponent, PipelineConfig, PipelineParts,
-    RunnerContext, ServingLimits, WeightSetBox,
-};
+mod common;
 
-/// Stated tolerance on the image's values in [0, 1] (f32 both sides, four guided passes).
-const TOL: f32 = 1e-3;
+use common::{TOL, expected, flat, generate, image_error, max_diff, request, serve};
+use serde_json::Value;
+use u_runner_image::ImageEngine;
+use u_runner_image::pipeline::Condition;
+use u_sdk::{ErrorKind, ImageRequest};
 
 /// Stated tolerance on the image embedding (f32 both sides).
 const EMBEDDING_TOL: f32 = 1e-5;
 
-fn folder() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/diffusion_tiny/sd_variations")
-}
-
-fn expected() -> Value {
-    let path = folder().join("../expected.json");
-    let all: Value =
-        serde_json::from_slice(&std::fs::read(path).expect("expected.json")).expect("JSON");
-    all["sd_variations"].clone()
-}
+const PIPELINE: &str = "sd_variations";
 
 fn source() -> Vec<u8> {
-    std::fs::read(folder().join("../init.png")).expect("init.png")
-}
-
-fn weights(component: &str) -> WeightSetBox {
-    let m = u_loader_safetensors::SafetensorsModel::open(
-        &u_loader_safetensors::StdFs,
-        &folder().join(component),
-    )
-    .expect("the component's weights");
-    u_loader_safetensors::SafetensorsWeights::new(m).into_box()
-}
-
-fn backend() -> u_sdk::BackendBox {
-    u_kernels_cpu::CpuKernels::new(2)
-        .expect("kernels")
-        .into_box()
+    std::fs::read(common::folder("init.png")).expect("init.png")
 }
 
 fn engine(caches: bool) -> ImageEngine {
-    let diffusion = |component: &str, family: &str| {
-        DiffusionArchitecture
-            .load(weights(component), backend(), family)
-            .expect("a diffusion network")
-    };
-    let components = vec![
-        PipelineComponent {
-            name: "image_encoder".into(),
-            model: u_arch_vit::VitArchitecture
-                .load(weights("image_encoder"), backend())
-                .expect("the image encoder"),
-        },
-        PipelineComponent {
-            name: "vae".into(),
-            model: diffusion("vae", VAE_DECODER),
-        },
-    ];
-    let configs = [
-        ("model_index", "model_index.json"),
-        ("scheduler", "scheduler/scheduler_config.json"),
-        (
-            "feature_extractor",
-            "feature_extractor/preprocessor_config.json",
-        ),
-        ("unet", "unet/config.json"),
-        ("image_encoder", "image_encoder/config.json"),
-        ("vae", "vae/config.json"),
-    ]
-    .into_iter()
-    .map(|(component, file)| PipelineConfig {
-        component: component.into(),
-        json: std::fs::read_to_string(folder().join(file))
-            .expect("a config")
-            .into(),
-    })
-    .collect::<Vec<_>>();
-    let context = RunnerContext {
-        name: "variations".into(),
-        model: diffusion("unet", UNET),
-        tokenizer: ROption::RNone,
-        limits: ServingLimits::default(),
-        aliases: Vec::new().into(),
-        extras: Vec::new().into(),
-        adapter_opener: ROption::RNone,
-        image_encoder: ROption::RNone,
-        draft_model: ROption::RNone,
-        pipeline: ROption::RSome(PipelineParts {
-            components: components.into(),
-            configs: configs.into(),
-            tokenizers: Vec::new().into(),
-        }),
-    };
-    ImageRunner {
-        caches,
-        ..ImageRunner::default()
-    }
-    .serve(context)
-    .expect("the pipeline is served")
-}
-
-fn flat(v: &Value) -> Vec<f32> {
-    match v {
-        Value::Array(items) => items.iter().flat_map(flat).collect(),
-        Value::Number(n) => vec![n.as_f64().expect("number") as f32],
-        other => panic!("not a number array: {other}"),
-    }
+    let context = common::context(
+        PIPELINE,
+        ("unet", u_arch_diffusion::UNET),
+        &["image_encoder", "vae"],
+        &["feature_extractor"],
+        &[],
+    );
+    serve(context, caches)
 }
 
 /// A variation of `init.png` as the fixture's run asks for it.
-fn request(e: &Value) -> ImageRequest {
+fn variation(e: &Value) -> ImageRequest {
     ImageRequest {
-        model: "variations".into(),
-        prompt: "".into(),
-        negative_prompt: "".into(),
-        width: 0,
-        height: 0,
         steps: e["steps"].as_u64().expect("steps") as u32,
         guidance_scale: e["guidance_scale"].as_f64().expect("guidance") as f32,
-        seed: 7,
         init_image: source().into(),
         strength: 0.8,
-        handoff_prompt: "".into(),
-        handoff_step: 0,
-        conditioning: Vec::new().into(),
-        client: "".into(),
+        ..request(PIPELINE)
     }
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0f32, f32::max)
-}
-
-/// The largest difference of our `[3][H][W]` pixels from diffusers' `[H][W][3]` ones.
-fn image_error(ours: &[f32], theirs: &[f32]) -> f32 {
-    assert_eq!(ours.len(), theirs.len());
-    let plane = ours.len() / 3;
-    (0..plane * 3)
-        .map(|i| (ours[(i % 3) * plane + i / 3] - theirs[i]).abs())
-        .fold(0f32, f32::max)
 }
 
 #[test]
 fn a_variation_equals_the_image_variation_pipeline() {
-    let e = expected();
+    let e = expected(PIPELINE);
     let engine = engine(true);
     let pipeline = engine.pipeline().expect("a pipeline");
     assert!(pipeline.varies_images());
@@ -186,40 +71,17 @@ fn a_variation_equals_the_image_variation_pipeline() {
     );
     assert!(cond.pooled.is_empty() && uncond.pooled.is_empty());
 
-    let given = GivenNoise([(0, flat(&e["latents"]))].into());
-    let mut seen = Vec::new();
-    let outcome = engine
-        .run(&request(&e), Some(&given), &mut |p| {
-            seen.push((p.step, p.cached));
-            true
-        })
-        .expect("a variation");
-    assert_eq!((outcome.width, outcome.height), (32, 32));
-    assert_eq!(seen, [(1, false), (2, false), (3, false), (4, false)]);
-    let d = image_error(&outcome.pixels, &flat(&e["image"]));
+    let pixels = common::run_from(&engine, &variation(&e), &e["latents"]);
+    assert_eq!(pixels.len(), 3 * 32 * 32);
+    let d = image_error(&pixels, &flat(&e["image"]));
     eprintln!("4-step image variation, guidance 3: max |Δ| {d:.2e} on values in [0, 1]");
     assert!(d < TOL, "image off by {d}");
 }
 
-/// A sink that lets every step run.
-struct EveryStep;
-
-impl u_sdk::ImageSink for EveryStep {
-    fn step(&mut self, _: &ImageProgress) -> bool {
-        true
-    }
-}
-
 #[test]
 fn the_caches_are_exact_for_variations() {
-    let e = expected();
-    let generate = |engine: &ImageEngine, req: &ImageRequest| {
-        u_sdk::EngineBox::new(engine.clone())
-            .generate_image(req, u_sdk::ImageSinkBox::new(EveryStep))
-            .into_result()
-            .expect("an image")
-    };
-    let req = request(&e);
+    let e = expected(PIPELINE);
+    let req = variation(&e);
     let plain = generate(&engine(false), &req);
     let cached = engine(true);
     let first = generate(&cached, &req);
@@ -233,7 +95,7 @@ fn the_caches_are_exact_for_variations() {
 
 #[test]
 fn bad_variation_requests_are_clear_errors() {
-    let e = expected();
+    let e = expected(PIPELINE);
     let engine = engine(true);
     let fails = |req: ImageRequest, says: &str| {
         let err = engine
@@ -246,28 +108,28 @@ fn bad_variation_requests_are_clear_errors() {
     fails(
         ImageRequest {
             init_image: Vec::new().into(),
-            ..request(&e)
+            ..variation(&e)
         },
         "needs the image to vary",
     );
     fails(
         ImageRequest {
             prompt: "a cat".into(),
-            ..request(&e)
+            ..variation(&e)
         },
         "reads only the image",
     );
     fails(
         ImageRequest {
             conditioning: vec![1.0].into(),
-            ..request(&e)
+            ..variation(&e)
         },
         "reads only the image",
     );
     fails(
         ImageRequest {
             init_image: b"not an image".to_vec().into(),
-            ..request(&e)
+            ..variation(&e)
         },
         "initial image",
     );
