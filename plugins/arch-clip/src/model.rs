@@ -7,8 +7,9 @@
 use crate::config::{Act, CHECKPOINT, Config, TEXT_CHECKPOINT};
 use abi_stable::std_types::ROption;
 use u_sdk::{
-    Activation, AttentionMask, AttentionParams, DType, ErrorKind, ModelConfig, ModelKind, Output,
-    Pooling, Result, Rows, Segment, SeqChunk, UError, WeightSetBox,
+    Activation, AttentionMask, AttentionParams, DType, ModelConfig, ModelKind, Output, Pooling,
+    Result, SeqChunk, UError, WeightSetBox,
+    encoder::{TextBatch, TextSpan},
     nn::{Device, Tensor},
 };
 
@@ -119,13 +120,6 @@ impl LayerNorm {
     }
 }
 
-/// One text's rows inside the batch.
-#[derive(Clone, Copy, Debug)]
-struct Span {
-    offset: usize,
-    len: usize,
-}
-
 /// Token embeddings plus learned absolute positions (each text's from 0).
 struct Embeddings {
     token: Tensor,
@@ -190,7 +184,7 @@ impl SelfAttention {
         })
     }
 
-    fn forward(&self, x: &Tensor, spans: &[Span]) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, spans: &[TextSpan]) -> Result<Tensor> {
         let (q, k, v) = (
             self.query.forward(x)?,
             self.key.forward(x)?,
@@ -257,7 +251,7 @@ impl Block {
         })
     }
 
-    fn forward(&self, x: &Tensor, spans: &[Span]) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, spans: &[TextSpan]) -> Result<Tensor> {
         let h = x.add(&self.attention.forward(&self.norm1.forward(x)?, spans)?)?;
         h.add(&self.mlp.forward(&self.norm2.forward(&h)?)?)
     }
@@ -358,52 +352,14 @@ impl ClipText {
         }
     }
 
-    /// The chunk's token ids, checked, with the output it asks for.
-    fn text(&self, chunk: &SeqChunk<'_>) -> Result<Vec<u32>> {
-        let (vocab, layers) = (self.cfg.vocab_size, self.cfg.layers);
-        let bad = |why: String| UError::invalid(format!("arch-clip: {why}"));
-        let mut ids = Vec::new();
-        for segment in chunk.input.iter() {
-            match segment {
-                Segment::Tokens(t) => ids.extend_from_slice(t.as_slice()),
-                Segment::Embeddings(_) | Segment::Image(_) | Segment::Planes(_) => {
-                    return Err(UError::unsupported(
-                        "arch-clip: the text tower reads token ids only (images are the \
-                         `clip.vision` encoder's)",
-                    ));
-                }
-            }
-        }
-        if let Some(&id) = ids.iter().find(|&&t| t as usize >= vocab) {
-            return Err(bad(format!(
-                "token {id} is outside the vocabulary of {vocab}"
-            )));
-        }
-        let x = &chunk.extras;
-        if !x.adapters.is_empty()
-            || !x.steering.is_empty()
-            || x.cross.is_some()
-            || !x.conditioning.is_empty()
-        {
-            return Err(UError::unsupported(
-                "arch-clip: the encoder applies no adapters, steering, cross-attention or \
-                 conditioning",
-            ));
-        }
-        match chunk.output {
-            Output::Nothing => {}
-            Output::Logits(_) | Output::Planes => {
-                return Err(UError::unsupported(
-                    "arch-clip: an encoder produces embeddings, not logits or feature maps",
-                ));
-            }
-            Output::Hidden { layer, .. } if layer as usize > layers => {
-                return Err(bad(format!(
-                    "layer {layer} asked for; the tower has {layers} blocks"
-                )));
-            }
-            Output::Hidden { layer, .. }
-                if (layer as usize) < layers && self.width != self.cfg.hidden =>
+    /// Refuses an earlier layer's rows where the projection changes the width (they would not
+    /// be the joint space's rows the model's width promises).
+    fn check_layers(&self, batch: &[SeqChunk<'_>]) -> Result<()> {
+        let layers = self.cfg.layers;
+        for chunk in batch {
+            if let Output::Hidden { layer, .. } = chunk.output
+                && (layer as usize) < layers
+                && self.width != self.cfg.hidden
             {
                 return Err(UError::unsupported(format!(
                     "arch-clip: the rows of the joint space are the final ones (layer {layers}); \
@@ -412,20 +368,8 @@ impl ClipText {
                     self.cfg.hidden, self.width
                 )));
             }
-            _ if ids.is_empty() => return Err(bad("asks for output of no input".into())),
-            _ => {}
         }
-        if ids.len() > self.cfg.max_positions {
-            return Err(UError::new(
-                ErrorKind::ResourceExhausted,
-                format!(
-                    "arch-clip: {} tokens, past the text tower's {} positions",
-                    ids.len(),
-                    self.cfg.max_positions
-                ),
-            ));
-        }
-        Ok(ids)
+        Ok(())
     }
 
     /// Encodes every chunk of `batch` (one text each) and writes the outputs they ask for into
@@ -437,83 +381,31 @@ impl ClipText {
     /// penultimate one; where the projection keeps the tower's width).
     pub fn forward(&self, batch: &[SeqChunk<'_>], out: &mut [f32]) -> Result<()> {
         let config = self.model_config();
-        let texts = batch
-            .iter()
-            .map(|c| self.text(c))
-            .collect::<Result<Vec<_>>>()?;
-        let mut spans = Vec::with_capacity(texts.len());
-        let (mut offset, mut floats) = (0, 0);
-        for (chunk, ids) in batch.iter().zip(&texts) {
-            floats += chunk.output.floats(ids.len(), &config);
-            spans.push(Span {
-                offset,
-                len: ids.len(),
-            });
-            offset += ids.len();
-        }
-        if out.len() != floats {
-            return Err(UError::invalid(format!(
-                "arch-clip: the output buffer holds {} floats, the batch asks for {floats}",
-                out.len()
-            )));
-        }
-        if floats == 0 {
+        self.check_layers(batch)?;
+        let read = TextBatch::read(
+            "arch-clip",
+            batch,
+            &config,
+            (self.cfg.max_positions, true),
+            out,
+        )?;
+        if read.floats == 0 {
             return Ok(());
         }
-        let earlier = |l: usize| {
-            batch
-                .iter()
-                .any(|c| matches!(c.output, Output::Hidden { layer, .. } if layer as usize == l))
-        };
-        let mut x = self.embeddings.forward(&texts)?;
+        let mut x = self.embeddings.forward(&read.texts)?;
         let mut states = Vec::new();
         for (l, block) in self.blocks.iter().enumerate() {
-            if earlier(l) {
+            if TextBatch::wants_layer(batch, l) {
                 states.push((l, x.to_vec()?));
             }
-            x = block.forward(&x, &spans)?;
+            x = block.forward(&x, &read.spans)?;
         }
         let normed = self.final_norm.forward(&x)?;
         let projected = match &self.projection {
             Some(p) => p.forward(&normed)?.to_vec()?,
             None => normed.to_vec()?,
         };
-        let width = self.width;
-        let mut at = 0;
-        for ((chunk, ids), span) in batch.iter().zip(&texts).zip(&spans) {
-            let n = chunk.output.floats(span.len, &config);
-            let dst = &mut out[at..at + n];
-            at += n;
-            let rows = &projected[span.offset * width..(span.offset + span.len) * width];
-            let state = |layer: u32| {
-                let (_, x) = states
-                    .iter()
-                    .find(|(l, _)| *l == layer as usize)
-                    .expect("every earlier layer asked for is kept");
-                &x[span.offset * width..(span.offset + span.len) * width]
-            };
-            match chunk.output {
-                Output::Hidden { layer, rows: which } if (layer as usize) < self.cfg.layers => {
-                    let rows = state(layer);
-                    match which {
-                        Rows::All => dst.copy_from_slice(rows),
-                        Rows::Last => dst.copy_from_slice(&rows[rows.len() - width..]),
-                    }
-                }
-                Output::Pooled(Pooling::Head) => {
-                    let row = self.cfg.eos.pick(ids);
-                    dst.copy_from_slice(&rows[row * width..(row + 1) * width]);
-                }
-                Output::Pooled(p) => p.pool(rows, width, dst)?,
-                Output::Hidden {
-                    rows: Rows::All, ..
-                } => dst.copy_from_slice(rows),
-                Output::Hidden {
-                    rows: Rows::Last, ..
-                } => dst.copy_from_slice(&rows[rows.len() - width..]),
-                Output::Nothing | Output::Logits(_) | Output::Planes => {}
-            }
-        }
-        Ok(())
+        let eos = |ids: &[u32]| self.cfg.eos.pick(ids);
+        read.write(batch, (&projected, &states), &config, &eos, out)
     }
 }

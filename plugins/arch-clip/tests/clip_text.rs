@@ -178,7 +178,7 @@ fn bad_input_is_refused() -> Result<()> {
     let head = Output::Pooled(Pooling::Head);
     for (ids, output, says) in [
         (vec![128, 130, 129], head, "outside the vocabulary of 130"),
-        (vec![1; 17], head, "past the text tower's 16 positions"),
+        (vec![1; 17], head, "longer than the encoder's 16"),
         (t.ids.clone(), Output::Logits(Rows::All), "not logits"),
         (
             t.ids.clone(),

@@ -8,8 +8,9 @@
 use crate::config::{Config, FeedForwardKind};
 use abi_stable::std_types::ROption;
 use u_sdk::{
-    Activation, AttentionMask, ErrorKind, ModelConfig, ModelKind, Output, Pooling, Result, Rows,
-    Segment, SeqChunk, UError, WeightSetBox,
+    Activation, AttentionMask, ModelConfig, ModelKind, Pooling, Result, SeqChunk, UError,
+    WeightSetBox,
+    encoder::{TextBatch, TextSpan},
     nn::{Device, Tensor},
 };
 
@@ -151,7 +152,7 @@ impl SelfAttention {
 
     /// `o(concat_h softmax(q_h·k_hᵀ + bias_h)·v_h)` over each text's rows (`spans`, with the
     /// biases of their lengths).
-    fn forward(&self, x: &Tensor, spans: &[(Span, &[Tensor])]) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, spans: &[(TextSpan, &[Tensor])]) -> Result<Tensor> {
         let (q, k, v) = (
             x.matmul_t(&self.query)?,
             x.matmul_t(&self.key)?,
@@ -239,17 +240,10 @@ impl Block {
         })
     }
 
-    fn forward(&self, x: &Tensor, spans: &[(Span, &[Tensor])]) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, spans: &[(TextSpan, &[Tensor])]) -> Result<Tensor> {
         let h = x.add(&self.attention.forward(&self.norm1.forward(x)?, spans)?)?;
         h.add(&self.feed_forward.forward(&self.norm2.forward(&h)?)?)
     }
-}
-
-/// One text's rows inside the batch.
-#[derive(Clone, Copy, Debug)]
-struct Span {
-    offset: usize,
-    len: usize,
 }
 
 /// The T5 encoder: token ids in, its final-normed rows out.
@@ -311,66 +305,6 @@ impl T5Encoder {
         }
     }
 
-    /// The chunk's token ids, checked with the output it asks for.
-    fn text(&self, chunk: &SeqChunk<'_>) -> Result<Vec<u32>> {
-        let (vocab, layers) = (self.cfg.vocab_size, self.cfg.layers);
-        let bad = |why: String| UError::invalid(format!("arch-t5: {why}"));
-        let mut ids = Vec::new();
-        for segment in chunk.input.iter() {
-            match segment {
-                Segment::Tokens(t) => ids.extend_from_slice(t.as_slice()),
-                _ => {
-                    return Err(UError::unsupported(
-                        "arch-t5: the encoder reads token ids only",
-                    ));
-                }
-            }
-        }
-        if let Some(&id) = ids.iter().find(|&&t| t as usize >= vocab) {
-            return Err(bad(format!(
-                "token {id} is outside the vocabulary of {vocab}"
-            )));
-        }
-        let x = &chunk.extras;
-        if !x.adapters.is_empty()
-            || !x.steering.is_empty()
-            || x.cross.is_some()
-            || !x.conditioning.is_empty()
-        {
-            return Err(UError::unsupported(
-                "arch-t5: the encoder applies no adapters, steering, cross-attention or \
-                 conditioning",
-            ));
-        }
-        match chunk.output {
-            Output::Nothing => {}
-            Output::Logits(_) | Output::Planes | Output::Pooled(Pooling::Head) => {
-                return Err(UError::unsupported(format!(
-                    "arch-t5: the encoder gives its rows or their mean, first or last, not {:?}",
-                    chunk.output
-                )));
-            }
-            Output::Hidden { layer, .. } if layer as usize > layers => {
-                return Err(bad(format!(
-                    "layer {layer} asked for; the encoder has {layers} blocks"
-                )));
-            }
-            _ if ids.is_empty() => return Err(bad("asks for output of no input".into())),
-            _ => {}
-        }
-        if ids.len() > self.cfg.positions {
-            return Err(UError::new(
-                ErrorKind::ResourceExhausted,
-                format!(
-                    "arch-t5: a text of {} tokens is longer than the encoder's {}",
-                    ids.len(),
-                    self.cfg.positions
-                ),
-            ));
-        }
-        Ok(ids)
-    }
-
     /// Encodes every chunk of `batch` (one text each) and writes the outputs they ask for into
     /// `out`, in batch order (see [`u_sdk::Model::forward`]): the final-normed rows (`Hidden`
     /// at the last layer: transformers' `last_hidden_state`), the residual stream after an
@@ -378,41 +312,23 @@ impl T5Encoder {
     /// rows.
     pub fn forward(&self, batch: &[SeqChunk<'_>], out: &mut [f32]) -> Result<()> {
         let config = self.model_config();
-        let texts = batch
-            .iter()
-            .map(|c| self.text(c))
-            .collect::<Result<Vec<_>>>()?;
-        let mut spans = Vec::with_capacity(texts.len());
-        let (mut offset, mut floats) = (0, 0);
-        for (chunk, ids) in batch.iter().zip(&texts) {
-            floats += chunk.output.floats(ids.len(), &config);
-            spans.push(Span {
-                offset,
-                len: ids.len(),
-            });
-            offset += ids.len();
-        }
-        if out.len() != floats {
-            return Err(UError::invalid(format!(
-                "arch-t5: the output buffer holds {} floats, the batch asks for {floats}",
-                out.len()
-            )));
-        }
-        if floats == 0 {
+        let read = TextBatch::read("arch-t5", batch, &config, (self.cfg.positions, false), out)?;
+        if read.floats == 0 {
             return Ok(());
         }
         let device = self.embeddings.device();
-        let ids: Vec<i32> = texts.iter().flatten().map(|&t| t as i32).collect();
+        let ids: Vec<i32> = read.texts.iter().flatten().map(|&t| t as i32).collect();
         let mut x = self
             .embeddings
             .get_rows(&device.from_i32(&ids, &[ids.len() as u64])?)?;
         let mut lengths: Vec<(usize, Vec<Tensor>)> = Vec::new();
-        for s in &spans {
+        for s in &read.spans {
             if s.len > 0 && !lengths.iter().any(|(n, _)| *n == s.len) {
                 lengths.push((s.len, self.positions.biases(device, s.len)?));
             }
         }
-        let with_biases: Vec<(Span, &[Tensor])> = spans
+        let with_biases: Vec<(TextSpan, &[Tensor])> = read
+            .spans
             .iter()
             .filter(|s| s.len > 0)
             .map(|s| {
@@ -423,49 +339,15 @@ impl T5Encoder {
                 (*s, b.as_slice())
             })
             .collect();
-        let earlier = |l: usize| {
-            batch
-                .iter()
-                .any(|c| matches!(c.output, Output::Hidden { layer, .. } if layer as usize == l))
-        };
         let mut states = Vec::new();
         for (l, block) in self.blocks.iter().enumerate() {
-            if earlier(l) {
+            if TextBatch::wants_layer(batch, l) {
                 states.push((l, x.to_vec()?));
             }
             x = block.forward(&x, &with_biases)?;
         }
         let last = self.final_norm.forward(&x)?.to_vec()?;
-        let width = self.cfg.hidden;
-        let mut at = 0;
-        for ((chunk, span), _) in batch.iter().zip(&spans).zip(&texts) {
-            let n = chunk.output.floats(span.len, &config);
-            let dst = &mut out[at..at + n];
-            at += n;
-            let of = |x: &'_ [f32]| -> Vec<f32> {
-                x[span.offset * width..(span.offset + span.len) * width].to_vec()
-            };
-            let rows = match chunk.output {
-                Output::Hidden { layer, .. } if (layer as usize) < self.cfg.layers => {
-                    let (_, x) = states
-                        .iter()
-                        .find(|(l, _)| *l == layer as usize)
-                        .expect("every earlier layer asked for is kept");
-                    of(x)
-                }
-                _ => of(&last),
-            };
-            match chunk.output {
-                Output::Hidden {
-                    rows: Rows::All, ..
-                } => dst.copy_from_slice(&rows),
-                Output::Hidden {
-                    rows: Rows::Last, ..
-                } => dst.copy_from_slice(&rows[rows.len() - width..]),
-                Output::Pooled(p) => p.pool(&rows, width, dst)?,
-                Output::Nothing | Output::Logits(_) | Output::Planes => {}
-            }
-        }
-        Ok(())
+        let no_head = |_: &[u32]| 0;
+        read.write(batch, (&last, &states), &config, &no_head, out)
     }
 }

@@ -162,7 +162,7 @@ fn bad_requests_are_clear_errors() -> Result<()> {
         &[vec![3, 1]],
         Output::Pooled(Pooling::Head),
         ErrorKind::Unsupported,
-        "not",
+        "no pooling head",
     );
     fails(
         &[vec![3; 513]],
