@@ -134,15 +134,40 @@ fn promptless_image(model: &Path, out: &Path, extra: &[&str]) -> std::process::O
     run(&mut cmd)
 }
 
+/// `promptless_image` on `folder` with `same` twice — one PNG of `size`, byte for byte — and
+/// with `other`, another PNG; the first PNG.
+fn alike_and_not(folder: &Path, same: &[&str], other: &[&str], size: (u32, u32)) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let made = |name: &str, args: &[&str]| {
+        let out = dir.path().join(name);
+        let run = promptless_image(folder, &out, args);
+        assert!(run.status.success(), "{args:?}: {}", text(&run));
+        std::fs::read(out).unwrap()
+    };
+    let a = made("a.png", same);
+    assert_eq!(png_size(&a), size);
+    assert_eq!(a, made("b.png", same), "{same:?} twice: the same bytes");
+    assert_ne!(a, made("c.png", other), "{other:?}: another image");
+    a
+}
+
+/// `promptless_image` on `folder` with `args` fails saying `says`, and writes nothing.
+fn refused(folder: &Path, args: &[&str], says: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x.png");
+    let run = promptless_image(folder, &out, args);
+    assert!(!run.status.success(), "{args:?}");
+    assert!(text(&run).contains(says), "{args:?}: {}", text(&run));
+    assert!(!out.exists(), "nothing is written for a failed run");
+}
+
 #[test]
 fn a_dit_pipeline_draws_the_class_asked_for() {
     let dit = root().join("tests/fixtures/diffusion_tiny/dit_pipeline");
     let dir = tempfile::tempdir().unwrap();
     let out = |name: &str| dir.path().join(name);
-    let first = promptless_image(&dit, &out("a.png"), &["--conditioning", "3", "--seed", "5"]);
-    assert!(first.status.success(), "{}", text(&first));
-    let a = std::fs::read(out("a.png")).unwrap();
-    assert_eq!(png_size(&a), (16, 16), "the transformer's own size");
+    let class = |label| ["--conditioning", label, "--seed", "5"];
+    let a = alike_and_not(&dit, &class("3"), &class("7"), (16, 16));
     // The label's name in `id2label` is the same class.
     let named = promptless_image(
         &dit,
@@ -151,29 +176,17 @@ fn a_dit_pipeline_draws_the_class_asked_for() {
     );
     assert!(named.status.success(), "{}", text(&named));
     assert_eq!(a, std::fs::read(out("b.png")).unwrap(), "class 3 by name");
-    let other = promptless_image(&dit, &out("c.png"), &["--conditioning", "7", "--seed", "5"]);
-    assert!(other.status.success(), "{}", text(&other));
-    assert_ne!(a, std::fs::read(out("c.png")).unwrap(), "another class");
-
-    for (args, says) in [
-        (&[][..], "needs a class"),
-        (
-            &["--conditioning", "1000"][..],
-            "one class label in 0..1000",
-        ),
-        (
-            &["--prompt", "a photo of a red cat"][..],
-            "no class is named",
-        ),
-    ] {
-        let failed = promptless_image(&dit, &out("d.png"), args);
-        assert!(!failed.status.success(), "{args:?}");
-        assert!(text(&failed).contains(says), "{args:?}: {}", text(&failed));
-        assert!(
-            !out("d.png").exists(),
-            "nothing is written for a failed run"
-        );
-    }
+    refused(&dit, &[], "needs a class");
+    refused(
+        &dit,
+        &["--conditioning", "1000"],
+        "one class label in 0..1000",
+    );
+    refused(
+        &dit,
+        &["--prompt", "a photo of a red cat"],
+        "no class is named",
+    );
 
     // A `model_index.json` that lists no denoiser.
     let broken = dir.path().join("broken");
@@ -183,59 +196,22 @@ fn a_dit_pipeline_draws_the_class_asked_for() {
         r#"{"_class_name": "DiTPipeline", "vae": ["diffusers", "AutoencoderKL"]}"#,
     )
     .unwrap();
-    let missing = promptless_image(&broken, &out("e.png"), &["--conditioning", "3"]);
-    assert!(!missing.status.success());
-    assert!(
-        text(&missing).contains("lists no denoiser"),
-        "{}",
-        text(&missing)
-    );
+    refused(&broken, &["--conditioning", "3"], "lists no denoiser");
 }
 
 #[test]
 fn an_image_variation_pipeline_varies_the_image_given() {
     let folder = root().join("tests/fixtures/diffusion_tiny/sd_variations");
     let source = root().join("tests/fixtures/diffusion_tiny/init.png");
-    let dir = tempfile::tempdir().unwrap();
-    let out = |name: &str| dir.path().join(name);
-    let vary = |name: &str, extra: &[&str]| {
-        let mut args = vec!["--init-image", source.to_str().unwrap()];
-        args.extend_from_slice(extra);
-        if !extra.contains(&"--seed") {
-            args.extend(["--seed", "5"]);
-        }
-        promptless_image(&folder, &out(name), &args)
-    };
-    let first = vary("a.png", &[]);
-    assert!(first.status.success(), "{}", text(&first));
-    let a = std::fs::read(out("a.png")).unwrap();
-    assert_eq!(png_size(&a), (32, 32), "the pipeline's own size");
-    let again = vary("b.png", &[]);
-    assert!(again.status.success(), "{}", text(&again));
-    assert_eq!(
-        a,
-        std::fs::read(out("b.png")).unwrap(),
-        "same seed, same bytes"
+    let image = source.to_str().unwrap();
+    let seeded = |seed| ["--init-image", image, "--seed", seed];
+    let a = alike_and_not(&folder, &seeded("5"), &seeded("6"), (32, 32));
+    refused(
+        &folder,
+        &["--init-image", image, "--prompt", "a cat"],
+        "reads only the image",
     );
-    let other = vary("c.png", &["--seed", "6"]);
-    assert!(other.status.success(), "{}", text(&other));
-    assert_ne!(a, std::fs::read(out("c.png")).unwrap(), "another seed");
-
-    let prompted = vary("d.png", &["--prompt", "a cat"]);
-    assert!(!prompted.status.success());
-    assert!(
-        text(&prompted).contains("reads only the image"),
-        "{}",
-        text(&prompted)
-    );
-    let imageless = promptless_image(&folder, &out("e.png"), &[]);
-    assert!(!imageless.status.success());
-    assert!(
-        text(&imageless).contains("needs the image to vary"),
-        "{}",
-        text(&imageless)
-    );
-    assert!(!out("d.png").exists() && !out("e.png").exists());
+    refused(&folder, &[], "needs the image to vary");
 
     // Served: the openai client's `images.create_variation` uploads the image (multipart) and
     // gets the command line's PNG for the same seed.
@@ -261,8 +237,7 @@ with open(os.environ["U_IMAGE"], "rb") as f:
                                   extra_body={"steps": 4, "seed": 5, "guidance_scale": 4})
 print(json.dumps({"png": r.data[0].b64_json, "seed": r.data[0].model_extra["seed"]}))
 "#;
-    let image = source.display().to_string();
-    for answer in python_client_both(script, &[("U_IMAGE", image.as_str())], &server) {
+    for answer in python_client_both(script, &[("U_IMAGE", image)], &server) {
         let served = base64::engine::general_purpose::STANDARD
             .decode(answer["png"].as_str().unwrap())
             .unwrap();
@@ -284,67 +259,28 @@ print(json.dumps({"png": r.data[0].b64_json, "seed": r.data[0].model_extra["seed
 #[test]
 fn a_stable_diffusion_3_pipeline_draws_its_prompt() {
     let folder = root().join("tests/fixtures/diffusion_tiny/sd3_pipeline");
-    let dir = tempfile::tempdir().unwrap();
-    let out = |name: &str| dir.path().join(name);
-    let draw = |name: &str, extra: &[&str]| {
-        let mut args = vec!["--prompt", PROMPT];
-        args.extend_from_slice(extra);
-        promptless_image(&folder, &out(name), &args)
-    };
-    let first = draw("a.png", &["--seed", "5"]);
-    assert!(first.status.success(), "{}", text(&first));
-    let a = std::fs::read(out("a.png")).unwrap();
-    assert_eq!(png_size(&a), (16, 16), "the transformer's own size");
-    let again = draw("b.png", &["--seed", "5"]);
-    assert!(again.status.success(), "{}", text(&again));
-    assert_eq!(
-        a,
-        std::fs::read(out("b.png")).unwrap(),
-        "same seed, same bytes"
-    );
-    let other = draw("c.png", &["--seed", "5", "--negative-prompt", "two dogs!"]);
-    assert!(other.status.success(), "{}", text(&other));
-    assert_ne!(
-        a,
-        std::fs::read(out("c.png")).unwrap(),
-        "another negative prompt"
-    );
-    let wide = draw("d.png", &["--seed", "5", "--width", "24"]);
-    assert!(wide.status.success(), "{}", text(&wide));
-    assert_eq!(png_size(&std::fs::read(out("d.png")).unwrap()), (24, 16));
+    let seeded = ["--prompt", PROMPT, "--seed", "5"];
+    let negative = [
+        "--prompt",
+        PROMPT,
+        "--seed",
+        "5",
+        "--negative-prompt",
+        "two dogs!",
+    ];
+    alike_and_not(&folder, &seeded, &negative, (16, 16));
+    let wide = ["--prompt", PROMPT, "--width", "24"];
+    alike_and_not(&folder, &wide, &seeded, (24, 16));
 }
 
 #[test]
 fn a_flux_pipeline_draws_its_prompt() {
     let folder = root().join("tests/fixtures/diffusion_tiny/flux_pipeline");
-    let dir = tempfile::tempdir().unwrap();
-    let out = |name: &str| dir.path().join(name);
-    let draw = |name: &str, extra: &[&str]| {
-        let mut args = vec!["--prompt", "two dogs!", "--width", "16", "--height", "16"];
-        args.extend_from_slice(extra);
-        promptless_image(&folder, &out(name), &args)
-    };
-    let first = draw("a.png", &["--seed", "5"]);
-    assert!(first.status.success(), "{}", text(&first));
-    let a = std::fs::read(out("a.png")).unwrap();
-    assert_eq!(png_size(&a), (16, 16));
-    let again = draw("b.png", &["--seed", "5"]);
-    assert!(again.status.success(), "{}", text(&again));
-    assert_eq!(
-        a,
-        std::fs::read(out("b.png")).unwrap(),
-        "same seed, same bytes"
-    );
-    let other = draw("c.png", &["--seed", "6"]);
-    assert!(other.status.success(), "{}", text(&other));
-    assert_ne!(a, std::fs::read(out("c.png")).unwrap(), "another seed");
-    let negative = draw("d.png", &["--negative-prompt", "blue sky"]);
-    assert!(!negative.status.success());
-    assert!(
-        text(&negative).contains("no negative prompt"),
-        "{}",
-        text(&negative)
-    );
+    let sized = ["--prompt", "two dogs!", "--width", "16", "--height", "16"];
+    let seeded = |seed| [&sized[..], &["--seed", seed]].concat();
+    alike_and_not(&folder, &seeded("5"), &seeded("6"), (16, 16));
+    let negative = [&sized[..], &["--negative-prompt", "blue sky"]].concat();
+    refused(&folder, &negative, "no negative prompt");
 }
 
 fn server() -> Server {
