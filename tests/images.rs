@@ -215,19 +215,10 @@ fn an_image_variation_pipeline_varies_the_image_given() {
 
     // Served: the openai client's `images.create_variation` uploads the image (multipart) and
     // gets the command line's PNG for the same seed.
-    let extra: String = ["arch-vit", "arch-diffusion", "runner-image"]
-        .iter()
-        .map(|p| format!("[[plugins]]\npath = \"{}\"\n\n", plugin(p).display()))
-        .collect();
-    let options = Options {
-        plugins: extra,
-        ..Options::default()
-    };
-    let server = start_with(
-        tempfile::tempdir().unwrap(),
+    let server = serve_model(
         &folder,
         "loader-safetensors",
-        &options,
+        &["arch-vit", "arch-diffusion", "runner-image"],
     );
     let script = r#"
 import json, os
@@ -283,8 +274,10 @@ fn a_flux_pipeline_draws_its_prompt() {
     refused(&folder, &negative, "no negative prompt");
 }
 
-fn server() -> Server {
-    let extra: String = ["arch-clip", "arch-diffusion", "runner-image"]
+/// `u-runner serve` of `model`, read by `loader`, with the `plugins` it needs beside the
+/// test deployment's own.
+fn serve_model(model: &Path, loader: &str, plugins: &[&str]) -> Server {
+    let extra: String = plugins
         .iter()
         .map(|p| format!("[[plugins]]\npath = \"{}\"\n\n", plugin(p).display()))
         .collect();
@@ -292,11 +285,14 @@ fn server() -> Server {
         plugins: extra,
         ..Options::default()
     };
-    start_with(
-        tempfile::tempdir().unwrap(),
+    start_with(tempfile::tempdir().unwrap(), model, loader, &options)
+}
+
+fn server() -> Server {
+    serve_model(
         &sd(),
         "loader-safetensors",
-        &options,
+        &["arch-clip", "arch-diffusion", "runner-image"],
     )
 }
 
@@ -481,19 +477,10 @@ fn the_terrain_model_makes_heightfields() {
     );
     assert!(!out("x.png").exists());
 
-    let extra: String = ["arch-onnx", "runner-image"]
-        .iter()
-        .map(|p| format!("[[plugins]]\npath = \"{}\"\n\n", plugin(p).display()))
-        .collect();
-    let options = Options {
-        plugins: extra,
-        ..Options::default()
-    };
-    let server = start_with(
-        tempfile::tempdir().unwrap(),
+    let server = serve_model(
         &terrain_onnx(),
         "loader-onnx",
-        &options,
+        &["arch-onnx", "runner-image"],
     );
     let script = r#"
 import json

@@ -94,14 +94,7 @@ fn the_caches_are_exact_for_classes() {
 fn bad_class_requests_are_clear_errors() {
     let e = expected(PIPELINE);
     let engine = engine(true);
-    let fails = |req: ImageRequest, says: &str| {
-        let err = engine
-            .run(&req, None, &mut |_| true)
-            .err()
-            .expect("an error");
-        assert_eq!(err.kind, ErrorKind::InvalidInput, "{err}");
-        assert!(err.message.contains(says), "{err} should say {says:?}");
-    };
+    let fails = |req: ImageRequest, says: &str| common::invalid(&engine, &req, says);
     fails(class(&e, &[], ""), "needs a class");
     fails(class(&e, &[1000.0], ""), "one class label in 0..1000");
     fails(class(&e, &[2.5], ""), "one class label in 0..1000");

@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 use u_runner_image::{ImageEngine, ImageRunner};
 use u_sdk::abi_stable::std_types::ROption;
 use u_sdk::{
-    GeneratedImage, ImageProgress, ImageRequest, ModelBox, PipelineComponent, PipelineConfig,
-    PipelineParts, PipelineTokenizer, RunnerContext, ServingLimits, TokenizerBox, WeightSetBox,
+    ErrorKind, GeneratedImage, ImageProgress, ImageRequest, ModelBox, PipelineComponent,
+    PipelineConfig, PipelineParts, PipelineTokenizer, RunnerContext, ServingLimits, TokenizerBox,
+    WeightSetBox,
 };
 
 /// Stated tolerance on an image's values in [0, 1] (f32 both sides, four passes or pairs).
@@ -256,4 +257,14 @@ pub fn run_from(engine: &ImageEngine, request: &ImageRequest, latents: &Value) -
     let all: Vec<(u32, bool)> = (1..=request.steps).map(|s| (s, false)).collect();
     assert_eq!(seen, all, "every step runs, none from a cache");
     outcome.pixels
+}
+
+/// `request` on `engine` fails as invalid input, saying `says`.
+pub fn invalid(engine: &ImageEngine, request: &ImageRequest, says: &str) {
+    let err = engine
+        .run(request, None, &mut |_| true)
+        .err()
+        .expect("an error");
+    assert_eq!(err.kind, ErrorKind::InvalidInput, "{err}");
+    assert!(err.message.contains(says), "{err} should say {says:?}");
 }
