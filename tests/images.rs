@@ -5,7 +5,8 @@
 //! beside it (`dit_pipeline/`) draws the class asked for, by label or by name; the image
 //! variations folder (`sd_variations/`, a CLIP image encoder built by arch-vit) varies the
 //! image given; the Stable Diffusion 3 folder (`sd3_pipeline/`: an MMDiT, two CLIP text
-//! encoders and a T5) and the FLUX folder (`flux_pipeline/`) draw their prompts.
+//! encoders and a T5) and the FLUX folder (`flux_pipeline/`) draw their prompts; a single-file
+//! checkpoint in Stable Diffusion's original layout (`sd_single_file/`) draws as `sd/`.
 //! - `u-runner image` writes a PNG of the pipeline's size; the same seed gives the same bytes,
 //!   another seed another image; an initial image (`--init-image`) is refined; a folder without
 //!   its `vae/` and `--steps 0` are clear errors.
@@ -116,6 +117,61 @@ fn the_command_line_writes_a_seeded_png() {
     let missing = image(&broken, &out("f.png"), &["--steps", "1"]);
     assert!(!missing.status.success());
     assert!(text(&missing).contains("vae"), "{}", text(&missing));
+}
+
+/// A single-file checkpoint in Stable Diffusion's original layout, placed in a diffusers folder
+/// that holds only the configuration (`sd_single_file/`, written by `gen_single_file.py`, which
+/// checks that diffusers' `from_single_file` reads it as `sd/`), draws what `sd/` draws, byte
+/// for byte; without a checkpoint, or with two, the folder is a clear error.
+#[test]
+fn a_single_file_checkpoint_draws_as_its_diffusers_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = |name: &str| dir.path().join(name);
+    let single = root().join("tests/fixtures/diffusion_tiny/sd_single_file");
+    let args = ["--steps", "4", "--seed", "7"];
+    let drawn = |model: &Path, name: &str| {
+        let run = image(model, &out(name), &args);
+        assert!(run.status.success(), "{}: {}", model.display(), text(&run));
+        std::fs::read(out(name)).unwrap()
+    };
+    assert_eq!(drawn(&single, "a.png"), drawn(&sd(), "b.png"));
+
+    let copy = dir.path().join("config_only");
+    for entry in std::fs::read_dir(&single).unwrap() {
+        let from = entry.unwrap().path();
+        let to = copy.join(from.strip_prefix(&single).unwrap());
+        match from.is_dir() {
+            true => {
+                std::fs::create_dir_all(&to).unwrap();
+                for f in std::fs::read_dir(&from).unwrap() {
+                    let f = f.unwrap().path();
+                    std::fs::copy(&f, to.join(f.file_name().unwrap())).unwrap();
+                }
+            }
+            false if from.extension().is_some_and(|e| e == "safetensors") => {}
+            false => {
+                std::fs::copy(&from, &to).unwrap();
+            }
+        }
+    }
+    let none = image(&copy, &out("c.png"), &args);
+    assert!(!none.status.success());
+    assert!(
+        text(&none).contains("holds 0 single-file checkpoints"),
+        "{}",
+        text(&none)
+    );
+    for name in ["one.safetensors", "two.safetensors"] {
+        std::fs::copy(single.join("tiny-sd-ldm.safetensors"), copy.join(name)).unwrap();
+    }
+    let two = image(&copy, &out("d.png"), &args);
+    assert!(!two.status.success());
+    assert!(
+        text(&two).contains("holds 2 single-file checkpoints"),
+        "{}",
+        text(&two)
+    );
+    assert!(!out("c.png").exists() && !out("d.png").exists());
 }
 
 /// `u-runner image` without a prompt, 4 steps at guidance 4, on a pipeline without a text

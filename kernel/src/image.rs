@@ -21,8 +21,9 @@ pub struct ImageArgs {
     #[arg(long, default_value = "")]
     prompt: String,
     /// The pipeline: a diffusers folder (`model_index.json`, `unet/` or `transformer/`,
-    /// `vae/`, `scheduler/`, and `text_encoder/` and `tokenizer/` where text-conditioned), or a
-    /// pixel-space consistency model (an ONNX file).
+    /// `vae/`, `scheduler/`, and `text_encoder/` and `tokenizer/` where text-conditioned; a
+    /// component folder with only its `config.json` is read from the single-file checkpoint
+    /// beside `model_index.json`), or a pixel-space consistency model (an ONNX file).
     #[arg(long)]
     model: PathBuf,
     /// Where the PNG goes.

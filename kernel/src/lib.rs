@@ -20,7 +20,8 @@
 //! [`wiring`] opens a model, builds it with the architecture plugin that declares its family
 //! and hands it to the runner plugin for its task, for `u-runner generate`, `tokenize`, `bench`
 //! and the deployment's `[model]` under `u-runner serve`; [`oneline`] builds the deployment of
-//! `u-runner serve --model FILE` in memory; [`progress`] draws the load progress bar.
+//! `u-runner serve --model FILE` in memory; [`single_file`] reads a diffusion pipeline from a
+//! single-file checkpoint; [`progress`] draws the load progress bar.
 //! Scheduling, sampling and chat templates are the runner plugins' (`runner-text`), not the
 //! host's.
 
@@ -32,6 +33,7 @@ pub mod progress;
 pub mod sandbox;
 pub mod serve;
 pub mod services;
+pub mod single_file;
 pub mod wiring;
 pub mod worker;
 

@@ -8,6 +8,7 @@
 
 use crate::{
     LoadReport, LoadedPlugin, OpenReport, inspect, instantiate, open_deployment, progress, sandbox,
+    single_file,
 };
 use abi_stable::std_types::{ROption, RResult};
 use anyhow::{Context, Result, anyhow, bail};
@@ -301,7 +302,8 @@ fn pipeline_components(dir: &Path) -> Result<(String, Vec<String>)> {
 /// class-conditioned DiT has neither) its components, each built by the architecture declaring
 /// its family; the tokenizer comes from `tokenizer/` where listed; `model_index.json`, the
 /// `feature_extractor`'s `preprocessor_config.json` and the scheduler's and the components'
-/// configuration files go to the runner as text.
+/// configuration files go to the runner as text. A component folder holding only its
+/// `config.json` is read from the pipeline's single-file checkpoint ([`single_file`]).
 fn build_pipeline(
     report: &LoadReport,
     dir: &Path,
@@ -336,7 +338,8 @@ fn build_pipeline(
     };
     let (denoiser, listed) = pipeline_components(dir)?;
     let lists = |component: &str| listed.iter().any(|l| l == component);
-    let (loader, weights) = open_weights(&dir.join(&denoiser), &loaders)?;
+    let mut parts = single_file::Components::new(dir, &loaders);
+    let (loader, weights) = parts.open(&denoiser)?;
     let (arch_name, unet, config) = part(&denoiser, &weights, "")?;
     let factory = first(report, |i| match i {
         PluginInstance::Tokenizer(t) => Some(t.clone()),
@@ -412,7 +415,7 @@ fn build_pipeline(
             });
         }
         for component in encoders.chain(["vae"]) {
-            let (_, weights) = open_weights(&dir.join(component), &loaders)?;
+            let (_, weights) = parts.open(component)?;
             let (_, model, built) = part(component, &weights, "")?;
             components.push(u_sdk::PipelineComponent {
                 name: component.into(),
@@ -904,7 +907,8 @@ fn load_adapter(report: &LoadReport, model: &ModelBox, name: &str, path: &Path) 
     Ok(())
 }
 
-fn open_weights(
+/// Opens `model` (a file or folder) with the first of `loaders` that recognises it.
+pub fn open_weights(
     model: &Path,
     loaders: &[(String, u_sdk::LoaderBox)],
 ) -> Result<(String, WeightSetBox)> {

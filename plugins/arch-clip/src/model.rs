@@ -17,6 +17,20 @@ use u_sdk::{
 /// by transformers before version 5, which saves it without the prefix).
 const TOWER: &str = "text_model.";
 
+/// Where a tower saved alone may keep its tensors: as transformers 4 saves it, as transformers
+/// 5 does (no prefix), and inside Stable Diffusion's single-file checkpoints (SD 1.x's
+/// `cond_stage_model`, SDXL's first embedder).
+const ALONE: [&str; 4] = [
+    TOWER,
+    "",
+    "cond_stage_model.transformer.text_model.",
+    "conditioner.embedders.0.transformer.text_model.",
+];
+
+/// Where SD 2.x and SDXL single-file checkpoints keep an OpenCLIP text tower, whose layout
+/// (fused `in_proj` attention, `resblocks`) this plugin does not read.
+const OPEN_CLIP: [&str; 2] = ["cond_stage_model.model.", "conditioner.embedders.1.model."];
+
 /// The projection into the joint space.
 const PROJECTION: &str = "text_projection.weight";
 
@@ -284,8 +298,25 @@ impl ClipText {
             device,
             tower: TOWER,
         };
-        if cfg.family == TEXT_CHECKPOINT && !w.has(&format!("{TOWER}final_layer_norm.weight")) {
-            w.tower = "";
+        if cfg.family == TEXT_CHECKPOINT {
+            let stored = ALONE
+                .into_iter()
+                .find(|p| w.has(&format!("{p}final_layer_norm.weight")));
+            match stored {
+                Some(tower) => w.tower = tower,
+                None if OPEN_CLIP
+                    .iter()
+                    .any(|p| w.has(&format!("{p}ln_final.weight"))) =>
+                {
+                    return Err(UError::unsupported(format!(
+                        "arch-clip: the checkpoint's text tower is in OpenCLIP's layout (under \
+                         {}), which arch-clip does not read; give the text encoder's folder \
+                         its own weights in transformers' layout",
+                        OPEN_CLIP.join(" or ")
+                    )));
+                }
+                None => {}
+            }
         }
         let projected = w.has(PROJECTION);
         if !projected && cfg.family == CHECKPOINT {

@@ -2,7 +2,8 @@
 //! Diffusion's `text_encoder/` of the tiny pipeline in `tests/fixtures/diffusion_tiny/sd/` at
 //! the workspace root (its generator, `gen_diffusion_tiny.py`, beside it). Its final-normed
 //! rows — every one of the 77, padding included, what the UNet cross-attends to — equal
-//! transformers' `last_hidden_state` within [`TOL`], texts alone and batched.
+//! transformers' `last_hidden_state` within [`TOL`], texts alone and batched; so does the same
+//! tower read from `sd_single_file/`'s single-file checkpoint.
 
 use anyhow::Result;
 use serde_json::Value;
@@ -23,6 +24,38 @@ fn model() -> Result<ModelBox> {
         &u_loader_safetensors::StdFs,
         &fixture().join("sd/text_encoder"),
     )?;
+    build(m)
+}
+
+/// The same tower inside `sd_single_file/`'s checkpoint (under
+/// `cond_stage_model.transformer.text_model.`), with the text encoder's `config.json`, as the
+/// host presents a single-file checkpoint's component.
+fn single_file_model() -> Result<ModelBox> {
+    let folder = fixture().join("sd_single_file");
+    let config = std::fs::read(folder.join("text_encoder/config.json"))?;
+    let checkpoint = std::fs::read(folder.join("tiny-sd-ldm.safetensors"))?;
+    build(u_loader_safetensors::SafetensorsModel::from_bytes(
+        checkpoint,
+        Some(&config),
+    )?)
+}
+
+/// An SD 2.x single-file checkpoint's text tower is OpenCLIP's, which arch-clip does not read:
+/// it says so rather than reporting a missing tensor.
+#[test]
+fn an_open_clip_tower_is_refused_by_name() -> Result<()> {
+    let header = br#"{"cond_stage_model.model.ln_final.weight":{"dtype":"F32","shape":[16],"data_offsets":[0,64]}}"#;
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(header);
+    file.extend_from_slice(&[0; 64]);
+    let config = std::fs::read(fixture().join("sd_single_file/text_encoder/config.json"))?;
+    let m = u_loader_safetensors::SafetensorsModel::from_bytes(file, Some(&config))?;
+    let err = build(m).err().expect("refused").to_string();
+    assert!(err.contains("OpenCLIP's layout"), "{err}");
+    Ok(())
+}
+
+fn build(m: u_loader_safetensors::SafetensorsModel) -> Result<ModelBox> {
     let weights = u_loader_safetensors::SafetensorsWeights::new(m).into_box();
     let backend = u_kernels_cpu::CpuKernels::new(2)?.into_box();
     Ok(ClipArchitecture.load(weights, backend)?)
@@ -77,7 +110,15 @@ fn rows(model: &ModelBox, texts: &[&Text]) -> Result<Vec<f32>> {
 
 #[test]
 fn the_rows_equal_transformers_last_hidden_state() -> Result<()> {
-    let model = model()?;
+    rows_equal_transformers(&model()?)
+}
+
+#[test]
+fn a_single_file_checkpoints_tower_equals_transformers() -> Result<()> {
+    rows_equal_transformers(&single_file_model()?)
+}
+
+fn rows_equal_transformers(model: &ModelBox) -> Result<()> {
     let config = model.config().into_result()?;
     assert_eq!(config.family.as_str(), "clip_text_model");
     assert_eq!((config.hidden, config.context_length), (16, 77));
@@ -85,7 +126,7 @@ fn the_rows_equal_transformers_last_hidden_state() -> Result<()> {
     let texts = texts()?;
     assert_eq!(texts.len(), 3);
     for t in &texts {
-        let got = rows(&model, &[t])?;
+        let got = rows(model, &[t])?;
         let d = got
             .iter()
             .zip(&t.hidden)
@@ -95,10 +136,10 @@ fn the_rows_equal_transformers_last_hidden_state() -> Result<()> {
         assert!(d < TOL, "off by {d}");
     }
     let all: Vec<&Text> = texts.iter().collect();
-    let together = rows(&model, &all)?;
+    let together = rows(model, &all)?;
     let alone: Vec<f32> = all
         .iter()
-        .map(|t| rows(&model, &[t]))
+        .map(|t| rows(model, &[t]))
         .collect::<Result<Vec<_>>>()?
         .concat();
     assert_eq!(together, alone, "batched texts are computed as alone");

@@ -1,9 +1,11 @@
 //! The layers every block is made of — convolution, linear, group and layer normalisation —
-//! read from a component's tensors (diffusers' names) into the backend.
+//! read from a component's tensors (diffusers' names, or a single-file checkpoint's through
+//! [`crate::ldm`]) into the backend.
 //!
 //! Feature maps are `[channels, height, width]` tensors; rows (the sequence a transformer
 //! sees) are `[positions, channels]`.
 
+use crate::ldm::Renamed;
 use u_sdk::{
     Result, UError, WeightSetBox,
     nn::{Device, Tensor},
@@ -13,12 +15,31 @@ use u_sdk::{
 pub struct Weights<'w> {
     set: &'w WeightSetBox,
     device: Device,
+    renamed: Option<Renamed>,
 }
 
 impl<'w> Weights<'w> {
     /// The tensors of `set`, for `device`.
     pub fn new(set: &'w WeightSetBox, device: Device) -> Self {
-        Self { set, device }
+        Self {
+            set,
+            device,
+            renamed: None,
+        }
+    }
+
+    /// These tensors read through `renamed` (a component of a single-file checkpoint), or as
+    /// named when `None`.
+    pub fn renamed(self, renamed: Option<Renamed>) -> Self {
+        Self { renamed, ..self }
+    }
+
+    /// The stored tensor standing for the diffusers name `name`.
+    fn stored<'n>(&'n self, name: &'n str) -> (&'n str, bool) {
+        match self.renamed.as_ref().and_then(|r| r.get(name)) {
+            Some(s) => (&s.name, s.squeeze),
+            None => (name, false),
+        }
     }
 
     /// The device the layers compute on.
@@ -28,14 +49,22 @@ impl<'w> Weights<'w> {
 
     /// Whether the component has a tensor `name`.
     pub fn has(&self, name: &str) -> bool {
-        self.set.tensor(name.into()).into_result().is_ok()
+        let (stored, _) = self.stored(name);
+        self.set.tensor(stored.into()).into_result().is_ok()
     }
 
-    /// `name` in the backend, as stored.
+    /// `name` in the backend, as stored (a 1×1 convolution standing for a linear layer as
+    /// its matrix).
     pub fn tensor(&self, name: &str) -> Result<Tensor> {
-        self.device
-            .import_weight(self.set, name, None)
-            .map_err(|e| UError::new(e.kind, format!("arch-diffusion: {}", e.message)))
+        let (stored, squeeze) = self.stored(name);
+        let t = self
+            .device
+            .import_weight(self.set, stored, None)
+            .map_err(|e| UError::new(e.kind, format!("arch-diffusion: {}", e.message)))?;
+        match (squeeze, t.dims()) {
+            (true, &[o, i, 1, 1]) => t.reshape(&[o, i]),
+            _ => Ok(t),
+        }
     }
 
     /// `name` as an `F32` vector in the backend, its length checked when `len` is given.
@@ -53,7 +82,8 @@ impl<'w> Weights<'w> {
 
     /// The values of `name`, dequantized to `f32` on the host.
     pub fn values(&self, name: &str) -> Result<Vec<f32>> {
-        let view = self.set.tensor(name.into()).into_result()?;
+        let (stored, _) = self.stored(name);
+        let view = self.set.tensor(stored.into()).into_result()?;
         u_sdk::quant::dequantize_view(&view)
             .map_err(|e| UError::invalid(format!("arch-diffusion: {name}: {e}")))
     }

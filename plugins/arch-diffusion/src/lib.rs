@@ -21,6 +21,9 @@
 //!   timestep in the conditioning of a guidance-distilled model; it packs the latent's 2×2
 //!   patches into rows itself. A denoiser.
 //!
+//! The UNet and the autoencoder are also read from a single-file checkpoint in Stable
+//! Diffusion's original layout ([`ldm`]), given the component's `config.json` beside it.
+//!
 //! Maps travel as [`u_sdk::Segment::Planes`] and come back as [`u_sdk::Output::Planes`],
 //! channels first, sized as [`u_sdk::ModelConfig::planes`] says. The schedulers and the
 //! sampling loop are not the networks' business: they live in the `u-diffusion` crate.
@@ -31,7 +34,7 @@
 //! (`tests/fixtures/diffusion_tiny/` at the workspace root).
 //!
 //! Layout: [`config`] (hyper-parameters), [`layers`] (convolution, linear, norms),
-//! [`blocks`] (`ResnetBlock2D`, the resamplers, attention, `Transformer2D`), [`vae`],
+//! [`ldm`] (single-file names), [`blocks`] (`ResnetBlock2D`, the resamplers, attention, `Transformer2D`), [`vae`],
 //! [`unet`], [`dit`], [`mmdit`], [`flux`], [`model`] (the ABI's view: chunks checked, maps in and out), and the plugin glue
 //! below. Compute goes through the backend interface (`u_sdk::nn` tensors).
 #![deny(missing_docs)]
@@ -41,6 +44,7 @@ pub mod config;
 pub mod dit;
 pub mod flux;
 pub mod layers;
+pub mod ldm;
 pub mod mmdit;
 pub mod model;
 pub mod unet;
@@ -51,6 +55,7 @@ pub use model::{DiffusionModel, Network};
 
 use abi_stable::std_types::{RResult, RString, RVec};
 use layers::Weights;
+use ldm::Renamed;
 use u_sdk::{
     Architecture, ArchitectureBox, BackendBox, BuildContext, HostBox, ModelBox, ModelConfig,
     PluginInfo, PluginInstance, SeqChunk, UError, WeightSetBox,
@@ -113,18 +118,19 @@ impl DiffusionArchitecture {
         let device = Device::new(backend)?;
         let w = Weights::new(&weights, device.clone());
         let network = match family {
-            VAE_DECODER => Network::Decoder(vae::VaeDecoder::load(
-                &w,
-                &VaeConfig::from_weights(&weights)?,
-            )?),
-            VAE_ENCODER => Network::Encoder(vae::VaeEncoder::load(
-                &w,
-                &VaeConfig::from_weights(&weights)?,
-            )?),
-            UNET => Network::Unet(unet::Unet2dCondition::load(
-                &w,
-                &UnetConfig::from_weights(&weights)?,
-            )?),
+            VAE_DECODER | VAE_ENCODER => {
+                let cfg = VaeConfig::from_weights(&weights)?;
+                let w = w.renamed(Renamed::vae(&weights, &cfg)?);
+                match family {
+                    VAE_DECODER => Network::Decoder(vae::VaeDecoder::load(&w, &cfg)?),
+                    _ => Network::Encoder(vae::VaeEncoder::load(&w, &cfg)?),
+                }
+            }
+            UNET => {
+                let cfg = UnetConfig::from_weights(&weights)?;
+                let w = w.renamed(Renamed::unet(&weights, &cfg)?);
+                Network::Unet(unet::Unet2dCondition::load(&w, &cfg)?)
+            }
             DIT => Network::Dit(dit::Dit::load(&w, &DitConfig::from_weights(&weights)?)?),
             SD3 => Network::Sd3(mmdit::Sd3Transformer::load(
                 &w,

@@ -8,7 +8,10 @@
 //! norms, the last block text-free, positions cropped) and a `FluxTransformer2DModel` (double- and
 //! single-stream blocks, rotary embedding over three axes, guidance embedding) equal diffusers'
 //! outputs within [`TOL`], alone and batched (classifier-free guidance runs two chunks with
-//! different contexts in one pass); bad input is refused with a clear error.
+//! different contexts in one pass); bad input is refused with a clear error. The UNet and the
+//! autoencoder also equal diffusers when read from `sd_single_file/`'s checkpoint in Stable
+//! Diffusion's original layout (written by `gen_single_file.py`, which checks that diffusers'
+//! `from_single_file` reads it as `sd/`).
 
 use anyhow::Result;
 use serde_json::Value;
@@ -33,17 +36,40 @@ fn expected() -> Result<Value> {
     )?)?)
 }
 
+/// The component folder `component` of the fixture, built as `family`. A folder holding only
+/// its `config.json` (as in `sd_single_file/`) is the single-file checkpoint beside it with that
+/// configuration, as the host presents it.
 fn load(component: &str, family: &str) -> u_sdk::Result<ModelBox> {
-    let opened = u_loader_safetensors::SafetensorsModel::open(
-        &u_loader_safetensors::StdFs,
-        &fixture().join(component),
-    )
-    .map_err(|e| u_sdk::UError::invalid(e.to_string()))?;
+    use u_loader_safetensors::SafetensorsModel;
+    let folder = fixture().join(component);
+    let invalid = |e: &dyn std::fmt::Display| u_sdk::UError::invalid(e.to_string());
+    let opened = match folder.join("config.json").is_file() && !has_weights(&folder) {
+        true => {
+            let config = std::fs::read(folder.join("config.json")).map_err(|e| invalid(&e))?;
+            let checkpoint = std::fs::read_dir(folder.parent().expect("parent"))
+                .map_err(|e| invalid(&e))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .find(|p| p.extension().is_some_and(|e| e == "safetensors"))
+                .expect("a single-file checkpoint beside the folder");
+            let bytes = std::fs::read(checkpoint).map_err(|e| invalid(&e))?;
+            SafetensorsModel::from_bytes(bytes, Some(&config))
+        }
+        false => SafetensorsModel::open(&u_loader_safetensors::StdFs, &folder),
+    }
+    .map_err(|e| invalid(&e))?;
     let weights = u_loader_safetensors::SafetensorsWeights::new(opened).into_box();
     let backend = u_kernels_cpu::CpuKernels::new(2)
         .map_err(|e| u_sdk::UError::invalid(e.to_string()))?
         .into_box();
     DiffusionArchitecture.load(weights, backend, family)
+}
+
+fn has_weights(folder: &Path) -> bool {
+    std::fs::read_dir(folder)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .any(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
 }
 
 /// A nested JSON array, flattened, with its shape.
@@ -116,8 +142,21 @@ fn chunk<'a>(input: &'a [Segment<'a>], extras: SeqExtras<'a>) -> SeqChunk<'a> {
 
 #[test]
 fn the_vae_decoder_equals_diffusers() -> Result<()> {
+    vae_decoder_equals_diffusers("sd/vae")
+}
+
+/// The autoencoder stored in Stable Diffusion's single-file layout (its attention projections
+/// 1×1 convolutions, its decoder's blocks numbered from the other end) decodes and encodes as
+/// the diffusers folder does.
+#[test]
+fn the_single_file_vae_equals_diffusers() -> Result<()> {
+    vae_decoder_equals_diffusers("sd_single_file/vae")?;
+    vae_encoder_equals_diffusers("sd_single_file/vae")
+}
+
+fn vae_decoder_equals_diffusers(folder: &str) -> Result<()> {
     let e = expected()?;
-    let model = load("sd/vae", VAE_DECODER)?;
+    let model = load(folder, VAE_DECODER)?;
     let config = model.config().into_result()?;
     assert_eq!(config.kind, ModelKind::Autoencoder);
     assert_eq!(
@@ -143,8 +182,12 @@ fn the_vae_decoder_equals_diffusers() -> Result<()> {
 
 #[test]
 fn the_vae_encoder_equals_diffusers() -> Result<()> {
+    vae_encoder_equals_diffusers("sd/vae")
+}
+
+fn vae_encoder_equals_diffusers(folder: &str) -> Result<()> {
     let e = expected()?;
-    let model = load("sd/vae", VAE_ENCODER)?;
+    let model = load(folder, VAE_ENCODER)?;
     let config = model.config().into_result()?;
     assert_eq!(
         config
@@ -242,6 +285,13 @@ fn unet_equals_diffusers(folder: &str, component: &str) -> Result<()> {
 #[test]
 fn the_unet_equals_diffusers() -> Result<()> {
     unet_equals_diffusers("sd/unet", "unet")
+}
+
+/// The UNet stored in Stable Diffusion's single-file layout (`input_blocks`, `middle_block`,
+/// `output_blocks`) predicts as the diffusers folder does.
+#[test]
+fn the_single_file_unet_equals_diffusers() -> Result<()> {
+    unet_equals_diffusers("sd_single_file/unet", "unet")
 }
 
 #[test]
