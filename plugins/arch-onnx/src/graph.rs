@@ -94,8 +94,8 @@ fn initializer(weights: &WeightSetBox, stored: &str, transposed: bool) -> Result
     }
 }
 
-/// A tensor attribute (`Constant`'s `value`) as a value.
-fn tensor_attribute(json: &Json) -> Result<Value> {
+/// A tensor attribute (`Constant`'s and `ConstantOfShape`'s `value`) as a value.
+pub fn tensor_attribute(json: &Json) -> Result<Value> {
     let bad = || UError::invalid(format!("a tensor attribute the graph cannot use: {json}"));
     if let Some(e) = json.get("error") {
         return Err(UError::unsupported(format!("a tensor attribute: {e}")));
@@ -118,9 +118,16 @@ fn tensor_attribute(json: &Json) -> Result<Value> {
             .collect::<Result<_>>()?;
         Ok(Value::I64(Array::new(dims, data)?))
     } else {
+        let float = |v: &Json| match (v.as_f64(), v.as_str()) {
+            (Some(f), _) => Some(f as f32),
+            (None, Some("inf")) => Some(f32::INFINITY),
+            (None, Some("-inf")) => Some(f32::NEG_INFINITY),
+            (None, Some("nan")) => Some(f32::NAN),
+            _ => None,
+        };
         let data = values
             .iter()
-            .map(|v| v.as_f64().map(|f| f as f32).ok_or_else(bad))
+            .map(|v| float(v).ok_or_else(bad))
             .collect::<Result<_>>()?;
         Ok(Value::F32(Array::new(dims, data)?))
     }

@@ -9,12 +9,14 @@
 //!
 //! Layout: [`graph`] (the loader's `onnx.graph` JSON checked into slots, initializers loaded,
 //! slots freed after their last reader), [`ops`] (the operators, attributes checked at build),
-//! [`value`] (arrays and broadcasting), [`model`] (the graph's signature as the ABI's model).
+//! [`indexing`] (`Gather`, `Slice`, masks, `ReduceMean`, `MatMul` of computed operands: what
+//! an exported transformer's graph needs), [`value`] (arrays and broadcasting), [`model`] (the graph's signature as the ABI's model).
 //! The heavy operators — `Conv`, `Gemm`, `MatMul`, `Einsum` — compute through the backend
 //! interface (`u_sdk::nn`), their constant operands uploaded once.
 #![deny(missing_docs)]
 
 pub mod graph;
+pub mod indexing;
 pub mod model;
 pub mod ops;
 pub mod value;

@@ -1,10 +1,12 @@
-//! The operators, as ONNX (opset 13–21) defines them, over [`Value`]s. Parsing checks every
+//! The operators, as ONNX (opset 13–21) defines them, over [`Value`]s (the indexing and
+//! masking ones in [`crate::indexing`]). Parsing checks every
 //! attribute once at build: what a graph asks for and this file does not implement (a
 //! grouped convolution, a linear `Resize`…) is an error naming it then, never a wrong
 //! result later. `Conv`, `Gemm`, `MatMul` and `Einsum` compute through the backend
 //! (`u_sdk::nn`), their constant operands uploaded once; the elementwise and reshaping
 //! operators run here.
 
+use crate::indexing;
 use crate::value::{Array, Value, axis, permute, zip_broadcast, zip_broadcast_into};
 use serde_json::{Map, Value as Json};
 use std::sync::Arc;
@@ -53,6 +55,8 @@ pub enum Unary {
     Relu,
     /// `−x`
     Neg,
+    /// The error function `erf x` (GELU's exact form)
+    Erf,
 }
 
 /// A batched product `out[b, m, n] = Σₖ lhs·rhs`, as an `Einsum` equation of two rank-3
@@ -170,6 +174,54 @@ pub enum Op {
     },
     /// Nearest-neighbour resize of the last two axes, `asymmetric` coordinates, `floor`.
     ResizeNearest,
+    /// Slices along an axis picked by the integer indices of input 1.
+    Gather {
+        /// The axis.
+        axis: i64,
+    },
+    /// A strided window (inputs 1–4: starts, ends, axes, steps).
+    Slice,
+    /// The mean over axes (the attribute, else input 1; none: every axis).
+    ReduceMean {
+        /// The axes, when given as an attribute.
+        axes: Option<Vec<i64>>,
+        /// Whether the reduced axes stay, as size 1.
+        keep: bool,
+    },
+    /// 1 where the operands are equal, else 0, broadcast.
+    Equal,
+    /// Input 1 where input 0 is non-zero, else input 2, broadcast.
+    Where,
+    /// Input 0 broadcast to the shape input 1 gives.
+    Expand,
+    /// A value of the shape input 0 gives, every element `fill`.
+    ConstantOfShape {
+        /// The element (a float 0 unless the node says).
+        fill: Value,
+    },
+    /// The lower or upper triangle of the last two axes (input 1: the diagonal's offset).
+    Trilu {
+        /// Whether the upper triangle is kept.
+        upper: bool,
+    },
+    /// `start, start + delta, …` below `limit` (inputs 0–2).
+    Range,
+    /// The index of the largest element along an axis.
+    ArgMax {
+        /// The axis.
+        axis: i64,
+        /// Whether the axis stays, as size 1.
+        keep: bool,
+        /// Whether the last of equal maxima is picked rather than the first.
+        last: bool,
+    },
+    /// Reshaped to a matrix at an axis.
+    Flatten {
+        /// The first axis of the columns.
+        axis: i64,
+    },
+    /// NumPy's `matmul` of two computed operands, leading axes broadcast.
+    BatchedMatMul,
 }
 
 fn int_attr(attrs: &Map<String, Json>, key: &str, default: i64) -> Result<i64> {
@@ -399,6 +451,59 @@ impl Op {
             "Tanh" => plain(Op::Unary(Unary::Tanh)),
             "Relu" => plain(Op::Unary(Unary::Relu)),
             "Neg" => plain(Op::Unary(Unary::Neg)),
+            "Erf" => plain(Op::Unary(Unary::Erf)),
+            "Slice" => plain(Op::Slice),
+            "Equal" => plain(Op::Equal),
+            "Where" => plain(Op::Where),
+            "Expand" => plain(Op::Expand),
+            "Range" => plain(Op::Range),
+            "Gather" => {
+                only(attrs, &["axis"])?;
+                Ok(Op::Gather {
+                    axis: int_attr(attrs, "axis", 0)?,
+                })
+            }
+            "ReduceMean" => {
+                only(attrs, &["axes", "keepdims", "noop_with_empty_axes"])?;
+                if int_attr(attrs, "noop_with_empty_axes", 0)? != 0 {
+                    return Err(UError::unsupported(
+                        "ReduceMean's `noop_with_empty_axes` is not implemented",
+                    ));
+                }
+                Ok(Op::ReduceMean {
+                    axes: ints_attr(attrs, "axes")?,
+                    keep: int_attr(attrs, "keepdims", 1)? != 0,
+                })
+            }
+            "ConstantOfShape" => {
+                only(attrs, &["value"])?;
+                Ok(Op::ConstantOfShape {
+                    fill: match attrs.get("value") {
+                        Some(v) => crate::graph::tensor_attribute(v)?,
+                        None => Value::F32(Array::new(vec![1], vec![0.0])?),
+                    },
+                })
+            }
+            "Trilu" => {
+                only(attrs, &["upper"])?;
+                Ok(Op::Trilu {
+                    upper: int_attr(attrs, "upper", 1)? != 0,
+                })
+            }
+            "ArgMax" => {
+                only(attrs, &["axis", "keepdims", "select_last_index"])?;
+                Ok(Op::ArgMax {
+                    axis: int_attr(attrs, "axis", 0)?,
+                    keep: int_attr(attrs, "keepdims", 1)? != 0,
+                    last: int_attr(attrs, "select_last_index", 0)? != 0,
+                })
+            }
+            "Flatten" => {
+                only(attrs, &["axis"])?;
+                Ok(Op::Flatten {
+                    axis: int_attr(attrs, "axis", 1)?,
+                })
+            }
             "Identity" => plain(Op::Identity),
             "Clip" => plain(Op::Clip),
             "Squeeze" => plain(Op::Squeeze),
@@ -465,6 +570,9 @@ impl Op {
             }
             "MatMul" => {
                 plain(Op::Identity)?;
+                if operands.get(1).is_some_and(Option::is_none) {
+                    return Ok(Op::BatchedMatMul);
+                }
                 let b = constant(operands, 1, "MatMul's B")?;
                 let (weight, n) = weight_nk(device, b, false)?;
                 Ok(Op::MatMul { weight, n })
@@ -940,6 +1048,75 @@ impl Op {
                 }
                 one(Value::F32(Array::new(a.dims.clone(), data)?))
             }
+            Op::Gather { axis: at } => one(indexing::gather(
+                input(0)?,
+                input(1)?.ints("Gather's indices")?,
+                *at,
+            )?),
+            Op::Slice => {
+                let ints = |i: usize| -> Result<Option<&[i64]>> {
+                    match inputs.get(i).copied().flatten() {
+                        Some(v) => Ok(Some(v.ints("Slice's bounds")?.data.as_slice())),
+                        None => Ok(None),
+                    }
+                };
+                let (starts, ends) = (ints(1)?, ints(2)?);
+                let (Some(starts), Some(ends)) = (starts, ends) else {
+                    return Err(UError::invalid("Slice without starts and ends"));
+                };
+                one(indexing::slice(
+                    input(0)?,
+                    starts,
+                    ends,
+                    ints(3)?,
+                    ints(4)?,
+                )?)
+            }
+            Op::ReduceMean { axes, keep } => {
+                let axes = match (axes, inputs.get(1).copied().flatten()) {
+                    (Some(a), _) => a.clone(),
+                    (None, Some(v)) => v.ints("ReduceMean's axes")?.data.to_vec(),
+                    (None, None) => Vec::new(),
+                };
+                one(Value::F32(indexing::reduce_mean(floats(0)?, &axes, *keep)?))
+            }
+            Op::Equal => one(indexing::equal(input(0)?, input(1)?)?),
+            Op::Where => one(indexing::where_(
+                input(0)?.ints("Where's condition")?,
+                input(1)?,
+                input(2)?,
+            )?),
+            Op::Expand => one(indexing::expand_to(
+                input(0)?,
+                &input(1)?.ints("Expand's shape")?.data,
+            )?),
+            Op::ConstantOfShape { fill } => one(indexing::constant_of_shape(
+                &input(0)?.ints("ConstantOfShape's shape")?.data,
+                fill,
+            )?),
+            Op::Trilu { upper } => {
+                let k = match inputs.get(1).copied().flatten() {
+                    Some(v) => *v
+                        .ints("Trilu's k")?
+                        .data
+                        .first()
+                        .ok_or_else(|| UError::invalid("an empty Trilu k"))?,
+                    None => 0,
+                };
+                one(indexing::trilu(input(0)?, k, *upper)?)
+            }
+            Op::Range => one(indexing::range(input(0)?, input(1)?, input(2)?)?),
+            Op::ArgMax {
+                axis: at,
+                keep,
+                last,
+            } => one(indexing::arg_max(input(0)?, *at, *keep, *last)?),
+            Op::Flatten { axis: at } => one(indexing::flatten(input(0)?, *at)?),
+            Op::BatchedMatMul => one(Value::F32(indexing::batched_matmul(
+                device,
+                floats(0)?,
+                floats(1)?,
+            )?)),
             Op::ResizeNearest => {
                 let x = floats(0)?;
                 let &[batch, c, h, w] = x.dims.as_slice() else {
@@ -1104,6 +1281,7 @@ fn unary_in_place(op: Unary, data: &mut [f32]) {
         Unary::Tanh => each(data, f32::tanh),
         Unary::Relu => each(data, |x| x.max(0.0)),
         Unary::Neg => each(data, |x| -x),
+        Unary::Erf => each(data, libm::erff),
     }
 }
 

@@ -141,6 +141,41 @@ fn broadcast_strides(dims: &[usize], out: &[usize]) -> Vec<usize> {
     strides
 }
 
+/// `a` broadcast to `dims` (which must be a broadcast of its dimensions): the repeated
+/// elements written out.
+pub fn expand<T: Copy>(a: &Array<T>, dims: &[usize]) -> Result<Array<T>> {
+    if broadcast_dims(&a.dims, dims)? != dims {
+        return Err(UError::invalid(format!(
+            "{:?} does not broadcast to {dims:?}",
+            a.dims
+        )));
+    }
+    if a.dims == dims {
+        return Ok(a.clone());
+    }
+    let strides = broadcast_strides(&a.dims, dims);
+    let total: usize = dims.iter().product();
+    let mut data = Vec::with_capacity(total);
+    let mut index = vec![0usize; dims.len()];
+    for _ in 0..total {
+        data.push(
+            a.data[index
+                .iter()
+                .zip(&strides)
+                .map(|(i, s)| i * s)
+                .sum::<usize>()],
+        );
+        for k in (0..dims.len()).rev() {
+            index[k] += 1;
+            if index[k] < dims[k] {
+                break;
+            }
+            index[k] = 0;
+        }
+    }
+    Array::new(dims.to_vec(), data)
+}
+
 /// `f` of the two operands elementwise, broadcast.
 pub fn zip_broadcast<T: Copy, U: Copy>(
     a: &Array<T>,

@@ -282,8 +282,8 @@ pub const GRAPH_KEY: &str = "onnx.graph";
 ///
 /// - `inputs`, `outputs`: `{name, elem_type, shape}`, a dimension a number or a symbol;
 /// - `nodes`: `{op, domain, name, inputs, outputs, attributes}` in graph order, an attribute
-///   a number, a string, a list, or a tensor `{dims, values}` (`{error}` where its data cannot
-///   be read);
+///   a number, a string, a list, or a tensor `{dims, values}` (infinities and NaN as the
+///   strings `inf`, `-inf`, `nan`; `{error}` where its data cannot be read);
 /// - `renamed`: the initializers the loader named after their readers, `{name, transposed}`
 ///   by the graph's name of them (a transposed one is stored `[cols, rows]`).
 pub fn graph_json(graph: &GraphProto, renamed: serde_json::Map<String, Value>) -> Value {
@@ -361,14 +361,21 @@ fn attribute_json(a: &AttributeProto) -> Value {
 /// A tensor attribute's dims and values (numbers) as JSON.
 fn tensor_json(t: &TensorProto) -> Result<Value> {
     let (dtype, shape, _, data) = resolve(t, None)?;
+    // JSON has no infinities or NaN: those are the strings `inf`, `-inf` and `nan`.
+    let float = |v: f64| match v {
+        v if v.is_finite() => Value::from(v),
+        v if v.is_nan() => Value::from("nan"),
+        v if v > 0.0 => Value::from("inf"),
+        _ => Value::from("-inf"),
+    };
     let values: Vec<Value> = match dtype {
         DType::F32 => data
             .chunks_exact(4)
-            .map(|c| Value::from(f64::from(f32::from_le_bytes(c.try_into().unwrap()))))
+            .map(|c| float(f64::from(f32::from_le_bytes(c.try_into().unwrap()))))
             .collect(),
         DType::F64 => data
             .chunks_exact(8)
-            .map(|c| Value::from(f64::from_le_bytes(c.try_into().unwrap())))
+            .map(|c| float(f64::from_le_bytes(c.try_into().unwrap())))
             .collect(),
         DType::I64 => data
             .chunks_exact(8)
