@@ -32,6 +32,8 @@ pub struct Port {
     pub name: String,
     /// Its dimensions, when the graph states them.
     pub dims: Option<Vec<Dim>>,
+    /// Whether its elements are integers (INT64, INT32: token ids) rather than floats.
+    pub integer: bool,
     /// Its slot.
     pub slot: usize,
 }
@@ -316,6 +318,7 @@ impl Graph {
                     Ok(Port {
                         name: name.to_string(),
                         dims,
+                        integer: matches!(p.get("elem_type").and_then(Json::as_i64), Some(6 | 7)),
                         slot: slot_of(name),
                     })
                 })
@@ -449,6 +452,20 @@ impl Graph {
             constants: constants.into_iter().collect(),
             slots: slots.len(),
         })
+    }
+
+    /// The input channels of the first `Conv` that reads input `index` directly: what a
+    /// graph exported with its channel axis left free takes.
+    pub fn conv_channels(&self, index: usize) -> Option<usize> {
+        let slot = self.inputs.get(index)?.slot;
+        self.nodes
+            .iter()
+            .find_map(|n| match (&n.op, n.inputs.first()) {
+                (Op::Conv { weight, .. }, Some(&Some(s))) if s == slot => {
+                    weight.dims().get(1).map(|&c| c as usize)
+                }
+                _ => None,
+            })
     }
 
     /// Runs the graph on `feeds` (one per input, in order), giving the outputs in order.

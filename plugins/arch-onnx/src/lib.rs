@@ -10,7 +10,7 @@
 //! Layout: [`graph`] (the loader's `onnx.graph` JSON checked into slots, initializers loaded,
 //! slots freed after their last reader), [`ops`] (the operators, attributes checked at build),
 //! [`indexing`] (`Gather`, `Slice`, masks, `ReduceMean`, `MatMul` of computed operands: what
-//! an exported transformer's graph needs), [`value`] (arrays and broadcasting), [`model`] (the graph's signature as the ABI's model).
+//! an exported transformer's graph needs), [`value`] (arrays and broadcasting), [`model`] (the graph's signature as the ABI's model; [`tokens`] for a text encoder's).
 //! The heavy operators — `Conv`, `Gemm`, `MatMul`, `Einsum` — compute through the backend
 //! interface (`u_sdk::nn`), their constant operands uploaded once.
 #![deny(missing_docs)]
@@ -19,6 +19,7 @@ pub mod graph;
 pub mod indexing;
 pub mod model;
 pub mod ops;
+pub mod tokens;
 pub mod value;
 
 pub use graph::Graph;
