@@ -6,7 +6,8 @@
 //! variations folder (`sd_variations/`, a CLIP image encoder built by arch-vit) varies the
 //! image given; the Stable Diffusion 3 folder (`sd3_pipeline/`: an MMDiT, two CLIP text
 //! encoders and a T5) and the FLUX folder (`flux_pipeline/`) draw their prompts; a single-file
-//! checkpoint in Stable Diffusion's original layout (`sd_single_file/`) draws as `sd/`.
+//! checkpoint in Stable Diffusion's original layout (`sd_single_file/`) draws as `sd/`; a
+//! diffusers ONNX pipeline folder (`sd_onnx/`) draws through arch-onnx.
 //! - `u-runner image` writes a PNG of the pipeline's size; the same seed gives the same bytes,
 //!   another seed another image; an initial image (`--init-image`) is refined; a folder without
 //!   its `vae/` and `--steps 0` are clear errors.
@@ -172,6 +173,42 @@ fn a_single_file_checkpoint_draws_as_its_diffusers_folder() {
         text(&two)
     );
     assert!(!out("c.png").exists() && !out("d.png").exists());
+}
+
+/// A diffusers ONNX pipeline folder (`sd_onnx/`, exported by `gen_onnx_pipeline.py`: graphs,
+/// no component configuration) draws its prompt through loader-onnx and arch-onnx: a seeded
+/// PNG of the size asked (its default is 512, as diffusers' ONNX pipelines'), the same bytes
+/// for the same seed; it cannot start from an image (its exported encoder draws its latent
+/// inside the graph, so it is not built).
+#[test]
+fn a_diffusers_onnx_pipeline_draws_its_prompt() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = |name: &str| dir.path().join(name);
+    let folder = root().join("tests/fixtures/diffusion_tiny/sd_onnx");
+    let args = [
+        "--steps", "4", "--seed", "3", "--width", "16", "--height", "8",
+    ];
+    let drawn = |name: &str, extra: &[&str]| {
+        let run = image(&folder, &out(name), &[&args[..], extra].concat());
+        assert!(run.status.success(), "{}", text(&run));
+        std::fs::read(out(name)).unwrap()
+    };
+    let a = drawn("a.png", &[]);
+    assert_eq!(png_size(&a), (16, 8));
+    assert_eq!(a, drawn("b.png", &[]), "same seed, same bytes");
+    assert_ne!(a, drawn("c.png", &["--negative-prompt", "blurry"]));
+    let init = root().join("tests/fixtures/diffusion_tiny/init.png");
+    let refined = image(
+        &folder,
+        &out("d.png"),
+        &["--steps", "2", "--init-image", init.to_str().unwrap()],
+    );
+    assert!(!refined.status.success());
+    assert!(
+        text(&refined).contains("cannot start from an image"),
+        "{}",
+        text(&refined)
+    );
 }
 
 /// `u-runner image` without a prompt, 4 steps at guidance 4, on a pipeline without a text

@@ -302,7 +302,9 @@ fn pipeline_components(dir: &Path) -> Result<(String, Vec<String>)> {
 /// class-conditioned DiT has neither) its components, each built by the architecture declaring
 /// its family; the tokenizer comes from `tokenizer/` where listed; `model_index.json`, the
 /// `feature_extractor`'s `preprocessor_config.json` and the scheduler's and the components'
-/// configuration files go to the runner as text. A component folder holding only its
+/// configuration files (where a component has one) and the tokenizer's `tokenizer_config.json`
+/// go to the runner as text. A diffusers ONNX pipeline's decoder is its `vae_decoder/`. A
+/// component folder holding only its
 /// `config.json` is read from the pipeline's single-file checkpoint ([`single_file`]).
 fn build_pipeline(
     report: &LoadReport,
@@ -394,18 +396,25 @@ fn build_pipeline(
             .into_iter()
             .filter(|c| lists(c))
             .map(|c| (c, dir.join(c).join("preprocessor_config.json")));
+        // A diffusers ONNX pipeline names its decoder `vae_decoder` (its `vae_encoder` graph
+        // draws the latent inside, so it is not built) and has no component configurations.
+        let decoder = ["vae", "vae_decoder"]
+            .into_iter()
+            .find(|c| lists(c))
+            .unwrap_or("vae");
+        let component_configs = [denoiser.as_str(), decoder]
+            .into_iter()
+            .chain(encoders.clone())
+            .map(|c| (c, dir.join(c).join("config.json")))
+            .chain([("tokenizer", dir.join("tokenizer/tokenizer_config.json"))])
+            .filter(|(_, path)| path.is_file());
         let files = [
             ("model_index", dir.join(MODEL_INDEX)),
             ("scheduler", dir.join("scheduler/scheduler_config.json")),
         ]
         .into_iter()
         .chain(processor)
-        .chain(
-            [denoiser.as_str(), "vae"]
-                .into_iter()
-                .chain(encoders.clone())
-                .map(|c| (c, dir.join(c).join("config.json"))),
-        );
+        .chain(component_configs);
         for (component, path) in files {
             configs.push(u_sdk::PipelineConfig {
                 component: component.into(),
@@ -414,7 +423,7 @@ fn build_pipeline(
                     .into(),
             });
         }
-        for component in encoders.chain(["vae"]) {
+        for component in encoders.chain([decoder]) {
             let (_, weights) = parts.open(component)?;
             let (_, model, built) = part(component, &weights, "")?;
             components.push(u_sdk::PipelineComponent {

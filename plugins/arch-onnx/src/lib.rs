@@ -38,7 +38,9 @@ pub const FAMILY: &str = "onnx_graph";
 
 fn describe() -> PluginInfo {
     PluginInfo {
-        summary: "ONNX graphs run as written: feature maps and conditioning in, a map out".into(),
+        summary: "ONNX graphs run as written: feature maps (with conditioning and a context) \
+                  to a map, token ids to rows"
+            .into(),
         details: RVec::new(),
     }
 }

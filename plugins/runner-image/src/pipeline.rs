@@ -165,8 +165,21 @@ fn prompting(
     take: &mut dyn FnMut(&str) -> Option<ModelBox>,
     tokenizer: &mut dyn FnMut(&str) -> Option<TokenizerBox>,
     (denoiser, config): (&Value, &u_sdk::ModelConfig),
+    max_length: Option<usize>,
 ) -> u_sdk::Result<Prompting> {
     let context = config.context_shape[1] as usize;
+    let unstated = |model: &ModelBox| -> u_sdk::Result<Option<usize>> {
+        let length = model.config().into_result()?.context_length;
+        match (length, max_length) {
+            (0, None) => Err(invalid(
+                "the text encoder fixes no prompt length and the tokenizer states no \
+                 `model_max_length`"
+                    .into(),
+            )),
+            (0, given) => Ok(given),
+            _ => Ok(None),
+        }
+    };
     let mut encoder = |model: ModelBox, n: &str, positions| {
         let name = format!("tokenizer{n}");
         let t = tokenizer(&name).ok_or_else(|| {
@@ -196,7 +209,8 @@ fn prompting(
         return Ok(Prompting::Flux { clip, t5 });
     }
     if class != Some(SD3) {
-        let clip = encoder(first, "", None)?;
+        let positions = unstated(&first)?;
+        let clip = encoder(first, "", positions)?;
         if clip.width() != context {
             return Err(invalid(format!(
                 "the text encoder gives rows of {}; the denoiser cross-attends to rows of \
@@ -320,7 +334,10 @@ impl Pipeline {
         };
         let text_encoder = take("text_encoder");
         let image_encoder = take("image_encoder");
-        let decoder = take("vae").ok_or_else(|| invalid("the pipeline has no `vae`".into()))?;
+        // A diffusers ONNX pipeline's decoder is its `vae_decoder`.
+        let decoder = take("vae")
+            .or_else(|| take("vae_decoder"))
+            .ok_or_else(|| invalid("the pipeline has no `vae`".into()))?;
         let encoder = take("vae.encoder");
         let given = |component: &str| -> u_sdk::Result<Option<Value>> {
             let Some(c) = parts
@@ -339,7 +356,9 @@ impl Pipeline {
                 .ok_or_else(|| invalid(format!("no configuration of the `{component}`")))
         };
         let scheduler_config = config("scheduler")?.to_string();
-        let vae = config("vae")?;
+        // Without a configuration (a diffusers ONNX pipeline), Stable Diffusion's scaling, as
+        // `OnnxStableDiffusionPipeline` fixes it.
+        let vae = given("vae")?.unwrap_or_default();
         let factor = |key: &str, default: f64| match &vae[key] {
             Value::Null => Ok(default as f32),
             v => v
@@ -365,10 +384,16 @@ impl Pipeline {
             None => None,
         };
         let unet_config = unet.config().into_result()?;
-        let denoiser = match given("unet")? {
-            Some(c) => c,
-            None => config("transformer")?,
+        let denoiser = match (given("unet")?, given("transformer")?) {
+            (Some(c), _) | (None, Some(c)) => c,
+            (None, None) => Value::Null,
         };
+        // A text encoder that fixes no length (an exported graph) reads prompts padded to the
+        // tokenizer's `model_max_length`, as diffusers pads them.
+        let max_length = given("tokenizer")?
+            .and_then(|t| t["model_max_length"].as_u64())
+            .filter(|&n| (2..=1 << 20).contains(&n))
+            .map(|n| n as usize);
         let conditioner = match (text_encoder, image_encoder) {
             (Some(_), Some(_)) => {
                 return Err(invalid(
@@ -407,6 +432,7 @@ impl Pipeline {
                 &mut take,
                 &mut tokenizer,
                 (&denoiser, &unet_config),
+                max_length,
             )?),
             (None, None) => {
                 let classes = denoiser["num_embeds_ada_norm"]
@@ -591,9 +617,13 @@ impl Pipeline {
         self.vae_scale() * self.unet_spec.multiple.max(1)
     }
 
-    /// The image side the pipeline was trained at (its default).
+    /// The image side the pipeline was trained at (its default; 512, diffusers' ONNX
+    /// pipelines' default, for a denoiser that states none).
     pub fn default_side(&self) -> u32 {
-        self.unet_spec.sample_size * self.vae_scale()
+        match self.unet_spec.sample_size {
+            0 => 512,
+            side => side * self.vae_scale(),
+        }
     }
 
     /// Whether it can start from an image (it has the autoencoder's encoder).

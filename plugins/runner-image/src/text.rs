@@ -52,7 +52,9 @@ impl TextEncoder {
     ) -> u_sdk::Result<TextEncoder> {
         let config = model.config().into_result()?;
         let positions = positions.unwrap_or(config.context_length as usize);
-        if positions < 2 || (config.context_length as usize) < positions {
+        // A context length of 0: the encoder fixes none (an exported graph).
+        let length = config.context_length as usize;
+        if positions < 2 || (length != 0 && length < positions) {
             return Err(invalid(format!(
                 "a text encoder of {} positions cannot read prompts of {positions}",
                 config.context_length

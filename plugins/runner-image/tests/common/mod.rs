@@ -35,6 +35,12 @@ pub fn expected(key: &str) -> Value {
     all_expected()[key].clone()
 }
 
+/// What onnxruntime computed with the ONNX pipeline `sd_onnx/` (`onnx_expected.json`).
+pub fn expected_onnx() -> Value {
+    let path = folder("onnx_expected.json");
+    serde_json::from_slice(&std::fs::read(path).expect("onnx_expected.json")).expect("JSON")
+}
+
 /// The tensors of `component` in pipeline `pipeline`.
 pub fn weights(pipeline: &str, component: &str) -> WeightSetBox {
     let m = u_loader_safetensors::SafetensorsModel::open(
