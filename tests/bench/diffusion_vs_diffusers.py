@@ -4,7 +4,8 @@ runner-image's exact caches save.
 
 Pipelines: the tiny ones of `tests/fixtures/diffusion_tiny` (`sd`: Stable Diffusion, 32×32
 images; `dit_pipeline`: DiT, class 3; `sd_variations`: image variations of `init.png`;
-`sd3_pipeline`: Stable Diffusion 3 with its T5; `flux_pipeline`: FLUX, 16×16), and a larger
+`sd3_pipeline`: Stable Diffusion 3 with its T5; `flux_pipeline`: FLUX, 16×16; `sd_onnx`: `sd`
+exported to ONNX, beside `OnnxStableDiffusionPipeline` on onnxruntime, 4×4 latents), and a larger
 random-weight Stable Diffusion layout made once into ~/.cache/u/bench/sd-bench (UNet
 `block_out_channels` (64, 128, 256) with cross-attention in the first two, CLIP text encoder of
 width 256, a three-block VAE; 128×128 images from 32×32 latents), both with DDIM and
@@ -114,6 +115,10 @@ OTHERS = {
     "flux_pipeline": (["--prompt", PROMPT, "--guidance", "3.5", "--width", "16", "--height", "16"],
                       lambda: {"prompt": PROMPT, "guidance_scale": 3.5, "width": 16,
                                "height": 16}),
+    # OnnxStableDiffusionPipeline (onnxruntime) makes `side // 8` latents, which this VAE
+    # doubles: its 32 is U's 8 (4×4 latents both).
+    "sd_onnx": (["--prompt", PROMPT, "--guidance", "7.5", "--width", "8", "--height", "8"],
+                lambda: {"prompt": PROMPT, "guidance_scale": 7.5, "width": 32, "height": 32}),
 }
 
 # Stable Diffusion's folders: a prompt, guidance 7.5.
@@ -133,11 +138,14 @@ def u_seconds(model: pathlib.Path, steps: int, threads: int, manifest: pathlib.P
 
 
 def diffusers_seconds(pipe, steps: int, kwargs) -> float:
+    import numpy
     import torch
+    # diffusers' ONNX pipelines draw with NumPy.
+    generator = (numpy.random.RandomState(1) if type(pipe).__name__.startswith("Onnx")
+                 else torch.Generator().manual_seed(1))
     start = time.perf_counter()
     with torch.no_grad():
-        pipe(num_inference_steps=steps, generator=torch.Generator().manual_seed(1),
-             output_type="np", **kwargs())
+        pipe(num_inference_steps=steps, generator=generator, output_type="np", **kwargs())
     return time.perf_counter() - start
 
 
