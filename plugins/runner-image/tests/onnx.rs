@@ -9,23 +9,15 @@
 mod common;
 
 use common::{TOL, expected_onnx, folder, image_error, run_from, tokenizer};
-use u_sdk::abi_stable::std_types::ROption;
 use u_sdk::{
     ModelBox, PipelineComponent, PipelineConfig, PipelineParts, PipelineTokenizer, RunnerContext,
-    ServingLimits,
 };
 
 const PIPELINE: &str = "sd_onnx";
 
-/// The graph of `component` as arch-onnx builds it.
+/// The graph of `component`.
 fn graph(component: &str) -> ModelBox {
-    let path = folder(PIPELINE).join(component).join("model.onnx");
-    let model = u_loader_onnx::OnnxModel::open(&u_loader_onnx::StdFs, &path).expect("a graph");
-    let weights = u_sdk::weights::SharedWeights::new(model).into_box();
-    let built = u_arch_onnx::OnnxArchitecture
-        .load(weights, common::backend())
-        .expect("arch-onnx builds it");
-    u_sdk::encoder::EncoderModel::boxed(built)
+    common::onnx_graph(&folder(PIPELINE).join(component).join("model.onnx"))
 }
 
 fn context() -> RunnerContext {
@@ -36,17 +28,10 @@ fn context() -> RunnerContext {
             .expect("a configuration")
             .into(),
     };
-    RunnerContext {
-        name: PIPELINE.into(),
-        model: graph("unet"),
-        tokenizer: ROption::RNone,
-        limits: ServingLimits::default(),
-        aliases: Vec::new().into(),
-        extras: Vec::new().into(),
-        adapter_opener: ROption::RNone,
-        image_encoder: ROption::RNone,
-        draft_model: ROption::RNone,
-        pipeline: ROption::RSome(PipelineParts {
+    common::runner_context(
+        PIPELINE,
+        graph("unet"),
+        Some(PipelineParts {
             components: ["text_encoder", "vae_decoder"]
                 .into_iter()
                 .map(|c| PipelineComponent {
@@ -67,7 +52,7 @@ fn context() -> RunnerContext {
             }]
             .into(),
         }),
-    }
+    )
 }
 
 #[test]

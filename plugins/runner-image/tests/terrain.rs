@@ -6,12 +6,13 @@
 //! both). The model comes from the registry (`cargo xtask fetch-model terrain-unet`, which
 //! `cargo xtask test` runs); absent is a failure, never a skip.
 
+mod common;
+
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use u_runner_image::sampler::GivenNoise;
 use u_runner_image::{ImageEngine, ImageRunner};
-use u_sdk::abi_stable::std_types::ROption;
-use u_sdk::{ErrorKind, ImageProgress, ImageRequest, RunnerContext, ServingLimits};
+use u_sdk::{ErrorKind, ImageProgress, ImageRequest};
 
 const TOL: f32 = 1e-4;
 const SIDE: usize = 128;
@@ -63,22 +64,8 @@ fn pattern() -> Vec<f32> {
 }
 
 fn engine() -> Result<ImageEngine> {
-    let onnx = u_loader_onnx::OnnxModel::open(&u_loader_onnx::StdFs, &model_file()?)?;
-    let weights = u_sdk::weights::SharedWeights::new(onnx).into_box();
-    let backend = u_kernels_cpu::CpuKernels::new(2)?.into_box();
-    let model = u_arch_onnx::OnnxArchitecture.load(weights, backend)?;
-    let context = RunnerContext {
-        name: "terrain".into(),
-        model: u_sdk::encoder::EncoderModel::boxed(model),
-        tokenizer: ROption::RNone,
-        limits: ServingLimits::default(),
-        aliases: Vec::new().into(),
-        extras: Vec::new().into(),
-        adapter_opener: ROption::RNone,
-        image_encoder: ROption::RNone,
-        draft_model: ROption::RNone,
-        pipeline: ROption::RNone,
-    };
+    let model = common::onnx_graph(&model_file()?);
+    let context = common::runner_context("terrain", model, None);
     Ok(ImageRunner::default().serve(context)?)
 }
 

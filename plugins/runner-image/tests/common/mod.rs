@@ -146,17 +146,10 @@ pub fn context(
         .chain([&denoiser])
         .copied()
         .collect();
-    RunnerContext {
-        name: pipeline.into(),
-        model: diffusion(pipeline, denoiser, family),
-        tokenizer: ROption::RNone,
-        limits: ServingLimits::default(),
-        aliases: Vec::new().into(),
-        extras: Vec::new().into(),
-        adapter_opener: ROption::RNone,
-        image_encoder: ROption::RNone,
-        draft_model: ROption::RNone,
-        pipeline: ROption::RSome(PipelineParts {
+    runner_context(
+        pipeline,
+        diffusion(pipeline, denoiser, family),
+        Some(PipelineParts {
             components: components
                 .iter()
                 .map(|c| component(pipeline, c))
@@ -172,7 +165,38 @@ pub fn context(
                 .collect::<Vec<_>>()
                 .into(),
         }),
+    )
+}
+
+/// What the host hands the image runner for `model` served as `name`, with the `pipeline`'s
+/// other parts when it has them (nothing else: no tokenizer of its own, default limits).
+pub fn runner_context(
+    name: &str,
+    model: ModelBox,
+    pipeline: Option<PipelineParts>,
+) -> RunnerContext {
+    RunnerContext {
+        name: name.into(),
+        model,
+        tokenizer: ROption::RNone,
+        limits: ServingLimits::default(),
+        aliases: Vec::new().into(),
+        extras: Vec::new().into(),
+        adapter_opener: ROption::RNone,
+        image_encoder: ROption::RNone,
+        draft_model: ROption::RNone,
+        pipeline: pipeline.into(),
     }
+}
+
+/// The ONNX graph at `path` as arch-onnx builds it.
+pub fn onnx_graph(path: &Path) -> ModelBox {
+    let model = u_loader_onnx::OnnxModel::open(&u_loader_onnx::StdFs, path).expect("a graph");
+    let weights = u_sdk::weights::SharedWeights::new(model).into_box();
+    let built = u_arch_onnx::OnnxArchitecture
+        .load(weights, backend())
+        .expect("arch-onnx builds it");
+    u_sdk::encoder::EncoderModel::boxed(built)
 }
 
 /// The engine of `context`, with its caches on or off.
