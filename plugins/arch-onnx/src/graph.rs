@@ -240,6 +240,46 @@ fn fuse_attention(nodes: &mut Vec<Node>, kept: &std::collections::HashSet<usize>
     drop_nodes(nodes, &dropped);
 }
 
+/// Fuses each `MatMul(q, kᵀ)` → `Softmax` → `MatMul(·, v)` chain of computed operands whose
+/// intermediate values nothing else reads (an exported scaled-dot-product attention) into one
+/// [`Op::MatMulAttention`]: the `n × m` scores are never written out where the backend's
+/// attention takes the shapes.
+fn fuse_matmul_attention(nodes: &mut Vec<Node>, kept: &std::collections::HashSet<usize>) {
+    let wiring = Wiring::of(nodes, kept);
+    let mut dropped = std::collections::HashSet::new();
+    for mix in 0..nodes.len() {
+        let (Op::BatchedMatMul, &[Some(weights), Some(v)]) =
+            (&nodes[mix].op, nodes[mix].inputs.as_slice())
+        else {
+            continue;
+        };
+        let Some(soft) = wiring.writer(weights) else {
+            continue;
+        };
+        let Op::Softmax { axis } = nodes[soft].op else {
+            continue;
+        };
+        let Some(Some(scores_slot)) = nodes[soft].inputs.first().copied() else {
+            continue;
+        };
+        let Some(scores) = wiring.writer(scores_slot) else {
+            continue;
+        };
+        let (Op::BatchedMatMul, &[Some(q), Some(kt)]) =
+            (&nodes[scores].op, nodes[scores].inputs.as_slice())
+        else {
+            continue;
+        };
+        if !(wiring.only_reader(weights) && wiring.only_reader(scores_slot)) {
+            continue;
+        }
+        nodes[mix].op = Op::MatMulAttention { axis };
+        nodes[mix].inputs = vec![Some(q), Some(kt), Some(v)];
+        dropped.extend([soft, scores]);
+    }
+    drop_nodes(nodes, &dropped);
+}
+
 /// Fuses each `Sigmoid(x)` whose only reader is a `Mul` of it and `x` into one SiLU
 /// ([`Unary::Silu`]): one pass and one value fewer.
 fn fuse_silu(nodes: &mut Vec<Node>, kept: &std::collections::HashSet<usize>) {
@@ -422,6 +462,7 @@ impl Graph {
         }
         let kept: std::collections::HashSet<usize> = outputs.iter().map(|o| o.slot).collect();
         fuse_attention(&mut nodes, &kept);
+        fuse_matmul_attention(&mut nodes, &kept);
         fuse_silu(&mut nodes, &kept);
         // Free every computed slot after its last reader, keeping the graph's outputs.
         let mut last: HashMap<usize, usize> = HashMap::new();

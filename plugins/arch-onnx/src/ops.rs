@@ -222,6 +222,13 @@ pub enum Op {
     },
     /// NumPy's `matmul` of two computed operands, leading axes broadcast.
     BatchedMatMul,
+    /// `MatMul(q, kᵀ)`, `Softmax`, `MatMul(·, v)` fused (an exported scaled-dot-product
+    /// attention, scales already applied): inputs q `[…, n, d]`, kᵀ `[…, d, m]`, v `[…, m, d]`,
+    /// through the backend's attention, one head per leading index.
+    MatMulAttention {
+        /// The softmax's axis, which must be the last for the fused path.
+        axis: i64,
+    },
 }
 
 fn int_attr(attrs: &Map<String, Json>, key: &str, default: i64) -> Result<i64> {
@@ -1117,6 +1124,11 @@ impl Op {
                 floats(0)?,
                 floats(1)?,
             )?)),
+            Op::MatMulAttention { axis: at } => one(Value::F32(matmul_attention(
+                device,
+                [floats(0)?, floats(1)?, floats(2)?],
+                *at,
+            )?)),
             Op::ResizeNearest => {
                 let x = floats(0)?;
                 let &[batch, c, h, w] = x.dims.as_slice() else {
@@ -1222,6 +1234,54 @@ fn attention(
         out.extend(qi.attention(&[ki.desc(), vi.desc()], &params)?.to_vec()?);
     }
     permute(&Array::new(vec![b, t, c], out)?, &[0, 2, 1])
+}
+
+/// `softmax(q · kᵀ) · v` as [`Op::MatMulAttention`] computes it: through the backend's
+/// attention per leading index where the operands are `[…, n, d]`, `[…, d, m]`, `[…, m, d]`
+/// with the same leading axes and the softmax is over the last; as the three unfused operators
+/// otherwise.
+fn matmul_attention(device: &Device, [q, kt, v]: [&Array<f32>; 3], at: i64) -> Result<Array<f32>> {
+    let r = q.dims.len();
+    let fused = r >= 2
+        && kt.dims.len() == r
+        && v.dims.len() == r
+        && q.dims[..r - 2] == kt.dims[..r - 2]
+        && q.dims[..r - 2] == v.dims[..r - 2]
+        && kt.dims[r - 2] == q.dims[r - 1]
+        && v.dims[r - 2] == kt.dims[r - 1]
+        && v.dims[r - 1] == q.dims[r - 1]
+        && axis(at, r).ok() == Some(r - 1);
+    if !fused {
+        let scores = Value::F32(indexing::batched_matmul(device, q, kt)?);
+        let weights = Op::Softmax { axis: at }.run(device, &[Some(&scores)])?;
+        let weights = weights[0].floats("the attention weights")?;
+        return indexing::batched_matmul(device, weights, v);
+    }
+    let (n, d, m) = (q.dims[r - 2], q.dims[r - 1], kt.dims[r - 1]);
+    let heads: usize = q.dims[..r - 2].iter().product();
+    let params = AttentionParams {
+        heads: 1,
+        kv_heads: 1,
+        head_dim: d as u32,
+        first_query_pos: 0,
+        window: 0,
+        scale: 1.0,
+        softcap: 0.0,
+        mask: AttentionMask::Bidirectional,
+        kv_dtype: DType::F32,
+    };
+    let mut out = Vec::with_capacity(heads * n * d);
+    for h in 0..heads {
+        let k = permute(
+            &Array::new(vec![d, m], kt.data[h * d * m..][..d * m].to_vec())?,
+            &[1, 0],
+        )?;
+        let qh = upload(device, &q.data[h * n * d..][..n * d], &[n, d])?;
+        let kh = upload(device, &k.data, &[m, d])?;
+        let vh = upload(device, &v.data[h * m * d..][..m * d], &[m, d])?;
+        out.extend(qh.attention(&[kh.desc(), vh.desc()], &params)?.to_vec()?);
+    }
+    Array::new(q.dims.clone(), out)
 }
 
 /// `eˣ` within a few ulp over f32's normal range, without a libm call, so that loops over it
