@@ -204,7 +204,12 @@ fn vae_name(ldm: &str, blocks: usize) -> Option<(String, bool)> {
     let name = if let Some((i, rest)) = indexed(rest, "down.") {
         block("down", i, rest, "downsample")?
     } else if let Some((i, rest)) = indexed(rest, "up.") {
-        block("up", blocks.checked_sub(i + 1)?, rest, "upsample")?
+        block(
+            "up",
+            blocks.checked_sub(i.checked_add(1)?)?,
+            rest,
+            "upsample",
+        )?
     } else if let Some(tail) = rest.strip_prefix("mid.attn_1.") {
         let name = format!("{side}.mid_block.attentions.0.{}", swap(tail, &ATTENTION));
         let squeeze = tail.ends_with("weight") && !tail.starts_with("norm.");
@@ -312,5 +317,26 @@ mod tests {
         );
         assert_eq!(n("decoder.up.4.block.0.conv1.weight"), None);
         assert_eq!(n("decoder.mid.block_0.conv1.weight"), None);
+    }
+
+    /// Names a malformed file may hold map to nothing (or to a name no block loads), never to
+    /// a panic.
+    #[test]
+    fn hostile_names_are_not_a_panic() {
+        let max = usize::MAX.to_string();
+        for name in [
+            format!("decoder.up.{max}.block.0.conv1.weight"),
+            format!("encoder.mid.block_{max}.conv1.weight"),
+            format!("input_blocks.{max}.0.in_layers.0.weight"),
+            format!("output_blocks.{max}.1.conv.weight"),
+            format!("middle_block.{max}.x"),
+            "input_blocks.".into(),
+            "decoder.up.-1.block.0.x".into(),
+            "encoder".into(),
+            String::new(),
+        ] {
+            let _ = unet_name(&name, 3);
+            let _ = vae_name(&name, 4);
+        }
     }
 }

@@ -1215,17 +1215,7 @@ fn attention(
         permute(a, &[0, 2, 1])?.reshaped(vec![b * n, c])
     };
     let (q, k, v) = (rows(q, t)?, rows(k, s)?, rows(v, s)?);
-    let params = AttentionParams {
-        heads: 1,
-        kv_heads: 1,
-        head_dim: c as u32,
-        first_query_pos: 0,
-        window: 0,
-        scale: 1.0,
-        softcap: 0.0,
-        mask: AttentionMask::Bidirectional,
-        kv_dtype: DType::F32,
-    };
+    let params = one_head(c);
     let mut out = Vec::with_capacity(b * t * c);
     for i in 0..b {
         let qi = upload(device, &q.data[i * t * c..(i + 1) * t * c], &[t, c])?;
@@ -1234,6 +1224,22 @@ fn attention(
         out.extend(qi.attention(&[ki.desc(), vi.desc()], &params)?.to_vec()?);
     }
     permute(&Array::new(vec![b, t, c], out)?, &[0, 2, 1])
+}
+
+/// The backend's attention over one head of `head_dim` values, unmasked and unscaled (the
+/// graphs apply their scales themselves).
+fn one_head(head_dim: usize) -> AttentionParams {
+    AttentionParams {
+        heads: 1,
+        kv_heads: 1,
+        head_dim: head_dim as u32,
+        first_query_pos: 0,
+        window: 0,
+        scale: 1.0,
+        softcap: 0.0,
+        mask: AttentionMask::Bidirectional,
+        kv_dtype: DType::F32,
+    }
 }
 
 /// `softmax(q · kᵀ) · v` as [`Op::MatMulAttention`] computes it: through the backend's
@@ -1259,17 +1265,7 @@ fn matmul_attention(device: &Device, [q, kt, v]: [&Array<f32>; 3], at: i64) -> R
     }
     let (n, d, m) = (q.dims[r - 2], q.dims[r - 1], kt.dims[r - 1]);
     let heads: usize = q.dims[..r - 2].iter().product();
-    let params = AttentionParams {
-        heads: 1,
-        kv_heads: 1,
-        head_dim: d as u32,
-        first_query_pos: 0,
-        window: 0,
-        scale: 1.0,
-        softcap: 0.0,
-        mask: AttentionMask::Bidirectional,
-        kv_dtype: DType::F32,
-    };
+    let params = one_head(d);
     let mut out = Vec::with_capacity(heads * n * d);
     for h in 0..heads {
         let k = permute(
