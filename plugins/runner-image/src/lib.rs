@@ -1,9 +1,11 @@
 //! # u-runner-image — the image generation runner plugin
 //!
 //! A `runner` plugin for the **image-generation** task. The host hands it a latent diffusion
-//! pipeline built from a diffusers folder: the denoiser (a [`u_sdk::ModelKind::Denoiser`]:
-//! Stable Diffusion's `UNet2DConditionModel`, or a class-conditioned `DiTTransformer2DModel`,
-//! built by arch-diffusion) as the model, and as [`u_sdk::PipelineParts`] the text encoder
+//! pipeline built from a diffusers folder (its components' own weights, a single-file
+//! checkpoint beside its configuration, or its ONNX export): the denoiser (a
+//! [`u_sdk::ModelKind::Denoiser`]: Stable Diffusion's `UNet2DConditionModel`, a
+//! class-conditioned `DiTTransformer2DModel`, an MMDiT, built by arch-diffusion; an exported
+//! UNet graph, run by arch-onnx) as the model, and as [`u_sdk::PipelineParts`] the text encoder
 //! and tokenizer (a class-conditioned pipeline has none), the autoencoder's decoder (and
 //! encoder, for image to image) and the configuration files — or a denoiser alone, a
 //! pixel-space consistency model (such as the terrain UNet arch-onnx runs), sampled in one
