@@ -58,10 +58,11 @@ pub enum RowDot {
     Q8K(Multi<Q8KBlock>),
     /// Eight weight rows against any number of [`Q8Block`] activation rows ([`TileFn`]).
     Tile(TileFn<Q8Block>),
-    /// Eight weight rows against any number of [`Q8KBlock`] activation rows ([`TileFn`]).
-    TileK(TileFn<Q8KBlock>),
-    /// Four float weight rows against any number of f32 activation rows ([`TileFn`]).
-    FloatTile(TileFn<f32>),
+    /// Up to `.1` (8 or 16) weight rows against any number of [`Q8KBlock`] activation rows
+    /// ([`TileFn`]).
+    TileK(TileFn<Q8KBlock>, usize),
+    /// Up to `.1` float weight rows against any number of f32 activation rows ([`TileFn`]).
+    FloatTile(TileFn<f32>, usize),
     /// Any other dtype: each row is dequantized (with [`u_sdk::quant`]) into a scratch row and
     /// dotted in f32. Correct but not fast; for formats without a dedicated kernel.
     Dequant,
@@ -78,32 +79,32 @@ pub fn select(isa: Isa, dtype: DType) -> RowDot {
     use DType::*;
     #[cfg(target_arch = "x86_64")]
     {
-        use x86::{avx2, float, tile, vnni};
+        use x86::{avx2, float, row, tile, tile16, vnni};
         let int = matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni);
         let wide = matches!(isa, Isa::Avx512 | Isa::Avx512Vnni);
         let v = isa == Isa::Avx512Vnni;
         let k = match dtype {
-            F32 if wide => Some(RowDot::FloatTile(float::avx512::f32)),
-            F16 if wide => Some(RowDot::FloatTile(float::avx512::f16)),
-            BF16 if wide => Some(RowDot::FloatTile(float::avx512::bf16)),
-            F32 if int => Some(RowDot::FloatTile(float::avx2::f32)),
-            F16 if int => Some(RowDot::FloatTile(float::avx2::f16)),
-            BF16 if int => Some(RowDot::FloatTile(float::avx2::bf16)),
+            F32 if wide => Some(RowDot::FloatTile(float::avx512::f32, float::HEIGHT)),
+            F16 if wide => Some(RowDot::FloatTile(float::avx512::f16, float::HEIGHT)),
+            BF16 if wide => Some(RowDot::FloatTile(float::avx512::bf16, float::HEIGHT)),
+            F32 if int => Some(RowDot::FloatTile(float::avx2::f32, float::HEIGHT)),
+            F16 if int => Some(RowDot::FloatTile(float::avx2::f16, float::HEIGHT)),
+            BF16 if int => Some(RowDot::FloatTile(float::avx2::bf16, float::HEIGHT)),
             Q8_0 if v => Some(RowDot::Tile(tile::vnni::q8_0)),
             Q4_0 if v => Some(RowDot::Tile(tile::vnni::q4_0)),
             Q4_1 if v => Some(RowDot::Tile(tile::vnni::q4_1)),
             Q5_0 if v => Some(RowDot::Tile(tile::vnni::q5_0)),
-            Q4_K if v => Some(RowDot::TileK(tile::vnni::q4_k)),
+            Q4_K if v => Some(RowDot::TileK(row::q4_k, tile16::HEIGHT)),
             Q5_K if v => Some(multi!(Q8K, vnni::q5_k)),
-            Q6_K if v => Some(RowDot::TileK(tile::vnni::q6_k)),
+            Q6_K if v => Some(RowDot::TileK(row::q6_k, tile16::HEIGHT)),
             TQ2_0 if v => Some(multi!(Q8K, vnni::tq2_0)),
             Q8_0 if int => Some(RowDot::Tile(tile::avx2::q8_0)),
             Q4_0 if int => Some(RowDot::Tile(tile::avx2::q4_0)),
             Q4_1 if int => Some(RowDot::Tile(tile::avx2::q4_1)),
             Q5_0 if int => Some(RowDot::Tile(tile::avx2::q5_0)),
-            Q4_K if int => Some(RowDot::TileK(tile::avx2::q4_k)),
+            Q4_K if int => Some(RowDot::TileK(tile::avx2::q4_k, 8)),
             Q5_K if int => Some(multi!(Q8K, avx2::q5_k)),
-            Q6_K if int => Some(RowDot::TileK(tile::avx2::q6_k)),
+            Q6_K if int => Some(RowDot::TileK(tile::avx2::q6_k, 8)),
             TQ2_0 if int => Some(multi!(Q8K, avx2::tq2_0)),
             _ => None,
         };
@@ -271,14 +272,14 @@ pub fn matmul_weight(
                 run_tiles(eng, (n, 8), m, y, (data, rb), qx, nb, f)
             })
         }
-        RowDot::TileK(f) => {
+        RowDot::TileK(f, h) => {
             let nb = k / 256;
             with_scratch(&Q8K_SCRATCH, m * nb, |qx| {
                 quantize_rows(eng, x, k, qx, nb, quantize_q8k);
-                run_tiles(eng, (n, 8), m, y, (data, rb), qx, nb, f)
+                run_tiles(eng, (n, h), m, y, (data, rb), qx, nb, f)
             })
         }
-        RowDot::FloatTile(f) => run_tiles(eng, (n, 4), m, y, (data, rb), x, k, f),
+        RowDot::FloatTile(f, h) => run_tiles(eng, (n, h), m, y, (data, rb), x, k, f),
         RowDot::Q8K(f) => {
             let nb = k / 256;
             with_scratch(&Q8K_SCRATCH, m * nb, |qx| {

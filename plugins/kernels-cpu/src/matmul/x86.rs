@@ -1,7 +1,9 @@
 //! x86-64 dot-product kernels: AVX2 (`vpmaddubsw` + `vpmaddwd`), AVX-512 VNNI (`vpdpbusd` on
 //! 256-bit vectors through AVX-512 VL), and float tiles ([`float`]).
 //!
-//! Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K run as eight-row tiles ([`tile`]). Q5_K and TQ2_0 are
+//! Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K run as eight-row tiles ([`tile`]); on VNNI, Q4_K and Q6_K
+//! run as sixteen-row tiles in 512-bit vectors ([`tile16`]), and Q4_K and Q6_K decode (one
+//! activation row) reads whole super-blocks into 512-bit vectors ([`row`]). Q5_K and TQ2_0 are
 //! written once (`int_kernels!`) and stamped out per ISA with a different `u8 × i8 → i32`
 //! primitive: unsigned weight codes go straight into the unsigned operand; offsets and minimums
 //! are applied afterwards with the activation sums, as the scalar reference does.
@@ -17,7 +19,9 @@ use crate::matmul::scalar::{self, half_to_f32, k_min_sum, k_scale_min};
 use core::arch::x86_64::*;
 
 pub mod float;
+pub mod row;
 pub mod tile;
+pub mod tile16;
 
 /// The f16 at `p` as f32, converted in general-purpose registers ([`half_to_f32`]). F16C is
 /// avoided on purpose here: for one value LLVM lowers the load to `vpinsrw` into whatever vector
@@ -100,14 +104,7 @@ fn dot_vnni(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
     _mm256_dpbusd_epi32(acc, u, s)
 }
 
-/// `acc + Σ pairs(a·b)` of i16 pairs into i32 lanes (`vpdpwssd`).
-#[inline]
-#[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
-fn dotw_vnni(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-    _mm256_dpwssd_epi32(acc, a, b)
-}
-
-/// [`dotw_vnni`] on AVX2 (`vpmaddwd` + add).
+/// `acc + Σ pairs(a·b)` of i16 pairs into i32 lanes (`vpmaddwd` + add).
 #[inline]
 #[target_feature(enable = "avx2")]
 fn dotw_avx2(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {

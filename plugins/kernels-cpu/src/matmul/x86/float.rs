@@ -1,11 +1,12 @@
 //! Tile kernels for float weights (f32, f16, bf16) against f32 activations: four weight rows
-//! against up to four (AVX-512) or two (AVX2) activation rows, one vector accumulator per pair,
-//! lanes along `k`.
+//! against up to six (AVX-512) or two (AVX2) activation rows, one vector accumulator per pair,
+//! lanes along `k`; a call takes up to [`HEIGHT`] rows, four at a time over each block of `k`.
 //!
 //! Why: a one-row dot product loads a weight vector and an activation vector for every FMA; in
-//! a 4 × 4 tile each loaded (and converted) weight vector serves four activation rows and each
+//! a 4 × 6 tile each loaded (and converted) weight vector serves six activation rows and each
 //! activation vector four weight rows, so prefill runs on FMAs instead of loads and f16
-//! conversions. Decode (one activation row) runs the same kernel with four independent
+//! conversions; blocking `k` keeps the activations in L1 (streaming them from L2 for every
+//! group of four rows had prefill waiting on L2). Decode (one activation row) runs the same kernel with four independent
 //! accumulator chains.
 //!
 //! Every output is one accumulator over `k` in vector steps, reduced, plus the scalar tail of
@@ -14,10 +15,19 @@
 //!
 //! # Safety
 //! As for [`super::tile`]: the features of the `#[target_feature]` attribute, `w` holding
-//! `rows` (1–4) rows of `stride` bytes (`k` values each), `x` holding `m` rows of `k` values,
+//! `rows` (1–[`HEIGHT`]) rows of `stride` bytes (`k` values each), `x` holding `m` rows of `k` values,
 //! `y` writable at `c·ldy + r` for `c < m`, `r < rows`.
 
 use super::*;
+
+/// Groups of four weight rows per call.
+const GROUPS: usize = 8;
+
+/// Weight rows per call (the tile height [`crate::matmul`] hands out).
+pub const HEIGHT: usize = 4 * GROUPS;
+
+/// Values of `k` per block: six activation rows' block of f32 (24 KiB) stays in L1.
+const K_BLOCK: usize = 1024;
 
 /// The kernels for one vector width: `$v` the vector type, `$lanes` its f32 lanes, `$width`
 /// activation rows per tile, `$fma`/`$loadx`/`$zero` its FMA, f32 load and zero, `$sum` its
@@ -27,13 +37,17 @@ macro_rules! float_tiles {
      $sum:expr, $f16:expr, $bf16:expr) => {
         use super::*;
 
-        /// `C` activation rows from `x` (row stride `k`) against four weight rows `p` (the
-        /// last one repeated past `rows`), each loaded by `ld`; stores the `rows × C` results.
+        /// `C` activation rows from `x` (row stride `k`) against the weight rows `p` (up to
+        /// [`HEIGHT`], the last one repeated past `rows`), each loaded by `ld`, in groups of
+        /// four; stores the `rows × C` results. `k` is walked in blocks of [`K_BLOCK`] values,
+        /// every group of rows in turn over each block, so the activations' block stays in L1
+        /// while the weights stream past it (the accumulators wait in memory between blocks:
+        /// each still adds its products in the order of `k`).
         #[inline(always)]
         #[allow(clippy::too_many_arguments)]
         unsafe fn tile<const C: usize>(
-            p: &[*const u8; 4],
-            (stride, esize): (usize, usize),
+            p: &[*const u8; HEIGHT],
+            esize: usize,
             k: usize,
             x: *const f32,
             y: *mut f32,
@@ -44,30 +58,48 @@ macro_rules! float_tiles {
         ) {
             // SAFETY: see the module docs; vector loads only for whole groups of `$lanes`.
             unsafe {
-                let mut acc = [[$zero(); C]; 4];
-                let mut i = 0;
-                while i + $lanes <= k {
-                    if (i * esize).is_multiple_of(64) {
-                        // The next four rows follow these: read them one group ahead.
-                        for &row in p {
-                            let ahead = row.wrapping_add(4 * stride + i * esize);
-                            _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+                let groups = rows.div_ceil(4);
+                let mut acc = [[[$zero(); C]; 4]; GROUPS];
+                let kv = k - k % $lanes;
+                let mut k0 = 0;
+                while k0 < kv {
+                    let k1 = (k0 + K_BLOCK).min(kv);
+                    for (g, acc) in acc.iter_mut().enumerate().take(groups) {
+                        let pg = &p[4 * g..4 * g + 4];
+                        // The rows read after these: the next group's, or the first group's
+                        // next block.
+                        let (after, skip) = if g + 1 < groups {
+                            (&p[4 * g + 4..4 * g + 8], 0)
+                        } else {
+                            (&p[..4], K_BLOCK)
+                        };
+                        let mut a = *acc;
+                        let mut i = k0;
+                        while i < k1 {
+                            if (i * esize).is_multiple_of(64) {
+                                for &row in after {
+                                    let ahead = row.wrapping_add((i + skip) * esize);
+                                    _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+                                }
+                            }
+                            let w: [$v; 4] = core::array::from_fn(|r| ld(pg[r].add(i * esize)));
+                            for c in 0..C {
+                                let xv = $loadx(x.add(c * k + i));
+                                for r in 0..4 {
+                                    a[r][c] = $fma(w[r], xv, a[r][c]);
+                                }
+                            }
+                            i += $lanes;
                         }
+                        *acc = a;
                     }
-                    let w: [$v; 4] = core::array::from_fn(|r| ld(p[r].add(i * esize)));
-                    for c in 0..C {
-                        let xv = $loadx(x.add(c * k + i));
-                        for r in 0..4 {
-                            acc[r][c] = $fma(w[r], xv, acc[r][c]);
-                        }
-                    }
-                    i += $lanes;
+                    k0 = k1;
                 }
                 for r in 0..rows {
-                    let wt = core::slice::from_raw_parts(p[r].add(i * esize), (k - i) * esize);
+                    let wt = core::slice::from_raw_parts(p[r].add(kv * esize), (k - kv) * esize);
                     for c in 0..C {
-                        let xt = core::slice::from_raw_parts(x.add(c * k + i), k - i);
-                        *y.add(c * ldy + r) = $sum(acc[r][c]) + tail(wt, xt);
+                        let xt = core::slice::from_raw_parts(x.add(c * k + kv), k - kv);
+                        *y.add(c * ldy + r) = $sum(acc[r / 4][r % 4][c]) + tail(wt, xt);
                     }
                 }
             }
@@ -87,7 +119,7 @@ macro_rules! float_tiles {
             tail: fn(&[u8], &[f32]) -> f32,
         ) {
             let k = stride / esize;
-            let p: [*const u8; 4] =
+            let p: [*const u8; HEIGHT] =
                 core::array::from_fn(|r| w.as_ptr().wrapping_add(r.min(rows - 1) * stride));
             // SAFETY: see the module docs.
             unsafe {
@@ -97,7 +129,7 @@ macro_rules! float_tiles {
                     let (xc, yc) = (x.as_ptr().add(c0 * k), y.add(c0 * ldy));
                     macro_rules! go {
                         ($c:literal) => {
-                            tile::<$c>(&p, (stride, esize), k, xc, yc, ldy, rows, ld, tail)
+                            tile::<$c>(&p, esize, k, xc, yc, ldy, rows, ld, tail)
                         };
                     }
                     match cw {
@@ -105,6 +137,8 @@ macro_rules! float_tiles {
                         2 => go!(2),
                         3 if $width > 2 => go!(3),
                         4 if $width > 2 => go!(4),
+                        5 if $width > 4 => go!(5),
+                        6 if $width > 4 => go!(6),
                         _ => unreachable!("tile width {cw} > {}", $width),
                     }
                     c0 += cw;
@@ -190,13 +224,13 @@ pub mod avx2 {
     );
 }
 
-/// AVX-512 float tiles (sixteen lanes; 4 × 4 accumulators of the 32 vector registers).
+/// AVX-512 float tiles (sixteen lanes; 4 × 6 accumulators of the 32 vector registers).
 pub mod avx512 {
     float_tiles!(
         "avx2,fma,f16c,avx512f,avx512bw,avx512vl",
         __m512,
         16,
-        4,
+        6,
         _mm512_fmadd_ps,
         _mm512_loadu_ps,
         _mm512_setzero_ps,

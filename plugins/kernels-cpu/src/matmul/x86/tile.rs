@@ -314,7 +314,7 @@ unsafe fn store<const C: usize>(acc: [__m256; C], y: *mut f32, ldy: usize, rows:
 /// is `vpdpbusd` (no saturation, so Q8_0's signed weights can be offset by 128 instead of
 /// sign-swapped).
 macro_rules! tile_kernels {
-    ($feat:literal, $dot:ident, $dotw:ident, $groups:ident, $vnni:literal, $width:literal) => {
+    ($feat:literal, $dot:ident, $groups:ident, $vnni:literal, $width:literal) => {
         use super::*;
 
         /// Activation rows per tile (float accumulators kept in registers).
@@ -534,6 +534,37 @@ macro_rules! tile_kernels {
             unsafe { sweep((w, stride, 22), rows, x, m, y, ldy, load, 5, Some(|b| b.s)) }
         }
 
+        /// Q8_0 (34-byte blocks: f16 d, 32 signed bytes; value = d·q).
+        #[target_feature(enable = $feat)]
+        pub unsafe fn q8_0(
+            w: &[u8],
+            stride: usize,
+            rows: usize,
+            x: &[Q8Block],
+            m: usize,
+            y: *mut f32,
+            ldy: usize,
+        ) {
+            let p = row_pointers(w, stride, rows);
+            let load = |b: usize| {
+                // SAFETY: block b of each row: d at 0, codes at 2..34.
+                unsafe {
+                    let (d, _) = halves(&p, 34 * b);
+                    let q = transpose32(&p, 34 * b + 2);
+                    Block8 { q, d, off: d }
+                }
+            };
+            // SAFETY: see the module docs.
+            unsafe { sweep((w, stride, 34), rows, x, m, y, ldy, load, 8, None) }
+        }
+    };
+}
+
+/// The k-quant tile kernels (Q4_K, Q6_K) for one ISA, beside [`tile_kernels`]' items: `$dotw`
+/// the i16 pair-dot, `$feat` and `$groups` as there. On VNNI the sixteen-row tiles of [`super::tile16`]
+/// take their place.
+macro_rules! k_tile_kernels {
+    ($feat:literal, $dotw:ident, $groups:ident) => {
         /// The exact integer sums of super-block `k` against `C` activation blocks: Q4_K
         /// `Σ_j sc_j·Σ q·x` over 32-value sub-blocks, Q6_K `Σ_j sc_j·Σ (q − 32)·x` over
         /// 16-value ones. Each sub-block's codes are loaded once for the `C` rows.
@@ -700,37 +731,14 @@ macro_rules! tile_kernels {
             // SAFETY: see the module docs.
             unsafe { sweep_k::<true>((w, stride), rows, x, m, y, ldy) }
         }
-
-        /// Q8_0 (34-byte blocks: f16 d, 32 signed bytes; value = d·q).
-        #[target_feature(enable = $feat)]
-        pub unsafe fn q8_0(
-            w: &[u8],
-            stride: usize,
-            rows: usize,
-            x: &[Q8Block],
-            m: usize,
-            y: *mut f32,
-            ldy: usize,
-        ) {
-            let p = row_pointers(w, stride, rows);
-            let load = |b: usize| {
-                // SAFETY: block b of each row: d at 0, codes at 2..34.
-                unsafe {
-                    let (d, _) = halves(&p, 34 * b);
-                    let q = transpose32(&p, 34 * b + 2);
-                    Block8 { q, d, off: d }
-                }
-            };
-            // SAFETY: see the module docs.
-            unsafe { sweep((w, stride, 34), rows, x, m, y, ldy, load, 8, None) }
-        }
     };
 }
 
 /// AVX2 tile kernels (`vpmaddubsw` + `vpmaddwd`; 16 vector registers, so four activation rows
 /// per tile).
 pub mod avx2 {
-    tile_kernels!("avx2,fma,f16c", dot_avx2, dotw_avx2, groups_avx2, false, 4);
+    tile_kernels!("avx2,fma,f16c", dot_avx2, groups_avx2, false, 4);
+    k_tile_kernels!("avx2,fma,f16c", dotw_avx2, groups_avx2);
 }
 
 /// AVX-512 VNNI tile kernels (`vpdpbusd` on 256-bit vectors; 32 vector registers, so eight
@@ -739,7 +747,6 @@ pub mod vnni {
     tile_kernels!(
         "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
         dot_vnni,
-        dotw_vnni,
         groups_vnni,
         true,
         8
