@@ -56,8 +56,9 @@ pub enum RowDot {
     Q8(Multi<Q8Block>),
     /// 256-value blocks against [`Q8KBlock`] activations.
     Q8K(Multi<Q8KBlock>),
-    /// Eight weight rows against any number of [`Q8Block`] activation rows ([`TileFn`]).
-    Tile(TileFn<Q8Block>),
+    /// Up to `.1` (8 or 16) weight rows against any number of [`Q8Block`] activation rows
+    /// ([`TileFn`]).
+    Tile(TileFn<Q8Block>, usize),
     /// Up to `.1` (8 or 16) weight rows against any number of [`Q8KBlock`] activation rows
     /// ([`TileFn`]).
     TileK(TileFn<Q8KBlock>, usize),
@@ -90,18 +91,18 @@ pub fn select(isa: Isa, dtype: DType) -> RowDot {
             F32 if int => Some(RowDot::FloatTile(float::avx2::f32, float::HEIGHT)),
             F16 if int => Some(RowDot::FloatTile(float::avx2::f16, float::HEIGHT)),
             BF16 if int => Some(RowDot::FloatTile(float::avx2::bf16, float::HEIGHT)),
-            Q8_0 if v => Some(RowDot::Tile(tile::vnni::q8_0)),
-            Q4_0 if v => Some(RowDot::Tile(tile::vnni::q4_0)),
-            Q4_1 if v => Some(RowDot::Tile(tile::vnni::q4_1)),
-            Q5_0 if v => Some(RowDot::Tile(tile::vnni::q5_0)),
+            Q8_0 if v => Some(RowDot::Tile(tile16::q8_0, tile16::HEIGHT)),
+            Q4_0 if v => Some(RowDot::Tile(tile16::q4_0, tile16::HEIGHT)),
+            Q4_1 if v => Some(RowDot::Tile(tile16::q4_1, tile16::HEIGHT)),
+            Q5_0 if v => Some(RowDot::Tile(tile16::q5_0, tile16::HEIGHT)),
             Q4_K if v => Some(RowDot::TileK(row::q4_k, tile16::HEIGHT)),
             Q5_K if v => Some(multi!(Q8K, vnni::q5_k)),
             Q6_K if v => Some(RowDot::TileK(row::q6_k, tile16::HEIGHT)),
             TQ2_0 if v => Some(multi!(Q8K, vnni::tq2_0)),
-            Q8_0 if int => Some(RowDot::Tile(tile::avx2::q8_0)),
-            Q4_0 if int => Some(RowDot::Tile(tile::avx2::q4_0)),
-            Q4_1 if int => Some(RowDot::Tile(tile::avx2::q4_1)),
-            Q5_0 if int => Some(RowDot::Tile(tile::avx2::q5_0)),
+            Q8_0 if int => Some(RowDot::Tile(tile::avx2::q8_0, 8)),
+            Q4_0 if int => Some(RowDot::Tile(tile::avx2::q4_0, 8)),
+            Q4_1 if int => Some(RowDot::Tile(tile::avx2::q4_1, 8)),
+            Q5_0 if int => Some(RowDot::Tile(tile::avx2::q5_0, 8)),
             Q4_K if int => Some(RowDot::TileK(tile::avx2::q4_k, 8)),
             Q5_K if int => Some(multi!(Q8K, avx2::q5_k)),
             Q6_K if int => Some(RowDot::TileK(tile::avx2::q6_k, 8)),
@@ -265,11 +266,11 @@ pub fn matmul_weight(
                 run_blocks(eng, n, m, y, (data, rb), qx, nb, f)
             })
         }
-        RowDot::Tile(f) => {
+        RowDot::Tile(f, h) => {
             let nb = k / 32;
             with_scratch(&Q8_SCRATCH, m * nb, |qx| {
                 quantize_rows(eng, x, k, qx, nb, quantize_q8);
-                run_tiles(eng, (n, 8), m, y, (data, rb), qx, nb, f)
+                run_tiles(eng, (n, h), m, y, (data, rb), qx, nb, f)
             })
         }
         RowDot::TileK(f, h) => {

@@ -1,9 +1,10 @@
 //! x86-64 dot-product kernels: AVX2 (`vpmaddubsw` + `vpmaddwd`), AVX-512 VNNI (`vpdpbusd` on
 //! 256-bit vectors through AVX-512 VL), and float tiles ([`float`]).
 //!
-//! Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K run as eight-row tiles ([`tile`]); on VNNI, Q4_K and Q6_K
-//! run as sixteen-row tiles in 512-bit vectors ([`tile16`]), and Q4_K and Q6_K decode (one
-//! activation row) reads whole super-blocks into 512-bit vectors ([`row`]). Q5_K and TQ2_0 are
+//! Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K run as eight-row tiles ([`tile`]); on VNNI every one of them
+//! runs as sixteen-row tiles in 512-bit vectors with several activation rows ([`tile16`]), and
+//! Q4_K and Q6_K decode (one activation row) reads whole super-blocks into 512-bit vectors
+//! ([`row`]). Q5_K and TQ2_0 are
 //! written once (`int_kernels!`) and stamped out per ISA with a different `u8 × i8 → i32`
 //! primitive: unsigned weight codes go straight into the unsigned operand; offsets and minimums
 //! are applied afterwards with the activation sums, as the scalar reference does.

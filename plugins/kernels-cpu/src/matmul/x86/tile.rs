@@ -741,8 +741,8 @@ pub mod avx2 {
     k_tile_kernels!("avx2,fma,f16c", dotw_avx2, groups_avx2);
 }
 
-/// AVX-512 VNNI tile kernels (`vpdpbusd` on 256-bit vectors; 32 vector registers, so eight
-/// activation rows per tile).
+/// AVX-512 VNNI tile kernels (`vpdpbusd` on 256-bit vectors): the 32-value formats' decode
+/// (one activation row); with several, [`super::tile16`] runs sixteen weight rows wide.
 pub mod vnni {
     tile_kernels!(
         "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",

@@ -1,21 +1,37 @@
-//! Sixteen-row Q4_K and Q6_K tiles on AVX-512 VNNI: the [`super::tile`] kernels' layout (weight
-//! rows in lanes, each super-block decoded once into memory and reused by every activation row
-//! of a chunk) in 512-bit vectors, so each `vpdpbusd` serves sixteen weight rows instead of
+//! Sixteen-row tiles on AVX-512 VNNI for Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K: the
+//! [`super::tile`] kernels' layout (weight rows in lanes; a 32-value block transposed in
+//! registers, a k-quant super-block decoded once into memory, each reused by every activation
+//! row of the tile) in 512-bit vectors, so each `vpdpbusd` serves sixteen weight rows instead of
 //! eight. On cores with full-width 512-bit units that is close to twice the integer work per
-//! instruction in prefill (measured here: Q6_K 1.7×, at 64 activation rows). The integer sums
-//! are exact and the float steps per lane those of the scalar kernel, so the results equal it
-//! (and the eight-row tiles) bit for bit.
+//! instruction in prefill (measured here at 64 activation rows: Q6_K 2.2×, Q4_K 1.9×). The
+//! k-quants' integer sums are exact and their float steps per lane those of the scalar kernel,
+//! so they equal it bit for bit; the 32-value formats take the eight-row tiles' float steps.
+//! As there, a row's result never depends on the other rows of its tile or batch. Decode (one
+//! activation row) of the 32-value formats runs the eight-row tiles.
 //!
 //! # Safety
 //! As for [`super::tile`], with `rows` from 1 to 16.
 
 use super::*;
+use crate::matmul::TileFn;
 
 /// Weight rows per tile.
 pub const HEIGHT: usize = 16;
 
-/// Activation rows per pass over a decoded super-block (their accumulators stay in registers).
+/// Activation rows per pass over a decoded block (their accumulators stay in registers).
 const WIDTH: usize = 8;
+
+/// One 32-value block of sixteen weight rows, rows in lanes.
+#[derive(Clone, Copy)]
+struct Block16 {
+    /// Codes of groups 0–7 (four values each): the unsigned operand of the integer dot.
+    q: [__m512i; 8],
+    /// Each row's scale.
+    d: __m512,
+    /// Each row's offset coefficient, times the activation's sum term (`−8·d` for Q4_0, the
+    /// minimum for Q4_1, `−16·d` for Q5_0; unused for Q8_0).
+    off: __m512,
+}
 
 /// One super-block of sixteen weight rows, rows in lanes.
 struct SuperBlock16 {
@@ -108,6 +124,326 @@ unsafe fn halves(p: &[*const u8; HEIGHT], o: usize) -> __m512 {
     unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(h.as_ptr() as *const __m256i)) }
 }
 
+/// The f16 pairs at `p[r] + o` of the sixteen rows: (first halves, second halves) as f32, lane
+/// `r` from row `r`.
+#[inline]
+#[target_feature(enable = "avx2,avx512f")]
+unsafe fn pairs_of_halves(p: &[*const u8; HEIGHT], o: usize) -> (__m512, __m512) {
+    // SAFETY: the caller passes rows with four readable bytes at `o`.
+    let v: [i32; HEIGHT] =
+        core::array::from_fn(|r| unsafe { (p[r].add(o) as *const i32).read_unaligned() });
+    let v = _mm512_setr_epi32(
+        v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11], v[12], v[13],
+        v[14], v[15],
+    );
+    (
+        _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)),
+        _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(v))),
+    )
+}
+
+/// 16 bytes of packed nibbles (byte `j`: value `j` low, value `j + 16` high) of the sixteen rows
+/// as the eight group vectors of codes 0–15.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn nibble_groups(p: &[*const u8; HEIGHT], o: usize) -> [__m512i; 8] {
+    // SAFETY: as for `transpose16`.
+    let t = unsafe { transpose16(p, o) };
+    let m4 = _mm512_set1_epi8(0x0f);
+    core::array::from_fn(|g| {
+        if g < 4 {
+            _mm512_and_si512(t[g], m4)
+        } else {
+            _mm512_and_si512(_mm512_srli_epi16::<4>(t[g - 4]), m4)
+        }
+    })
+}
+
+/// Adds Q5_0's fifth bits to `q`: lane `r` of `qh` holds row `r`'s 32 high bits (bit `v` for
+/// value `v`), which become 16 in byte `i` of group `g` where bit `4g + i` is set.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn add_high_bits(q: &mut [__m512i; 8], qh: __m512i) {
+    // Byte j of each 128-bit lane reads byte 4·(j / 4) of it: the first byte of its own i32.
+    let base = _mm512_broadcast_i32x4(_mm_setr_epi8(
+        0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12,
+    ));
+    for (g, v) in q.iter_mut().enumerate() {
+        // Byte g/2 of each lane's bits into all four bytes of the lane, then one bit a byte.
+        let at = _mm512_add_epi8(base, _mm512_set1_epi8(g as i8 / 2));
+        let spread = _mm512_shuffle_epi8(qh, at);
+        let mask = _mm512_set1_epi32(if g % 2 == 0 {
+            0x0804_0201
+        } else {
+            0x8040_2010u32 as i32
+        });
+        let set = _mm512_test_epi8_mask(spread, mask);
+        *v = _mm512_or_si512(*v, _mm512_maskz_mov_epi8(set, _mm512_set1_epi8(0x10)));
+    }
+}
+
+/// The eight-row kernels' block sum in 512 bits: `Σ_g q_g·x_g` per lane for unsigned codes; for
+/// Q8_0's signed codes (`SIGNED`) offset by 128 into the unsigned operand, the `128·Σx` taken
+/// back in the start value.
+#[inline(always)]
+unsafe fn block_sum<const SIGNED: bool>(w: &Block16, xb: &Q8Block) -> __m512i {
+    // SAFETY: the caller has AVX-512 VNNI; groups 0–7 of a 32-value block.
+    unsafe {
+        let x =
+            |g: usize| _mm512_set1_epi32((xb.qs.as_ptr() as *const i32).add(g).read_unaligned());
+        let mut s = if SIGNED {
+            [_mm512_set1_epi32(-128 * xb.sum), _mm512_setzero_si512()]
+        } else {
+            [_mm512_setzero_si512(); 2]
+        };
+        for g in 0..8 {
+            let u = if SIGNED {
+                _mm512_xor_si512(w.q[g], _mm512_set1_epi8(-128))
+            } else {
+                w.q[g]
+            };
+            s[g % 2] = _mm512_dpbusd_epi32(s[g % 2], u, x(g));
+        }
+        _mm512_add_epi32(s[0], s[1])
+    }
+}
+
+/// `C` activation rows (from `x`, `nb` blocks each) against the sixteen weight rows whose block
+/// `b` is `load(b)`: per row pair and block `acc ← fma(f32(Σq·x), d·d_x, acc)`, then
+/// `acc ← fma(off, sum_x, acc)` where the format has an offset term; stores the `rows` lanes.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile<const C: usize, const SIGNED: bool>(
+    (nb, bb, next): (usize, usize, *const u8),
+    x: *const Q8Block,
+    load: impl Fn(usize) -> Block16,
+    off_sum: Option<fn(&Q8Block) -> f32>,
+    y: *mut f32,
+    ldy: usize,
+    rows: usize,
+) {
+    // SAFETY: see the module docs; `x` holds C rows of `nb` blocks.
+    unsafe {
+        let mut acc = [_mm512_setzero_ps(); C];
+        for b in 0..nb {
+            // The next tile's share of this block, so its reads stay one tile ahead.
+            let ahead = next.wrapping_add(HEIGHT * bb * b);
+            for off in (0..HEIGHT * bb).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off) as *const i8);
+            }
+            let w = load(b);
+            for (c, a) in acc.iter_mut().enumerate() {
+                let xb = &*x.add(c * nb + b);
+                let s = block_sum::<SIGNED>(&w, xb);
+                let dd = _mm512_mul_ps(w.d, _mm512_set1_ps(xb.d));
+                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), dd, *a);
+                if let Some(o) = off_sum {
+                    *a = _mm512_fmadd_ps(w.off, _mm512_set1_ps(o(xb)), *a);
+                }
+            }
+        }
+        let keep = ((1u32 << rows) - 1) as u16;
+        for (c, a) in acc.into_iter().enumerate() {
+            _mm512_mask_storeu_ps(y.add(c * ldy), keep, a);
+        }
+    }
+}
+
+/// Every activation row through [`tile`], `WIDTH` at a time.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn sweep<const SIGNED: bool>(
+    (w, stride, bb): (&[u8], usize, usize),
+    rows: usize,
+    x: &[Q8Block],
+    m: usize,
+    y: *mut f32,
+    ldy: usize,
+    load: impl Fn(usize) -> Block16 + Copy,
+    off_sum: Option<fn(&Q8Block) -> f32>,
+) {
+    let nb = stride / bb;
+    let next = w.as_ptr().wrapping_add(HEIGHT * stride);
+    // SAFETY: see the module docs.
+    unsafe {
+        let mut c0 = 0;
+        while c0 < m {
+            let cw = (m - c0).min(WIDTH);
+            let (xc, yc) = (x.as_ptr().add(c0 * nb), y.add(c0 * ldy));
+            macro_rules! go {
+                ($c:literal) => {
+                    tile::<$c, SIGNED>((nb, bb, next), xc, load, off_sum, yc, ldy, rows)
+                };
+            }
+            match cw {
+                1 => go!(1),
+                2 => go!(2),
+                3 => go!(3),
+                4 => go!(4),
+                5 => go!(5),
+                6 => go!(6),
+                7 => go!(7),
+                _ => go!(8),
+            }
+            c0 += cw;
+        }
+    }
+}
+
+/// One activation row against up to sixteen weight rows through the eight-row kernel `eight`,
+/// eight rows at a time: with one activation row the sixteen-row transposes cost more than they
+/// save (decode ran 4–9% slower through them), and both compute each row alike, bit for bit.
+#[inline(always)]
+unsafe fn decode(
+    eight: TileFn<Q8Block>,
+    (w, stride, rows): (&[u8], usize, usize),
+    x: &[Q8Block],
+    y: *mut f32,
+) {
+    for r0 in (0..rows).step_by(8) {
+        let n = (rows - r0).min(8);
+        // SAFETY: see the module docs; rows r0..r0 + n of the tile and their outputs.
+        unsafe {
+            eight(
+                &w[r0 * stride..(r0 + n) * stride],
+                stride,
+                n,
+                x,
+                1,
+                y.add(r0),
+                1,
+            )
+        };
+    }
+}
+
+/// Q4_0 (18-byte blocks: f16 d, 16 bytes of nibbles; value = d·(q − 8)).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn q4_0(
+    w: &[u8],
+    stride: usize,
+    rows: usize,
+    x: &[Q8Block],
+    m: usize,
+    y: *mut f32,
+    ldy: usize,
+) {
+    if m == 1 {
+        // SAFETY: see the module docs.
+        return unsafe { decode(super::tile::vnni::q4_0, (w, stride, rows), x, y) };
+    }
+    let p = row_pointers(w, stride, rows);
+    let load = |b: usize| {
+        // SAFETY: block b of each row: d at 0, nibbles at 2..18.
+        unsafe {
+            let (d, _) = pairs_of_halves(&p, 18 * b);
+            let off = _mm512_mul_ps(d, _mm512_set1_ps(-8.0));
+            Block16 {
+                q: nibble_groups(&p, 18 * b + 2),
+                d,
+                off,
+            }
+        }
+    };
+    // SAFETY: see the module docs.
+    unsafe { sweep::<false>((w, stride, 18), rows, x, m, y, ldy, load, Some(|b| b.s)) }
+}
+
+/// Q4_1 (20-byte blocks: f16 d, f16 m, 16 bytes of nibbles; value = d·q + m).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn q4_1(
+    w: &[u8],
+    stride: usize,
+    rows: usize,
+    x: &[Q8Block],
+    m: usize,
+    y: *mut f32,
+    ldy: usize,
+) {
+    if m == 1 {
+        // SAFETY: see the module docs.
+        return unsafe { decode(super::tile::vnni::q4_1, (w, stride, rows), x, y) };
+    }
+    let p = row_pointers(w, stride, rows);
+    let load = |b: usize| {
+        // SAFETY: block b of each row: d at 0, m at 2, nibbles at 4..20.
+        unsafe {
+            let (d, off) = pairs_of_halves(&p, 20 * b);
+            Block16 {
+                q: nibble_groups(&p, 20 * b + 4),
+                d,
+                off,
+            }
+        }
+    };
+    // SAFETY: see the module docs.
+    unsafe { sweep::<false>((w, stride, 20), rows, x, m, y, ldy, load, Some(|b| b.s1)) }
+}
+
+/// Q5_0 (22-byte blocks: f16 d, 32 fifth bits, 16 bytes of nibbles; value = d·(q − 16)).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn q5_0(
+    w: &[u8],
+    stride: usize,
+    rows: usize,
+    x: &[Q8Block],
+    m: usize,
+    y: *mut f32,
+    ldy: usize,
+) {
+    if m == 1 {
+        // SAFETY: see the module docs.
+        return unsafe { decode(super::tile::vnni::q5_0, (w, stride, rows), x, y) };
+    }
+    let p = row_pointers(w, stride, rows);
+    let load = |b: usize| {
+        // SAFETY: block b of each row: d at 0, qh at 2..6, nibbles at 6..22.
+        unsafe {
+            let (d, _) = pairs_of_halves(&p, 22 * b);
+            let qh: [i32; HEIGHT] =
+                core::array::from_fn(|r| (p[r].add(22 * b + 2) as *const i32).read_unaligned());
+            let qh = _mm512_loadu_si512(qh.as_ptr() as *const __m512i);
+            let mut q = nibble_groups(&p, 22 * b + 6);
+            add_high_bits(&mut q, qh);
+            let off = _mm512_mul_ps(d, _mm512_set1_ps(-16.0));
+            Block16 { q, d, off }
+        }
+    };
+    // SAFETY: see the module docs.
+    unsafe { sweep::<false>((w, stride, 22), rows, x, m, y, ldy, load, Some(|b| b.s)) }
+}
+
+/// Q8_0 (34-byte blocks: f16 d, 32 signed bytes; value = d·q).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn q8_0(
+    w: &[u8],
+    stride: usize,
+    rows: usize,
+    x: &[Q8Block],
+    m: usize,
+    y: *mut f32,
+    ldy: usize,
+) {
+    if m == 1 {
+        // SAFETY: see the module docs.
+        return unsafe { decode(super::tile::vnni::q8_0, (w, stride, rows), x, y) };
+    }
+    let p = row_pointers(w, stride, rows);
+    let load = |b: usize| {
+        // SAFETY: block b of each row: d at 0, codes at 2..34.
+        unsafe {
+            let (d, _) = pairs_of_halves(&p, 34 * b);
+            Block16 {
+                q: transpose32(&p, 34 * b + 2),
+                d,
+                off: d,
+            }
+        }
+    };
+    // SAFETY: see the module docs.
+    unsafe { sweep::<true>((w, stride, 34), rows, x, m, y, ldy, load, None) }
+}
+
 /// Decodes Q4_K super-block `b` (144 bytes: f16 d, f16 dmin, 12 bytes of 6-bit scales and
 /// minimums, 128 of nibbles; value = d·sc·q − dmin·mn) of the sixteen rows.
 #[inline]
@@ -117,8 +453,7 @@ unsafe fn decode_q4_k(p: &[*const u8; HEIGHT], b: usize, out: &mut SuperBlock16)
     // SAFETY: every read lies inside block b of its row (the 16-byte scale read ends inside
     // the nibbles).
     unsafe {
-        out.d = halves(p, at);
-        out.dmin = halves(p, at + 2);
+        (out.d, out.dmin) = pairs_of_halves(p, at);
         let t = transpose16(p, at + 4);
         let s = |i: usize| byte_of(t[i / 4], i % 4);
         let (m63, m15) = (_mm512_set1_epi32(63), _mm512_set1_epi32(15));
@@ -263,7 +598,7 @@ unsafe fn finish<const Q6: bool>(
 /// sixteen weight rows: for each super-block the rows are decoded once and the activation rows
 /// run over it `WIDTH` at a time, the float accumulators in memory across super-blocks.
 #[inline(always)]
-unsafe fn sweep<const Q6: bool>(
+unsafe fn sweep_k<const Q6: bool>(
     (w, stride): (&[u8], usize),
     rows: usize,
     x: &[Q8KBlock],
@@ -337,7 +672,7 @@ pub unsafe fn q4_k(
     ldy: usize,
 ) {
     // SAFETY: see the module docs.
-    unsafe { sweep::<false>((w, stride), rows, x, m, y, ldy) }
+    unsafe { sweep_k::<false>((w, stride), rows, x, m, y, ldy) }
 }
 
 /// Q6_K.
@@ -352,5 +687,5 @@ pub unsafe fn q6_k(
     ldy: usize,
 ) {
     // SAFETY: see the module docs.
-    unsafe { sweep::<true>((w, stride), rows, x, m, y, ldy) }
+    unsafe { sweep_k::<true>((w, stride), rows, x, m, y, ldy) }
 }
