@@ -111,6 +111,27 @@ unsafe fn q4_k_sums(b: *const u8, x: &Q8KBlock) -> (i32, i32) {
     }
 }
 
+/// Each of the `rows` weight rows (`stride` bytes of `bb`-byte super-blocks) against the one
+/// activation row `x`, into `y[r]`: `add(block, x_block, acc)` adds a super-block's share.
+#[inline(always)]
+unsafe fn each_row(
+    (w, stride, rows): (&[u8], usize, usize),
+    bb: usize,
+    x: &[Q8KBlock],
+    y: *mut f32,
+    add: impl Fn(*const u8, &Q8KBlock, f32) -> f32,
+) {
+    for r in 0..rows {
+        let row = &w[r * stride..(r + 1) * stride];
+        let acc = row
+            .chunks_exact(bb)
+            .zip(x)
+            .fold(0f32, |acc, (b, xb)| add(b.as_ptr(), xb, acc));
+        // SAFETY: the caller passes `y` writable at `r < rows`.
+        unsafe { *y.add(r) = acc };
+    }
+}
+
 /// Q6_K: one activation row here, several through the tile kernel.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn q6_k(
@@ -122,21 +143,14 @@ pub unsafe fn q6_k(
     y: *mut f32,
     ldy: usize,
 ) {
-    // SAFETY: see the module docs.
+    // SAFETY: see the module docs; each block is whole.
     unsafe {
         if m != 1 {
             return super::tile16::q6_k(w, stride, rows, x, m, y, ldy);
         }
-        for r in 0..rows {
-            let row = w.as_ptr().add(r * stride);
-            let mut acc = 0f32;
-            for (i, xb) in x.iter().enumerate().take(stride / 210) {
-                let b = row.add(210 * i);
-                let d = f16c(b.add(208));
-                acc += (d * xb.d) * q6_k_sum(b, xb) as f32;
-            }
-            *y.add(r) = acc;
-        }
+        each_row((w, stride, rows), 210, x, y, |b, xb, acc| {
+            acc + (f16c(b.add(208)) * xb.d) * q6_k_sum(b, xb) as f32
+        });
     }
 }
 
@@ -151,21 +165,15 @@ pub unsafe fn q4_k(
     y: *mut f32,
     ldy: usize,
 ) {
-    // SAFETY: see the module docs.
+    // SAFETY: see the module docs; each block is whole.
     unsafe {
         if m != 1 {
             return super::tile16::q4_k(w, stride, rows, x, m, y, ldy);
         }
-        for r in 0..rows {
-            let row = w.as_ptr().add(r * stride);
-            let mut acc = 0f32;
-            for (i, xb) in x.iter().enumerate().take(stride / 144) {
-                let b = row.add(144 * i);
-                let (d, dmin) = (f16c(b), f16c(b.add(2)));
-                let (isum, summ) = q4_k_sums(b, xb);
-                acc += xb.d * (d * isum as f32 - dmin * summ as f32);
-            }
-            *y.add(r) = acc;
-        }
+        each_row((w, stride, rows), 144, x, y, |b, xb, acc| {
+            let (d, dmin) = (f16c(b), f16c(b.add(2)));
+            let (isum, summ) = q4_k_sums(b, xb);
+            acc + xb.d * (d * isum as f32 - dmin * summ as f32)
+        });
     }
 }
