@@ -17,7 +17,7 @@ use crate::abi::{
 };
 use crate::guard::panic_error;
 use abi_stable::{
-    sabi_trait::TD_Opaque,
+    sabi_trait::{TD_CanDowncast, TD_Opaque},
     std_types::{RArc, RBox, ROption, RResult, RSlice, RSliceMut, RStr, RString, RVec, Tuple2},
 };
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -404,6 +404,21 @@ guarded_box!(
     /// A buffer, panic-guarded.
     BufferBox = Buffer_TO<RArc>: Buffer
 );
+impl BufferBox {
+    /// A buffer, panic-guarded, that its maker can recognise again with
+    /// [`BufferBox::downcast`]: a device backend finds its own buffers among an op's operands
+    /// (and tells them from a cache's host pages) without asking for addresses.
+    pub fn new_recognisable<T: Buffer + 'static>(value: T) -> Self {
+        Buffer_TO::from_ptr(RArc::new(Guarded(value)), TD_CanDowncast)
+    }
+
+    /// The value inside when this buffer was made by [`BufferBox::new_recognisable`] with a
+    /// `T` (in the same plugin); `None` for any other buffer.
+    pub fn downcast<T: Buffer + 'static>(&self) -> Option<&T> {
+        self.obj.downcast_as::<Guarded<T>>().ok().map(|g| &g.0)
+    }
+}
+
 guarded_box!(
     /// A keep-alive object, panic-guarded.
     KeepaliveBox = Keepalive_TO<RBox>: Keepalive

@@ -1,0 +1,16 @@
+// Reading ggml's blocks out of a storage buffer of words (`wq`, declared by the including
+// shader). Blocks are 18, 20, 34, 144 or 210 bytes, so they are read byte by byte; every f16
+// sits at an even byte offset, inside one word.
+
+fn byte_at(b: u32) -> u32 {
+    return (wq[b >> 2u] >> ((b & 3u) * 8u)) & 0xffu;
+}
+
+fn i8_at(b: u32) -> i32 {
+    return (i32(byte_at(b)) << 24u) >> 24u;
+}
+
+fn f16_at(b: u32) -> f32 {
+    let pair = unpack2x16float(wq[b >> 2u]);
+    return select(pair.x, pair.y, (b & 2u) != 0u);
+}
