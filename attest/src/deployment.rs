@@ -29,6 +29,9 @@
 //!                          # only sets how models given on the command line are built)
 //! architecture = "arch-llama"  # which architecture plugin builds it, when several declare its
 //!                          # family (otherwise the one that declares it)
+//! kernels = ["kernels-wgpu", "kernels-cpu"]  # the compute plugins it runs on, preferred first:
+//!                          # ops the first lacks run on the next, and a plugin that failed to
+//!                          # load (no GPU) is passed over (default: the first kernels plugin)
 //! max_running = 16         # requests batched into one forward pass (default 16)
 //! max_queued = 64          # requests that may wait; past that, 429 (default 64)
 //! step_tokens = 512        # tokens per forward pass, decodes first, prefill chunks share the rest
@@ -303,6 +306,10 @@ pub struct Deployment {
     /// The architecture plugin (by name) that builds the deployment's models, when more than one
     /// loaded plugin declares their family (`[model] architecture`).
     pub architecture: Option<String>,
+    /// The kernels plugins (by name) the model runs on, preferred first (`[model] kernels`):
+    /// the first that loaded computes, and ops it lacks run on the next. Empty: the first
+    /// kernels plugin loaded.
+    pub kernels: Vec<String>,
     /// How the model is served (batching and queueing), from the `[model]` table.
     pub serving: Serving,
     /// Low-rank adapters loaded with the model (`[model.adapters]`: name = path), which
@@ -397,6 +404,8 @@ struct RawPlugin {
 struct RawModel {
     path: Option<String>,
     architecture: Option<String>,
+    #[serde(default)]
+    kernels: Vec<String>,
     max_running: Option<u32>,
     max_queued: Option<u32>,
     step_tokens: Option<u32>,
@@ -537,6 +546,11 @@ impl Deployment {
                 .map(|m| m.adapter_dirs.iter().map(|d| resolve(&dir, d)).collect())
                 .unwrap_or_default(),
             architecture: raw.model.as_ref().and_then(|m| m.architecture.clone()),
+            kernels: raw
+                .model
+                .as_ref()
+                .map(|m| m.kernels.clone())
+                .unwrap_or_default(),
             draft_model: raw
                 .model
                 .as_ref()
@@ -966,6 +980,21 @@ process.fork = false
             .to_string();
             assert!(e.contains(says), "{aliases}: {e}");
         }
+    }
+
+    #[test]
+    fn the_model_names_its_kernels_in_order_of_preference() {
+        let d = parse("[deployment]\nname='t'\n[model]\nkernels=['kernels-wgpu','kernels-cpu']\n")
+            .unwrap();
+        assert_eq!(d.kernels, ["kernels-wgpu", "kernels-cpu"]);
+        assert!(
+            parse("[deployment]\nname='t'\n")
+                .unwrap()
+                .kernels
+                .is_empty()
+        );
+        let e = parse("[deployment]\nname='t'\n[model]\nkernels='kernels-cpu'\n").unwrap_err();
+        assert!(e.to_string().contains("kernels"), "{e}");
     }
 
     #[test]

@@ -25,6 +25,7 @@
 //! Scheduling, sampling and chat templates are the runner plugins' (`runner-text`), not the
 //! host's.
 
+pub mod compute;
 pub mod inspect;
 pub mod listeners;
 pub mod loading;

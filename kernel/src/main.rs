@@ -389,6 +389,17 @@ fn print_plugin(status: &str, verified: &u_attest::Verified, grants: &u_attest::
 }
 
 /// The plugins refused, each with its reason.
+/// The device a kernels plugin computes on, as its backend reports it (`None` for the rest).
+fn device_of(p: &u_runner::loading::LoadedPlugin) -> Option<String> {
+    match &p.instance {
+        u_sdk::PluginInstance::Kernels(k) => Some(match k.info().into_result() {
+            Ok(info) => wiring::device_name(Some(&info)),
+            Err(e) => format!("(unknown: {e})"),
+        }),
+        _ => None,
+    }
+}
+
 fn print_refused(refused: &[u_runner::Refusal]) {
     for r in refused {
         println!(
@@ -457,6 +468,7 @@ fn run(cli: Cli) -> Result<i32> {
                             "summary": p.info.summary.as_str(),
                             "details": p.info.details.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
                             "process": if p.in_worker() { "worker" } else { "host" },
+                            "device": device_of(p),
                         })
                     })
                     .collect();
@@ -475,6 +487,9 @@ fn run(cli: Cli) -> Result<i32> {
                     print_plugin("[LOADED] ", &p.verified, &p.grants);
                     let details: Vec<&str> = p.info.details.iter().map(|s| s.as_str()).collect();
                     println!("  answers: {} [{}]", p.info.summary, details.join(", "));
+                    if let Some(device) = device_of(p) {
+                        println!("  device: {device}");
+                    }
                     if p.in_worker() {
                         println!("  runs in: a worker process of its own, under its grants alone");
                     }
@@ -741,6 +756,7 @@ fn generate(args: GenerateArgs) -> Result<i32> {
         rate(summary.prompt_tokens, summary.prompt_ms),
         rate(summary.generated_tokens, summary.generate_ms),
     );
+    let device = wiring::device_name(opened.backend.as_ref());
     if args.json {
         println!(
             "{}",
@@ -757,15 +773,12 @@ fn generate(args: GenerateArgs) -> Result<i32> {
                     "generate_ms": summary.generate_ms,
                     "draft_tokens": summary.draft_tokens,
                     "accepted_draft_tokens": summary.accepted_tokens,
+                    "device": device,
                 },
             }))?
         );
     } else {
         let _ = writeln!(std::io::stdout());
-        let device = opened
-            .backend
-            .map(|b| b.device.into_string())
-            .unwrap_or_default();
         eprintln!(
             "prompt: {} tokens, {prompt_tps:.1} tokens/s | generated: {} tokens, {gen_tps:.1} tokens/s ({finish}; {threads} threads, {device}, loader {})",
             summary.prompt_tokens, summary.generated_tokens, opened.loader

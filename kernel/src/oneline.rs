@@ -125,6 +125,7 @@ pub fn deployment(
         plugins,
         model: Some(model),
         architecture: None,
+        kernels: Vec::new(),
         serving: Serving::default(),
         adapters: Vec::new(),
         control_vectors: Vec::new(),

@@ -96,6 +96,33 @@ pub fn probe_support() -> Support {
     }
 }
 
+/// What the `gpu` grant opens to reading: the Vulkan loader's driver manifests and the driver
+/// libraries it loads, the dynamic linker's cache, and the PCI topology drivers read.
+pub const GPU_READ_PATHS: [&str; 13] = [
+    "/usr/share/vulkan",
+    "/usr/local/share/vulkan",
+    "/etc/vulkan",
+    "/usr/share/glvnd",
+    "/usr/share/drirc.d",
+    "/etc/ld.so.cache",
+    "/usr/lib",
+    "/usr/lib64",
+    "/lib",
+    "/lib64",
+    "/sys/devices",
+    "/sys/bus/pci",
+    "/sys/dev/char",
+];
+
+/// What the `gpu` grant opens to reading and writing: the GPU device nodes.
+pub const GPU_DEVICE_PATHS: [&str; 5] = [
+    "/dev/dri",
+    "/dev/nvidiactl",
+    "/dev/nvidia0",
+    "/dev/nvidia-uvm",
+    "/dev/kfd",
+];
+
 /// The union of all grants, as the sandbox enforces it.
 #[derive(Debug, Clone, Default)]
 pub struct Plan {
@@ -107,6 +134,8 @@ pub struct Plan {
     pub connect: Vec<NetAddress>,
     /// Whether processes may be created.
     pub fork: bool,
+    /// Whether a GPU may be used ([`GPU_READ_PATHS`], [`GPU_DEVICE_PATHS`]).
+    pub gpu: bool,
 }
 
 impl Plan {
@@ -116,6 +145,7 @@ impl Plan {
         self.write.extend(g.fs_write.iter().cloned());
         self.connect.extend(g.net_connect.iter().cloned());
         self.fork |= g.process_fork;
+        self.gpu |= g.gpu;
     }
 }
 
@@ -188,14 +218,25 @@ fn existing(paths: impl Iterator<Item = PathBuf>, notes: &mut Vec<String>) -> Ve
 
 fn apply_landlock(plan: &Plan, notes: &mut Vec<String>) -> Enforcement {
     let abi = ABI::V5;
-    let read = existing(
+    let mut read = existing(
         plan.read
             .iter()
             .map(|g| g.path.clone())
             .chain(RUNTIME_READ_PATHS.iter().map(PathBuf::from)),
         notes,
     );
-    let write = existing(plan.write.iter().map(|g| g.path.clone()), notes);
+    let mut write = existing(plan.write.iter().map(|g| g.path.clone()), notes);
+    if plan.gpu {
+        let present = |paths: &[&str]| -> Vec<PathBuf> {
+            paths
+                .iter()
+                .map(PathBuf::from)
+                .filter(|p| p.exists())
+                .collect()
+        };
+        read.extend(present(&GPU_READ_PATHS));
+        write.extend(present(&GPU_DEVICE_PATHS));
+    }
     let ports: Vec<u16> = plan
         .connect
         .iter()

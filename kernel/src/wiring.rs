@@ -183,11 +183,7 @@ pub fn build(
         return Ok(opened);
     }
     if want == Want::Weights {
-        let (_, backend) = first(report, |i| match i {
-            PluginInstance::Kernels(k) => Some(k.clone()),
-            _ => None,
-        })
-        .context("the deployment loads no kernels plugin")?;
+        let (_, backend) = crate::compute::backend_for(report, deployment)?;
         opened.kernels = Some(backend);
         let format = opened.weights.format().into_result();
         let format = format.map_err(|e| anyhow!("{}: {e}", opened.loader))?;
@@ -201,11 +197,7 @@ pub fn build(
         return Ok(opened);
     }
     let (family, arch_name, architecture) = architecture_of(report, deployment, &opened)?;
-    let (_, backend) = first(report, |i| match i {
-        PluginInstance::Kernels(k) => Some(k.clone()),
-        _ => None,
-    })
-    .context("the deployment loads no kernels plugin")?;
+    let (_, backend) = crate::compute::backend_for(report, deployment)?;
     let cache: Option<KvCacheBox> = first(report, |i| match i {
         PluginInstance::Cache(c) => Some(c.clone()),
         _ => None,
@@ -252,6 +244,7 @@ pub fn build(
                 image_encoder,
                 draft,
                 pipeline: None,
+                device: device_name(opened.backend.as_ref()),
             },
             &config,
             opened.tokenizer.clone(),
@@ -315,11 +308,7 @@ fn build_pipeline(
     name: &str,
 ) -> Result<Opened> {
     let loaders = inspect::loaders(report);
-    let (_, backend) = first(report, |i| match i {
-        PluginInstance::Kernels(k) => Some(k.clone()),
-        _ => None,
-    })
-    .context("the deployment loads no kernels plugin")?;
+    let (_, backend) = crate::compute::backend_for(report, deployment)?;
     let part = |component: &str, weights: &WeightSetBox, suffix: &str| {
         let family = weights
             .architecture()
@@ -442,6 +431,7 @@ fn build_pipeline(
             model: unet,
             image_encoder: None,
             draft: None,
+            device: device_name(opened.backend.as_ref()),
             pipeline: Some(u_sdk::PipelineParts {
                 components: components.into(),
                 configs: configs.into(),
@@ -715,12 +705,18 @@ fn task_for(kind: ModelKind, has_image_encoder: bool) -> Option<Task> {
 }
 
 /// The models a runner starts with: the served one, its image encoder, its draft model and,
-/// for a diffusion pipeline, its other parts.
+/// for a diffusion pipeline, its other parts; and the device they run on.
 struct Models {
     model: ModelBox,
     image_encoder: Option<ModelBox>,
     draft: Option<ModelBox>,
     pipeline: Option<u_sdk::PipelineParts>,
+    device: String,
+}
+
+/// How reports name the device of `backend`: `"<device> (<backend>)"`.
+pub fn device_name(backend: Option<&BackendInfo>) -> String {
+    backend.map_or_else(String::new, |b| format!("{} ({})", b.device, b.name))
 }
 
 /// Starts the first loaded runner whose signed manifest declares the model's task, with the
@@ -733,6 +729,7 @@ fn start_runner(
         image_encoder,
         draft,
         pipeline,
+        device,
     }: Models,
     config: &ModelConfig,
     tokenizer: Option<TokenizerBox>,
@@ -772,6 +769,7 @@ fn start_runner(
         image_encoder: image_encoder.into(),
         draft_model: draft.into(),
         pipeline: pipeline.into(),
+        device: device.into(),
     };
     match runner.start(context) {
         RResult::ROk(engine) => Ok((runner_name, engine)),

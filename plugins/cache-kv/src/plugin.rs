@@ -145,8 +145,18 @@ fn host_rows(t: &TensorDesc) -> u_sdk::Result<std::borrow::Cow<'_, [f32]>> {
 }
 
 impl KvCache for KvCachePlugin {
+    /// Pages come from the model's backend when its buffers are host memory (attention reads
+    /// them in place); a device backend's are not, so the pages are this plugin's heap and the
+    /// backend copies what an op reads.
     fn configure(&self, layout: KvLayout, backend: BackendBox) -> RResult<(), UError> {
-        self.store.configure(layout, Alloc::Backend(backend)).into()
+        let configure = || {
+            let alloc = match backend.buffer_type().into_result()?.host {
+                true => Alloc::Backend(backend),
+                false => Alloc::Heap,
+            };
+            self.store.configure(layout, alloc)
+        };
+        configure().into()
     }
 
     fn create(&self) -> RResult<SeqId, UError> {

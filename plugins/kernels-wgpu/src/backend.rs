@@ -10,7 +10,7 @@
 use crate::{
     buffer::{self, GpuBuffer},
     gpu::Gpu,
-    shaders::{BLOCK_FORMATS, Kernel},
+    shaders::{BLOCK_FORMATS, Kernel, QUANTIZED_FORMATS},
 };
 use abi_stable::std_types::{RResult, RSlice, RVec};
 use std::sync::Arc;
@@ -19,6 +19,9 @@ use u_sdk::{
     KeepaliveBox, Op, OpCall, OpKind, Result, RopeStyle, TensorDesc, UError,
 };
 use wgpu::util::DeviceExt;
+
+/// Words per 32-value chunk of quantized activations (scale, s1, Σq, 32 codes).
+const ACTIVATION_WORDS: u64 = 11;
 
 /// Largest head dimension the attention kernel holds (8 output dimensions per invocation).
 pub const MAX_HEAD_DIM: u32 = 512;
@@ -343,47 +346,7 @@ impl WgpuBackend {
         match &call.op {
             Op::MatMul => {
                 need(2)?;
-                let (x, w) = (srcs[0], srcs[1]);
-                if !BLOCK_FORMATS.contains(&w.dtype) {
-                    return Err(unsupported(kind, format!("weights in {:?}", w.dtype)));
-                }
-                let k = w.shape.row_len();
-                let n = w.shape.rows();
-                let xs = f32s(x)?;
-                if k == 0 || !xs.is_multiple_of(k) || f32s(dst)? != xs / k * n {
-                    return Err(bad(kind, format!("x {x:?}, w {w:?}, y {dst:?}")));
-                }
-                let m = xs / k;
-                let row_bytes = w
-                    .dtype
-                    .bytes_for(k)
-                    .ok_or_else(|| bad(kind, format!("rows of {k} {:?} values", w.dtype)))?;
-                let y = self.destination(kind, dst, 4 * m * n)?;
-                let mut copies = Vec::new();
-                let xo = self.apart(self.source(kind, x, 4 * xs)?, &y, &mut copies);
-                let wo = self.source(kind, w, row_bytes * n)?;
-                if !wo.shift.is_multiple_of(block_alignment(w.dtype)) {
-                    return Err(unsupported(kind, "weights at an odd byte offset"));
-                }
-                let (gx, gy) = grid(n)?;
-                let tiles = u32_of(kind, "row tiles", m.div_ceil(8))?;
-                let params = [
-                    u32_of(kind, "m", m)?,
-                    u32_of(kind, "n", n)?,
-                    u32_of(kind, "k", k)?,
-                    xo.word()?,
-                    u32_of(kind, "weight offset", wo.shift)?,
-                    y.word()?,
-                    u32_of(kind, "row bytes", row_bytes)?,
-                    gx,
-                ];
-                self.dispatch(
-                    Kernel::MatMul(w.dtype),
-                    &params,
-                    &[&xo, &wo, &y],
-                    &copies,
-                    (gx, gy, tiles.max(1)),
-                )
+                self.matmul(kind, srcs[0], srcs[1], dst)
             }
             Op::GetRows => {
                 need(2)?;
@@ -591,6 +554,95 @@ impl WgpuBackend {
             | Op::Transpose
             | Op::LowRank => Err(unsupported(kind, "not implemented on the GPU")),
         }
+    }
+
+    /// `dst = x · wᵀ`: float weights multiplied in f32; block formats against activations
+    /// quantized to int8 first, as the CPU kernels do.
+    fn matmul(&self, op: OpKind, x: &TensorDesc, w: &TensorDesc, dst: &TensorDesc) -> Result<()> {
+        if !BLOCK_FORMATS.contains(&w.dtype) {
+            return Err(unsupported(op, format!("weights in {:?}", w.dtype)));
+        }
+        let (k, n) = (w.shape.row_len(), w.shape.rows());
+        let f32s = |t: &TensorDesc| (t.dtype == DType::F32).then(|| t.shape.elements());
+        let xs = f32s(x).unwrap_or(u64::MAX);
+        if k == 0 || !xs.is_multiple_of(k) || f32s(dst) != Some(xs / k * n) {
+            return Err(bad(op, format!("x {x:?}, w {w:?}, y {dst:?}")));
+        }
+        let m = xs / k;
+        let row_bytes = w
+            .dtype
+            .bytes_for(k)
+            .ok_or_else(|| bad(op, format!("rows of {k} {:?} values", w.dtype)))?;
+        let y = self.destination(op, dst, 4 * m * n)?;
+        let mut copies = Vec::new();
+        let xo = self.apart(self.source(op, x, 4 * xs)?, &y, &mut copies);
+        let wo = self.source(op, w, row_bytes * n)?;
+        if !wo.shift.is_multiple_of(block_alignment(w.dtype)) {
+            return Err(unsupported(op, "weights at an odd byte offset"));
+        }
+        let (gx, gy) = grid(n)?;
+        let tiles = u32_of(op, "row tiles", m.div_ceil(8))?.max(1);
+        if !QUANTIZED_FORMATS.contains(&w.dtype) {
+            let params = [
+                u32_of(op, "m", m)?,
+                u32_of(op, "n", n)?,
+                u32_of(op, "k", k)?,
+                xo.word()?,
+                u32_of(op, "weight offset", wo.shift)?,
+                y.word()?,
+                u32_of(op, "row bytes", row_bytes)?,
+                gx,
+            ];
+            let kernel = Kernel::MatMul(w.dtype);
+            return self.dispatch(kernel, &params, &[&xo, &wo, &y], &copies, (gx, gy, tiles));
+        }
+        let super_blocks = matches!(w.dtype, DType::Q4_K | DType::Q6_K);
+        let span = if super_blocks { 256 } else { 32 };
+        let act_bytes = m * (k / 32) * ACTIVATION_WORDS * 4;
+        let act = self.scratch(act_bytes)?;
+        let (qx, qy) = grid((m * k / span).div_ceil(64))?;
+        let params = [
+            u32_of(op, "m", m)?,
+            u32_of(op, "k", k)?,
+            u32::from(super_blocks),
+            xo.word()?,
+            qx,
+        ];
+        let quantize = Kernel::QuantizeActivations;
+        self.dispatch(quantize, &params, &[&xo, &act], &copies, (qx, qy, 1))?;
+        let params = [
+            u32_of(op, "m", m)?,
+            u32_of(op, "n", n)?,
+            u32_of(op, "k", k)?,
+            y.word()?,
+            u32_of(op, "weight offset", wo.shift)?,
+            u32_of(op, "row bytes", row_bytes)?,
+            gx,
+        ];
+        let kernel = Kernel::MatMulQuantized(w.dtype);
+        self.dispatch(kernel, &params, &[&act, &wo, &y], &[], (gx, gy, tiles))
+    }
+
+    /// A device buffer of `bytes` bytes for one op's intermediate values.
+    fn scratch(&self, bytes: u64) -> Result<Operand> {
+        let size = buffer::words(bytes);
+        let buffer = self
+            .gpu
+            .scoped(&format!("allocating {bytes} scratch bytes"), || {
+                self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("scratch"),
+                    size,
+                    usage: buffer::USAGE,
+                    mapped_at_creation: false,
+                })
+            })?;
+        Ok(Operand {
+            buffer,
+            owner: None,
+            start: 0,
+            size,
+            shift: 0,
+        })
     }
 
     /// A device buffer holding `bytes` for one op (parameters, frequencies).

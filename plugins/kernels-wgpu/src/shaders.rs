@@ -7,8 +7,12 @@ use u_sdk::DType;
 /// A compiled kernel: one pipeline each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
-    /// `y = x · wᵀ` with `w` in the given format.
+    /// `y = x · wᵀ` with `w` in the given float format (F32, F16).
     MatMul(DType),
+    /// `y = x · wᵀ` with `w` in the given block format, against int8 activations.
+    MatMulQuantized(DType),
+    /// Activations quantized to int8 chunks for [`Kernel::MatMulQuantized`].
+    QuantizeActivations,
     /// Rows of a table in the given format, dequantized (embedding lookup, dequantizing copy).
     GetRows(DType),
     /// Add, multiply, scale, clamp, activations, gated activations.
@@ -30,6 +34,16 @@ pub enum Kernel {
     /// f32 to f16.
     ToF16,
 }
+
+/// The block formats matmul reads against int8 activations (the rest of [`BLOCK_FORMATS`] are
+/// floats, multiplied in f32).
+pub const QUANTIZED_FORMATS: [DType; 5] = [
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q4_K,
+    DType::Q6_K,
+];
 
 /// The weight formats the matmul and row kernels read in place.
 pub const BLOCK_FORMATS: [DType; 7] = [
@@ -58,12 +72,27 @@ fn dequant(dtype: DType) -> &'static str {
     }
 }
 
+fn codes(dtype: DType) -> &'static str {
+    match dtype {
+        DType::Q8_0 => include_str!("shaders/codes_q8_0.wgsl"),
+        DType::Q4_0 => include_str!("shaders/codes_q4_0.wgsl"),
+        DType::Q4_1 => include_str!("shaders/codes_q4_1.wgsl"),
+        DType::Q4_K => include_str!("shaders/codes_q4_k.wgsl"),
+        DType::Q6_K => include_str!("shaders/codes_q6_k.wgsl"),
+        other => unreachable!("{other:?} is not among QUANTIZED_FORMATS; callers check first"),
+    }
+}
+
 /// The full WGSL source of `kernel`.
 pub fn source(kernel: Kernel) -> String {
     match kernel {
         Kernel::MatMul(dtype) => {
             [include_str!("shaders/matmul.wgsl"), BLOCKS, dequant(dtype)].join("\n")
         }
+        Kernel::MatMulQuantized(dtype) => {
+            [include_str!("shaders/matmul_q.wgsl"), BLOCKS, codes(dtype)].join("\n")
+        }
+        Kernel::QuantizeActivations => include_str!("shaders/quantize_act.wgsl").into(),
         Kernel::GetRows(dtype) => [
             include_str!("shaders/get_rows.wgsl"),
             BLOCKS,
@@ -99,7 +128,11 @@ mod tests {
             Kernel::GroupNorm,
             Kernel::Upsample,
             Kernel::ToF16,
+            Kernel::QuantizeActivations,
         ];
+        for dtype in QUANTIZED_FORMATS {
+            kernels.push(Kernel::MatMulQuantized(dtype));
+        }
         for dtype in BLOCK_FORMATS {
             kernels.push(Kernel::MatMul(dtype));
             kernels.push(Kernel::GetRows(dtype));

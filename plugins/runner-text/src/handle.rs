@@ -63,6 +63,8 @@ pub struct EngineHandle {
     adapter_loading: Option<(AdapterOpenerBox, u64)>,
     /// The image encoder and its settings, for a model that reads images.
     vision: Option<Arc<Vision>>,
+    /// The device the model runs on, for [`EngineStats::device`].
+    device: Arc<str>,
     scheduler: Arc<Scheduler>,
 }
 
@@ -84,6 +86,7 @@ impl EngineHandle {
             ledger: Arc::default(),
             adapter_loading: None,
             vision: None,
+            device: Arc::from(""),
             scheduler: Arc::new(Scheduler::start(generator, limits)),
         }
     }
@@ -143,6 +146,12 @@ impl EngineHandle {
     /// for any name).
     pub fn with_aliases(mut self, aliases: Vec<String>) -> Self {
         self.aliases = aliases.into();
+        self
+    }
+
+    /// The same engine, reporting `device` as the one its model runs on.
+    pub fn with_device(mut self, device: &str) -> Self {
+        self.device = device.into();
         self
     }
 
@@ -808,6 +817,7 @@ impl Engine for EngineHandle {
             resident_adapters: resident,
             model_counters: model.counters().into_result().unwrap_or_default(),
             image_cache_hits: self.vision.as_ref().map_or(0, |v| v.cache_hits()),
+            device: self.device.as_ref().into(),
             ..self.scheduler.stats()
         })
     }

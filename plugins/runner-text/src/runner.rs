@@ -41,6 +41,7 @@ impl Runner for TextRunner {
             Ok(
                 EngineHandle::with_limits(context.name.as_str(), Arc::new(generator), limits)
                     .with_aliases(aliases)
+                    .with_device(context.device.as_str())
                     .with_sharing(self.sharing.clone())
                     .with_extras(extras)?
                     .with_adapter_loading(

@@ -271,6 +271,15 @@ fn inference_extension(stats: &EngineStats, out: &mut String) {
         list(&stats.running_adapters),
         list(&stats.waiting_adapters),
     );
+    if !stats.device.is_empty() {
+        let _ = writeln!(
+            out,
+            "# HELP u_device_info The compute device the model runs on.\n\
+             # TYPE u_device_info gauge\n\
+             u_device_info{{device=\"{}\"}} 1",
+            label_value(&stats.device)
+        );
+    }
 }
 
 /// `v` escaped for a Prometheus label value (backslash, double quote, newline).
@@ -321,8 +330,13 @@ mod tests {
                 },
             ]
             .into(),
+            device: "llvmpipe (\"wgpu\")".into(),
             ..Default::default()
         });
+        assert!(
+            text.contains("\nu_device_info{device=\"llvmpipe (\\\"wgpu\\\")\"} 1\n"),
+            "{text}"
+        );
         assert!(text.contains(
             "# HELP u_model_expert_misses_total Experts read in. again\n\
              # TYPE u_model_expert_misses_total counter\nu_model_expert_misses_total 7\n"

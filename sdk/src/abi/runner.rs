@@ -60,6 +60,9 @@ pub struct RunnerContext {
     pub draft_model: ROption<ModelBox>,
     /// For a diffusion pipeline (a diffusers folder, `model` its denoiser): the other parts.
     pub pipeline: ROption<PipelineParts>,
+    /// The compute device the model runs on, as its backend names it (e.g. `"cpu: 2 threads"`
+    /// or a GPU adapter), for the engine's reports ([`crate::EngineStats::device`]).
+    pub device: RString,
 }
 
 /// The parts of a diffusion pipeline besides its denoiser, as a diffusers folder holds them.

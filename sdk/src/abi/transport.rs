@@ -381,6 +381,8 @@ pub struct EngineStats {
     pub image_cache_hits: u64,
     /// The model's own counters ([`crate::Model::counters`]).
     pub model_counters: RVec<crate::abi::model::ModelCounter>,
+    /// The compute device the model runs on ([`crate::RunnerContext::device`]).
+    pub device: RString,
 }
 
 /// One transcription request (OpenAI's `POST /v1/audio/transcriptions`, `u-runner

@@ -186,6 +186,7 @@ pub fn runner_context(
         image_encoder: ROption::RNone,
         draft_model: ROption::RNone,
         pipeline: pipeline.into(),
+        device: "cpu".into(),
     }
 }
 

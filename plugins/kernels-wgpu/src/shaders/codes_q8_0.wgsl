@@ -1,0 +1,11 @@
+// Chunk c of a Q8_0 row: codes as stored, scale d.
+fn load_chunk(base: u32, c: u32) -> Chunk {
+    let b = base + c * 34u;
+    var w: Chunk;
+    for (var i = 0u; i < 32u; i++) {
+        w.q[i] = i8_at(b + 2u + i);
+    }
+    w.lo = f16_at(b);
+    w.hi = w.lo;
+    return w;
+}
