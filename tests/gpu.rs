@@ -127,25 +127,51 @@ fn a_mixture_of_experts_routes_on_the_cpu_and_keeps_the_tokens() {
     );
 }
 
-/// A deployment whose GPU adapter does not open (here: one named that no machine has) passes
-/// the GPU plugin over with a warning and runs the model on the CPU plugin.
-#[test]
-fn without_its_gpu_the_deployment_runs_on_the_cpu() {
+/// `manifests/gpu.toml` with `config` as the GPU plugin's `[plugins.config]`, written to a
+/// temporary folder (paths made absolute).
+fn gpu_toml_with(config: &str) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let manifest = std::fs::read_to_string(gpu_toml())
         .unwrap()
         .replace("../", &format!("{}/", root().display()))
         .replace(
             "[plugins.grants]\ngpu = true",
-            "[plugins.grants]\ngpu = true\n[plugins.config]\nadapter = \"no-such-adapter\"",
+            &format!("[plugins.grants]\ngpu = true\n[plugins.config]\n{config}"),
         );
-    let deployment = dir.path().join("gpu-missing.toml");
+    let deployment = dir.path().join("gpu.toml");
     std::fs::write(&deployment, manifest).unwrap();
+    (dir, deployment)
+}
+
+/// A deployment whose GPU adapter does not open (here: one named that no machine has) passes
+/// the GPU plugin over with a warning and runs the model on the CPU plugin.
+#[test]
+fn without_its_gpu_the_deployment_runs_on_the_cpu() {
+    let (_dir, deployment) = gpu_toml_with("adapter = \"no-such-adapter\"");
     let model = fixture("llama");
     let (out, log) = generate(&deployment, model.path(), "Hello, world", "8");
     let (cpu, _) = generate(&dev_toml(), model.path(), "Hello, world", "8");
     assert!(
         log.contains("kernels-wgpu passed over") && log.contains("no-such-adapter"),
+        "{log}"
+    );
+    let device = out["timings"]["device"].as_str().unwrap_or_default();
+    assert!(device.starts_with("cpu"), "{out}");
+    assert_eq!(ids(&out), ids(&cpu));
+}
+
+/// Weights that do not fit the GPU's memory (here: a 16 MiB limit for SmolLM2's 100 MB) fail
+/// with an out-of-memory error naming the limit, and the model is built on the CPU instead.
+#[test]
+fn a_model_too_big_for_the_gpu_is_built_on_the_cpu() {
+    let (_dir, deployment) = gpu_toml_with("memory_limit_mb = 16");
+    let model = smollm2_path();
+    let (out, log) = generate(&deployment, &model, "Hi", "4");
+    let (cpu, _) = generate(&dev_toml(), &model, "Hi", "4");
+    assert!(
+        log.contains("out of device memory")
+            && log.contains("memory_limit_mb")
+            && log.contains("built on kernels-cpu instead"),
         "{log}"
     );
     let device = out["timings"]["device"].as_str().unwrap_or_default();

@@ -17,8 +17,19 @@ use u_sdk::{
     OpCall, OpKind, PluginInstance, TensorDesc, UError,
 };
 
-/// The backend the deployment's model runs on: its plugin's name and the object.
-pub fn backend_for(report: &LoadReport, deployment: &Deployment) -> Result<(String, BackendBox)> {
+/// The compute backend chosen for a deployment's model.
+pub struct Chosen {
+    /// The plugin's name (`"kernels-wgpu+kernels-cpu"` for a [`Split`]).
+    pub name: String,
+    /// The backend.
+    pub backend: BackendBox,
+    /// The next plugin named, alone: what the model is built on instead when building it on
+    /// `backend` fails (device memory too small for its weights).
+    pub fallback: Option<(String, BackendBox)>,
+}
+
+/// The backend the deployment's model runs on.
+pub fn backend_for(report: &LoadReport, deployment: &Deployment) -> Result<Chosen> {
     let loaded = |name: &str| {
         report.loaded.iter().find_map(|p| match &p.instance {
             PluginInstance::Kernels(k) if p.verified.manifest.name == name => Some(k.clone()),
@@ -30,7 +41,11 @@ pub fn backend_for(report: &LoadReport, deployment: &Deployment) -> Result<(Stri
             .loaded
             .iter()
             .find_map(|p| match &p.instance {
-                PluginInstance::Kernels(k) => Some((p.verified.manifest.name.clone(), k.clone())),
+                PluginInstance::Kernels(k) => Some(Chosen {
+                    name: p.verified.manifest.name.clone(),
+                    backend: k.clone(),
+                    fallback: None,
+                }),
                 _ => None,
             })
             .context("the deployment loads no kernels plugin");
@@ -58,16 +73,23 @@ pub fn backend_for(report: &LoadReport, deployment: &Deployment) -> Result<(Stri
             deployment.kernels.join(", ")
         );
     };
-    match chosen.next() {
-        Some((fallback_name, fallback)) => {
-            let both = format!("{name}+{fallback_name}");
-            Ok((
-                both,
-                BackendBox::new(Split::new(primary, name, fallback, fallback_name)),
-            ))
-        }
-        None => Ok((name, primary)),
-    }
+    Ok(match chosen.next() {
+        Some((fallback_name, fallback)) => Chosen {
+            name: format!("{name}+{fallback_name}"),
+            backend: BackendBox::new(Split::new(
+                primary,
+                name,
+                fallback.clone(),
+                fallback_name.clone(),
+            )),
+            fallback: Some((fallback_name, fallback)),
+        },
+        None => Chosen {
+            name,
+            backend: primary,
+            fallback: None,
+        },
+    })
 }
 
 /// A backend that runs what `primary` supports on it and the rest on `fallback`.

@@ -183,8 +183,7 @@ pub fn build(
         return Ok(opened);
     }
     if want == Want::Weights {
-        let (_, backend) = crate::compute::backend_for(report, deployment)?;
-        opened.kernels = Some(backend);
+        opened.kernels = Some(crate::compute::backend_for(report, deployment)?.backend);
         let format = opened.weights.format().into_result();
         let format = format.map_err(|e| anyhow!("{}: {e}", opened.loader))?;
         if format != "gguf" {
@@ -197,29 +196,42 @@ pub fn build(
         return Ok(opened);
     }
     let (family, arch_name, architecture) = architecture_of(report, deployment, &opened)?;
-    let (_, backend) = crate::compute::backend_for(report, deployment)?;
+    let chosen = crate::compute::backend_for(report, deployment)?;
     let cache: Option<KvCacheBox> = first(report, |i| match i {
         PluginInstance::Cache(c) => Some(c.clone()),
         _ => None,
     })
     .map(|(_, c)| c);
+    let watched = progress::watch(&opened.weights);
+    let build_on = |backend: &BackendBox| {
+        build_model(
+            &arch_name,
+            &architecture,
+            BuildContext {
+                weights: watched.weights.clone(),
+                family: family.clone().unwrap_or_default().into(),
+                backend: backend.clone(),
+                cache: cache.clone().into(),
+            },
+        )
+    };
+    let (backend, (model_box, config)) = match (build_on(&chosen.backend), &chosen.fallback) {
+        (Ok(built), _) => (chosen.backend.clone(), built),
+        (Err(e), Some((fallback_name, fallback))) => {
+            tracing::warn!(
+                "{}: {e:#}; the model is built on {fallback_name} instead",
+                chosen.name
+            );
+            (fallback.clone(), build_on(fallback)?)
+        }
+        (Err(e), None) => return Err(e),
+    };
     opened.backend = Some(
         backend
             .info()
             .into_result()
             .map_err(|e| anyhow!("kernels: {e}"))?,
     );
-    let watched = progress::watch(&opened.weights);
-    let (model_box, config) = build_model(
-        &arch_name,
-        &architecture,
-        BuildContext {
-            weights: watched.weights.clone(),
-            family: family.clone().unwrap_or_default().into(),
-            backend: backend.clone(),
-            cache: cache.into(),
-        },
-    )?;
     // A decoder that reads images needs its encoder; another model (a CLIP text tower) gets
     // one where an architecture declares its family's `.vision`.
     let vision = format!("{}.vision", config.family);
@@ -308,7 +320,7 @@ fn build_pipeline(
     name: &str,
 ) -> Result<Opened> {
     let loaders = inspect::loaders(report);
-    let (_, backend) = crate::compute::backend_for(report, deployment)?;
+    let backend = crate::compute::backend_for(report, deployment)?.backend;
     let part = |component: &str, weights: &WeightSetBox, suffix: &str| {
         let family = weights
             .architecture()

@@ -7,7 +7,7 @@
 use crate::gpu::Gpu;
 use abi_stable::std_types::{RResult, RSlice, RSliceMut};
 use std::sync::Arc;
-use u_sdk::{ErrorKind, Result, UError};
+use u_sdk::{Result, UError};
 
 /// What a device buffer may be used for: bound to shaders, copied from and into.
 pub const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
@@ -34,7 +34,7 @@ pub fn words(bytes: u64) -> u64 {
 impl GpuBuffer {
     /// A new zeroed buffer of `len` bytes.
     pub fn alloc(gpu: &Arc<Gpu>, len: u64) -> Result<GpuBuffer> {
-        check_size(gpu, len)?;
+        gpu.reserve(words(len))?;
         let buffer = gpu.scoped(&format!("allocating {len} bytes"), || {
             gpu.device.create_buffer(&wgpu::BufferDescriptor {
                 label: None,
@@ -42,10 +42,10 @@ impl GpuBuffer {
                 usage: USAGE,
                 mapped_at_creation: false,
             })
-        })?;
+        });
         Ok(GpuBuffer(Arc::new(Inner {
             gpu: gpu.clone(),
-            buffer,
+            buffer: buffer.inspect_err(|_| gpu.release(words(len)))?,
             len,
             read_only: false,
         })))
@@ -54,7 +54,7 @@ impl GpuBuffer {
     /// A read-only buffer holding a copy of `bytes` (weights: uploaded once, then resident).
     pub fn upload(gpu: &Arc<Gpu>, bytes: &[u8]) -> Result<GpuBuffer> {
         let len = bytes.len() as u64;
-        check_size(gpu, len)?;
+        gpu.reserve(words(len))?;
         let buffer = gpu
             .scoped(&format!("uploading {len} bytes"), || {
                 let buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
@@ -68,8 +68,11 @@ impl GpuBuffer {
                     .get_mapped_range_mut()
                     .map(|mut view| view.slice(..bytes.len()).copy_from_slice(bytes))
                     .map(|()| buffer)
-            })?
-            .map_err(|e| UError::invalid(format!("kernels-wgpu: mapping an upload: {e}")))?;
+            })
+            .and_then(|mapped| {
+                mapped.map_err(|e| UError::invalid(format!("kernels-wgpu: mapping an upload: {e}")))
+            })
+            .inspect_err(|_| gpu.release(words(len)))?;
         buffer.unmap();
         Ok(GpuBuffer(Arc::new(Inner {
             gpu: gpu.clone(),
@@ -134,19 +137,10 @@ impl GpuBuffer {
     }
 }
 
-/// Refuses a buffer past the device's largest, with the sizes named.
-fn check_size(gpu: &Gpu, len: u64) -> Result<()> {
-    if words(len) > gpu.limits.max_buffer_size {
-        return Err(UError::new(
-            ErrorKind::ResourceExhausted,
-            format!(
-                "kernels-wgpu: a buffer of {len} bytes is larger than the device's largest ({} \
-                 bytes, {})",
-                gpu.limits.max_buffer_size, gpu.adapter.name
-            ),
-        ));
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.gpu.release(words(self.len));
     }
-    Ok(())
 }
 
 impl u_sdk::Buffer for GpuBuffer {

@@ -10,7 +10,11 @@
 use crate::shaders::{self, Kernel};
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex, mpsc},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+        mpsc,
+    },
 };
 use u_sdk::{ErrorKind, Result, UError};
 
@@ -31,6 +35,10 @@ pub struct Gpu {
     pipelines: Mutex<HashMap<Kernel, Arc<wgpu::ComputePipeline>>>,
     /// The first error the device reported outside an error scope, or its loss.
     fault: Arc<Mutex<Option<String>>>,
+    /// Bytes of buffers the deployment lets this plugin hold (`memory_limit_mb`), if limited.
+    budget: Option<u64>,
+    /// Bytes of buffers held now.
+    held: AtomicU64,
 }
 
 #[derive(Default)]
@@ -46,8 +54,9 @@ fn gpu_error(what: impl std::fmt::Display) -> UError {
 impl Gpu {
     /// Opens the first adapter whose name contains `adapter` (case-insensitive), or the
     /// high-performance one when `adapter` is `None`; software adapters (llvmpipe, SwiftShader)
-    /// count, so CI without a GPU runs the same shaders.
-    pub fn open(adapter: Option<&str>) -> Result<Gpu> {
+    /// count, so CI without a GPU runs the same shaders. Buffers past `budget` bytes in all are
+    /// refused as out of memory.
+    pub fn open(adapter: Option<&str>, budget: Option<u64>) -> Result<Gpu> {
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
         desc.backends = wgpu::Backends::PRIMARY;
         let instance = wgpu::Instance::new(desc);
@@ -119,7 +128,43 @@ impl Gpu {
             pending: Mutex::default(),
             pipelines: Mutex::default(),
             fault,
+            budget,
+            held: AtomicU64::new(0),
         })
+    }
+
+    /// Counts `bytes` more of buffers held; refused past the budget (or the device's largest
+    /// buffer) as out of device memory.
+    pub fn reserve(&self, bytes: u64) -> Result<()> {
+        if bytes > self.limits.max_buffer_size {
+            return Err(UError::new(
+                ErrorKind::ResourceExhausted,
+                format!(
+                    "kernels-wgpu: a buffer of {bytes} bytes is larger than the device's largest \
+                     ({} bytes, {})",
+                    self.limits.max_buffer_size, self.adapter.name
+                ),
+            ));
+        }
+        let before = self.held.fetch_add(bytes, Ordering::Relaxed);
+        match self.budget {
+            Some(budget) if before + bytes > budget => {
+                self.held.fetch_sub(bytes, Ordering::Relaxed);
+                Err(UError::new(
+                    ErrorKind::ResourceExhausted,
+                    format!(
+                        "kernels-wgpu: out of device memory: {bytes} bytes more would pass the \
+                         deployment's memory_limit_mb ({before} of {budget} bytes held)"
+                    ),
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Counts `bytes` of buffers released.
+    pub fn release(&self, bytes: u64) {
+        self.held.fetch_sub(bytes, Ordering::Relaxed);
     }
 
     /// The device's first reported fault (a lost device, an error outside any scope).

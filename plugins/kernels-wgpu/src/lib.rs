@@ -41,10 +41,11 @@ fn describe() -> PluginInfo {
 }
 
 /// Opens the GPU the deployment's `[plugins.config] adapter = "…"` names (a part of the
-/// adapter's name, e.g. `"llvmpipe"` or `"RTX"`), else the high-performance one.
+/// adapter's name, e.g. `"llvmpipe"` or `"RTX"`), else the high-performance one, holding at
+/// most `memory_limit_mb = N` MiB of buffers when that is set.
 pub fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
-    let adapter = configured_adapter(host.config().as_str())?;
-    let gpu = Gpu::open(adapter.as_deref())?;
+    let config = configured(host.config().as_str())?;
+    let gpu = Gpu::open(config.adapter.as_deref(), config.memory_limit)?;
     host.info(&format!(
         "kernels-wgpu: {} ({:?}, {})",
         gpu.adapter.name, gpu.adapter.backend, gpu.adapter.driver
@@ -54,21 +55,42 @@ pub fn instantiate(host: HostBox) -> u_sdk::Result<PluginInstance> {
     ))))
 }
 
-/// The `adapter` of the plugin's config table (TOML), if set; any other key is an error.
-fn configured_adapter(config: &str) -> u_sdk::Result<Option<String>> {
+/// The plugin's settings.
+#[derive(Debug, Default, PartialEq)]
+struct Config {
+    /// Part of the adapter's name.
+    adapter: Option<String>,
+    /// Bytes of buffers it may hold.
+    memory_limit: Option<u64>,
+}
+
+/// The plugin's config table (TOML): `adapter` and `memory_limit_mb`; any other key is an error.
+fn configured(text: &str) -> u_sdk::Result<Config> {
     let bad = |why: String| u_sdk::UError::invalid(format!("kernels-wgpu config: {why}"));
-    let table: toml::Table = config.parse().map_err(|e| bad(format!("{e}")))?;
-    let mut adapter = None;
+    let table: toml::Table = text.parse().map_err(|e| bad(format!("{e}")))?;
+    let mut config = Config::default();
     for (key, value) in &table {
         match (key.as_str(), value) {
-            ("adapter", toml::Value::String(name)) => adapter = Some(name.clone()),
+            ("adapter", toml::Value::String(name)) => config.adapter = Some(name.clone()),
+            ("memory_limit_mb", toml::Value::Integer(mb)) if *mb > 0 => {
+                config.memory_limit = Some(*mb as u64 * 1024 * 1024);
+            }
             ("adapter", other) => {
                 return Err(bad(format!("`adapter` must be a string, got {other}")));
             }
-            (other, _) => return Err(bad(format!("unknown key `{other}` (only `adapter`)"))),
+            ("memory_limit_mb", other) => {
+                return Err(bad(format!(
+                    "`memory_limit_mb` must be a positive whole number, got {other}"
+                )));
+            }
+            (other, _) => {
+                return Err(bad(format!(
+                    "unknown key `{other}` (only `adapter`, `memory_limit_mb`)"
+                )));
+            }
         }
     }
-    Ok(adapter)
+    Ok(config)
 }
 
 /// The exported root module and `.u.meta` section.
@@ -86,20 +108,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_config_may_name_the_adapter_and_nothing_else() {
-        assert_eq!(configured_adapter("").unwrap(), None);
+    fn the_config_names_the_adapter_and_a_memory_limit_and_nothing_else() {
+        assert_eq!(configured("").unwrap(), Config::default());
         assert_eq!(
-            configured_adapter("adapter = \"llvmpipe\"")
-                .unwrap()
-                .as_deref(),
-            Some("llvmpipe")
+            configured("adapter = \"llvmpipe\"\nmemory_limit_mb = 2").unwrap(),
+            Config {
+                adapter: Some("llvmpipe".into()),
+                memory_limit: Some(2 << 20),
+            }
         );
         for (bad, says) in [
             ("adapter = 1", "must be a string"),
+            ("memory_limit_mb = 0", "positive whole number"),
+            ("memory_limit_mb = \"1G\"", "positive whole number"),
             ("device = \"x\"", "unknown key"),
             ("adapter = ", "kernels-wgpu config"),
         ] {
-            let e = configured_adapter(bad).expect_err(bad);
+            let e = configured(bad).expect_err(bad);
             assert!(e.message.contains(says), "{bad}: {}", e.message);
         }
     }

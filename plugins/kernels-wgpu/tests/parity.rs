@@ -31,7 +31,7 @@ fn pair() -> &'static Pair {
             .expect("CPU kernels")
             .into_box();
         let adapter = std::env::var("U_WGPU_ADAPTER").ok();
-        let gpu = Gpu::open(adapter.as_deref()).unwrap_or_else(|e| {
+        let gpu = Gpu::open(adapter.as_deref(), None).unwrap_or_else(|e| {
             panic!(
                 "no GPU adapter ({}); without a GPU install Mesa's lavapipe: apt-get install \
                  mesa-vulkan-drivers",
@@ -622,4 +622,28 @@ fn buffers_read_and_write_at_any_offset() {
         .into_result()
         .expect_err("past the end");
     assert_eq!(e.kind, ErrorKind::InvalidInput);
+}
+
+/// Past its memory limit the backend refuses buffers as out of memory (what the host falls
+/// back to the CPU on), and memory released counts again.
+#[test]
+fn a_memory_limit_refuses_uploads_past_it_and_frees_on_drop() {
+    let adapter = std::env::var("U_WGPU_ADAPTER").ok();
+    let gpu = Gpu::open(adapter.as_deref(), Some(1 << 20)).expect("the adapter opens");
+    let dev = Device::new(BackendBox::new(WgpuBackend::new(Arc::new(gpu)))).unwrap();
+    let big = Arc::new(vec![0u8; 700 << 10]);
+    let first = weight(&dev, &big, DType::F32, &[700 << 8]);
+    let owner = KeepaliveBox::new(Bytes(big.clone()));
+    let Err(e) = dev
+        .backend()
+        .import(RSlice::from_slice(&big), owner)
+        .into_result()
+    else {
+        panic!("an upload over the limit was accepted");
+    };
+    assert_eq!(e.kind, ErrorKind::ResourceExhausted, "{}", e.message);
+    assert!(e.message.contains("memory_limit_mb"), "{}", e.message);
+    drop(first);
+    let again = weight(&dev, &big, DType::F32, &[700 << 8]);
+    assert_eq!(again.dims(), &[700 << 8]);
 }
