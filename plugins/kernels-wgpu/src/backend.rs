@@ -20,8 +20,12 @@ use u_sdk::{
 };
 use wgpu::util::DeviceExt;
 
-/// Words per 32-value chunk of quantized activations (scale, s1, Σq, 32 codes).
-const ACTIVATION_WORDS: u64 = 11;
+/// Weight rows one matmul workgroup computes (`WEIGHT_ROWS` of the matmul shaders).
+const MATMUL_WEIGHT_ROWS: u64 = 8;
+
+/// Words per 32-value chunk of quantized activations (scale, s1, Σq, Σ of the first 16, 32
+/// codes).
+const ACTIVATION_WORDS: u64 = 12;
 
 /// Largest head dimension the attention kernel holds (8 output dimensions per invocation).
 pub const MAX_HEAD_DIM: u32 = 512;
@@ -580,7 +584,7 @@ impl WgpuBackend {
         if !wo.shift.is_multiple_of(block_alignment(w.dtype)) {
             return Err(unsupported(op, "weights at an odd byte offset"));
         }
-        let (gx, gy) = grid(n)?;
+        let (gx, gy) = grid(n.div_ceil(MATMUL_WEIGHT_ROWS))?;
         let tiles = u32_of(op, "row tiles", m.div_ceil(8))?.max(1);
         if !QUANTIZED_FORMATS.contains(&w.dtype) {
             let params = [

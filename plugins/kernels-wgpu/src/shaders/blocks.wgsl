@@ -14,3 +14,12 @@ fn f16_at(b: u32) -> f32 {
     let pair = unpack2x16float(wq[b >> 2u]);
     return select(pair.x, pair.y, (b & 2u) != 0u);
 }
+
+// The four bytes from byte `b` on as one word (b even: blocks start at even offsets).
+fn word_at(b: u32) -> u32 {
+    let i = b >> 2u;
+    if ((b & 3u) == 0u) {
+        return wq[i];
+    }
+    return (wq[i] >> 16u) | (wq[i + 1u] << 16u);
+}

@@ -16,8 +16,8 @@ fn load_chunk(base: u32, c: u32) -> Chunk {
     let qs = b + 16u + 32u * (sub / 2u);
     let shift = 4u * (sub % 2u);
     var w: Chunk;
-    for (var i = 0u; i < 32u; i++) {
-        w.q[i] = i32((byte_at(qs + i) >> shift) & 15u);
+    for (var i = 0u; i < 8u; i++) {
+        w.q[i] = (word_at(qs + 4u * i) >> shift) & 0x0f0f0f0fu;
     }
     w.lo = f16_at(b) * f32(sc);
     w.hi = w.lo;

@@ -1,6 +1,7 @@
 // y[m, n] = Σₖ x[m, k] · w[n, k], w in its stored blocks (`dequant_chunk`, included before).
-// One workgroup per weight row and tile of ROWS rows of x: each invocation dequantizes chunks
-// of 32 weights once and multiplies them with every x row of the tile; a tree sum finishes.
+// A workgroup takes WEIGHT_ROWS weight rows and a tile of ROWS rows of x; LANES invocations
+// share each weight row, each dequantizing every LANES-th chunk of 32 weights once and
+// multiplying it with every x row of the tile; a three-step tree sum over the lanes finishes.
 
 struct Params {
     m: u32,
@@ -18,49 +19,52 @@ struct Params {
 @group(0) @binding(2) var<storage, read> wq: array<u32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
-const THREADS: u32 = 64u;
+const LANES: u32 = 8u;
+const WEIGHT_ROWS: u32 = 8u;
 const ROWS: u32 = 8u;
 
 var<workgroup> partial: array<f32, 512>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let row = wg.x + wg.y * p.grid_x;
+    let lane = t % LANES;
+    let slot = t / LANES;
+    let row = (wg.x + wg.y * p.grid_x) * WEIGHT_ROWS + slot;
     let m0 = wg.z * ROWS;
+    let rows_here = min(ROWS, p.m - m0);
     let live = row < p.n;
     var acc: array<f32, 8>;
     if (live) {
         let chunks = (p.k + 31u) / 32u;
         let base = p.w_off + row * p.row_bytes;
-        for (var c = t; c < chunks; c += THREADS) {
+        for (var c = lane; c < chunks; c += LANES) {
             var v: array<f32, 32>;
             dequant_chunk(base, c, p.k, &v);
             let width = min(32u, p.k - c * 32u);
-            for (var r = 0u; r < ROWS; r++) {
-                if (m0 + r < p.m) {
-                    let xb = p.x_off + (m0 + r) * p.k + c * 32u;
-                    var s = 0.0;
-                    for (var i = 0u; i < width; i++) {
-                        s += v[i] * x[xb + i];
-                    }
-                    acc[r] += s;
+            for (var r = 0u; r < rows_here; r++) {
+                let xb = p.x_off + (m0 + r) * p.k + c * 32u;
+                var s = 0.0;
+                for (var i = 0u; i < width; i++) {
+                    s += v[i] * x[xb + i];
                 }
+                acc[r] += s;
             }
         }
     }
-    for (var r = 0u; r < ROWS; r++) {
-        partial[r * THREADS + t] = acc[r];
+    let cell = slot * LANES * ROWS;
+    for (var r = 0u; r < rows_here; r++) {
+        partial[cell + r * LANES + lane] = acc[r];
     }
     workgroupBarrier();
-    for (var half = THREADS / 2u; half > 0u; half >>= 1u) {
-        if (t < half) {
-            for (var r = 0u; r < ROWS; r++) {
-                partial[r * THREADS + t] += partial[r * THREADS + t + half];
+    for (var half = LANES / 2u; half > 0u; half >>= 1u) {
+        if (lane < half) {
+            for (var r = 0u; r < rows_here; r++) {
+                partial[cell + r * LANES + lane] += partial[cell + r * LANES + lane + half];
             }
         }
         workgroupBarrier();
     }
-    if (live && t < ROWS && m0 + t < p.m) {
-        y[p.y_off + (m0 + t) * p.n + row] = partial[t * THREADS];
+    if (live && lane < rows_here) {
+        y[p.y_off + (m0 + lane) * p.n + row] = partial[cell + lane * LANES];
     }
 }

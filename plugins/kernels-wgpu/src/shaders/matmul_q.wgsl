@@ -1,9 +1,13 @@
 // y[m, n] = Σ w[n, ·] · x[m, ·] for weights in 32-value blocks against activations quantized by
-// quantize_act.wgsl: per chunk an exact integer dot of the codes, then the scales, as the CPU
-// kernels compute it. `load_chunk` (included after) decodes chunk c of a weight row into
-// integer codes and the scales of its two 16-value halves, plus the terms of its minimum:
+// quantize_act.wgsl: per chunk an exact integer dot of the codes (four bytes at a time with
+// dot4I8Packed), then the scales, as the CPU kernels compute it. `load_chunk` (included after)
+// decodes chunk c of a weight row into its codes as non-negative bytes packed four to a word,
+// the offset to subtract from each, the scales of its two 16-value halves, and the terms of
+// its minimum: with qw = code − offset,
 // dot = d_x · (lo · Σ₀..₁₆ qw·qx + hi · Σ₁₆..₃₂ qw·qx) + min_s1 · s1 + min_sum · d_x · Σqx.
-// One workgroup per weight row and tile of ROWS rows of x; a tree sum finishes.
+// A workgroup takes WEIGHT_ROWS weight rows and a tile of ROWS rows of x; LANES invocations
+// share each weight row (every LANES-th chunk each); a three-step tree sum over the lanes
+// finishes.
 
 struct Params {
     m: u32,
@@ -16,7 +20,8 @@ struct Params {
 }
 
 struct Chunk {
-    q: array<i32, 32>,
+    q: array<u32, 8>,
+    offset: i32,
     lo: f32,
     hi: f32,
     min_s1: f32,
@@ -28,65 +33,63 @@ struct Chunk {
 @group(0) @binding(2) var<storage, read> wq: array<u32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
-const THREADS: u32 = 64u;
+const LANES: u32 = 8u;
+const WEIGHT_ROWS: u32 = 8u;
 const ROWS: u32 = 8u;
-const WORDS: u32 = 11u;
+const WORDS: u32 = 12u;
 
 var<workgroup> partial: array<f32, 512>;
-
-fn code(word: u32, j: u32) -> i32 {
-    return (i32(word << (24u - 8u * j))) >> 24u;
-}
 
 fn chunk_dot(w: ptr<function, Chunk>, a: u32) -> f32 {
     var lo = 0i;
     var hi = 0i;
     for (var i = 0u; i < 4u; i++) {
-        let word = act[a + 3u + i];
-        let word_hi = act[a + 7u + i];
-        for (var j = 0u; j < 4u; j++) {
-            lo += (*w).q[4u * i + j] * code(word, j);
-            hi += (*w).q[16u + 4u * i + j] * code(word_hi, j);
-        }
+        lo += dot4I8Packed((*w).q[i], act[a + 4u + i]);
+        hi += dot4I8Packed((*w).q[4u + i], act[a + 8u + i]);
     }
     let d = bitcast<f32>(act[a]);
     let s1 = bitcast<f32>(act[a + 1u]);
     let sum = bitcast<i32>(act[a + 2u]);
+    let sum_lo = bitcast<i32>(act[a + 3u]);
+    lo -= (*w).offset * sum_lo;
+    hi -= (*w).offset * (sum - sum_lo);
     return d * ((*w).lo * f32(lo) + (*w).hi * f32(hi)) + (*w).min_s1 * s1
         + (*w).min_sum * d * f32(sum);
 }
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let row = wg.x + wg.y * p.grid_x;
+    let lane = t % LANES;
+    let slot = t / LANES;
+    let row = (wg.x + wg.y * p.grid_x) * WEIGHT_ROWS + slot;
     let m0 = wg.z * ROWS;
+    let rows_here = min(ROWS, p.m - m0);
     let live = row < p.n;
     var acc: array<f32, 8>;
     if (live) {
         let chunks = p.k / 32u;
         let base = p.w_off + row * p.row_bytes;
-        for (var c = t; c < chunks; c += THREADS) {
+        for (var c = lane; c < chunks; c += LANES) {
             var w = load_chunk(base, c);
-            for (var r = 0u; r < ROWS; r++) {
-                if (m0 + r < p.m) {
-                    acc[r] += chunk_dot(&w, ((m0 + r) * chunks + c) * WORDS);
-                }
+            for (var r = 0u; r < rows_here; r++) {
+                acc[r] += chunk_dot(&w, ((m0 + r) * chunks + c) * WORDS);
             }
         }
     }
-    for (var r = 0u; r < ROWS; r++) {
-        partial[r * THREADS + t] = acc[r];
+    let cell = slot * LANES * ROWS;
+    for (var r = 0u; r < rows_here; r++) {
+        partial[cell + r * LANES + lane] = acc[r];
     }
     workgroupBarrier();
-    for (var half = THREADS / 2u; half > 0u; half >>= 1u) {
-        if (t < half) {
-            for (var r = 0u; r < ROWS; r++) {
-                partial[r * THREADS + t] += partial[r * THREADS + t + half];
+    for (var half = LANES / 2u; half > 0u; half >>= 1u) {
+        if (lane < half) {
+            for (var r = 0u; r < rows_here; r++) {
+                partial[cell + r * LANES + lane] += partial[cell + r * LANES + lane + half];
             }
         }
         workgroupBarrier();
     }
-    if (live && t < ROWS && m0 + t < p.m) {
-        y[p.y_off + (m0 + t) * p.n + row] = partial[t * THREADS];
+    if (live && lane < rows_here) {
+        y[p.y_off + (m0 + lane) * p.n + row] = partial[cell + lane * LANES];
     }
 }

@@ -1,6 +1,7 @@
 // Activations quantized to int8 as the CPU kernels quantize them for integer dot products, so
-// quantized matmul here agrees with theirs to f32 rounding: per chunk of 32 values, 11 words —
-// the scale d, s1 = f16(d_f32 · Σq), Σq, then the 32 codes packed four to a word. Mode 0 (for
+// quantized matmul here agrees with theirs to f32 rounding: per chunk of 32 values, 12 words —
+// the scale d, s1 = f16(d_f32 · Σq), Σq, the sum of the first 16 codes, then the 32 codes
+// packed four to a word. Mode 0 (for
 // Q8_0, Q4_0, Q4_1) scales each chunk by its own amax / 127 rounded to f16; mode 1 (k-quants)
 // scales a 256-value super-block by its amax / 127, unrounded, shared by its eight chunks.
 // q = round_half_even(x · 127 / amax).
@@ -17,7 +18,7 @@ struct Params {
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> act: array<u32>;
 
-const WORDS: u32 = 11u;
+const WORDS: u32 = 12u;
 
 // IEEE binary16 rounding (nearest, ties to even) of a finite non-negative scale, back as f32.
 fn round_to_f16(v: f32) -> f32 {
@@ -38,6 +39,7 @@ fn round_to_f16(v: f32) -> f32 {
 fn store_chunk(xb: u32, chunk: u32, id: f32, d: f32, d_raw: f32) {
     let base = chunk * WORDS;
     var sum = 0i;
+    var first_half = 0i;
     for (var w = 0u; w < 8u; w++) {
         var packed = 0u;
         for (var j = 0u; j < 4u; j++) {
@@ -45,8 +47,12 @@ fn store_chunk(xb: u32, chunk: u32, id: f32, d: f32, d_raw: f32) {
             sum += q;
             packed |= (u32(q) & 0xffu) << (8u * j);
         }
-        act[base + 3u + w] = packed;
+        act[base + 4u + w] = packed;
+        if (w == 3u) {
+            first_half = sum;
+        }
     }
+    act[base + 3u] = bitcast<u32>(first_half);
     act[base] = bitcast<u32>(d);
     act[base + 1u] = bitcast<u32>(round_to_f16(abs(d_raw * f32(sum))) * sign(d_raw * f32(sum)));
     act[base + 2u] = bitcast<u32>(sum);
