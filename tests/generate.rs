@@ -8,22 +8,11 @@ use std::{
     path::{Path, PathBuf},
     process::Command,
 };
-use u_conformance::{bin, root, run, serving::smollm2_path, text};
+use u_conformance::{bin, fixture_model_dir, root, run, serving::smollm2_path, text};
 
 /// A model directory: the Llama fixture's weights and config plus the tiny tokenizer.
 fn model_dir() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let weights = root().join("plugins/arch-llama/tests/fixtures/models/llama");
-    let tokenizer = root().join("plugins/runner-text/tests/fixtures/tiny-tokenizer");
-    for (from, name) in [
-        (&weights, "config.json"),
-        (&weights, "model.safetensors"),
-        (&tokenizer, "tokenizer.json"),
-        (&tokenizer, "tokenizer_config.json"),
-    ] {
-        std::fs::copy(from.join(name), dir.path().join(name)).unwrap();
-    }
-    dir
+    fixture_model_dir("llama")
 }
 
 fn runner(args: &[&str], model: &Path) -> Command {

@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 use std::{path::Path, process::Command};
-use u_conformance::{bin, root, run, serving::smollm2_path, text};
+use u_conformance::{bin, fixture_model_dir, root, run, serving::smollm2_path, text};
 
 fn generate(deployment: &Path, model: &Path, prompt: &str, steps: &str) -> (Value, String) {
     let out = run(Command::new(bin("u-runner"))
@@ -39,24 +39,6 @@ fn gpu_toml() -> std::path::PathBuf {
 
 fn dev_toml() -> std::path::PathBuf {
     root().join("manifests/dev.toml")
-}
-
-/// A fixture architecture's folder (config and safetensors) with the tiny tokenizer.
-fn fixture(arch: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let weights = root()
-        .join("plugins/arch-llama/tests/fixtures/models")
-        .join(arch);
-    let tokenizer = root().join("plugins/runner-text/tests/fixtures/tiny-tokenizer");
-    for (from, name) in [
-        (&weights, "config.json"),
-        (&weights, "model.safetensors"),
-        (&tokenizer, "tokenizer.json"),
-        (&tokenizer, "tokenizer_config.json"),
-    ] {
-        std::fs::copy(from.join(name), dir.path().join(name)).unwrap();
-    }
-    dir
 }
 
 /// Steps at which two greedy runs part, with the tokens each chose.
@@ -95,7 +77,7 @@ fn smollm2_generates_on_the_gpu_as_on_the_cpu_up_to_a_near_tie() {
 
 #[test]
 fn a_fixture_llama_in_f32_generates_the_cpus_tokens() {
-    let dir = fixture("llama");
+    let dir = fixture_model_dir("llama");
     let (gpu, log) = generate(&gpu_toml(), dir.path(), "Hello, world", "16");
     let (cpu, _) = generate(&dev_toml(), dir.path(), "Hello, world", "16");
     assert!(
@@ -108,16 +90,16 @@ fn a_fixture_llama_in_f32_generates_the_cpus_tokens() {
 }
 
 /// Mixtral's routing (top-k, the scatter of expert outputs) is not on the GPU: those ops run
-/// on the CPU plugin, once logged, and the tokens stay the CPU's.
+/// on the CPU plugin, each kind logged once, and the tokens stay the CPU's.
 #[test]
 fn a_mixture_of_experts_routes_on_the_cpu_and_keeps_the_tokens() {
-    let dir = fixture("mixtral");
+    let dir = fixture_model_dir("mixtral");
     let (gpu, log) = generate(&gpu_toml(), dir.path(), "Hello, world", "12");
     let (cpu, _) = generate(&dev_toml(), dir.path(), "Hello, world", "12");
     assert_eq!(ids(&gpu), ids(&cpu), "GPU {gpu}\nCPU {cpu}\n{log}");
     let fallbacks: Vec<&str> = log
         .lines()
-        .filter(|l| l.contains("runs on kernels-cpu"))
+        .filter(|l| l.contains("runs on the cpu backend"))
         .collect();
     assert!(
         fallbacks.iter().any(|l| l.contains("TopK")),
@@ -153,7 +135,7 @@ fn gpu_toml_with(config: &str) -> (tempfile::TempDir, std::path::PathBuf) {
 #[test]
 fn without_its_gpu_the_deployment_runs_on_the_cpu() {
     let (_dir, deployment) = gpu_toml_with("adapter = \"no-such-adapter\"");
-    let model = fixture("llama");
+    let model = fixture_model_dir("llama");
     let (out, log) = generate(&deployment, model.path(), "Hello, world", "8");
     let (cpu, _) = generate(&dev_toml(), model.path(), "Hello, world", "8");
     assert!(

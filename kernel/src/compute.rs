@@ -1,278 +1,65 @@
-//! Which compute backend a model runs on, and per-op fallback between backends.
+//! Which compute backend a model runs on.
 //!
 //! A deployment names its kernels plugins in order of preference (`[model] kernels`, e.g.
 //! `["kernels-wgpu", "kernels-cpu"]`). The first that loaded computes; one that was refused
-//! (no GPU adapter, a lost device at start) is passed over with a warning. When another named
-//! plugin loaded after it, the model gets a [`Split`] backend: every op the first does not
-//! support runs on the second, its operands copied to host memory and its result copied back,
-//! logged once per op and type.
+//! (no GPU adapter, a lost device at start) is passed over with a warning. The next that loaded
+//! is the fallback: the architecture runs the ops the first lacks on it (the SDK's
+//! `u_sdk::split`), and the host builds the model on it alone when building on the first fails.
 
-use crate::loading::LoadReport;
-use abi_stable::std_types::{RResult, RSlice, RSliceMut};
-use anyhow::{Context, Result, bail};
-use std::{collections::HashSet, sync::Arc, sync::Mutex};
+use crate::loading::{LoadReport, LoadedPlugin};
+use anyhow::{Context, Result};
 use u_attest::deployment::Deployment;
-use u_sdk::{
-    Backend, BackendBox, BackendInfo, BufferBox, BufferType, DType, ErrorKind, KeepaliveBox, Op,
-    OpCall, OpKind, PluginInstance, TensorDesc, UError,
-};
+use u_sdk::{BackendBox, PluginInstance};
 
-/// The compute backend chosen for a deployment's model.
+/// The compute backends chosen for a deployment's model.
 pub struct Chosen {
-    /// The plugin's name (`"kernels-wgpu+kernels-cpu"` for a [`Split`]).
+    /// The preferred plugin's name.
     pub name: String,
-    /// The backend.
+    /// Its backend.
     pub backend: BackendBox,
-    /// The next plugin named, alone: what the model is built on instead when building it on
-    /// `backend` fails (device memory too small for its weights).
+    /// The next plugin named that loaded: for the ops `backend` lacks, and what the model is
+    /// built on instead when building it on `backend` fails (device memory too small).
     pub fallback: Option<(String, BackendBox)>,
 }
 
-/// The backend the deployment's model runs on.
+/// The backend the deployment's model runs on: the first of `[model] kernels` that loaded (a
+/// kernels plugin refused at load — its reason already reported — is passed over with a
+/// warning), the next one that loaded as the fallback; without `[model] kernels`, the first
+/// kernels plugin loaded.
 pub fn backend_for(report: &LoadReport, deployment: &Deployment) -> Result<Chosen> {
-    let loaded = |name: &str| {
-        report.loaded.iter().find_map(|p| match &p.instance {
-            PluginInstance::Kernels(k) if p.verified.manifest.name == name => Some(k.clone()),
-            _ => None,
-        })
-    };
-    if deployment.kernels.is_empty() {
-        return report
-            .loaded
-            .iter()
-            .find_map(|p| match &p.instance {
-                PluginInstance::Kernels(k) => Some(Chosen {
-                    name: p.verified.manifest.name.clone(),
-                    backend: k.clone(),
-                    fallback: None,
-                }),
-                _ => None,
-            })
-            .context("the deployment loads no kernels plugin");
-    }
-    let mut chosen: Vec<(String, BackendBox)> = Vec::new();
-    for name in &deployment.kernels {
-        match loaded(name) {
-            Some(k) => chosen.push((name.clone(), k)),
-            None => {
-                let why = report
-                    .refused
-                    .iter()
-                    .find(|r| {
-                        r.plugin == *name || r.path.file_stem().is_some_and(|s| s == name.as_str())
-                    })
-                    .map_or("it is not loaded".to_string(), |r| r.reason.clone());
-                tracing::warn!("kernels {name} passed over: {why}");
+    let kernels = |p: &&LoadedPlugin| matches!(p.instance, PluginInstance::Kernels(_));
+    let mut picked = report
+        .loaded
+        .iter()
+        .filter(kernels)
+        .take(1)
+        .collect::<Vec<_>>();
+    if !deployment.kernels.is_empty() {
+        picked.clear();
+        for name in &deployment.kernels {
+            match report
+                .loaded
+                .iter()
+                .filter(kernels)
+                .find(|p| p.verified.manifest.name == *name)
+            {
+                Some(p) => picked.push(p),
+                None => eprintln!("u-runner: kernels {name} passed over: it did not load"),
             }
         }
     }
-    let mut chosen = chosen.into_iter();
-    let Some((name, primary)) = chosen.next() else {
-        bail!(
-            "none of the model's kernels plugins ({}) loaded",
-            deployment.kernels.join(", ")
-        );
+    let entry = |p: &LoadedPlugin| match &p.instance {
+        PluginInstance::Kernels(k) => (p.verified.manifest.name.clone(), k.clone()),
+        _ => unreachable!("filtered to kernels plugins"),
     };
-    Ok(match chosen.next() {
-        Some((fallback_name, fallback)) => Chosen {
-            name: format!("{name}+{fallback_name}"),
-            backend: BackendBox::new(Split::new(
-                primary,
-                name,
-                fallback.clone(),
-                fallback_name.clone(),
-            )),
-            fallback: Some((fallback_name, fallback)),
-        },
-        None => Chosen {
-            name,
-            backend: primary,
-            fallback: None,
-        },
+    let (name, backend) = entry(
+        picked
+            .first()
+            .context("none of the deployment's kernels plugins loaded")?,
+    );
+    Ok(Chosen {
+        name,
+        backend,
+        fallback: picked.get(1).map(|p| entry(p)),
     })
-}
-
-/// A backend that runs what `primary` supports on it and the rest on `fallback`.
-#[derive(Clone)]
-pub struct Split(Arc<SplitInner>);
-
-struct SplitInner {
-    primary: BackendBox,
-    primary_name: String,
-    fallback: BackendBox,
-    fallback_name: String,
-    /// Ops and types already logged as running on the fallback.
-    logged: Mutex<HashSet<(OpKind, DType)>>,
-}
-
-/// The dtype [`Backend::supports`] is asked about for `call`: the weight of a matmul, the table
-/// of a row lookup or convolution, the KV of attention, the destination of a copy, else `F32`.
-fn weight_dtype(call: &OpCall<'_>) -> DType {
-    let src = |i: usize| call.srcs.get(i).map_or(DType::F32, |t| t.dtype);
-    match &call.op {
-        Op::MatMul | Op::Conv1d { .. } | Op::Conv2d { .. } => src(1),
-        Op::GetRows => src(0),
-        Op::Attention(p) => p.kv_dtype,
-        Op::Copy if call.dst.dtype == DType::F32 => src(0),
-        Op::Copy => call.dst.dtype,
-        _ => DType::F32,
-    }
-}
-
-impl Split {
-    /// `primary`, with `fallback` for the ops it lacks.
-    pub fn new(
-        primary: BackendBox,
-        primary_name: String,
-        fallback: BackendBox,
-        fallback_name: String,
-    ) -> Split {
-        Split(Arc::new(SplitInner {
-            primary,
-            primary_name,
-            fallback,
-            fallback_name,
-            logged: Mutex::default(),
-        }))
-    }
-
-    fn on_primary(&self, call: &OpCall<'_>) -> u_sdk::Result<bool> {
-        let dtype = weight_dtype(call);
-        let mut supported = self
-            .0
-            .primary
-            .supports(call.op.kind(), dtype)
-            .into_result()?;
-        if let Op::Copy = call.op {
-            let from = call.srcs.first().map_or(DType::F32, |t| t.dtype);
-            supported &= self.0.primary.supports(OpKind::Copy, from).into_result()?;
-        }
-        Ok(supported)
-    }
-
-    fn note_fallback(&self, call: &OpCall<'_>, why: &str) {
-        let key = (call.op.kind(), weight_dtype(call));
-        let mut logged = self.0.logged.lock().unwrap_or_else(|p| p.into_inner());
-        if logged.insert(key) {
-            tracing::info!(
-                "{:?} on {:?} runs on {} ({why})",
-                key.0,
-                key.1,
-                self.0.fallback_name
-            );
-        }
-    }
-
-    /// A copy of `t` in the fallback's memory (`t` itself when it is host memory already).
-    fn to_host(&self, t: &TensorDesc) -> u_sdk::Result<TensorDesc> {
-        if t.buffer.host_address() != 0 {
-            return Ok(t.clone());
-        }
-        let bytes = t
-            .byte_len()
-            .ok_or_else(|| UError::invalid(format!("{t:?} is not whole blocks")))?;
-        let mut data = vec![0u8; bytes as usize];
-        t.buffer
-            .read(t.offset, RSliceMut::from_mut_slice(&mut data))
-            .into_result()?;
-        let buffer = self.0.fallback.alloc(bytes.max(1)).into_result()?;
-        buffer.write(0, RSlice::from_slice(&data)).into_result()?;
-        Ok(TensorDesc {
-            buffer,
-            offset: 0,
-            dtype: t.dtype,
-            shape: t.shape,
-        })
-    }
-
-    /// Runs `call` on the fallback: operands copied to host memory, the result copied back.
-    fn run_on_fallback(&self, call: &OpCall<'_>) -> u_sdk::Result<()> {
-        self.0.primary.synchronize().into_result()?;
-        let srcs: Vec<TensorDesc> = call
-            .srcs
-            .iter()
-            .map(|t| self.to_host(t))
-            .collect::<u_sdk::Result<_>>()?;
-        let dst = self.to_host(call.dst)?;
-        let refs: Vec<&TensorDesc> = srcs.iter().collect();
-        let moved = OpCall {
-            op: call.op.clone(),
-            srcs: RSlice::from_slice(&refs),
-            dst: &dst,
-        };
-        self.0
-            .fallback
-            .compute(RSlice::from_slice(std::slice::from_ref(&moved)))
-            .into_result()?;
-        self.0.fallback.synchronize().into_result()?;
-        if call.dst.buffer.host_address() != 0 {
-            return Ok(());
-        }
-        let bytes = dst.byte_len().unwrap_or(0) as usize;
-        let mut data = vec![0u8; bytes];
-        dst.buffer
-            .read(0, RSliceMut::from_mut_slice(&mut data))
-            .into_result()?;
-        call.dst
-            .buffer
-            .write(call.dst.offset, RSlice::from_slice(&data))
-            .into_result()
-    }
-
-    fn run(&self, call: &OpCall<'_>) -> u_sdk::Result<()> {
-        if !self.on_primary(call)? {
-            self.note_fallback(call, &format!("{} lacks it", self.0.primary_name));
-            return self.run_on_fallback(call);
-        }
-        match self
-            .0
-            .primary
-            .compute(RSlice::from_slice(std::slice::from_ref(call)))
-            .into_result()
-        {
-            Err(e) if e.kind == ErrorKind::Unsupported => {
-                self.note_fallback(call, &e.message);
-                self.run_on_fallback(call)
-            }
-            other => other,
-        }
-    }
-}
-
-impl Backend for Split {
-    fn info(&self) -> RResult<BackendInfo, UError> {
-        self.0.primary.info().map(|mut info| {
-            info.features
-                .push(format!("fallback={}", self.0.fallback_name).into());
-            info
-        })
-    }
-
-    fn buffer_type(&self) -> RResult<BufferType, UError> {
-        self.0.primary.buffer_type()
-    }
-
-    fn supports(&self, op: OpKind, dtype: DType) -> RResult<bool, UError> {
-        let either = || -> u_sdk::Result<bool> {
-            Ok(self.0.primary.supports(op, dtype).into_result()?
-                || self.0.fallback.supports(op, dtype).into_result()?)
-        };
-        either().into()
-    }
-
-    fn alloc(&self, bytes: u64) -> RResult<BufferBox, UError> {
-        self.0.primary.alloc(bytes)
-    }
-
-    fn import(&self, bytes: RSlice<'_, u8>, owner: KeepaliveBox) -> RResult<BufferBox, UError> {
-        self.0.primary.import(bytes, owner)
-    }
-
-    fn compute(&self, ops: RSlice<'_, OpCall<'_>>) -> RResult<(), UError> {
-        ops.iter().try_for_each(|call| self.run(call)).into()
-    }
-
-    fn synchronize(&self) -> RResult<(), UError> {
-        self.0.primary.synchronize()
-    }
 }

@@ -392,10 +392,9 @@ fn print_plugin(status: &str, verified: &u_attest::Verified, grants: &u_attest::
 /// The device a kernels plugin computes on, as its backend reports it (`None` for the rest).
 fn device_of(p: &u_runner::loading::LoadedPlugin) -> Option<String> {
     match &p.instance {
-        u_sdk::PluginInstance::Kernels(k) => Some(match k.info().into_result() {
-            Ok(info) => wiring::device_name(Some(&info)),
-            Err(e) => format!("(unknown: {e})"),
-        }),
+        u_sdk::PluginInstance::Kernels(k) => {
+            Some(wiring::device_name(k.info().into_result().ok().as_ref()))
+        }
         _ => None,
     }
 }

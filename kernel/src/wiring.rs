@@ -183,7 +183,10 @@ pub fn build(
         return Ok(opened);
     }
     if want == Want::Weights {
-        opened.kernels = Some(crate::compute::backend_for(report, deployment)?.backend);
+        // Converting weights needs every conversion (quantizing copies): the fallback has them
+        // where a GPU plugin is preferred.
+        let chosen = crate::compute::backend_for(report, deployment)?;
+        opened.kernels = Some(chosen.fallback.map_or(chosen.backend, |(_, f)| f));
         let format = opened.weights.format().into_result();
         let format = format.map_err(|e| anyhow!("{}: {e}", opened.loader))?;
         if format != "gguf" {
@@ -203,7 +206,7 @@ pub fn build(
     })
     .map(|(_, c)| c);
     let watched = progress::watch(&opened.weights);
-    let build_on = |backend: &BackendBox| {
+    let build_on = |backend: &BackendBox, fallback: Option<&BackendBox>| {
         build_model(
             &arch_name,
             &architecture,
@@ -211,18 +214,21 @@ pub fn build(
                 weights: watched.weights.clone(),
                 family: family.clone().unwrap_or_default().into(),
                 backend: backend.clone(),
+                fallback: fallback.cloned().into(),
                 cache: cache.clone().into(),
             },
         )
     };
-    let (backend, (model_box, config)) = match (build_on(&chosen.backend), &chosen.fallback) {
-        (Ok(built), _) => (chosen.backend.clone(), built),
+    let fallback = chosen.fallback.as_ref().map(|(_, f)| f);
+    let built = build_on(&chosen.backend, fallback);
+    let (backend, fallback, (model_box, config)) = match (built, &chosen.fallback) {
+        (Ok(built), _) => (chosen.backend.clone(), fallback, built),
         (Err(e), Some((fallback_name, fallback))) => {
-            tracing::warn!(
-                "{}: {e:#}; the model is built on {fallback_name} instead",
+            eprintln!(
+                "u-runner: {}: {e:#}; the model is built on {fallback_name} instead",
                 chosen.name
             );
-            (fallback.clone(), build_on(fallback)?)
+            (fallback.clone(), None, build_on(fallback, None)?)
         }
         (Err(e), None) => return Err(e),
     };
@@ -237,7 +243,13 @@ pub fn build(
     let vision = format!("{}.vision", config.family);
     let image_encoder = match config.image_token {
         u_sdk::NO_IMAGE_TOKEN if !declares(report, &vision) => None,
-        _ => Some(image_encoder(report, &config, &watched.weights, &backend)?),
+        _ => Some(image_encoder(
+            report,
+            &config,
+            &watched.weights,
+            &backend,
+            fallback,
+        )?),
     };
     drop(watched);
     for (adapter, path) in &deployment.adapters {
@@ -245,7 +257,7 @@ pub fn build(
     }
     if want == Want::Engine {
         let draft = match &deployment.draft_model {
-            Some(path) => Some(draft_model(report, path, &config, &backend)?),
+            Some(path) => Some(draft_model(report, path, &config, &backend, fallback)?),
             None => None,
         };
         opened.engine = Some(start_runner(
@@ -320,7 +332,8 @@ fn build_pipeline(
     name: &str,
 ) -> Result<Opened> {
     let loaders = inspect::loaders(report);
-    let backend = crate::compute::backend_for(report, deployment)?.backend;
+    let chosen = crate::compute::backend_for(report, deployment)?;
+    let (backend, fallback) = (chosen.backend, chosen.fallback.map(|(_, f)| f));
     let part = |component: &str, weights: &WeightSetBox, suffix: &str| {
         let family = weights
             .architecture()
@@ -334,6 +347,7 @@ fn build_pipeline(
             weights: weights.clone(),
             family: family.as_str().into(),
             backend: backend.clone(),
+            fallback: fallback.clone().into(),
             cache: ROption::RNone,
         };
         let (model, config) = build_model(&arch_name, &architecture, context)?;
@@ -591,6 +605,7 @@ fn draft_model(
     path: &Path,
     served: &ModelConfig,
     backend: &BackendBox,
+    fallback: Option<&BackendBox>,
 ) -> Result<ModelBox> {
     let shown = path.display();
     let (loader, weights) = open_weights(path, &inspect::loaders(report))
@@ -620,6 +635,7 @@ fn draft_model(
             weights,
             family: family.unwrap_or_default().into(),
             backend: backend.clone(),
+            fallback: fallback.cloned().into(),
             cache: cache.into(),
         },
     )
@@ -668,6 +684,7 @@ fn image_encoder(
     config: &ModelConfig,
     weights: &WeightSetBox,
     backend: &BackendBox,
+    fallback: Option<&BackendBox>,
 ) -> Result<ModelBox> {
     let family = format!("{}.vision", config.family);
     let (name, architecture) = choose_architecture(report, Some(&family), None).map_err(|e| {
@@ -683,6 +700,7 @@ fn image_encoder(
             weights: weights.clone(),
             family: family.as_str().into(),
             backend: backend.clone(),
+            fallback: fallback.cloned().into(),
             cache: ROption::RNone,
         },
     )?;

@@ -45,6 +45,7 @@ pub mod pages;
 pub mod preprocessor;
 pub mod quant;
 pub mod settings;
+pub mod split;
 pub mod subtitles;
 pub mod weights;
 

@@ -22,6 +22,25 @@ pub fn root() -> PathBuf {
         .to_path_buf()
 }
 
+/// A model directory for `u-runner`: an arch-llama fixture's weights and config (`arch`:
+/// `llama`, `mixtral`, …) with the engine's 128-token character tokenizer beside them.
+pub fn fixture_model_dir(arch: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let weights = root()
+        .join("plugins/arch-llama/tests/fixtures/models")
+        .join(arch);
+    let tokenizer = root().join("plugins/runner-text/tests/fixtures/tiny-tokenizer");
+    for (from, name) in [
+        (&weights, "config.json"),
+        (&weights, "model.safetensors"),
+        (&tokenizer, "tokenizer.json"),
+        (&tokenizer, "tokenizer_config.json"),
+    ] {
+        std::fs::copy(from.join(name), dir.path().join(name)).unwrap();
+    }
+    dir
+}
+
 fn built(path: PathBuf) -> PathBuf {
     assert!(
         path.exists(),

@@ -85,8 +85,9 @@ impl Gemma3Architecture {
 
 impl Architecture for Gemma3Architecture {
     fn build(&self, context: BuildContext) -> RResult<ModelBox, UError> {
+        let backend = context.compute_backend();
         match context.cache.into_option() {
-            Some(cache) => self.load(context.weights, context.backend, cache).into(),
+            Some(cache) => self.load(context.weights, backend, cache).into(),
             None => RResult::RErr(UError::invalid(
                 "arch-gemma3: a decoder needs a KV cache (the deployment loads no cache plugin)",
             )),

@@ -83,7 +83,8 @@ impl BertArchitecture {
 
 impl Architecture for BertArchitecture {
     fn build(&self, context: BuildContext) -> RResult<ModelBox, UError> {
-        self.load(context.weights, context.backend).into()
+        let backend = context.compute_backend();
+        self.load(context.weights, backend).into()
     }
 
     fn gguf_view(&self, weights: WeightSetBox, _family: RString) -> RResult<WeightSetBox, UError> {

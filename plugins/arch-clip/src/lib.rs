@@ -91,7 +91,8 @@ impl ClipArchitecture {
 
 impl Architecture for ClipArchitecture {
     fn build(&self, context: BuildContext) -> RResult<ModelBox, UError> {
-        self.load(context.weights, context.backend).into()
+        let backend = context.compute_backend();
+        self.load(context.weights, backend).into()
     }
 
     fn gguf_view(&self, _weights: WeightSetBox, family: RString) -> RResult<WeightSetBox, UError> {

@@ -152,8 +152,8 @@ impl DiffusionArchitecture {
 
 impl Architecture for DiffusionArchitecture {
     fn build(&self, context: BuildContext) -> RResult<ModelBox, UError> {
-        self.load(context.weights, context.backend, &context.family)
-            .into()
+        let backend = context.compute_backend();
+        self.load(context.weights, backend, &context.family).into()
     }
 
     fn gguf_view(&self, _weights: WeightSetBox, family: RString) -> RResult<WeightSetBox, UError> {

@@ -233,8 +233,9 @@ impl LlamaArchitecture {
 
 impl Architecture for LlamaArchitecture {
     fn build(&self, context: BuildContext) -> RResult<ModelBox, UError> {
+        let backend = context.compute_backend();
         match context.cache.into_option() {
-            Some(cache) => self.load(context.weights, context.backend, cache).into(),
+            Some(cache) => self.load(context.weights, backend, cache).into(),
             None => RResult::RErr(UError::invalid(
                 "arch-llama: a decoder needs a KV cache (the deployment loads no cache plugin)",
             )),

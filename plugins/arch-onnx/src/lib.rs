@@ -78,13 +78,14 @@ impl OnnxArchitecture {
 
 impl Architecture for OnnxArchitecture {
     fn build(&self, context: BuildContext) -> RResult<ModelBox, UError> {
+        let backend = context.compute_backend();
         if context.family.as_str() != FAMILY {
             return RResult::RErr(UError::unsupported(format!(
                 "arch-onnx builds `{FAMILY}`, not `{}`",
                 context.family
             )));
         }
-        self.load(context.weights, context.backend)
+        self.load(context.weights, backend)
             .map(EncoderModel::boxed)
             .into()
     }

@@ -86,7 +86,8 @@ impl T5Architecture {
 
 impl Architecture for T5Architecture {
     fn build(&self, context: BuildContext) -> RResult<ModelBox, UError> {
-        self.load(context.weights, context.backend).into()
+        let backend = context.compute_backend();
+        self.load(context.weights, backend).into()
     }
 
     fn gguf_view(&self, _weights: WeightSetBox, family: RString) -> RResult<WeightSetBox, UError> {

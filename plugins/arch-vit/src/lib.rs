@@ -130,6 +130,7 @@ impl VitArchitecture {
 
 impl Architecture for VitArchitecture {
     fn build(&self, context: BuildContext) -> RResult<ModelBox, UError> {
+        let backend = context.compute_backend();
         if context.family.as_str() == llava::FAMILY && !llava::is_llava(&context.weights) {
             return RResult::RErr(UError::invalid(format!(
                 "arch-vit: family {} is the image encoder of a checkpoint whose model_type is \
@@ -154,7 +155,7 @@ impl Architecture for VitArchitecture {
                 idefics::CHECKPOINT
             )));
         }
-        self.load(context.weights, context.backend).into()
+        self.load(context.weights, backend).into()
     }
 
     fn gguf_view(&self, _weights: WeightSetBox, family: RString) -> RResult<WeightSetBox, UError> {

@@ -212,6 +212,7 @@ fn bad_input_is_refused() -> Result<()> {
             weights: weights(&tower)?,
             family: "clip.vision".into(),
             backend: backend()?,
+            fallback: ROption::RNone,
             cache: ROption::RNone,
         })
         .into_result();

@@ -83,12 +83,13 @@ impl WhisperArchitecture {
 
 impl Architecture for WhisperArchitecture {
     fn build(&self, context: BuildContext) -> RResult<ModelBox, UError> {
+        let backend = context.compute_backend();
         let ROption::RSome(cache) = context.cache else {
             return RResult::RErr(UError::invalid(
                 "arch-whisper: the decoder needs a KV cache (the deployment has no cache plugin)",
             ));
         };
-        self.load(context.weights, context.backend, cache)
+        self.load(context.weights, backend, cache)
             .map(ModelBox::new)
             .into()
     }

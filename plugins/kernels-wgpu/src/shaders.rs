@@ -1,6 +1,7 @@
-//! The WGSL sources, one compute kernel each, assembled from the files under `shaders/`: a
-//! kernel over weights in a ggml block format is the block readers, that format's
-//! `dequant_chunk` and the kernel's body.
+//! The WGSL sources, one compute kernel each, assembled from the files under `shaders/` (WGSL
+//! has no includes): a kernel over weights in a ggml block format is its body, the block
+//! readers and that format's `dequant_chunk` or `load_chunk`; shared pieces (the matmuls' lane
+//! sums, a workgroup sum, the activation functions) are appended where used.
 
 use u_sdk::DType;
 
@@ -58,6 +59,8 @@ pub const BLOCK_FORMATS: [DType; 7] = [
 
 const BLOCKS: &str = include_str!("shaders/blocks.wgsl");
 const ACTIVATION: &str = include_str!("shaders/activation.wgsl");
+const MATMUL_SUMS: &str = include_str!("shaders/matmul_sums.wgsl");
+const WORKGROUP_SUM: &str = include_str!("shaders/workgroup_sum.wgsl");
 
 fn dequant(dtype: DType) -> &'static str {
     match dtype {
@@ -86,12 +89,20 @@ fn codes(dtype: DType) -> &'static str {
 /// The full WGSL source of `kernel`.
 pub fn source(kernel: Kernel) -> String {
     match kernel {
-        Kernel::MatMul(dtype) => {
-            [include_str!("shaders/matmul.wgsl"), BLOCKS, dequant(dtype)].join("\n")
-        }
-        Kernel::MatMulQuantized(dtype) => {
-            [include_str!("shaders/matmul_q.wgsl"), BLOCKS, codes(dtype)].join("\n")
-        }
+        Kernel::MatMul(dtype) => [
+            include_str!("shaders/matmul.wgsl"),
+            MATMUL_SUMS,
+            BLOCKS,
+            dequant(dtype),
+        ]
+        .join("\n"),
+        Kernel::MatMulQuantized(dtype) => [
+            include_str!("shaders/matmul_q.wgsl"),
+            MATMUL_SUMS,
+            BLOCKS,
+            codes(dtype),
+        ]
+        .join("\n"),
         Kernel::QuantizeActivations => include_str!("shaders/quantize_act.wgsl").into(),
         Kernel::GetRows(dtype) => [
             include_str!("shaders/get_rows.wgsl"),
@@ -100,12 +111,12 @@ pub fn source(kernel: Kernel) -> String {
         ]
         .join("\n"),
         Kernel::Elementwise => [include_str!("shaders/elementwise.wgsl"), ACTIVATION].join("\n"),
-        Kernel::Norm => include_str!("shaders/norm.wgsl").into(),
+        Kernel::Norm => [include_str!("shaders/norm.wgsl"), WORKGROUP_SUM].join("\n"),
         Kernel::Softmax => include_str!("shaders/softmax.wgsl").into(),
         Kernel::Rope => include_str!("shaders/rope.wgsl").into(),
         Kernel::Attention => include_str!("shaders/attention.wgsl").into(),
         Kernel::Conv => include_str!("shaders/conv.wgsl").into(),
-        Kernel::GroupNorm => include_str!("shaders/group_norm.wgsl").into(),
+        Kernel::GroupNorm => [include_str!("shaders/group_norm.wgsl"), WORKGROUP_SUM].join("\n"),
         Kernel::Upsample => include_str!("shaders/upsample.wgsl").into(),
         Kernel::ToF16 => include_str!("shaders/to_f16.wgsl").into(),
     }

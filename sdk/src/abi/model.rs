@@ -486,8 +486,24 @@ pub struct BuildContext {
     pub family: RString,
     /// Where to compute.
     pub backend: BackendBox,
+    /// Where to run the ops `backend` lacks (the CPU beside a GPU), if anywhere.
+    pub fallback: ROption<BackendBox>,
     /// Where to keep per-sequence KV (for models that keep any).
     pub cache: ROption<KvCacheBox>,
+}
+
+impl BuildContext {
+    /// The backend to build on: `backend`, or with a fallback a [`crate::split::Split`] of the
+    /// two that runs each op where it is supported.
+    pub fn compute_backend(&self) -> BackendBox {
+        match &self.fallback {
+            ROption::RSome(fallback) => BackendBox::new(crate::split::Split::new(
+                self.backend.clone(),
+                fallback.clone(),
+            )),
+            ROption::RNone => self.backend.clone(),
+        }
+    }
 }
 
 /// Entry interface of an `architecture` plugin. The families it builds are declared in its

@@ -23,3 +23,15 @@ fn word_at(b: u32) -> u32 {
     }
     return (wq[i] >> 16u) | (wq[i + 1u] << 16u);
 }
+
+// The 6-bit scale (x) and minimum (y) of sub-block `sub` of a Q4_K super-block whose 12 bytes
+// of packed scales start at byte `s`.
+fn q4k_scale_min(s: u32, sub: u32) -> vec2<u32> {
+    if (sub < 4u) {
+        return vec2<u32>(byte_at(s + sub) & 63u, byte_at(s + sub + 4u) & 63u);
+    }
+    return vec2<u32>(
+        (byte_at(s + sub + 4u) & 15u) | ((byte_at(s + sub - 4u) >> 6u) << 4u),
+        (byte_at(s + sub + 4u) >> 4u) | ((byte_at(s + sub) >> 6u) << 4u),
+    );
+}

@@ -3,24 +3,15 @@
 fn load_chunk(base: u32, c: u32) -> Chunk {
     let b = base + (c / 8u) * 144u;
     let sub = c % 8u;
-    let s = b + 4u;
-    var sc: u32;
-    var mn: u32;
-    if (sub < 4u) {
-        sc = byte_at(s + sub) & 63u;
-        mn = byte_at(s + sub + 4u) & 63u;
-    } else {
-        sc = (byte_at(s + sub + 4u) & 15u) | ((byte_at(s + sub - 4u) >> 6u) << 4u);
-        mn = (byte_at(s + sub + 4u) >> 4u) | ((byte_at(s + sub) >> 6u) << 4u);
-    }
+    let sm = q4k_scale_min(b + 4u, sub);
     let qs = b + 16u + 32u * (sub / 2u);
     let shift = 4u * (sub % 2u);
     var w: Chunk;
     for (var i = 0u; i < 8u; i++) {
         w.q[i] = (word_at(qs + 4u * i) >> shift) & 0x0f0f0f0fu;
     }
-    w.lo = f16_at(b) * f32(sc);
+    w.lo = f16_at(b) * f32(sm.x);
     w.hi = w.lo;
-    w.min_sum = -f16_at(b + 2u) * f32(mn);
+    w.min_sum = -f16_at(b + 2u) * f32(sm.y);
     return w;
 }

@@ -6,18 +6,9 @@ fn dequant_chunk(base: u32, c: u32, k: u32, out: ptr<function, array<f32, 32>>) 
     let sub = c % 8u;
     let d = f16_at(b);
     let dmin = f16_at(b + 2u);
-    let s = b + 4u;
-    var sc: u32;
-    var mn: u32;
-    if (sub < 4u) {
-        sc = byte_at(s + sub) & 63u;
-        mn = byte_at(s + sub + 4u) & 63u;
-    } else {
-        sc = (byte_at(s + sub + 4u) & 15u) | ((byte_at(s + sub - 4u) >> 6u) << 4u);
-        mn = (byte_at(s + sub + 4u) >> 4u) | ((byte_at(s + sub) >> 6u) << 4u);
-    }
-    let scale = d * f32(sc);
-    let offset = dmin * f32(mn);
+    let sm = q4k_scale_min(b + 4u, sub);
+    let scale = d * f32(sm.x);
+    let offset = dmin * f32(sm.y);
     let qs = b + 16u + 32u * (sub / 2u);
     let shift = 4u * (sub % 2u);
     for (var i = 0u; i < 32u; i++) {

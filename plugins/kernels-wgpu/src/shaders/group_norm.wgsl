@@ -18,40 +18,24 @@ struct Params {
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 
-var<workgroup> sums: array<f32, 256>;
-
-fn workgroup_sum(t: u32, v: f32) -> f32 {
-    sums[t] = v;
-    workgroupBarrier();
-    for (var half = 128u; half > 0u; half >>= 1u) {
-        if (t < half) {
-            sums[t] += sums[t + half];
-        }
-        workgroupBarrier();
-    }
-    let total = sums[0];
-    workgroupBarrier();
-    return total;
-}
-
-@compute @workgroup_size(256)
+@compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let g = wg.x;
     let per_group = p.channels / p.groups;
     let n = per_group * p.spatial;
     let base = g * n;
     var s = 0.0;
-    for (var i = t; i < n; i += 256u) {
+    for (var i = t; i < n; i += 64u) {
         s += x[p.x_off + base + i];
     }
     let mean = workgroup_sum(t, s) / f32(n);
     var ss = 0.0;
-    for (var i = t; i < n; i += 256u) {
+    for (var i = t; i < n; i += 64u) {
         let d = x[p.x_off + base + i] - mean;
         ss += d * d;
     }
     let r = 1.0 / sqrt(workgroup_sum(t, ss) / f32(n) + p.eps);
-    for (var i = t; i < n; i += 256u) {
+    for (var i = t; i < n; i += 64u) {
         let c = g * per_group + i / p.spatial;
         y[p.y_off + base + i] = (x[p.x_off + base + i] - mean) * r * w[p.w_off + c] + bias[p.b_off + c];
     }

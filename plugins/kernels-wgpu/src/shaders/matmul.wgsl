@@ -32,9 +32,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let row = (wg.x + wg.y * p.grid_x) * WEIGHT_ROWS + slot;
     let m0 = wg.z * ROWS;
     let rows_here = min(ROWS, p.m - m0);
-    let live = row < p.n;
     var acc: array<f32, 8>;
-    if (live) {
+    if (row < p.n) {
         let chunks = (p.k + 31u) / 32u;
         let base = p.w_off + row * p.row_bytes;
         for (var c = lane; c < chunks; c += LANES) {
@@ -51,20 +50,5 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
             }
         }
     }
-    let cell = slot * LANES * ROWS;
-    for (var r = 0u; r < rows_here; r++) {
-        partial[cell + r * LANES + lane] = acc[r];
-    }
-    workgroupBarrier();
-    for (var half = LANES / 2u; half > 0u; half >>= 1u) {
-        if (lane < half) {
-            for (var r = 0u; r < rows_here; r++) {
-                partial[cell + r * LANES + lane] += partial[cell + r * LANES + lane + half];
-            }
-        }
-        workgroupBarrier();
-    }
-    if (live && lane < rows_here) {
-        y[p.y_off + (m0 + lane) * p.n + row] = partial[cell + lane * LANES];
-    }
+    write_sums(acc, lane, slot, row, m0, rows_here);
 }

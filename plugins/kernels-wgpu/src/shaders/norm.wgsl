@@ -19,22 +19,6 @@ struct Params {
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 
-var<workgroup> sums: array<f32, 64>;
-
-fn workgroup_sum(t: u32, v: f32) -> f32 {
-    sums[t] = v;
-    workgroupBarrier();
-    for (var half = 32u; half > 0u; half >>= 1u) {
-        if (t < half) {
-            sums[t] += sums[t + half];
-        }
-        workgroupBarrier();
-    }
-    let total = sums[0];
-    workgroupBarrier();
-    return total;
-}
-
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let row = wg.x + wg.y * p.grid_x;
