@@ -157,23 +157,7 @@ impl WgpuBackend {
         let host = unsafe {
             std::slice::from_raw_parts((address + t.offset as usize) as *const u8, bytes as usize)
         };
-        let mut padded = host.to_vec();
-        padded.resize(buffer::words(bytes) as usize, 0);
-        let buffer = self
-            .gpu
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("host operand"),
-                contents: &padded,
-                usage: buffer::USAGE,
-            });
-        Ok(Operand {
-            size: padded.len() as u64,
-            buffer,
-            owner: None,
-            start: 0,
-            shift: 0,
-        })
+        Ok(self.host_operand(host))
     }
 
     fn bind(&self, op: OpKind, own: &GpuBuffer, offset: u64, bytes: u64) -> Result<Operand> {
@@ -649,20 +633,28 @@ impl WgpuBackend {
         })
     }
 
-    /// A device buffer holding `bytes` for one op (parameters, frequencies).
+    /// A device buffer holding a copy of `bytes` for one op (parameters, frequencies, host
+    /// memory an op reads), padded to whole words only where it is not already.
     fn host_operand(&self, bytes: &[u8]) -> Operand {
-        let mut padded = bytes.to_vec();
-        padded.resize(buffer::words(bytes.len() as u64) as usize, 0);
+        let padded;
+        let contents = if bytes.len().is_multiple_of(4) && !bytes.is_empty() {
+            bytes
+        } else {
+            let mut words = bytes.to_vec();
+            words.resize(buffer::words(bytes.len() as u64) as usize, 0);
+            padded = words;
+            &padded
+        };
         let buffer = self
             .gpu
             .device
             .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("op data"),
-                contents: &padded,
+                label: Some("host operand"),
+                contents,
                 usage: buffer::USAGE,
             });
         Operand {
-            size: padded.len() as u64,
+            size: contents.len() as u64,
             buffer,
             owner: None,
             start: 0,

@@ -11,7 +11,7 @@
 
 use abi_stable::std_types::RSlice;
 use std::sync::{Arc, OnceLock};
-use u_kernels_wgpu::{Gpu, WgpuBackend};
+use u_kernels_wgpu::{Gpu, WgpuBackend, shaders::BLOCK_FORMATS};
 use u_sdk::{
     Activation, AttentionMask, AttentionParams, BackendBox, DType, ErrorKind, Keepalive,
     KeepaliveBox, Op, RopeParams, RopeStyle, Shape, TensorDesc,
@@ -137,15 +137,8 @@ fn weight(dev: &Device, bytes: &Arc<Vec<u8>>, dtype: DType, dims: &[u64]) -> Ten
     })
 }
 
-const WEIGHT_FORMATS: [DType; 7] = [
-    DType::F32,
-    DType::F16,
-    DType::Q8_0,
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q4_K,
-    DType::Q6_K,
-];
+/// Every weight format the plugin reads in place.
+const WEIGHT_FORMATS: [DType; 7] = BLOCK_FORMATS;
 
 #[test]
 fn matmul_on_every_weight_format() {
